@@ -1,0 +1,32 @@
+# The venv lives in .venv; every target uses it, so nothing leaks into the system Python.
+PY      := .venv/bin/python
+STOKE   := .venv/bin/stoke
+DEMO    := .stoke/demo/digits
+ROOT    := .stoke/root
+
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export TF_CPP_MIN_LOG_LEVEL := 2
+
+.PHONY: install run test bench clean
+
+install: .venv/.installed
+
+.venv/.installed: pyproject.toml
+	python3.11 -m venv .venv
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+run: install
+	$(STOKE) demo $(DEMO)
+	$(STOKE) ingest $(DEMO) --root $(ROOT)
+
+# pytest exits 5 when it collects no tests; that is not a failure of the code.
+test: install
+	$(PY) -m pytest -q || [ $$? -eq 5 ]
+
+bench: install
+	$(PY) benchmarks/ingest.py
+
+clean:
+	rm -rf .stoke

@@ -1,0 +1,71 @@
+"""`stoke <command>`: the command line of the pipeline.
+
+Stages that are plain programs (the Beam job, training) run as their own processes, exactly as a
+flow, Dataflow or a Kubernetes Job would start them; the CLI passes their arguments through. Every
+command takes `--json` and then prints one JSON object as the last line of stdout.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+# Commands that are whole programs of their own: `stoke ingest ...` is `python -m beam_jobs.ingest ...`.
+PROGRAMS = {
+    "ingest": "beam_jobs.ingest",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in PROGRAMS:
+        return run_program(PROGRAMS[argv[0]], argv[1:])
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "handler", None):
+        parser.print_help()
+        return 2
+    return args.handler(args)
+
+
+def run_program(module: str, argv: list[str]) -> int:
+    """Runs `python -m module argv...` in its own process and returns its exit code."""
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    try:
+        return subprocess.call([sys.executable, "-m", module, *argv], env=env)
+    except KeyboardInterrupt:
+        return 130
+
+
+def emit(summary: dict, as_json: bool, text: str) -> None:
+    """Prints a human line, or the summary as one JSON object on the last line of stdout."""
+    print(json.dumps(summary, sort_keys=True) if as_json else text, flush=True)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="stoke", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+    for name, module in PROGRAMS.items():
+        commands.add_parser(name, help=f"run {module} (see `stoke {name} --help`)")
+
+    demo = commands.add_parser("demo", help="write the demo digits as PNG files in class folders")
+    demo.add_argument("target", help="folder or URI to write into")
+    demo.add_argument("--limit", type=int, default=None, help="write at most this many images")
+    demo.add_argument("--json", action="store_true", help="print a JSON summary last")
+    demo.set_defaults(handler=_demo)
+    return parser
+
+
+def _demo(args) -> int:
+    from components.demo import write_digits
+
+    count = write_digits(args.target, limit=args.limit)
+    emit({"target": args.target, "images": count}, args.json, f"wrote {count} digit images to {args.target}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
