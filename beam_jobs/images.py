@@ -1,0 +1,106 @@
+"""Verify and normalize one image so that `tf.io.decode_image` turns it into 8-bit RGB.
+
+RGB JPEG and 8-bit RGB PNG keep their original bytes: re-encoding would cost time and, for JPEG,
+quality. Everything else (CMYK, grayscale, palette, alpha, 16-bit, GIF, BMP, TIFF, WebP, an EXIF
+rotation) is decoded once here and re-encoded: JPEG (quality 95) when the source was lossy, PNG
+otherwise. Every failure becomes `Rejected`, whose message is the dead-letter reason.
+"""
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+EXTENSIONS = frozenset({".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".gif", ".bmp", ".tif", ".tiff", ".webp"})
+LOSSY = frozenset({"JPEG", "MPO", "WEBP"})
+ORIENTATION = 0x0112  # EXIF tag; TensorFlow's decoders ignore it, so rotated photos are re-encoded
+PNG_RGB8 = (8, 2)  # IHDR bit depth and colour type of plain 8-bit truecolour
+
+
+class Rejected(Exception):
+    """A source that cannot become a training record; its message is the reason."""
+
+    def __repr__(self) -> str:
+        # Beam's dead-letter output carries repr(exception): make that the plain reason.
+        return str(self)
+
+
+@dataclass(frozen=True)
+class Normalized:
+    encoded: bytes
+    format: str  # "jpeg" or "png"
+    height: int
+    width: int
+    reencoded: bool
+
+
+def normalize(data: bytes, max_side: int | None = None) -> Normalized:
+    """Checks that `data` is a whole image and returns bytes that decode to 8-bit RGB."""
+    if not data:
+        raise Rejected("empty file")
+    kind = "image"
+    try:
+        image = Image.open(io.BytesIO(data))
+        kind = image.format
+        width, height = image.size
+        oversize = max_side is not None and max(width, height) > max_side
+        if _decodes_to_rgb8(data, image) and not oversize:
+            _verify(image)
+            return Normalized(data, "jpeg" if kind in ("JPEG", "MPO") else "png", height, width, False)
+        pixels = _to_rgb(image, max_side)
+    except UnidentifiedImageError:
+        raise Rejected("not an image: no known image format in the file") from None
+    except Image.DecompressionBombError as error:
+        raise Rejected(f"too large to decode safely: {error}") from None
+    except Exception as error:  # PIL raises many types for damaged files; all mean the same here.
+        raise Rejected(f"truncated or corrupt {kind}: {error}") from None
+    return _encode(pixels, lossy=kind in LOSSY)
+
+
+def _decodes_to_rgb8(data: bytes, image: Image.Image) -> bool:
+    if image.getexif().get(ORIENTATION, 1) != 1:
+        return False
+    if image.format in ("JPEG", "MPO"):
+        return image.mode == "RGB"
+    if image.format == "PNG":
+        return image.mode == "RGB" and tuple(data[24:26]) == PNG_RGB8 and "transparency" not in image.info
+    return False
+
+
+def _verify(image: Image.Image) -> None:
+    """Decodes the whole file; JPEG at 1/8 scale, which still reads every coefficient but skips
+    most of the inverse DCT, so a truncated file is caught at a fraction of the cost."""
+    if image.format in ("JPEG", "MPO"):
+        image.draft("RGB", (max(1, image.width // 8), max(1, image.height // 8)))
+    image.load()
+
+
+def _to_rgb(image: Image.Image, max_side: int | None) -> Image.Image:
+    if max_side is not None and image.format in ("JPEG", "MPO"):
+        image.draft("RGB", (max_side, max_side))  # let libjpeg shrink by 2, 4 or 8 for free
+    image.load()
+    image = ImageOps.exif_transpose(image)
+    if image.mode in ("I;16", "I;16B", "I;16L", "I"):
+        # 16-bit grayscale: PIL's convert() would clip at 255; keep the high byte instead.
+        image = Image.fromarray((np.asarray(image).astype(np.uint32) >> 8).astype(np.uint8), "L")
+    elif image.mode == "F":
+        image = Image.fromarray(np.clip(np.asarray(image), 0, 255).astype(np.uint8), "L")
+    if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
+        rgba = image.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        image = Image.alpha_composite(white, rgba)
+    image = image.convert("RGB")
+    if max_side is not None and max(image.size) > max_side:
+        image.thumbnail((max_side, max_side), Image.LANCZOS, reducing_gap=3.0)
+    return image
+
+
+def _encode(image: Image.Image, lossy: bool) -> Normalized:
+    buffer = io.BytesIO()
+    if lossy:
+        image.save(buffer, format="JPEG", quality=95)
+    else:
+        image.save(buffer, format="PNG")
+    return Normalized(buffer.getvalue(), "jpeg" if lossy else "png", image.height, image.width, True)

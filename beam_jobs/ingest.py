@@ -1,0 +1,382 @@
+"""Raw images to a new span of sharded TFRecords, exactly once.
+
+    python -m beam_jobs.ingest SOURCE --root ROOT [--shard-mb 128] [--runner DataflowRunner ...]
+
+    driver: list SOURCE, drop what published spans already hold, stage the list
+    Beam:   ReadSources -> Spread -> Normalize -> WriteShards          (rolling files per bundle)
+                                       └─ DeadLetter                    (with_exception_handling)
+            both -> Gather into the staging folder
+    driver: name the shards, dead_letter.jsonl, labels.json, _MANIFEST.json last
+
+Only the driver publishes, and only after the runner has finished, so a job that fails or is
+killed leaves a staging folder that the next run removes, never a half-written span. Options that
+this job does not know (`--runner`, `--project`, `--flink_master`, ...) pass through to Beam.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import threading
+import time
+import uuid
+from datetime import datetime, timezone
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.windowed_value import WindowedValue
+from pydantic import ValidationError
+
+from beam_jobs.images import Rejected, normalize
+from beam_jobs.shards import RollingShards
+from beam_jobs.sources import Source, identities, list_source
+from components import schema
+from components.config import IngestConfig, add_arguments, from_arguments
+from components.layout import DEAD_LETTER, MANIFEST, Root, filesystem, join, read_json, shard_name, write_json
+
+CHUNK = 10_000  # sources per staged list file: keeps the job graph small on any runner
+STAGING_PREFIX = "_staging-"
+
+
+class IngestError(Exception):
+    """A job that cannot publish; the message says why and what to do."""
+
+
+# ---------------------------------------------------------------- the Beam pipeline
+
+
+def to_example(source: dict, max_side: int | None) -> tuple[str, bytes]:
+    """Reads, verifies and normalizes one source into (split, serialized tf.Example)."""
+    try:
+        with _open(source["uri"]) as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise Rejected("not found: removed after it was listed") from None
+    image = normalize(data, max_side)
+    Metrics.counter("ingest", "images").inc()
+    Metrics.counter("ingest", "bytes_read").inc(len(data))
+    if image.reencoded:
+        Metrics.counter("ingest", "reencoded").inc()
+    return source["split"], schema.encode_example(
+        encoded=image.encoded, image_format=image.format, height=image.height, width=image.width,
+        label=source["label_id"], text=source["label"], source=source["uri"],
+    )
+
+
+def dead_letter(failure) -> dict:
+    source, (_, reason, _) = failure
+    Metrics.counter("ingest", "dead_letters").inc()
+    return {"uri": source["uri"], "reason": reason, "size": source["size"], "version": source["version"]}
+
+
+class WriteShards(beam.DoFn):
+    """Streams records into rolling per-split files and emits a description of each file."""
+
+    def __init__(self, folder: str, max_bytes: int, compression: str):
+        self.folder, self.max_bytes, self.compression = folder, max_bytes, compression
+
+    def start_bundle(self):
+        self.shards = RollingShards(self.folder, self.max_bytes, self.compression)
+
+    def process(self, record):
+        closed = self.shards.write(*record)
+        if closed:
+            yield closed
+
+    def finish_bundle(self):
+        for closed in self.shards.close():
+            yield WindowedValue(closed, GlobalWindow().max_timestamp(), [GlobalWindow()])
+
+
+class Gather(beam.PTransform):
+    """Writes a whole (small) PCollection as one JSON list: only committed bundles reach it."""
+
+    def __init__(self, uri: str):
+        super().__init__()
+        self.uri = uri
+
+    def expand(self, items):
+        return items | "ToList" >> beam.combiners.ToList() | "Write" >> beam.Map(_write_list, self.uri)
+
+
+def build(pipeline, chunks: list[str], staging: str, config: IngestConfig) -> None:
+    sources = (
+        pipeline
+        | "ListChunks" >> beam.Create(chunks)
+        | "ReadSources" >> beam.FlatMap(_read_json_lines)
+        | "Spread" >> beam.Reshuffle()
+    )
+    good, bad = sources | "Normalize" >> beam.Map(to_example, config.max_side).with_exception_handling(
+        exc_class=Rejected
+    )
+    max_bytes = int(config.shard_mb * 1024 * 1024)
+    _ = (good | "WriteShards" >> beam.ParDo(WriteShards(staging, max_bytes, config.compression))
+         | "GatherShards" >> Gather(join(staging, "shards.json")))
+    _ = bad | "DeadLetter" >> beam.Map(dead_letter) | "GatherDeadLetters" >> Gather(join(staging, "dead.json"))
+
+
+# ---------------------------------------------------------------- the driver
+
+
+def ingest(config: IngestConfig, pipeline_args: list[str]) -> dict:
+    """Runs the whole job and returns its summary; raises IngestError when it cannot publish."""
+    started = time.monotonic()
+    root = Root(config.root)
+    number = max(root.span_numbers(), default=0) + 1  # counted before debris goes: never reuse a name
+    removed = remove_debris(root)
+
+    try:
+        listing = list_source(config.source, config.eval_fraction)
+    except (FileNotFoundError, ValueError) as error:
+        raise IngestError(str(error)) from None
+    known = identities(root.manifests())
+    fresh = [s for s in listing.sources if s.identity not in known]
+    refused = [(s, reason) for s, reason in listing.rejected if s.identity not in known]
+    if not fresh and not refused:
+        return {"published": False, "span": None, "new_sources": 0, "removed_debris": removed,
+                "message": f"nothing new in {config.source}: every file is already in a published span"}
+
+    labels = extend_labels(root, fresh)
+    staging = join(root.spans, f"{STAGING_PREFIX}{uuid.uuid4().hex[:12]}")
+    try:
+        chunks = stage_sources(staging, fresh, labels)
+        if fresh:
+            with _Progress(staging, sum(s.size for s in fresh)):
+                run_pipeline(chunks, staging, config, pipeline_args)
+        shards = read_json(join(staging, "shards.json")) if fresh else []
+        dead = read_json(join(staging, "dead.json")) if fresh else []
+        dead += [{"uri": s.uri, "reason": r, "size": s.size, "version": s.version} for s, r in refused]
+        check(fresh, refused, shards, dead, config.max_bad_fraction)
+        manifest = publish(root, number, staging, shards, dead, labels, fresh, refused, config)
+    finally:
+        _remove(staging)
+
+    seconds = time.monotonic() - started
+    return {
+        "published": True,
+        "span": number,
+        "span_uri": root.span(number),
+        "counts": manifest["counts"],
+        "new_sources": len(fresh) + len(refused),
+        "bytes_in": sum(s.size for s in fresh),
+        "bytes_out": sum(s["bytes"] for s in manifest["shards"]),
+        "shards": len(manifest["shards"]),
+        "seconds": round(seconds, 3),
+        "images_per_sec": round(len(fresh) / seconds, 1) if seconds else None,
+        "dead_letters": dead[:20],
+        "dead_letter_uri": join(root.span(number), DEAD_LETTER),
+        "removed_debris": removed,
+    }
+
+
+def remove_debris(root: Root) -> list[str]:
+    """Removes what a killed job left: staging folders and span folders without a manifest."""
+    fs, spans = filesystem(root.spans)
+    if not fs.isdir(spans):
+        return []
+    published = {m["span"] for m in root.manifests()}
+    debris = [root.span(n) for n in root.span_numbers() if n not in published]
+    debris += [join(root.spans, name) for name in _names(fs, spans) if name.startswith(STAGING_PREFIX)]
+    for uri in debris:
+        _remove(uri)
+    return debris
+
+
+def extend_labels(root: Root, fresh: list[Source]) -> list[str]:
+    """Appends new class names to labels.json; existing ids never change."""
+    labels = root.read_labels()
+    new = sorted({s.label for s in fresh} - set(labels))
+    if new:
+        labels = labels + new
+        write_json(root.labels, labels)
+    return labels
+
+
+def stage_sources(staging: str, fresh: list[Source], labels: list[str]) -> list[str]:
+    index = {name: i for i, name in enumerate(labels)}
+    fs, path = filesystem(staging)
+    fs.makedirs(path, exist_ok=True)
+    chunks = []
+    for start in range(0, len(fresh), CHUNK):
+        uri = join(staging, f"sources-{start // CHUNK:05d}.jsonl")
+        lines = (json.dumps({**s.as_dict(), "label_id": index[s.label]}) for s in fresh[start:start + CHUNK])
+        fs.pipe_file(filesystem(uri)[1], ("\n".join(lines) + "\n").encode())
+        chunks.append(uri)
+    return chunks
+
+
+def run_pipeline(chunks: list[str], staging: str, config: IngestConfig, pipeline_args: list[str]) -> None:
+    options = pipeline_options(pipeline_args)
+    try:
+        with beam.Pipeline(options=options) as pipeline:
+            build(pipeline, chunks, staging, config)
+    except Exception as error:  # the runner wraps worker errors in its own types
+        raise IngestError(f"the Beam job failed, nothing was published: {_last_line(error)} "
+                          "(STOKE_DEBUG=1 shows Beam's log)") from error
+
+
+def pipeline_options(pipeline_args: list[str]) -> PipelineOptions:
+    """Beam options as given; without a runner, DirectRunner with one worker process per core."""
+    options = PipelineOptions(pipeline_args)
+    if not options.view_as(StandardOptions).runner:
+        options.view_as(StandardOptions).runner = "DirectRunner"
+        direct = options.view_as(DirectOptions)
+        if not any(a.startswith("--direct_running_mode") for a in pipeline_args):
+            direct.direct_running_mode = "multi_processing"
+        if not any(a.startswith("--direct_num_workers") for a in pipeline_args):
+            direct.direct_num_workers = os.cpu_count() or 1
+    return options
+
+
+def check(fresh, refused, shards, dead, max_bad_fraction: float) -> None:
+    """Every new source is in a shard or a dead letter, and not too many are dead."""
+    records = sum(s["records"] for s in shards)
+    if records + len(dead) != len(fresh) + len(refused):
+        raise IngestError(f"{len(fresh) + len(refused)} new sources but {records} records and "
+                          f"{len(dead)} dead letters; nothing was published")
+    total = len(fresh) + len(refused)
+    if total and len(dead) / total > max_bad_fraction:
+        reasons = "; ".join(f"{d['uri']}: {d['reason']}" for d in dead[:3])
+        raise IngestError(
+            f"{len(dead)} of {total} new sources ({len(dead) / total:.1%}) are bad, more than "
+            f"--max-bad-fraction {max_bad_fraction}; nothing was published. First: {reasons}")
+
+
+def publish(root, number, staging, shards, dead, labels, fresh, refused, config) -> dict:
+    """Moves the shards to their names, then writes dead letters and, last, the manifest."""
+    span = root.span(number)
+    fs, span_path = filesystem(span)
+    fs.makedirs(span_path, exist_ok=True)
+    named = []
+    for split in schema.SPLITS:
+        files = sorted((s for s in shards if s["split"] == split), key=lambda s: s["file"])
+        for index, shard in enumerate(files):
+            name = shard_name(split, index, len(files), config.compression)
+            fs.mv(filesystem(shard["file"])[1], filesystem(join(span, name))[1])
+            named.append({"file": name, "split": split, "records": shard["records"], "bytes": shard["bytes"]})
+    fs.pipe_file(filesystem(join(span, DEAD_LETTER))[1],
+                 "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in dead).encode())
+    manifest = {
+        "span": number,
+        "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "source": config.source,
+        "compression": config.compression,
+        "counts": {
+            **{split: sum(s["records"] for s in named if s["split"] == split) for split in schema.SPLITS},
+            "dead_letter": len(dead),
+        },
+        "labels": labels,
+        "shards": named,
+        "sources": [{"uri": s.uri, "size": s.size, "version": s.version} for s in fresh]
+        + [{"uri": s.uri, "size": s.size, "version": s.version} for s, _ in refused],
+        "settings": config.model_dump(exclude={"source", "root"}),
+    }
+    write_json(join(span, MANIFEST), manifest)
+    return manifest
+
+
+# ---------------------------------------------------------------- plumbing
+
+
+class _Progress:
+    """A progress line on stderr every few seconds while the runner works."""
+
+    def __init__(self, staging: str, total_bytes: int, every: float = 10.0):
+        self.staging, self.total, self.every = staging, total_bytes, every
+        self.started, self.done = time.monotonic(), threading.Event()
+
+    def __enter__(self):
+        threading.Thread(target=self._report, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+
+    def _report(self):
+        fs, path = filesystem(self.staging)
+        while not self.done.wait(self.every):
+            try:
+                written = sum(fs.du(path, total=False, withdirs=False).values())
+            except OSError:
+                continue
+            print(f"ingest: {written / 1e6:,.0f} of {self.total / 1e6:,.0f} MB written "
+                  f"after {time.monotonic() - self.started:,.0f} s", file=sys.stderr, flush=True)
+
+
+def _write_list(items: list, uri: str) -> None:
+    write_json(uri, items)
+
+
+def _read_json_lines(uri: str):
+    with _open(uri, mode="r") as f:
+        for line in f:
+            if line.strip():
+                yield json.loads(line)
+
+
+def _open(uri: str, mode: str = "rb"):
+    import fsspec
+
+    return fsspec.open(uri, mode)
+
+
+def _names(fs, path: str) -> list[str]:
+    return [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(path, detail=False)]
+
+
+def _remove(uri: str) -> None:
+    fs, path = filesystem(uri)
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
+
+
+def _last_line(error: BaseException) -> str:
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return lines[-1] if lines else type(error).__name__
+
+
+def _describe(summary: dict) -> str:
+    if not summary["published"]:
+        return summary["message"]
+    counts = summary["counts"]
+    text = (f"{os.path.basename(summary['span_uri'])}: {counts['train']:,} train + {counts['eval']:,} eval "
+            f"records in {summary['shards']} shards; {summary['new_sources']:,} new files in "
+            f"{summary['seconds']:,.1f} s ({summary['images_per_sec'] or 0:,.0f} images/s)")
+    if counts["dead_letter"]:
+        text += f"\n{counts['dead_letter']} set aside, reasons in {summary['dead_letter_uri']}:"
+        text += "".join(f"\n  {d['uri']}: {d['reason']}" for d in summary["dead_letters"])
+    return text
+
+
+def run(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="stoke ingest", description="Raw images to a new span of sharded TFRecords, exactly once.",
+        epilog="Other options (--runner, --project, --region, --flink_master, ...) go to Apache Beam.")
+    add_arguments(parser, IngestConfig, positional=("source",))
+    parser.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+    args, pipeline_args = parser.parse_known_args(argv)
+    if not os.environ.get("STOKE_DEBUG"):
+        # Beam relays every worker's log lines; the summary below says what matters.
+        logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
+    try:
+        summary = ingest(from_arguments(IngestConfig, args), pipeline_args)
+    except ValidationError as error:
+        summary = {"published": False, "error": "; ".join(
+            f"--{'-'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}" for e in error.errors())}
+    except IngestError as error:
+        summary = {"published": False, "error": str(error)}
+    if "error" in summary:
+        print(f"stoke ingest: {summary['error']}", file=sys.stderr)
+        if args.json:
+            print(json.dumps(summary, sort_keys=True))
+        return 1
+    print(json.dumps(summary, sort_keys=True) if args.json else _describe(summary), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run())

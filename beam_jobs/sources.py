@@ -1,0 +1,164 @@
+"""What a SOURCE holds: a folder of class subfolders, or a CSV/JSONL manifest of `uri,label[,split]`.
+
+Listing happens once, on the machine that launches the job; workers only read the files it names.
+A source file is known by its URI, size and version (ETag, generation or mtime), which is how a
+later run tells new files from files that a published span already holds.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import posixpath
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+
+from beam_jobs.images import EXTENSIONS
+from components.layout import filesystem, join
+
+MANIFEST_SUFFIXES = (".csv", ".jsonl")
+SPLIT_NAMES = {"train": "train", "eval": "eval", "validation": "eval"}
+
+
+@dataclass(frozen=True)
+class Source:
+    uri: str
+    size: int
+    version: str
+    label: str = ""  # class name; empty when the source gave none
+    split: str = ""  # "train" or "eval"; empty until assigned
+    key: str = ""  # what the split hash reads: the path below SOURCE, so a moved bucket splits alike
+
+    @property
+    def identity(self) -> tuple[str, int, str]:
+        return (self.uri, self.size, self.version)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Listing:
+    sources: list[Source]
+    rejected: list[tuple[Source, str]]  # files that cannot be ingested at all, with the reason
+
+
+def list_source(source: str, eval_fraction: float) -> Listing:
+    """Every image of SOURCE with its label and split; unusable entries with their reasons."""
+    fs, path = filesystem(source)
+    if not fs.exists(path):
+        raise FileNotFoundError(f"source {source} does not exist")
+    if fs.isdir(path):
+        listing = _list_folder(fs, path)
+    elif path.lower().endswith(MANIFEST_SUFFIXES):
+        listing = _list_manifest(fs, path)
+    else:
+        raise ValueError(f"source {source} is neither a folder nor a .csv/.jsonl manifest")
+    sources = [s if s.split else _with_split(s, eval_fraction) for s in listing.sources]
+    return Listing(sources, listing.rejected)
+
+
+def identities(manifests: list[dict]) -> set[tuple[str, int, str]]:
+    """The source identities that published spans already hold."""
+    return {(s["uri"], s["size"], s["version"]) for m in manifests for s in m["sources"]}
+
+
+def is_candidate(relative_path: str) -> bool:
+    """Images only: hidden files and folders and sidecars (.txt, .json, ...) are not sources."""
+    parts = relative_path.split("/")
+    if any(part.startswith(".") for part in parts):
+        return False
+    return posixpath.splitext(parts[-1])[1].lower() in EXTENSIONS
+
+
+def split_of(key: str, eval_fraction: float) -> str:
+    """A deterministic split: the same path lands in the same split in every run and span."""
+    digest = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
+    return "eval" if digest < eval_fraction * 2**64 else "train"
+
+
+def _with_split(source: Source, eval_fraction: float) -> Source:
+    return Source(**{**source.as_dict(), "split": split_of(source.key, eval_fraction)})
+
+
+def _list_folder(fs, base: str) -> Listing:
+    sources, rejected = [], []
+    for path, info in sorted(fs.find(base, detail=True, withdirs=False).items()):
+        relative = posixpath.relpath(path, base)
+        if not is_candidate(relative):
+            continue
+        source = Source(_uri(fs, path), int(info["size"]), _version(info), key=relative)
+        if "/" not in relative:
+            rejected.append((source, "not inside a class folder, so it has no label"))
+        else:
+            sources.append(Source(**{**source.as_dict(), "label": relative.split("/", 1)[0]}))
+    return Listing(sources, rejected)
+
+
+def _list_manifest(fs, path: str) -> Listing:
+    rows = _read_rows(fs, path)
+    folder = posixpath.dirname(path)
+    sources, rejected, seen = [], [], set()
+    entries = []
+    for number, row in enumerate(rows, start=1):
+        given = (row.get("uri") or "").strip()
+        if not given:
+            rejected.append((Source(f"{_uri(fs, path)}#row{number}", 0, ""), "manifest row has no uri"))
+            continue
+        uri = given if "://" in given or given.startswith("/") else _uri(fs, join(folder, given))
+        if uri in seen:
+            continue  # listed twice: ingest it once
+        seen.add(uri)
+        label = (row.get("label") or "").strip()
+        split = (row.get("split") or "").strip().lower()
+        if not label:
+            rejected.append((Source(uri, 0, ""), "manifest row has no label"))
+        elif split and split not in SPLIT_NAMES:
+            rejected.append((Source(uri, 0, ""), f"unknown split {split!r}; use train or eval"))
+        else:
+            entries.append((uri, label, SPLIT_NAMES.get(split, ""), given))
+    with ThreadPoolExecutor(max_workers=16) as pool:  # one metadata request per file on object stores
+        infos = list(pool.map(lambda e: _info(e[0]), entries))
+    for (uri, label, split, given), info in zip(entries, infos):
+        if info is None:
+            rejected.append((Source(uri, 0, ""), "not found"))
+        else:
+            sources.append(Source(uri, int(info["size"]), _version(info), label, split, key=given))
+    return Listing(sources, rejected)
+
+
+def _read_rows(fs, path: str) -> list[dict]:
+    text = fs.cat_file(path).decode("utf-8-sig")
+    if path.lower().endswith(".jsonl"):
+        try:
+            return [json.loads(line) for line in text.splitlines() if line.strip()]
+        except json.JSONDecodeError as error:
+            raise ValueError(f"manifest {path} is not valid JSON lines: {error}") from None
+    reader = csv.reader(io.StringIO(text))
+    rows = [r for r in reader if r and any(cell.strip() for cell in r)]
+    if rows and rows[0][0].strip().lower() == "uri":
+        rows = rows[1:]
+    return [dict(zip(("uri", "label", "split"), r)) for r in rows]
+
+
+def _info(uri: str) -> dict | None:
+    fs, path = filesystem(uri)
+    try:
+        info = fs.info(path)
+    except FileNotFoundError:
+        return None
+    return info if info.get("type") != "directory" else None
+
+
+def _version(info: dict) -> str:
+    """What changes when the object's content does: ETag on S3, generation on GCS, mtime locally."""
+    for key in ("ETag", "etag", "generation", "mtime", "LastModified", "updated"):
+        if info.get(key) is not None:
+            return str(info[key]).strip('"')
+    return ""
+
+
+def _uri(fs, path: str) -> str:
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    return path if protocol in ("file", "local") else fs.unstrip_protocol(path)
