@@ -56,6 +56,16 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--limit", type=int, default=None, help="write at most this many images")
     demo.add_argument("--json", action="store_true", help="print a JSON summary last")
     demo.set_defaults(handler=_demo)
+
+    doctor = commands.add_parser("doctor", help="preflight: disks, read speed, GPUs, /dev/shm, limits")
+    doctor.add_argument("--root", required=True, help="artifact ROOT: local path or fsspec URI")
+    doctor.add_argument("--source", default=None, help="raw image source; its disk is checked too when local")
+    doctor.add_argument("--require-gpu", action="store_true", help="fail, not warn, when no GPU is usable")
+    doctor.add_argument("--min-read-mbps", type=float, default=None,
+                        help="fail when sequential reads under ROOT are slower than this (MB/s)")
+    doctor.add_argument("--sample-mb", type=int, default=256, help="MiB to read when timing the disk")
+    doctor.add_argument("--json", action="store_true", help="print the report as JSON last")
+    doctor.set_defaults(handler=_doctor)
     return parser
 
 
@@ -64,6 +74,22 @@ def _demo(args) -> int:
 
     count = write_digits(args.target, limit=args.limit)
     emit({"target": args.target, "images": count}, args.json, f"wrote {count} digit images to {args.target}")
+    return 0
+
+
+def _doctor(args) -> int:
+    from components.doctor import render, run_checks
+
+    report = run_checks(args.root, source=args.source, require_gpu=args.require_gpu,
+                        min_read_mbps=args.min_read_mbps, sample_mb=args.sample_mb)
+    if not args.json:
+        from rich.console import Console
+
+        Console().print(render(report))
+    emit(report.to_dict(), args.json, f"doctor: {report.status} ({len(report.warnings)} warnings)")
+    if report.failed:
+        print(f"stoke doctor: {report.failure_line()}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 
