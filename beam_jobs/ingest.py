@@ -140,7 +140,7 @@ def ingest(config: IngestConfig, pipeline_args: list[str]) -> dict:
         return {"published": False, "span": None, "new_sources": 0, "removed_debris": removed,
                 "message": f"nothing new in {config.source}: every file is already in a published span"}
 
-    labels = extend_labels(root, fresh)
+    labels = extended_labels(root, fresh)
     staging = join(root.spans, f"{STAGING_PREFIX}{uuid.uuid4().hex[:12]}")
     try:
         chunks = stage_sources(staging, fresh, labels)
@@ -186,14 +186,10 @@ def remove_debris(root: Root) -> list[str]:
     return debris
 
 
-def extend_labels(root: Root, fresh: list[Source]) -> list[str]:
-    """Appends new class names to labels.json; existing ids never change."""
+def extended_labels(root: Root, fresh: list[Source]) -> list[str]:
+    """labels.json with new class names appended: existing ids never change."""
     labels = root.read_labels()
-    new = sorted({s.label for s in fresh} - set(labels))
-    if new:
-        labels = labels + new
-        write_json(root.labels, labels)
-    return labels
+    return labels + sorted({s.label for s in fresh} - set(labels))
 
 
 def stage_sources(staging: str, fresh: list[Source], labels: list[str]) -> list[str]:
@@ -258,6 +254,8 @@ def publish(root, number, staging, shards, dead, labels, fresh, refused, config)
             name = shard_name(split, index, len(files), config.compression)
             fs.mv(filesystem(shard["file"])[1], filesystem(join(span, name))[1])
             named.append({"file": name, "split": split, "records": shard["records"], "bytes": shard["bytes"]})
+    if labels != root.read_labels():
+        write_json(root.labels, labels)
     fs.pipe_file(filesystem(join(span, DEAD_LETTER))[1],
                  "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in dead).encode())
     manifest = {

@@ -1,0 +1,123 @@
+"""Small real image files, awkward and broken, made by the tests."""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+from PIL import Image
+
+
+def pixels(height=24, width=32, seed=0) -> np.ndarray:
+    """A smooth gradient with some noise: compresses like a photo, not like a flat colour."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    rgb = np.stack([x * 255 // max(width - 1, 1), y * 255 // max(height - 1, 1), (x + y) * 4 % 256], -1)
+    return np.clip(rgb + rng.integers(-8, 8, rgb.shape), 0, 255).astype(np.uint8)
+
+
+def encode(image: Image.Image, fmt: str, **options) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format=fmt, **options)
+    return buffer.getvalue()
+
+
+def rgb_jpeg(seed=0, size=(32, 24)) -> bytes:
+    return encode(Image.fromarray(pixels(size[1], size[0], seed)), "JPEG", quality=90)
+
+
+def rgb_png(seed=0) -> bytes:
+    return encode(Image.fromarray(pixels(seed=seed)), "PNG")
+
+
+def cmyk_jpeg() -> bytes:
+    return encode(Image.fromarray(pixels()).convert("CMYK"), "JPEG")
+
+
+def gray_jpeg() -> bytes:
+    return encode(Image.fromarray(pixels()).convert("L"), "JPEG")
+
+
+def png16() -> bytes:
+    """16-bit RGB PNG: PIL reads only 8 bits of it, so write the PNG chunks by hand."""
+    import struct
+    import zlib
+
+    data = pixels().astype(">u2") * 257
+    rows = b"".join(b"\x00" + row.tobytes() for row in data)
+    height, width = data.shape[:2]
+
+    def chunk(kind, body):
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    header = struct.pack(">IIBBBBB", width, height, 16, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+
+
+def gray16_png() -> bytes:
+    return encode(Image.fromarray((pixels()[..., 0].astype(np.uint16) * 257), "I;16"), "PNG")
+
+
+def rgba_png() -> bytes:
+    rgba = np.dstack([pixels(), np.full(pixels().shape[:2], 128, np.uint8)])
+    return encode(Image.fromarray(rgba, "RGBA"), "PNG")
+
+
+def palette_gif() -> bytes:
+    return encode(Image.fromarray(pixels()).convert("P"), "GIF")
+
+
+def bmp() -> bytes:
+    return encode(Image.fromarray(pixels()), "BMP")
+
+
+def tiff() -> bytes:
+    return encode(Image.fromarray(pixels()), "TIFF")
+
+
+def webp() -> bytes:
+    return encode(Image.fromarray(pixels()), "WEBP")
+
+
+def rotated_jpeg() -> bytes:
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees clockwise when shown
+    return encode(Image.fromarray(pixels()), "JPEG", exif=exif)
+
+
+def truncated_jpeg() -> bytes:
+    data = rgb_jpeg(size=(64, 48))
+    return data[: len(data) // 2]
+
+
+def truncated_png() -> bytes:
+    data = rgb_png()
+    return data[: len(data) // 2]
+
+
+def not_an_image() -> bytes:
+    return b"this is a text file pretending to be a picture\n" * 4
+
+
+# name -> (bytes, kept as is?) for the valid ones; broken ones have no second value.
+AWKWARD = {
+    "rgb.jpg": rgb_jpeg,
+    "rgb.png": rgb_png,
+    "cmyk.jpg": cmyk_jpeg,
+    "gray.jpg": gray_jpeg,
+    "deep.png": png16,
+    "gray16.png": gray16_png,
+    "alpha.png": rgba_png,
+    "palette.gif": palette_gif,
+    "plain.bmp": bmp,
+    "scan.tiff": tiff,
+    "photo.webp": webp,
+    "rotated.jpg": rotated_jpeg,
+    "really-a-png.jpg": rgb_png,
+    "ünïcödé 画像.jpg": rgb_jpeg,
+}
+BROKEN = {
+    "empty.jpg": lambda: b"",
+    "truncated.jpg": truncated_jpeg,
+    "truncated.png": truncated_png,
+    "text.jpg": not_an_image,
+}

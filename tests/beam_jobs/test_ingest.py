@@ -1,0 +1,147 @@
+"""The ingest job end to end on real files: exactly once, dead letters, crashes, S3."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from beam_jobs.ingest import run
+from components import schema
+from components.layout import DEAD_LETTER, MANIFEST, TF_COMPRESSION, Root, read_json, shard_uris
+from tests.beam_jobs import images
+
+IN_MEMORY = ["--direct_running_mode=in_memory"]
+
+
+def ingest(source, root, *extra, capsys=None):
+    code = run([str(source), "--root", str(root), "--json", *extra])
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1]) if capsys else None
+    return code, summary
+
+
+def records(root, manifest):
+    """Every record of a span, parsed, with its decoded image."""
+    found = []
+    for split in schema.SPLITS:
+        files = shard_uris(Root(str(root)), manifest, split)
+        for data in tf.data.TFRecordDataset(files, TF_COMPRESSION[manifest["compression"]]):
+            parsed = tf.io.parse_single_example(data, schema.feature_spec())
+            pixels = tf.io.decode_image(parsed[schema.ENCODED], expand_animations=False).numpy()
+            found.append({"split": split, "pixels": pixels, **{
+                k: (v.numpy().decode() if v.dtype == tf.string else int(v))
+                for k, v in parsed.items() if k != schema.ENCODED}})
+    return found
+
+
+def dead_letters(root, span):
+    text = open(os.path.join(Root(str(root)).span(span), DEAD_LETTER), encoding="utf-8").read()
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def test_awkward_and_broken_files_end_in_a_span_or_dead_letter_exactly_once(awkward_folder, tmp_path, capsys):
+    root = tmp_path / "root"
+    code, summary = ingest(awkward_folder, root, "--max-bad-fraction", "0.5", "--eval-fraction", "0.3",
+                           capsys=capsys)
+    assert code == 0 and summary["published"] and summary["span"] == 1
+    manifest = read_json(os.path.join(summary["span_uri"], MANIFEST))
+    labels = read_json(str(root / "data" / "labels.json"))
+    assert labels == ["cat", "dog"] == manifest["labels"]
+
+    found = records(root, manifest)
+    for record in found:
+        assert record["pixels"].dtype == np.uint8 and record["pixels"].shape[2] == 3
+        assert record["pixels"].shape[:2] == (record[schema.HEIGHT], record[schema.WIDTH])
+        assert labels[record[schema.LABEL]] == record[schema.TEXT]
+        assert os.path.relpath(record[schema.SOURCE], awkward_folder).split(os.sep)[0] == record[schema.TEXT]
+    dead = dead_letters(root, 1)
+    images_on_disk = {str(p) for p in awkward_folder.rglob("*") if p.is_file()
+                      and p.name not in ("labels.txt", ".DS_Store")}
+    in_span = [r[schema.SOURCE] for r in found]
+    assert sorted(in_span + [d["uri"] for d in dead]) == sorted(images_on_disk)
+    assert {os.path.basename(d["uri"]) for d in dead} == set(images.BROKEN)
+    assert manifest["counts"] == {"train": sum(r["split"] == "train" for r in found),
+                                  "eval": sum(r["split"] == "eval" for r in found), "dead_letter": 4}
+    assert {r["split"] for r in found} == {"train", "eval"}
+    assert len(manifest["sources"]) == len(images_on_disk)
+    assert os.listdir(root / "data" / "spans") == ["span-00001"]  # no staging left behind
+
+
+def test_a_rerun_publishes_nothing_and_new_files_make_a_new_span(tmp_path, capsys):
+    source, root = tmp_path / "source", tmp_path / "root"
+    (source / "cat").mkdir(parents=True)
+    for i in range(3):
+        (source / "cat" / f"{i}.jpg").write_bytes(images.rgb_jpeg(seed=i))
+    assert ingest(source, root, *IN_MEMORY, capsys=capsys)[1]["span"] == 1
+
+    code, summary = ingest(source, root, *IN_MEMORY, capsys=capsys)
+    assert code == 0 and not summary["published"] and "nothing new" in summary["message"]
+
+    (source / "ant").mkdir()
+    (source / "ant" / "new.png").write_bytes(images.rgb_png())
+    (source / "cat" / "3.jpg").write_bytes(images.rgb_jpeg(seed=3))
+    code, summary = ingest(source, root, *IN_MEMORY, capsys=capsys)
+    assert summary["span"] == 2 and summary["new_sources"] == 2
+    manifest = read_json(os.path.join(summary["span_uri"], MANIFEST))
+    assert manifest["labels"] == ["cat", "ant"]  # appended: cat keeps id 0
+    assert sorted((r[schema.TEXT], r[schema.LABEL]) for r in records(root, manifest)) == [("ant", 1), ("cat", 0)]
+
+    os.utime(source / "cat" / "0.jpg", (1, 1))  # a changed file is new again
+    assert ingest(source, root, *IN_MEMORY, capsys=capsys)[1]["new_sources"] == 1
+
+
+def test_too_many_bad_files_publish_nothing(tmp_path, capsys):
+    source, root = tmp_path / "source", tmp_path / "root"
+    (source / "cat").mkdir(parents=True)
+    (source / "cat" / "ok.jpg").write_bytes(images.rgb_jpeg())
+    (source / "cat" / "bad.jpg").write_bytes(images.truncated_jpeg())
+    code, summary = ingest(source, root, *IN_MEMORY, capsys=capsys)
+    assert code == 1 and "1 of 2 new sources (50.0%) are bad" in summary["error"]
+    assert "bad.jpg: truncated or corrupt JPEG" in summary["error"]
+    assert Root(str(root)).manifests() == [] and os.listdir(root / "data" / "spans") == []
+    assert not (root / "data" / "labels.json").exists()
+
+
+def test_bad_settings_and_sources_are_one_clear_line(tmp_path, capsys):
+    code, summary = ingest(tmp_path / "missing", tmp_path / "root", capsys=capsys)
+    assert code == 1 and summary["error"] == f"source {tmp_path / 'missing'} does not exist"
+    code, summary = ingest(tmp_path, tmp_path / "root", "--eval-fraction", "2", capsys=capsys)
+    assert code == 1 and summary["error"].startswith("--eval-fraction: ")
+
+
+def test_a_killed_job_publishes_nothing_and_the_rerun_cleans_up(tmp_path):
+    source, root = tmp_path / "source", tmp_path / "root"
+    (source / "cat").mkdir(parents=True)
+    for i in range(40):
+        (source / "cat" / f"{i:02d}.jpg").write_bytes(images.rgb_jpeg(seed=i))
+    os.mkfifo(source / "cat" / "stuck.jpg")  # a read that never ends: the job hangs mid-way
+    spans = root / "data" / "spans"
+    job = subprocess.Popen([sys.executable, "-m", "beam_jobs.ingest", str(source), "--root", str(root)],
+                           start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(spans.glob("_staging-*/*.part")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert list(spans.glob("_staging-*/*.part")), "the job never started writing"
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+    assert Root(str(root)).manifests() == []
+
+    (source / "cat" / "stuck.jpg").unlink()
+    (source / "cat" / "stuck.jpg").write_bytes(images.rgb_jpeg(seed=99))
+    (spans / "span-00001").mkdir()  # as if killed while publishing, before the manifest
+    (spans / "span-00001" / "train-00000-of-00001.tfrecord.gz").write_bytes(b"partial")
+    result = subprocess.run([sys.executable, "-m", "beam_jobs.ingest", str(source), "--root", str(root), "--json"],
+                            capture_output=True, text=True, check=True)
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["span"] == 2  # a name that was ever used is not used again
+    assert len(summary["removed_debris"]) == 2
+    assert sorted(os.listdir(spans)) == ["span-00002"]
+    manifest = read_json(os.path.join(summary["span_uri"], MANIFEST))
+    assert manifest["counts"]["train"] + manifest["counts"]["eval"] == 41
+    assert len(records(root, manifest)) == 41

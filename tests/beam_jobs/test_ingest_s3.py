@@ -1,0 +1,44 @@
+"""The same ingest from, and into, an s3:// bucket served by moto on 127.0.0.1."""
+import json
+
+import fsspec
+import tensorflow as tf
+
+from beam_jobs.ingest import run
+from components import schema
+from components.layout import MANIFEST
+from tests.beam_jobs import images
+
+
+def test_ingest_from_and_into_a_bucket(s3_bucket, tmp_path, capsys):
+    fs = fsspec.filesystem("s3")
+    fs.invalidate_cache()
+    for i in range(4):
+        fs.pipe_file(f"{s3_bucket}/photos/cat/{i}.jpg", images.rgb_jpeg(seed=i))
+    fs.pipe_file(f"{s3_bucket}/photos/dog/a.png", images.rgba_png())
+    fs.pipe_file(f"{s3_bucket}/photos/dog/broken.jpg", images.truncated_jpeg())
+    fs.pipe_file(f"{s3_bucket}/photos/dog/README.md", b"sidecar")
+    source, root = f"s3://{s3_bucket}/photos", f"s3://{s3_bucket}/root"
+
+    assert run([source, "--root", root, "--json", "--max-bad-fraction", "0.5"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["span_uri"] == f"{root}/data/spans/span-00001"
+    fs.invalidate_cache()
+    manifest = json.loads(fs.cat_file(f"{summary['span_uri']}/{MANIFEST}"))
+    assert manifest["counts"]["train"] + manifest["counts"]["eval"] == 5
+    assert {s["uri"] for s in manifest["sources"]} == {
+        f"s3://{s3_bucket}/photos/{p}" for p in ("cat/0.jpg", "cat/1.jpg", "cat/2.jpg", "cat/3.jpg",
+                                                 "dog/a.png", "dog/broken.jpg")}
+    dead = [json.loads(line) for line in fs.cat_file(f"{summary['span_uri']}/dead_letter.jsonl").splitlines()]
+    assert [d["uri"] for d in dead] == [f"s3://{s3_bucket}/photos/dog/broken.jpg"]
+    assert not fs.glob(f"{root}/data/spans/_staging-*")
+
+    local = tmp_path / "span"
+    fs.get(summary["span_uri"] + "/", str(local), recursive=True)
+    files = [str(local / s["file"]) for s in manifest["shards"]]
+    labels = {int(tf.io.parse_single_example(r, schema.feature_spec())[schema.LABEL])
+              for r in tf.data.TFRecordDataset(files, "GZIP")}
+    assert labels == {0, 1}
+
+    assert run([source, "--root", root, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["published"] is False

@@ -1,0 +1,51 @@
+"""Each transform of the ingest job under Beam's TestPipeline."""
+
+import apache_beam as beam
+import tensorflow as tf
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+
+from beam_jobs.images import Rejected
+from beam_jobs.ingest import Gather, WriteShards, dead_letter, to_example
+from components import schema
+from components.layout import read_json
+from tests.beam_jobs import images
+
+
+def source(path, label="cat", split="train"):
+    return {"uri": str(path), "label": label, "label_id": 0, "split": split, "size": 1, "version": "1"}
+
+
+def test_normalize_splits_good_records_from_dead_letters(tmp_path):
+    (tmp_path / "good.png").write_bytes(images.rgb_png())
+    (tmp_path / "bad.jpg").write_bytes(images.truncated_jpeg())
+    sources = [source(tmp_path / "good.png", split="eval"), source(tmp_path / "bad.jpg"),
+               source(tmp_path / "gone.jpg")]
+    with TestPipeline() as p:
+        good, bad = (p | beam.Create(sources)
+                     | beam.Map(to_example, None).with_exception_handling(exc_class=Rejected))
+        parsed = good | beam.MapTuple(
+            lambda split, data: (split, tf.train.Example.FromString(data)
+                                 .features.feature[schema.SOURCE].bytes_list.value[0].decode()))
+        assert_that(parsed, equal_to([("eval", str(tmp_path / "good.png"))]), label="good")
+        reasons = bad | beam.Map(dead_letter) | beam.Map(lambda d: (d["uri"].rsplit("/", 1)[-1], d["reason"][:20]))
+        assert_that(reasons, equal_to([("bad.jpg", "truncated or corrupt"), ("gone.jpg", "not found: removed a")]),
+                    label="bad")
+
+
+def test_write_shards_and_gather(tmp_path):
+    records = [("train", b"t%d" % i) for i in range(10)] + [("eval", b"e")]
+    with TestPipeline() as p:
+        _ = (p | beam.Create(records) | beam.ParDo(WriteShards(str(tmp_path), 8, "gzip"))
+             | Gather(str(tmp_path / "shards.json")))
+    shards = read_json(str(tmp_path / "shards.json"))
+    assert sum(s["records"] for s in shards if s["split"] == "train") == 10
+    assert max(s["records"] for s in shards) <= 4  # rolled at 8 bytes of 2-3 byte records
+    written = sorted(r.numpy() for s in shards for r in tf.data.TFRecordDataset(s["file"], "GZIP"))
+    assert written == sorted(r for _, r in records)
+
+
+def test_gather_of_nothing_is_an_empty_list(tmp_path):
+    with TestPipeline() as p:
+        _ = p | beam.Create([]) | Gather(str(tmp_path / "dead.json"))
+    assert read_json(str(tmp_path / "dead.json")) == []
