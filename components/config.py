@@ -66,3 +66,35 @@ def _argument_type(annotation):
     if typing.get_origin(annotation) is Literal:
         return type(args[0]), list(args)
     return annotation, None
+
+
+class TrainConfig(BaseModel):
+    """Published spans to a candidate SavedModel: tf.data input, Keras under a tf.distribute strategy."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    root: str = Field(description="artifact ROOT: local path or a URI TensorFlow reads (gs://)")
+    model: Literal["small_cnn", "mobilenet_v3_small", "efficientnet_b0", "resnet50"] = Field(
+        "small_cnn", description="network to train")
+    weights: Literal["none", "imagenet"] = Field(
+        "none", description="initial weights of the keras.applications models (imagenet needs network)")
+    image_size: int = Field(224, gt=0, description="side of the square input image in pixels")
+    batch_size: int = Field(64, gt=0, description="batch size per replica (the global batch scales with replicas)")
+    epochs: int = Field(10, gt=0, description="passes over the training split")
+    learning_rate: float = Field(1e-3, gt=0, description="Adam learning rate")
+    precision: Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"] = Field(
+        "auto", description="auto: mixed_bfloat16 on Ampere+, mixed_float16 on GPUs >= 7.0, else float32")
+    xla: bool | None = Field(None, description="compile steps with XLA (jit_compile); default on with a GPU")
+    steps_per_execution: int = Field(1, gt=0, description="training steps per call into the compiled function")
+    strategy: Literal["auto", "default", "one_device", "mirrored", "multi_worker"] = Field(
+        "auto", description="auto: multi_worker when TF_CONFIG names a cluster, mirrored with >1 GPU, else one_device")
+    run_id: str | None = Field(None, description="run folder under ROOT/runs; the same id resumes a stopped run")
+    spans: str | None = Field(None, description="spans to read, e.g. 3 or 1,4-6 (default: all published)")
+    steps_per_epoch: int | None = Field(None, gt=0, description="cap on steps per epoch (default: one pass)")
+    skip_corrupt: bool = Field(False, description="skip unreadable records of corrupt shards and count them")
+    cache: str | None = Field(None, description="cache decoded images: 'memory' or a file path prefix")
+    shuffle_buffer: int = Field(2048, gt=0, description="records in the shuffle buffer")
+    backup_every: int | None = Field(None, gt=0, description="back up for resume every N steps (default: each epoch)")
+    profile_steps: str | None = Field(None, description="TensorBoard profiler step range such as 10,20")
+    probe_steps: int = Field(30, ge=0, description="steps of the input-bound probe after training (0: skip)")
+    cpu_devices: int | None = Field(None, gt=0, description="split the CPU into N logical devices (mirrored without GPUs)")

@@ -1,0 +1,130 @@
+"""Which tf.distribute strategy, precision and compiler a training process uses.
+
+The choice is made from what the process sees: TF_CONFIG (a cluster of workers), the GPUs and their
+compute capability. `auto` is what a user wants on the machine at hand; every explicit value is
+honoured as asked, so tests can force each path on the CPU.
+
+Keras: tf_keras (Keras 2) for every strategy. Keras 3's `fit` fails under
+MultiWorkerMirroredStrategy (keras-team/keras#20585), and one Keras for all strategies means one
+code path to test.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import tensorflow as tf
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    """The parts of TF_CONFIG training needs."""
+
+    workers: int  # chief + workers
+    task_type: str
+    task_index: int
+
+    @property
+    def is_chief(self) -> bool:
+        # Without a "chief" entry, worker 0 plays the chief (the TF convention).
+        return self.task_type == "chief" or (self.task_type == "worker" and self.task_index == 0
+                                             and not self._has_chief)
+
+    _has_chief: bool = False
+
+
+def parse_tf_config(text: str | None = None) -> Cluster | None:
+    """The cluster named by TF_CONFIG, or None when it names no cluster of workers."""
+    text = os.environ.get("TF_CONFIG") if text is None else text
+    if not text or not text.strip():
+        return None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"TF_CONFIG is not JSON: {exc}") from None
+    cluster = config.get("cluster") or {}
+    workers = len(cluster.get("chief", [])) + len(cluster.get("worker", []))
+    if workers == 0:
+        return None
+    task = config.get("task") or {}
+    task_type = task.get("type")
+    if task_type not in cluster:
+        raise ValueError(f"TF_CONFIG task type {task_type!r} is not in its cluster {sorted(cluster)}")
+    task_index = int(task.get("index", 0))
+    if not 0 <= task_index < len(cluster[task_type]):
+        raise ValueError(f"TF_CONFIG task index {task_index} is out of range for {task_type!r}")
+    return Cluster(workers, task_type, task_index, _has_chief=bool(cluster.get("chief")))
+
+
+def gpus() -> list:
+    return tf.config.list_physical_devices("GPU")
+
+
+def compute_capabilities(devices) -> list[tuple[int, int]]:
+    found = []
+    for device in devices:
+        details = tf.config.experimental.get_device_details(device)
+        if details.get("compute_capability"):
+            found.append(tuple(details["compute_capability"]))
+    return found
+
+
+def choose_strategy(requested: str, cluster: Cluster | None, gpu_count: int) -> str:
+    if requested != "auto":
+        return requested
+    if cluster is not None and cluster.workers > 1:
+        return "multi_worker"
+    if gpu_count > 1:
+        return "mirrored"
+    return "one_device"
+
+
+def make_strategy(name: str, gpu_count: int) -> tf.distribute.Strategy:
+    """Creates the strategy; for multi_worker this must come before any other TensorFlow op."""
+    if name == "multi_worker":
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    if name == "mirrored":
+        if gpu_count:
+            return tf.distribute.MirroredStrategy()
+        # No GPU: mirror over the logical CPU devices (see split_cpu), which tests use.
+        devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+        return tf.distribute.MirroredStrategy(devices, cross_device_ops=tf.distribute.ReductionToOneDevice())
+    if name == "one_device":
+        # A one-device MirroredStrategy, not OneDeviceStrategy: Keras' BackupAndRestore refuses the
+        # latter, and resuming matters more than the little bookkeeping this costs.
+        return tf.distribute.MirroredStrategy(["/gpu:0" if gpu_count else "/cpu:0"])
+    if name == "default":
+        return tf.distribute.get_strategy()
+    raise ValueError(f"unknown strategy {name!r}")
+
+
+def choose_precision(requested: str, capabilities: list[tuple[int, int]]) -> str:
+    """auto: bfloat16 on Ampere and newer (no loss scaling), float16 from Volta (7.0), else float32."""
+    if requested != "auto":
+        return requested
+    if not capabilities:
+        return "float32"
+    lowest = min(capabilities)
+    if lowest >= (8, 0):
+        return "mixed_bfloat16"
+    if lowest >= (7, 0):
+        return "mixed_float16"
+    return "float32"
+
+
+def choose_xla(requested: bool | None, gpu_count: int) -> bool:
+    return bool(gpu_count) if requested is None else requested
+
+
+def split_cpu(count: int) -> None:
+    """Splits the CPU into `count` logical devices; must run before TensorFlow initializes."""
+    cpus = tf.config.list_physical_devices("CPU")
+    try:
+        tf.config.set_logical_device_configuration(
+            cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(count)])
+    except RuntimeError:
+        have = len(tf.config.list_logical_devices("CPU"))
+        if have != count:
+            raise RuntimeError(f"TensorFlow already runs with {have} logical CPU devices; "
+                               f"--cpu-devices {count} must be set before it starts") from None
