@@ -1,0 +1,72 @@
+"""Small spans written the way the ingest job publishes them: GZIP shards, then _MANIFEST.json."""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from components import layout, schema
+
+TRAIN_LABELS = ["red", "green", "blue"]
+
+
+def tiny_image(label: int, index: int, size: int = 32, image_format: str = "jpeg") -> bytes:
+    """A noisy image whose dominant colour channel is its label: learnable in a few steps."""
+    rng = np.random.default_rng(index)
+    pixels = rng.integers(0, 90, size=(size, size + 8, 3), dtype=np.uint8)
+    pixels[..., label] = rng.integers(170, 255, size=(size, size + 8), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="JPEG" if image_format == "jpeg" else "PNG", quality=90)
+    return buffer.getvalue()
+
+
+def write_span(root: str, number: int, splits: dict[str, list[tuple[bytes, str, int]]],
+               labels: list[str], shards_per_split: dict[str, int], publish: bool = True) -> dict:
+    """Writes span-NNNNN with GZIP shards round-robin per split; the manifest last (if publish)."""
+    import tensorflow as tf
+
+    base = layout.Root(root)
+    folder = base.span(number)
+    layout.filesystem(folder)[0].makedirs(folder, exist_ok=True)
+    shards = []
+    for split, records in splits.items():
+        count = shards_per_split[split]
+        for index in range(count):
+            name = layout.shard_name(split, index, count)
+            part = records[index::count]
+            with tf.io.TFRecordWriter(layout.join(folder, name), "GZIP") as writer:
+                for position, (encoded, image_format, label) in enumerate(part):
+                    height, width = tf.image.decode_image(encoded).shape[:2]
+                    writer.write(schema.encode_example(
+                        encoded=encoded, image_format=image_format, height=int(height), width=int(width),
+                        label=label, text=labels[label], source=f"mem://{split}/{index}/{position}"))
+            shards.append({"file": name, "split": split, "records": len(part), "bytes": 0})
+    manifest = {"span": number, "created": "2025-01-01T00:00:00Z", "compression": "gzip", "source": "mem://",
+                "counts": {split: len(records) for split, records in splits.items()} | {"dead_letter": 0},
+                "labels": labels, "shards": shards, "sources": []}
+    if publish:
+        layout.write_json(base.labels, labels)
+        layout.write_json(layout.join(folder, layout.MANIFEST), manifest)
+    return manifest
+
+
+def tiny_records(count: int, offset: int = 0, size: int = 32) -> list[tuple[bytes, str, int]]:
+    """Mixed JPEG (3 of 4) and PNG records cycling through the labels."""
+    records = []
+    for i in range(offset, offset + count):
+        image_format = "png" if i % 4 == 3 else "jpeg"
+        label = i % len(TRAIN_LABELS)
+        records.append((tiny_image(label, i, size, image_format), image_format, label))
+    return records
+
+
+@pytest.fixture(scope="session")
+def small_spans_root(tmp_path_factory) -> str:
+    """ROOT with span 1 (48 train in 3 shards, 16 eval in 1) and an unpublished span 2."""
+    root = str(tmp_path_factory.mktemp("train-root"))
+    write_span(root, 1, {"train": tiny_records(48), "eval": tiny_records(16, offset=1000)},
+               TRAIN_LABELS, {"train": 3, "eval": 1})
+    write_span(root, 2, {"train": tiny_records(8, offset=2000)}, TRAIN_LABELS, {"train": 1}, publish=False)
+    return root
