@@ -41,6 +41,11 @@ from components.layout import DEAD_LETTER, MANIFEST, Root, filesystem, join, rea
 CHUNK = 10_000  # sources per staged list file: keeps the job graph small on any runner
 STAGING_PREFIX = "_staging-"
 
+IMAGES = Metrics.counter("ingest", "images")
+REENCODED = Metrics.counter("ingest", "reencoded")
+BYTES_READ = Metrics.counter("ingest", "bytes_read")
+DEAD_LETTERS = Metrics.counter("ingest", "dead_letters")
+
 
 class IngestError(Exception):
     """A job that cannot publish; the message says why and what to do."""
@@ -57,10 +62,10 @@ def to_example(source: dict, max_side: int | None) -> tuple[str, bytes]:
     except FileNotFoundError:
         raise Rejected("not found: removed after it was listed") from None
     image = normalize(data, max_side)
-    Metrics.counter("ingest", "images").inc()
-    Metrics.counter("ingest", "bytes_read").inc(len(data))
+    IMAGES.inc()
+    BYTES_READ.inc(len(data))
     if image.reencoded:
-        Metrics.counter("ingest", "reencoded").inc()
+        REENCODED.inc()
     return source["split"], schema.encode_example(
         encoded=image.encoded, image_format=image.format, height=image.height, width=image.width,
         label=source["label_id"], text=source["label"], source=source["uri"],
@@ -69,7 +74,7 @@ def to_example(source: dict, max_side: int | None) -> tuple[str, bytes]:
 
 def dead_letter(failure) -> dict:
     source, (_, reason, _) = failure
-    Metrics.counter("ingest", "dead_letters").inc()
+    DEAD_LETTERS.inc()
     return {"uri": source["uri"], "reason": reason, "size": source["size"], "version": source["version"]}
 
 

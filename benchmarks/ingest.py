@@ -1,0 +1,149 @@
+"""Ingest throughput side by side, in one run, on photo-sized JPEGs made here.
+
+    python benchmarks/ingest.py [--images 6000] [--size 320x240]
+
+Measures `stoke ingest` (Beam, DirectRunner, one worker per core) against a one-process
+`tf.io.TFRecordWriter` loop doing the same verify + normalize + GZIP work, and against the machine's
+limit: the single-core rate of read + verify-decode + compress, times the cores, once with zlib at
+level 6 (what TensorFlow's writer does) and once with ISA-L (what Stoke's writer does). Peak memory
+is the summed RSS of the job's process tree, at half and at all of the images: it should not grow.
+Prints one JSON object; ratios are what to compare, since absolute times vary on a shared machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+import psutil
+from isal import isal_zlib
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from beam_jobs.images import normalize  # noqa: E402
+from beam_jobs.sources import list_source  # noqa: E402
+from components import schema  # noqa: E402
+
+
+def make_photos(folder: Path, count: int, size: tuple[int, int]) -> int:
+    """JPEGs with photo-like detail (smooth shapes plus sensor noise), in 10 class folders."""
+    rng = np.random.default_rng(0)
+    width, height = size
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    total = 0
+    for i in range(count):
+        fx, fy, phase = rng.uniform(0.01, 0.08, 2).tolist() + [rng.uniform(0, 6.3)]
+        base = np.stack([np.sin(x * fx + phase), np.cos(y * fy - phase), np.sin((x + y) * fx * fy * 20)], -1)
+        pixels = np.clip((base + 1) * 110 + rng.normal(0, 12, base.shape), 0, 255).astype(np.uint8)
+        path = folder / f"class{i % 10}" / f"{i:06d}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels).save(path, quality=90)
+        total += path.stat().st_size
+    return total
+
+
+def peak_rss(process: subprocess.Popen) -> float:
+    """Polls the summed RSS of a process and its children until it exits; returns the peak in MB."""
+    peak, parent = 0, psutil.Process(process.pid)
+    while process.poll() is None:
+        try:
+            tree = [parent, *parent.children(recursive=True)]
+            peak = max(peak, sum(p.memory_info().rss for p in tree if p.is_running()))
+        except psutil.Error:
+            pass
+        time.sleep(0.05)
+    return peak / 1e6
+
+
+def stoke_ingest(source: Path, root: Path) -> dict:
+    started = time.perf_counter()
+    job = subprocess.Popen([sys.executable, "-m", "beam_jobs.ingest", str(source), "--root", str(root), "--json"],
+                           stdout=subprocess.PIPE, text=True)
+    peak = {}
+    watcher = threading.Thread(target=lambda: peak.setdefault("mb", peak_rss(job)))
+    watcher.start()
+    out, _ = job.communicate()
+    watcher.join()
+    seconds = time.perf_counter() - started
+    summary = json.loads(out.strip().splitlines()[-1])
+    images = summary["counts"]["train"] + summary["counts"]["eval"]
+    return {"images": images, "seconds": round(seconds, 2), "images_per_sec": round(images / seconds, 1),
+            "peak_rss_mb": round(peak["mb"]), "shards": summary["shards"]}
+
+
+def one_process_loop(source: Path, out: Path) -> dict:
+    """The plain alternative: one process, TensorFlow's writer, the same verify and normalize."""
+    import tensorflow as tf
+
+    started = time.perf_counter()
+    listing = list_source(str(source), 0.1)
+    labels = sorted({s.label for s in listing.sources})
+    options = tf.io.TFRecordOptions(compression_type="GZIP")
+    writers = {split: tf.io.TFRecordWriter(str(out / f"{split}.tfrecord.gz"), options) for split in schema.SPLITS}
+    for s in listing.sources:
+        image = normalize(Path(s.uri).read_bytes())
+        writers[s.split].write(schema.encode_example(
+            encoded=image.encoded, image_format=image.format, height=image.height, width=image.width,
+            label=labels.index(s.label), text=s.label, source=s.uri))
+    for writer in writers.values():
+        writer.close()
+    seconds = time.perf_counter() - started
+    return {"seconds": round(seconds, 2), "images_per_sec": round(len(listing.sources) / seconds, 1),
+            "peak_rss_mb": round(psutil.Process().memory_info().rss / 1e6)}
+
+
+def machine_limit(source: Path, compress, sample: int = 600) -> dict:
+    """Read + verify-decode + compress on one core, times the cores: no framework beats this."""
+    files = sorted(source.rglob("*.jpg"))[:sample]
+    started = time.perf_counter()
+    for path in files:
+        compress(normalize(path.read_bytes()).encoded)
+    per_core = len(files) / (time.perf_counter() - started)
+    cores = os.cpu_count() or 1
+    return {"per_core_images_per_sec": round(per_core, 1), "cores": cores,
+            "images_per_sec": round(per_core * cores, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--images", type=int, default=6000)
+    parser.add_argument("--size", default="320x240")
+    args = parser.parse_args()
+    size = tuple(int(v) for v in args.size.split("x"))
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        half, full = tmp / "half", tmp / "full"
+        input_bytes = make_photos(full, args.images, size)
+        make_photos(half, args.images // 2, size)
+        (tmp / "loop").mkdir()
+        result = {
+            "images": args.images, "size": args.size, "input_mb": round(input_bytes / 1e6, 1),
+            "stoke_ingest_half": stoke_ingest(half, tmp / "root-half"),
+            "stoke_ingest": stoke_ingest(full, tmp / "root"),
+            "one_process_loop": one_process_loop(full, tmp / "loop"),
+            "limit_zlib6": machine_limit(full, lambda data: zlib.compress(data, 6)),
+            "limit_isal": machine_limit(full, isal_zlib.compress),
+        }
+        ingest_rate = result["stoke_ingest"]["images_per_sec"]
+        result["ratios"] = {
+            "stoke_vs_one_process_loop": round(ingest_rate / result["one_process_loop"]["images_per_sec"], 2),
+            "stoke_vs_limit_zlib6": round(ingest_rate / result["limit_zlib6"]["images_per_sec"], 2),
+            "stoke_vs_limit_isal": round(ingest_rate / result["limit_isal"]["images_per_sec"], 2),
+            "peak_memory_full_vs_half": round(result["stoke_ingest"]["peak_rss_mb"]
+                                              / result["stoke_ingest_half"]["peak_rss_mb"], 2),
+        }
+        gz = sum(p.stat().st_size for p in (tmp / "root" / "data" / "spans").rglob("*.tfrecord.gz"))
+        result["gzip_saving"] = round(1 - gz / input_bytes, 4)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
