@@ -15,6 +15,11 @@ import sys
 # Commands that are whole programs of their own: `stoke ingest ...` is `python -m beam_jobs.ingest ...`.
 PROGRAMS = {
     "ingest": "beam_jobs.ingest",
+    "train": "components.train",
+}
+# `stoke bench <what> ...` is the benchmark program `python -m <module> ...`.
+BENCHES = {
+    "input": "components.bench_input",
 }
 
 
@@ -22,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in PROGRAMS:
         return run_program(PROGRAMS[argv[0]], argv[1:])
+    if len(argv) > 1 and argv[0] == "bench" and argv[1] in BENCHES:
+        return run_program(BENCHES[argv[1]], argv[2:])
     parser = _parser()
     args = parser.parse_args(argv)
     if not getattr(args, "handler", None):
@@ -50,6 +57,8 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
     for name, module in PROGRAMS.items():
         commands.add_parser(name, help=f"run {module} (see `stoke {name} --help`)")
+    bench = commands.add_parser("bench", help="measure a part of the pipeline: " + ", ".join(BENCHES))
+    bench.add_argument("what", choices=sorted(BENCHES), help="see `stoke bench <what> --help`")
 
     demo = commands.add_parser("demo", help="write the demo digits as PNG files in class folders")
     demo.add_argument("target", help="folder or URI to write into")

@@ -1,0 +1,132 @@
+"""`stoke bench input SOURCE --root ROOT --image-size N`: is the input pipeline fast enough?
+
+Four rates in one run, in images per second to the end of each pipeline, at the same output size
+and batch size, each timed after a warm-up batch:
+  stoke                 components/input_pipeline.py over ROOT's spans (what training reads)
+  keras_from_directory  keras.utils.image_dataset_from_directory(SOURCE): what users use instead
+  naive                 the same records and decode, as one plain `map`: no parallelism, no prefetch
+  limit                 one thread decoding and resizing in-memory images with Stoke's ops, x cores:
+                        what the CPU can do at most, with no reading, parsing or batching at all
+ROOT must hold spans ingested from SOURCE (`stoke ingest SOURCE --root ROOT`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import tensorflow as tf
+
+from components import input_pipeline as pipeline
+from components.layout import Root, filesystem
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+
+
+def run(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="stoke bench input", description=__doc__.split("\n")[0])
+    parser.add_argument("source", help="folder of class subfolders of images (the ingest SOURCE)")
+    parser.add_argument("--root", required=True, help="artifact ROOT holding spans ingested from SOURCE")
+    parser.add_argument("--image-size", type=int, default=224, help="output side in pixels (default: 224)")
+    parser.add_argument("--batch-size", type=int, default=64, help="images per batch (default: 64)")
+    parser.add_argument("--batches", type=int, default=40, help="timed batches per pipeline (default: 40)")
+    parser.add_argument("--spans", default=None, help="spans to read, e.g. 1,3-4 (default: all)")
+    parser.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+    args = parser.parse_args(argv)
+    try:
+        result = measure(args.source, args.root, image_size=args.image_size, batch_size=args.batch_size,
+                         batches=args.batches, spans=pipeline.parse_spans(args.spans))
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"stoke bench input: error: {exc}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"error": str(exc)}))
+        return 1
+    if args.json:
+        print(json.dumps(result, sort_keys=True), flush=True)
+    else:
+        for key in ("stoke", "keras_from_directory", "naive", "limit"):
+            print(f"{key:>22}: {result[key + '_images_per_sec']:9.1f} images/s")
+    return 0
+
+
+def measure(source: str, root: str, *, image_size: int, batch_size: int, batches: int,
+            spans: list[int] | None = None) -> dict:
+    shards = pipeline.list_shards(Root(root), "train", spans)
+    if not shards:
+        raise ValueError(f"no published span under {Root(root).spans}; run `stoke ingest {source} --root {root}`")
+    stoke = pipeline.make_dataset(shards, pipeline.PipelineOptions(
+        image_size=image_size, batch_size=batch_size, training=True))
+    rates = {
+        "stoke": _rate(stoke, batches, batch_size),
+        "keras_from_directory": _rate(keras_from_directory(source, image_size, batch_size), batches, batch_size),
+        "naive": _rate(naive_dataset(shards, image_size, batch_size), batches, batch_size),
+    }
+    single = _rate(single_thread_decode(source, image_size, batch_size), batches, batch_size)
+    cores = os.cpu_count() or 1
+    rates["limit"] = single * cores
+    result = {f"{key}_images_per_sec": value for key, value in rates.items()}
+    result.update({
+        "stoke_vs_keras": rates["stoke"] / rates["keras_from_directory"],
+        "stoke_vs_limit": rates["stoke"] / rates["limit"],
+        "stoke_vs_naive": rates["stoke"] / rates["naive"],
+        "cores": cores, "image_size": image_size, "batch_size": batch_size, "timed_batches": batches,
+        "train_records": sum(s.records for s in shards),
+    })
+    return result
+
+
+def _rate(dataset: tf.data.Dataset, batches: int, batch_size: int) -> float:
+    """Images/s pulling `batches` batches after one warm-up batch (start-up, buffers, autotuning)."""
+    iterator = iter(dataset.repeat())
+    next(iterator)
+    start = time.perf_counter()
+    for _ in range(batches):
+        next(iterator)
+    return batches * batch_size / (time.perf_counter() - start)
+
+
+def keras_from_directory(source: str, image_size: int, batch_size: int) -> tf.data.Dataset:
+    import keras
+
+    return keras.utils.image_dataset_from_directory(
+        source, image_size=(image_size, image_size), batch_size=batch_size, shuffle=True, verbose=False)
+
+
+def naive_dataset(shards, image_size: int, batch_size: int) -> tf.data.Dataset:
+    """The tutorial pipeline: files in order, one `map`, no parallel calls, no prefetch."""
+    records = tf.data.TFRecordDataset([s.uri for s in shards], compression_type=shards[0].compression)
+
+    def decode(serialized):
+        encoded, label = pipeline.parse(serialized)
+        return pipeline.decode_train(encoded, image_size), label
+
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return records.map(decode).batch(batch_size, drop_remainder=True).with_options(options)
+
+
+def single_thread_decode(source: str, image_size: int, batch_size: int) -> tf.data.Dataset:
+    """Stoke's per-image ops on one thread over encoded images already in memory."""
+    fs, _ = filesystem(source)
+    encoded = [fs.cat_file(path) for path in source_files(source)[: 16 * batch_size]]
+    dataset = tf.data.Dataset.from_tensor_slices(encoded).cache()
+    dataset = dataset.map(lambda b: pipeline.decode_train(b, image_size)).batch(batch_size)
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    options.threading.private_threadpool_size = 1
+    options.threading.max_intra_op_parallelism = 1
+    return dataset.with_options(options)
+
+
+def source_files(source: str) -> list[str]:
+    fs, base = filesystem(source)
+    files = sorted(p for p in fs.find(base) if p.lower().endswith(IMAGE_SUFFIXES))
+    if not files:
+        raise FileNotFoundError(f"no JPEG or PNG files under {source}")
+    return files
+
+
+if __name__ == "__main__":
+    sys.exit(run())
