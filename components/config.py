@@ -98,3 +98,36 @@ class TrainConfig(BaseModel):
     profile_steps: str | None = Field(None, description="TensorBoard profiler step range such as 10,20")
     probe_steps: int = Field(30, ge=0, description="steps of the input-bound probe after training (0: skip)")
     cpu_devices: int | None = Field(None, gt=0, description="split the CPU into N logical devices (mirrored without GPUs)")
+
+
+# A model name becomes a folder under ROOT/models and a URL path segment of TF Serving: letters,
+# digits, '-' and '_' only, so no '..', '/' or scheme reaches the file system.
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+RUN_ID_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$"
+
+
+class ValidateConfig(BaseModel):
+    """The gate: TFMA on the run's eval split, against the newest served version, plus a serving check."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    root: str = Field(description="artifact ROOT: local path or fsspec URI")
+    run_id: str = Field(pattern=RUN_ID_PATTERN, description="run folder under ROOT/runs holding the candidate")
+    model_name: str = Field("stoke", pattern=MODEL_NAME_PATTERN, description="model in ROOT/models to compare against")
+    min_accuracy: float | None = Field(
+        None, ge=0.0, le=1.0, description="lowest accuracy to bless (default: must beat the eval split's majority-class rate)")
+    max_regression: float = Field(0.01, ge=0.0, le=1.0, description="allowed absolute accuracy drop below the served version")
+    top_k: int = Field(5, gt=0, description="k of the top-k accuracy (capped at the number of classes)")
+    warmup_images: int = Field(8, gt=0, le=256, description="real eval images in the warm-up requests")
+
+
+class PushConfig(BaseModel):
+    """A blessed candidate into the TF Serving model repository, plus the serving image build context."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    root: str = Field(description="artifact ROOT: local path or fsspec URI")
+    run_id: str = Field(pattern=RUN_ID_PATTERN, description="run folder under ROOT/runs holding the blessed candidate")
+    model_name: str = Field("stoke", pattern=MODEL_NAME_PATTERN, description="model name in ROOT/models and TF Serving")
+    keep: int = Field(3, gt=0, description="newest versions kept in the repository (older ones are retired)")
+    build_image: bool = Field(True, description="build the serving image when a container engine answers")
