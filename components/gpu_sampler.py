@@ -166,3 +166,45 @@ def _mean(rows: list[dict], key: str) -> float | None:
 def _max(rows: list[dict], key: str) -> float | None:
     values = _values(rows, key)
     return max(values) if values else None
+
+
+def plot(result: dict, uri: str) -> bool:
+    """Draws utilization and PCIe traffic per GPU over time into a PNG at `uri` (local or fsspec).
+    Returns False, writing nothing, when there are no samples to draw."""
+    if not result.get("samples"):
+        return False
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from components.layout import filesystem
+
+    figure, (busy, link) = plt.subplots(2, 1, sharex=True, figsize=(8, 5))
+    for device in result["devices"]:
+        rows = [s for s in result["samples"] if s["gpu"] == device["gpu"]]
+        t = [s["t"] for s in rows]
+        label = f"GPU {device['gpu']} {device.get('name') or ''}".strip()
+        (line,) = busy.plot(t, [s["utilization_pct"] for s in rows], label=label)
+        if any(s["pcie_rx_mbps"] is not None for s in rows):
+            colour = line.get_color()
+            link.plot(t, [s["pcie_rx_mbps"] for s in rows], color=colour,
+                      label=f"GPU {device['gpu']} host to device")
+            link.plot(t, [s["pcie_tx_mbps"] for s in rows], "--", color=colour,
+                      label=f"GPU {device['gpu']} device to host")
+    busy.set_ylabel("utilization %")
+    busy.set_ylim(0, 100)
+    busy.legend(loc="lower right", fontsize="small")
+    link.set_ylabel("PCIe MB/s")
+    link.set_xlabel("seconds")
+    if link.lines:
+        link.legend(loc="upper right", fontsize="small")
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100)
+    plt.close(figure)
+    fs, path = filesystem(uri)
+    fs.pipe_file(path, buffer.getvalue())
+    return True

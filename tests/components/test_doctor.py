@@ -413,3 +413,18 @@ def test_cli_json_and_exit_codes(span_root, capsys):
     assert "stoke doctor" in captured.out  # the table
     error = captured.err.strip().splitlines()[-1]
     assert error.startswith("stoke doctor: GPU failed: no GPU")
+
+
+def test_bucket_root_reads_over_the_network_and_skips_local_checks(span_root, s3_bucket):
+    import fsspec
+
+    root, manifest = span_root
+    bucket_root = f"s3://{s3_bucket}/root"
+    fs = fsspec.filesystem("s3")
+    fs.put(layout.Root(root).span(2), layout.Root(bucket_root).span(2).removeprefix("s3://"), recursive=True)
+    report = doctor.run_checks(bucket_root, sample_mb=4)
+    checks = {c.name: c for c in report.checks}
+    assert checks["disk health"].status == "skip" and checks["free space"].status == "skip"
+    read = checks["read throughput"]
+    assert read.status == "ok" and read.facts["method"] == "s3 over the network"
+    assert read.facts["bytes"] >= 4 * 2**20 and read.facts["read"] == "span 2 shards"

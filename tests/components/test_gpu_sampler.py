@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from components.gpu_sampler import GpuSampler, nvml_session
+from components.gpu_sampler import GpuSampler, nvml_session, plot
 from tests.components import fake_nvml
 
 
@@ -65,6 +65,17 @@ def test_samples_every_device_until_stopped(monkeypatch):
     assert 90 <= summary[0]["utilization_mean_pct"] <= summary[0]["utilization_max_pct"] <= 99
     assert summary[0]["samples"] == len(a100)
     json.dumps(gpus.to_dict())
+
+
+def test_plot_draws_the_samples(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml.two_gpus())
+    with GpuSampler(interval=0.01) as gpus:
+        _wait_for(lambda: len(gpus.samples) >= 6)
+    target = tmp_path / "gpu.png"
+    assert plot(gpus.to_dict(), str(target))
+    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not plot({"available": False, "samples": [], "devices": []}, str(tmp_path / "none.png"))
+    assert not (tmp_path / "none.png").exists()
 
 
 def test_no_devices_is_said_plainly(monkeypatch):
