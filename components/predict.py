@@ -59,7 +59,9 @@ def check_image(name: str, data: bytes) -> None:
     try:
         with Image.open(io.BytesIO(data)) as image:
             image.load()
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+    except UnidentifiedImageError:
+        raise PredictError(f"{name} is not a readable image (unknown or corrupt format)") from None
+    except (OSError, ValueError, SyntaxError) as exc:
         raise PredictError(f"{name} is not a readable image ({exc})") from None
 
 

@@ -16,6 +16,12 @@ import sys
 PROGRAMS = {
     "ingest": "beam_jobs.ingest",
     "train": "components.train",
+    "validate": "components.validate",
+    "push": "components.export",
+    "rollback": "components.rollback",
+    "lineage": "components.lineage",
+    "predict": "components.predict",
+    "run": "flows.run_stages",
 }
 # `stoke bench <what> ...` is the benchmark program `python -m <module> ...`.
 BENCHES = {

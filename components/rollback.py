@@ -1,0 +1,71 @@
+"""`python -m components.rollback --root ROOT [--reason TEXT]`: takes the newest version out of serving.
+
+The version folder is renamed to `rolled-back-<version>` (never deleted), so TF Serving, which
+only loads integer names, falls back to the previous version; the reason and time go into the
+version's lineage, and ROOT/serving is rendered again without it. The only version is never
+removed: a server with nothing to serve is worse than the model it had.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+
+from components.layout import Root, join, read_json, write_json
+from components.model_repository import (ASSETS_EXTRA, LINEAGE_FILE, ROLLED_BACK_PREFIX, Repository,
+                                         RepositoryError)
+from components.serving import ServingError, render
+
+
+def rollback(root: str, model_name: str = "stoke", reason: str | None = None) -> dict:
+    base = Root(root)
+    repo = Repository(base, model_name)
+    repo.remove_partial()
+    versions = repo.versions()
+    if not versions:
+        raise RepositoryError(f"{repo.uri} holds no version to roll back")
+    if len(versions) == 1:
+        raise RepositoryError(f"version {versions[0]} is the only version of {model_name}; "
+                              "refusing to leave TF Serving with nothing to serve")
+    newest = versions[-1]
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    aside = repo.set_aside(newest)
+    lineage_uri = join(aside, ASSETS_EXTRA, LINEAGE_FILE)
+    try:
+        lineage = read_json(lineage_uri)
+    except FileNotFoundError:
+        lineage = {"model_name": model_name, "version": newest}
+    lineage["rolled_back"] = {"at": when, "reason": reason or "no reason given", "moved_to": aside,
+                              "serving_now": versions[-2]}
+    write_json(lineage_uri, lineage)
+    rendered = render(base, model_name)
+    return {"rolled_back": newest, "moved_to": aside, "serving_version": versions[-2], "reason": reason,
+            "at": when, "versions": rendered["versions"], "serving_uri": rendered["serving_uri"],
+            "commands": rendered["commands"], "model_name": model_name}
+
+
+def run(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="stoke rollback", description=__doc__.split("\n")[0])
+    parser.add_argument("--root", required=True, help="artifact ROOT: local path or fsspec URI")
+    parser.add_argument("--model-name", default="stoke", help="model in ROOT/models (default: stoke)")
+    parser.add_argument("--reason", default=None, help="why, recorded in the version's lineage")
+    parser.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+    args = parser.parse_args(argv)
+    try:
+        summary = rollback(args.root, args.model_name, args.reason)
+    except (RepositoryError, ServingError) as exc:
+        print(f"stoke rollback: error: {exc}", file=sys.stderr, flush=True)
+        if args.json:
+            print(json.dumps({"error": str(exc)}), flush=True)
+        return 1
+    if args.json:
+        print(json.dumps(summary, sort_keys=True), flush=True)
+    else:
+        print(f"rolled back version {summary['rolled_back']} of {args.model_name} (kept as "
+              f"{ROLLED_BACK_PREFIX}{summary['rolled_back']}); serving version {summary['serving_version']}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run())

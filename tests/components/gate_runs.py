@@ -1,0 +1,88 @@
+"""The gate scenario, built once per session and shared by the validate, export and serving tests:
+
+1. `good`: a tiny model that learns the colour classes -> blessed -> pushed (first version);
+2. `flat`: learning rate ~0, so it learns nothing -> refused with reasons; the repository is unchanged;
+3. `mixed`: trained under mixed_bfloat16 -> blessed -> pushed as a newer version.
+
+Spans are written the way the ingest job publishes them (tests/components/conftest.py); the runs
+use the real components.train, components.validate and components.export in this process.
+Tests that change the repository work on a copy (`copy_root`).
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+
+from tests.components.conftest import TRAIN_LABELS, tiny_records, write_span
+
+TINY = ["--image-size", "32", "--batch-size", "8", "--probe-steps", "0", "--model", "small_cnn", "--no-xla"]
+_CACHE: dict = {}
+
+
+def _last_json(fn, argv: list[str]) -> tuple[int, dict]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = fn(argv)
+    lines = out.getvalue().strip().splitlines()
+    return code, (json.loads(lines[-1]) if lines else {})
+
+
+def train_run(root: str, run_id: str, *extra: str) -> dict:
+    from components import train
+
+    code, summary = _last_json(train.run, ["--root", root, "--run-id", run_id, *TINY, "--json", *extra])
+    assert code == 0, summary
+    return summary
+
+
+def validate_run(root: str, run_id: str, *extra: str) -> tuple[int, dict]:
+    from components import validate
+
+    return _last_json(validate.run, ["--root", root, "--run-id", run_id, "--json", *extra])
+
+
+def push_run(root: str, run_id: str, *extra: str) -> tuple[int, dict]:
+    from components import export
+
+    return _last_json(export.run, ["--root", root, "--run-id", run_id, "--json", *extra])
+
+
+def listing(root: str) -> list[str]:
+    base = os.path.join(root, "models")
+    return sorted(os.path.relpath(os.path.join(d, f), base) for d, _, fs in os.walk(base) for f in fs)
+
+
+def gate_scenario(tmp_path_factory) -> dict:
+    """Runs the scenario once per session (several test modules import the fixture that calls it)."""
+    if "scenario" in _CACHE:
+        return _CACHE["scenario"]
+    root = str(tmp_path_factory.mktemp("gate-root"))
+    write_span(root, 1, {"train": tiny_records(64), "eval": tiny_records(24, offset=5000)},
+               TRAIN_LABELS, {"train": 2, "eval": 2})
+    result = {"root": root, "train": {}, "validate": {}, "push": {}, "listing": {}}
+    result["train"]["good"] = train_run(root, "good", "--epochs", "3", "--precision", "float32")
+    result["validate"]["good"] = validate_run(root, "good")
+    result["push"]["good"] = push_run(root, "good")
+    result["listing"]["after_good"] = listing(root)
+
+    result["train"]["flat"] = train_run(root, "flat", "--epochs", "1", "--precision", "float32",
+                                        "--learning-rate", "1e-12")
+    result["validate"]["flat"] = validate_run(root, "flat")
+    result["push"]["flat"] = push_run(root, "flat")
+    result["listing"]["after_flat"] = listing(root)
+
+    result["train"]["mixed"] = train_run(root, "mixed", "--epochs", "3", "--precision", "mixed_bfloat16")
+    result["validate"]["mixed"] = validate_run(root, "mixed")
+    result["push"]["mixed"] = push_run(root, "mixed")
+    result["listing"]["after_mixed"] = listing(root)
+    _CACHE["scenario"] = result
+    return result
+
+
+def copy_root(scenario: dict, tmp_path) -> str:
+    target = str(tmp_path / "root")
+    shutil.copytree(scenario["root"], target, symlinks=True)
+    return target
