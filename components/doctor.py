@@ -78,15 +78,25 @@ def run_checks(root: str, source: str | None = None, require_gpu: bool = False,
     if source and _local_path(source):
         paths["source"] = _local_path(source)
     manifests = _manifests(root)
-    checks = disk_health(paths, mounts_text, sys_root, smartctl) if paths else [
+    checks = _guarded("disk health", disk_health, paths, mounts_text, sys_root, smartctl) if paths else [
         Check("disk health", "skip", f"ROOT {root} is not a local path; its store keeps its own disks")]
-    checks.append(read_throughput(root, manifests, sample_mb, min_read_mbps))
-    checks.append(free_space(root, manifests))
-    gpu = gpu_check(require_gpu)
+    checks.append(_guarded("read throughput", read_throughput, root, manifests, sample_mb, min_read_mbps))
+    checks.append(_guarded("free space", free_space, root, manifests))
+    gpu = _guarded("GPU", gpu_check, require_gpu)
     gpus = gpu.facts.get("count", 0)
-    checks += [gpu, tensorflow_check(require_gpu, gpus), cpu_check(gpus), shm_check(gpus),
-               memlock_check(), open_files_check()]
+    checks += [gpu, _guarded("TensorFlow GPUs", tensorflow_check, require_gpu, gpus),
+               _guarded("CPU cores", cpu_check, gpus), _guarded("/dev/shm", shm_check, gpus),
+               _guarded("memlock", memlock_check), _guarded("open files", open_files_check)]
     return Report(checks)
+
+
+def _guarded(name: str, check, *args):
+    """Runs one check; a surprise on an odd machine becomes a warning naming it, not a crash."""
+    try:
+        return check(*args)
+    except Exception as e:  # noqa: BLE001 - a preflight must report, never stop the report
+        found = Check(name, "warn", f"could not check: {type(e).__name__}: {e}")
+        return [found] if name == "disk health" else found
 
 
 # --- disks ---------------------------------------------------------------------------------------

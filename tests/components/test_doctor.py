@@ -428,3 +428,15 @@ def test_bucket_root_reads_over_the_network_and_skips_local_checks(span_root, s3
     read = checks["read throughput"]
     assert read.status == "ok" and read.facts["method"] == "s3 over the network"
     assert read.facts["bytes"] >= 4 * 2**20 and read.facts["read"] == "span 2 shards"
+
+
+def test_a_check_that_breaks_becomes_a_warning(span_root, monkeypatch):
+    def broken(*args):
+        raise RuntimeError("sysfs went away")
+
+    monkeypatch.setattr(doctor, "disk_health", broken)
+    monkeypatch.setattr(doctor, "cpu_check", broken)
+    report = doctor.run_checks(span_root[0], sample_mb=4)
+    broken_checks = [c for c in report.checks if "sysfs went away" in c.summary]
+    assert [c.name for c in broken_checks] == ["disk health", "CPU cores"]
+    assert all(c.status == "warn" for c in broken_checks) and report.failed == []
