@@ -440,3 +440,9 @@ def test_a_check_that_breaks_becomes_a_warning(span_root, monkeypatch):
     broken_checks = [c for c in report.checks if "sysfs went away" in c.summary]
     assert [c.name for c in broken_checks] == ["disk health", "CPU cores"]
     assert all(c.status == "warn" for c in broken_checks) and report.failed == []
+
+
+def test_without_o_direct_the_cache_is_dropped_instead(tmp_path, monkeypatch):
+    monkeypatch.delattr(os, "O_DIRECT")  # as on macOS, or a filesystem that refuses it
+    check = doctor.read_throughput(str(tmp_path), [], sample_mb=4)
+    assert check.facts["method"] == "fadvise DONTNEED" and check.facts["bytes"] == 4 * 2**20
