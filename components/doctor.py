@@ -308,7 +308,7 @@ def free_space(root: str, manifests: list[dict]) -> Check:
     if not next_span:
         return Check("free space", "ok", summary + "; no published span yet to size the next one",
                      facts=facts)
-    summary += f"; the next span needs about {next_span / 1e9:,.2f} GB"
+    summary += f"; the next span needs about {_size(next_span)}"
     if usage.free < next_span:
         return Check("free space", "fail", summary, "free space under ROOT or point ROOT elsewhere", facts)
     if usage.free < 2 * next_span:
@@ -467,6 +467,10 @@ def open_files_check() -> Check:
                      f"docker run --ulimit nofile=65536:65536{raise_to}", facts)
     return Check("open files", "ok", f"{facts['soft']:,}" if soft != resource.RLIM_INFINITY else "unlimited",
                  facts=facts)
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 1e9:,.1f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:,.1f} MB"
 
 
 def _limit(value: int) -> int | str:
