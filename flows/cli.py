@@ -21,7 +21,6 @@ PROGRAMS = {
     "rollback": "components.rollback",
     "lineage": "components.lineage",
     "predict": "components.predict",
-    "run": "flows.run_stages",
 }
 # `stoke bench <what> ...` is the benchmark program `python -m <module> ...`.
 BENCHES = {
@@ -65,6 +64,15 @@ def _parser() -> argparse.ArgumentParser:
         commands.add_parser(name, help=f"run {module} (see `stoke {name} --help`)")
     bench = commands.add_parser("bench", help="measure a part of the pipeline: " + ", ".join(BENCHES))
     bench.add_argument("what", choices=sorted(BENCHES), help="see `stoke bench <what> --help`")
+
+    from flows import commands as flow_commands
+
+    run = commands.add_parser("run", help="the train flow once, here: preflight, ingest, train, validate, push, report")
+    flow_commands.add_run_arguments(run)
+    run.set_defaults(handler=flow_commands.run)
+    up = commands.add_parser("up", help="a local Prefect server serving train/nightly and watch-bucket/poll until Ctrl-C")
+    flow_commands.add_up_arguments(up)
+    up.set_defaults(handler=flow_commands.up)
 
     demo = commands.add_parser("demo", help="write the demo digits as PNG files in class folders")
     demo.add_argument("target", help="folder or URI to write into")

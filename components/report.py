@@ -1,0 +1,288 @@
+"""The run report: what one run did, built from its run folder alone.
+
+Reads ROOT/runs/<run-id>/summaries/<stage>.json (each stage's JSON summary, as its program printed
+it) and writes report.json, report.md and the confusion-matrix plot next to them; the training
+curves (curves.png) are the trainer's. The orchestrator shows the same markdown; nothing here knows
+about it, so `write_report` can rebuild the report of any run, also one that failed halfway.
+"""
+from __future__ import annotations
+
+import io
+import os
+
+from components.layout import filesystem, join, read_json, write_json
+
+STAGES = ("preflight", "ingest", "train", "validate", "push")
+
+
+def build_report(run_dir: str, skipped: str | None = None, failed: str | None = None) -> dict:
+    """The report as a JSON-able dict: one section per stage that left a summary."""
+    summaries = {stage: _read(join(run_dir, "summaries", f"{stage}.json")) for stage in STAGES}
+    preflight, ingest, train, validate, push = (summaries[s] for s in STAGES)
+    report = {"run_id": run_dir.rstrip("/").rsplit("/", 1)[-1], "run_dir": run_dir,
+              "stages": [s for s in STAGES if summaries[s] is not None]}
+    report["status"], report["message"] = _outcome(validate, push, skipped, failed)
+    # The headline, with the same keys as `stoke run --json`: blessed, pushed_version, reasons, metrics.
+    pushed = bool(push and (push.get("pushed") or push.get("already_pushed")))
+    report.update(
+        blessed=bool(validate and validate.get("blessed")),
+        pushed_version=push.get("version") if pushed else None,
+        reasons=(validate or {}).get("reasons", []),
+        metrics={k: v for k, v in ((validate or {}).get("metrics") or {}).items()
+                 if k in ("accuracy", "top_k_accuracy", "example_count", "majority_class_rate")},
+        model_uri=push.get("model_uri") if pushed else None,
+    )
+    if preflight is not None:
+        report["preflight"] = {"status": preflight.get("status"), "failed": preflight.get("failed", []),
+                               "warnings": [f"{c['name']}: {c['summary']}" for c in preflight.get("checks", [])
+                                            if c.get("status") == "warn"]}
+    if ingest is not None:
+        report["ingest"] = {key: ingest.get(key) for key in (
+            "published", "span", "span_uri", "counts", "new_sources", "images_per_sec", "seconds",
+            "dead_letters", "dead_letter_uri", "message", "error") if ingest.get(key) is not None}
+    if train is not None:
+        probe = train.get("input") or {}
+        report["train"] = {
+            **{key: train.get(key) for key in (
+                "model", "spans", "epochs", "total_steps", "strategy", "precision", "xla", "replicas",
+                "global_batch_size", "images_per_sec", "train", "eval", "model_dir", "resumed_from_step")},
+            "input_bound": probe.get("input_bound"),
+            "input_images_per_sec": probe.get("input_images_per_sec"),
+            "model_images_per_sec": probe.get("model_images_per_sec_synthetic"),
+            "input_wait_seconds": probe.get("input_wait_seconds"),
+            "verdict": _verdict(probe),
+        }
+    if validate is not None:
+        report["validation"] = {key: validate.get(key) for key in (
+            "blessed", "reasons", "notes", "metrics", "labels", "thresholds", "baseline_version",
+            "validation_uri")}
+    if push is not None:
+        report["push"] = {key: push.get(key) for key in (
+            "pushed", "already_pushed", "version", "previous_version", "model_uri", "serving_uri",
+            "commands", "image", "retired", "message")}
+    report["plots"] = _plots(run_dir, report, train, validate)
+    return report
+
+
+def write_report(run_dir: str, skipped: str | None = None, failed: str | None = None) -> dict:
+    """Builds the report and writes report.json, report.md and plots into the run folder.
+
+    Returns {"summary": the report dict, "markdown": report.md's text, "report_md": its URI}."""
+    report = build_report(run_dir, skipped, failed)
+    report["report_md"] = join(run_dir, "report.md")
+    report["report_json"] = join(run_dir, "report.json")
+    markdown = render_markdown(report)
+    fs, path = filesystem(report["report_md"])
+    fs.makedirs(os.path.dirname(path), exist_ok=True)
+    fs.pipe_file(path, markdown.encode())
+    write_json(report["report_json"], report)
+    return {"summary": report, "markdown": markdown, "report_md": report["report_md"]}
+
+
+def render_markdown(report: dict) -> str:
+    lines = [f"# Run {report['run_id']}: {report['status']}", "", report["message"], ""]
+    if "preflight" in report:
+        p = report["preflight"]
+        lines += ["## Preflight", "", f"Status: **{p['status']}**"
+                  + (f"; failed: {', '.join(p['failed'])}" if p["failed"] else ""), ""]
+        lines += [f"- warning: {w}" for w in p["warnings"]] + ([""] if p["warnings"] else [])
+    if "ingest" in report:
+        i = report["ingest"]
+        lines += ["## Ingest", ""]
+        if i.get("published"):
+            counts = i.get("counts") or {}
+            lines += ["| span | train | eval | dead letters | new files | images/s |",
+                      "| --- | --- | --- | --- | --- | --- |",
+                      f"| {i.get('span')} | {counts.get('train')} | {counts.get('eval')} | "
+                      f"{counts.get('dead_letter')} | {i.get('new_sources')} | {_num(i.get('images_per_sec'))} |", ""]
+            if i.get("dead_letters"):
+                lines += [f"Dead letters (all in `{i.get('dead_letter_uri')}`):", ""]
+                lines += [f"- `{d['uri']}`: {d['reason']}" for d in i["dead_letters"]] + [""]
+        else:
+            lines += [i.get("message") or i.get("error") or "nothing published", ""]
+    if "train" in report:
+        t = report["train"]
+        lines += ["## Training", "",
+                  "| model | spans | epochs | steps | strategy | precision | images/s | eval accuracy | eval loss |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+                  f"| {t['model']} | {t['spans']} | {t['epochs']} | {t['total_steps']} | {t['strategy']} "
+                  f"x{t['replicas']} | {t['precision']} | {_num(t['images_per_sec'])} | "
+                  f"{_num((t.get('eval') or {}).get('accuracy'), 4)} | {_num((t.get('eval') or {}).get('loss'), 4)} |",
+                  "", f"Input: {t['verdict']}", ""]
+        lines += [f"![{name}]({os.path.basename(uri)})" for name, uri in report["plots"].items()
+                  if name in ("curves", "throughput", "gpus")] + [""]
+    if "validation" in report:
+        v = report["validation"]
+        lines += ["## Validation", "", f"**{'Blessed' if v['blessed'] else 'Not blessed'}**"
+                  + (f" against served version {v['baseline_version']}" if v.get("baseline_version") else
+                     " (no served version to compare with)"), ""]
+        lines += [f"- {reason}" for reason in v.get("reasons") or []]
+        lines += [f"- note: {note}" for note in v.get("notes") or []] + [""]
+        lines += _metrics_table(v.get("metrics") or {})
+        lines += _per_class_table(v.get("metrics") or {})
+        if report["plots"].get("confusion_matrix"):
+            lines += [f"![confusion matrix]({os.path.basename(report['plots']['confusion_matrix'])})", ""]
+    if "push" in report:
+        p = report["push"]
+        image = p.get("image") or {}
+        lines += ["## Push", "", f"Version **{p.get('version')}** of `{p.get('model_uri')}`"
+                  f"; serving image build context `{p.get('serving_uri')}`"
+                  + ("; image built." if image.get("built") else
+                     f"; image not built ({image.get('reason', 'no container engine')})." if image else "."), ""]
+        commands = p.get("commands") or {}
+        if commands:
+            lines += ["```sh"] + [f"# {name}\n{cmd}" for name, cmd in _command_items(commands)] + ["```", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+# ---------------------------------------------------------------- pieces
+
+
+def _outcome(validate, push, skipped, failed) -> tuple[str, str]:
+    if failed:
+        return "failed", f"The run failed: {failed}"
+    if skipped:
+        return "skipped", f"Nothing to do: {skipped}."
+    if push and (push.get("pushed") or push.get("already_pushed")):
+        return "pushed", f"Blessed and pushed as version {push.get('version')}."
+    if validate is not None and not validate.get("blessed"):
+        reasons = "; ".join(validate.get("reasons") or []) or "no reason given"
+        return "refused", f"The candidate was not blessed, so nothing was pushed: {reasons}."
+    return "trained", "Trained; not validated or pushed."
+
+
+def _verdict(probe: dict) -> str:
+    if not probe or probe.get("input_images_per_sec") is None:
+        return "not measured"
+    rate, model = probe["input_images_per_sec"], probe.get("model_images_per_sec_synthetic")
+    if model is None:
+        return f"input pipeline alone: {_num(rate)} images/s"
+    if probe.get("input_bound"):
+        return (f"**input-bound**: the input pipeline delivers {_num(rate)} images/s, the model could take "
+                f"{_num(model)}; the accelerator waited about {_num(probe.get('input_wait_seconds'), 1)} s")
+    return f"not input-bound: input {_num(rate)} images/s against the model's {_num(model)} images/s"
+
+
+def _metrics_table(metrics: dict) -> list[str]:
+    scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+               and k != "top_k"}
+    if not scalars:
+        return []
+    return ["| metric | value |", "| --- | --- |"] + [f"| {k} | {_num(v, 4)} |" for k, v in sorted(scalars.items())] + [""]
+
+
+def _per_class_table(metrics: dict) -> list[str]:
+    accuracy, examples = metrics.get("per_class_accuracy") or {}, metrics.get("per_class_examples") or {}
+    if not accuracy:
+        return []
+    lines = ["| class | eval examples | accuracy |", "| --- | --- | --- |"]
+    lines += [f"| {name} | {examples.get(name, '-')} | {_num(value, 4)} |" for name, value in sorted(accuracy.items())]
+    return lines + [""]
+
+
+def _command_items(commands):
+    if isinstance(commands, dict):
+        return list(commands.items())
+    return [(f"step {i}", c) for i, c in enumerate(commands, start=1)]
+
+
+def _plots(run_dir: str, report: dict, train: dict | None, validate: dict | None) -> dict:
+    """Curves (the trainer's), GPU use while training, the confusion matrix (validation's, drawn
+    here only if it has none) and a throughput chart of the stages side by side."""
+    from components.gpu_sampler import plot as plot_gpus
+
+    plots = {}
+    curves = join(run_dir, "curves.png")
+    if _exists(curves):
+        plots["curves"] = curves
+    if (train or {}).get("gpu") and plot_gpus(train["gpu"], join(run_dir, "gpus.png")):
+        plots["gpus"] = join(run_dir, "gpus.png")
+    metrics = (validate or {}).get("metrics") or {}
+    drawn = (validate or {}).get("confusion_matrix_uri")
+    if drawn and _exists(drawn):
+        plots["confusion_matrix"] = drawn
+    elif metrics.get("confusion_matrix"):
+        plots["confusion_matrix"] = join(run_dir, "confusion_matrix.png")
+        labels = validate.get("labels") or [str(i) for i in range(len(metrics["confusion_matrix"]))]
+        _plot_confusion(labels, metrics["confusion_matrix"], plots["confusion_matrix"])
+    rates = _rates(report)
+    if rates:
+        plots["throughput"] = join(run_dir, "throughput.png")
+        _plot_rates(rates, plots["throughput"])
+    return plots
+
+
+def _rates(report: dict) -> dict:
+    ingest, train = report.get("ingest") or {}, report.get("train") or {}
+    rates = {"ingest (Beam)": ingest.get("images_per_sec") if ingest.get("published") else None,
+             "training steps": train.get("images_per_sec"),
+             "input pipeline alone": train.get("input_images_per_sec"),
+             "model on one batch": train.get("model_images_per_sec")}
+    return {name: value for name, value in rates.items() if value}
+
+
+def _plot_rates(rates: dict, uri: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 0.6 * len(rates) + 1.2))
+    ax.barh(list(rates), list(rates.values()), color="tab:blue")
+    ax.invert_yaxis()
+    ax.set_xlabel("images per second")
+    for y, value in enumerate(rates.values()):
+        ax.text(value, y, f" {value:,.0f}", va="center")
+    fig.tight_layout()
+    _save(fig, uri)
+
+
+def _plot_confusion(labels: list[str], rows: list[list[float]], uri: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    counts = np.asarray(rows, dtype=float)
+    size = max(4.0, 0.5 * len(labels) + 2)
+    fig, ax = plt.subplots(figsize=(size, size))
+    ax.imshow(counts, cmap="Blues")
+    ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right")
+    ax.set_yticks(range(len(labels)), labels)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    high = counts.max() if counts.size else 0
+    for (i, j), value in np.ndenumerate(counts):
+        ax.text(j, i, f"{value:g}", ha="center", va="center", fontsize=8,
+                color="white" if high and value > high / 2 else "black")
+    fig.tight_layout()
+    _save(fig, uri)
+
+
+def _save(fig, uri: str) -> None:
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    plt.close(fig)
+    fs, path = filesystem(uri)
+    fs.makedirs(os.path.dirname(path), exist_ok=True)
+    fs.pipe_file(path, buffer.getvalue())
+
+
+def _read(uri: str):
+    return read_json(uri) if _exists(uri) else None
+
+
+def _exists(uri: str) -> bool:
+    fs, path = filesystem(uri)
+    return fs.exists(path)
+
+
+def _num(value, digits: int = 0) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{value:,.{digits}f}"

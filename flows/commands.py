@@ -1,0 +1,196 @@
+"""`stoke run` and `stoke up`: the `train` flow once, here; or the local stack that runs it for you.
+
+    stoke run SOURCE --root ROOT    the train flow in this process, on an ephemeral Prefect server
+                                    (or the one PREFECT_API_URL names); progress on the terminal
+    stoke up --source S --root R    a Prefect server on 127.0.0.1 (SQLite under PREFECT_HOME) and
+                                    the deployments of flows/deployments.py, until Ctrl-C
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+from components.config import add_arguments, from_arguments
+from flows import parameters as p
+
+SERVER_START_SECONDS = 120
+SERVER_STOP_SECONDS = 30
+
+# ---------------------------------------------------------------- stoke run
+
+# Option groups of `stoke run`: one per flow parameter model, each field an option.
+RUN_GROUPS = {"model": p.ModelSettings, "gate": p.GateSettings, "push": p.PushSettings,
+              "ingest": p.IngestSettings, "doctor": p.DoctorSettings}
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", help="raw images: folder of class subfolders or a CSV/JSONL manifest (local or fsspec URI)")
+    parser.add_argument("--root", required=True, help="artifact ROOT: local path or fsspec URI")
+    parser.add_argument("--epochs", type=int, default=p.DEMO_EPOCHS, help=f"passes over the training split (default: {p.DEMO_EPOCHS})")
+    parser.add_argument("--run-id", default=None, help="run folder under ROOT/runs; the same id resumes a stopped run")
+    parser.add_argument("--model-name", default="stoke", help="model in ROOT/models (default: stoke)")
+    parser.add_argument("--no-preflight", dest="preflight", action="store_false", help="skip the preflight checks")
+    parser.add_argument("--skip-unchanged", action="store_true",
+                        help="end early, training nothing, when SOURCE holds nothing new and a model is served "
+                             "(what the scheduled and event-triggered runs do)")
+    parser.add_argument("--json", action="store_true", help="print the run summary as JSON last")
+    for name, model in RUN_GROUPS.items():
+        add_arguments(parser.add_argument_group(f"{name} ({model.__doc__.splitlines()[0]})"), model)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs the train flow once and prints its summary; exit 0 also when the model was refused."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from flows.train import train
+
+    run_id = args.run_id or time.strftime("run-%Y%m%d-%H%M%S")
+    settings = {name: from_arguments(model, args) for name, model in RUN_GROUPS.items()}
+    state = train(source=args.source, root=args.root, epochs=args.epochs, run_id=run_id,
+                  model_name=args.model_name, preflight=args.preflight, skip_unchanged=args.skip_unchanged,
+                  return_state=True, **settings)
+    if state.is_completed():
+        summary = state.result()
+    else:
+        summary = _failed_summary(args.root, run_id, state)
+        print(f"stoke run: error: {summary['message']}", file=sys.stderr, flush=True)
+    summary.setdefault("model_name", args.model_name)
+    print(json.dumps(summary, sort_keys=True, default=str) if args.json else _describe(summary), flush=True)
+    return 0 if state.is_completed() else 1
+
+
+def _failed_summary(root: str, run_id: str, state) -> dict:
+    """The run's report.json (written on failure too), else the state's message."""
+    from components.layout import Root, filesystem, join, read_json
+
+    uri = join(Root(root).run(run_id), "report.json")
+    fs, path = filesystem(uri)
+    if fs.exists(path):
+        return read_json(uri)
+    return {"run_id": run_id, "status": "failed", "message": state.message or state.name,
+            "blessed": False, "pushed_version": None, "reasons": [], "metrics": {}}
+
+
+def _describe(summary: dict) -> str:
+    text = f"{summary.get('run_id')}: {summary.get('status')}: {summary.get('message')}"
+    if summary.get("report_md"):
+        text += f"\nreport: {summary['report_md']}"
+    return text
+
+
+# ---------------------------------------------------------------- stoke up
+
+
+def add_up_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--source", required=True, help="bucket or folder to watch and train from")
+    parser.add_argument("--root", required=True, help="artifact ROOT: local path or fsspec URI")
+    parser.add_argument("--port", type=int, default=4200, help="port of the Prefect server and UI (default: 4200)")
+    parser.add_argument("--poll-seconds", type=float, default=60, help="how often watch-bucket lists SOURCE (default: 60)")
+    parser.add_argument("--cron", default=None, help="schedule of train/nightly (default: '0 2 * * *', 02:00)")
+    parser.add_argument("--timezone", default=os.environ.get("TZ") or "UTC",
+                        help="IANA timezone of the schedule, e.g. Europe/Berlin (default: $TZ or UTC)")
+    parser.add_argument("--json", action="store_true", help="print a JSON summary last, after shutdown")
+
+
+def up(args: argparse.Namespace) -> int:
+    """Starts the server, serves the deployments until Ctrl-C (or SIGTERM), then stops both."""
+    if _port_in_use(args.port):
+        print(f"stoke up: error: port {args.port} on 127.0.0.1 is in use (another `stoke up` or Prefect "
+              "server?); choose another with --port", file=sys.stderr)
+        return 1
+    home = os.path.expanduser(os.environ.get("PREFECT_HOME") or "~/.prefect")
+    os.makedirs(home, exist_ok=True)
+    url = f"http://127.0.0.1:{args.port}"
+    # Set before Prefect is imported here, and inherited by the server and every flow run.
+    os.environ.update({"PREFECT_HOME": home, "PREFECT_API_URL": f"{url}/api",
+                       "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_SERVER_API_HOST": "127.0.0.1",
+                       "PREFECT_SERVER_API_PORT": str(args.port)})
+    log_path = os.path.join(home, "stoke-server.log")
+    source, root = _absolute(args.source), _absolute(args.root)
+    signal.signal(signal.SIGTERM, _interrupt)  # `docker stop` / systemd: the same clean path as Ctrl-C
+    server = None
+    try:
+        server = _start_server(args.port, log_path)
+        print(f"Prefect server: {url} (log: {log_path}; database: "
+              f"{os.environ.get('PREFECT_SERVER_DATABASE_CONNECTION_URL') or os.path.join(home, 'prefect.db')})\n"
+              f"From another shell:\n  export PREFECT_API_URL={url}/api\n  prefect deployment run train/nightly\n"
+              f"Serving train/nightly ({args.cron or 'cron 0 2 * * *'} {args.timezone}; and on stoke.data.arrived) "
+              f"and watch-bucket/poll (every {args.poll_seconds:g} s) for {source} -> {root}. Ctrl-C stops both.",
+              flush=True)
+        from flows.deployments import NIGHTLY_CRON, serve_deployments
+        from flows.train import ensure_gpu_limit
+
+        ensure_gpu_limit()
+        serve_deployments(source, root, poll_seconds=args.poll_seconds, cron=args.cron or NIGHTLY_CRON,
+                          timezone=args.timezone)
+    except KeyboardInterrupt:
+        pass
+    except ServerError as error:
+        print(f"stoke up: error: {error}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        if server is not None:
+            _stop(server)
+    summary = {"api_url": f"{url}/api", "ui_url": url, "prefect_home": home, "source": source, "root": root,
+               "deployments": ["train/nightly", "watch-bucket/poll"], "stopped": True}
+    print(json.dumps(summary, sort_keys=True) if args.json else "stoke up: server and deployments stopped",
+          flush=True)
+    return 0
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+def _start_server(port: int, log_path: str) -> subprocess.Popen:
+    log = open(log_path, "ab")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        start_new_session=True)  # Ctrl-C reaches us; we stop the server ourselves, in order
+    log.close()
+    deadline = time.monotonic() + SERVER_START_SECONDS
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise ServerError(f"the Prefect server exited with code {server.returncode}; see {log_path}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=2) as response:
+                if response.status == 200:
+                    return server
+        except OSError:
+            pass
+        time.sleep(0.5)
+    _stop(server)
+    raise ServerError(f"the Prefect server did not answer within {SERVER_START_SECONDS} s; see {log_path}")
+
+
+def _stop(server: subprocess.Popen) -> None:
+    for sig, wait in ((signal.SIGTERM, SERVER_STOP_SECONDS), (signal.SIGKILL, 10)):
+        if server.poll() is not None:
+            return
+        try:
+            os.killpg(server.pid, sig)
+            server.wait(timeout=wait)
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _port_in_use(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _absolute(uri: str) -> str:
+    return uri if "://" in uri else os.path.abspath(uri)

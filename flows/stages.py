@@ -1,0 +1,161 @@
+"""Running a stage program (`python -m module ...`) from a task: its own process, a real timeout,
+its output streamed into the run log, its JSON summary read from the last line of stdout.
+
+A subprocess, not an import, because that is how a Dataflow job or a Kubernetes Job starts the same
+program: it frees all GPU memory when it exits, a segfault in a native library fails one task and
+not the flow, and a timeout can kill it (and every process it started) for certain.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable
+
+from pydantic import BaseModel
+
+# After SIGTERM a stage gets this long to save what it can (the trainer's backup) before SIGKILL.
+KILL_GRACE_SECONDS = 10.0
+TAIL_LINES = 20
+
+
+class StageError(RuntimeError):
+    """A stage program that failed, timed out or printed no summary; the message says which."""
+
+    def __init__(self, message: str, summary: dict | None = None):
+        super().__init__(message)
+        self.summary = summary
+
+
+def run_stage(name: str, module: str, argv: list[str], *, timeout: float, logger: logging.Logger,
+              progress: Callable[[str], None] | None = None, env: dict | None = None) -> dict:
+    """Runs `python -m module argv` and returns the JSON object on its last stdout line.
+
+    Every other line goes to `logger` as it arrives (stdout at INFO, stderr at INFO too: Beam and
+    TensorFlow write their progress there) and to `progress`, if given. Raises StageError on a
+    non-zero exit, on timeout (after killing the whole process group) or without a summary."""
+    command = [sys.executable, "-m", module, *argv]
+    logger.info("%s: %s", name, " ".join(command[1:]))
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+        bufsize=1, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", **(env or {})},
+        # Its own process group: Beam's worker processes and TensorFlow's children go with it.
+        start_new_session=True)
+    lines: queue.Queue = queue.Queue()
+    readers = [threading.Thread(target=_pump, args=(stream, tag, lines), daemon=True)
+               for stream, tag in ((process.stdout, "out"), (process.stderr, "err"))]
+    for reader in readers:
+        reader.start()
+
+    deadline = time.monotonic() + timeout
+    last_json, tail, open_streams = None, [], 2
+    try:
+        while open_streams:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                _stop(process)
+                raise StageError(f"{name} timed out after {timeout:,.0f} s and was stopped; "
+                                 f"last output: {' | '.join(tail[-3:]) or 'none'}")
+            try:
+                tag, line = lines.get(timeout=min(remaining, 1.0))
+            except queue.Empty:
+                continue
+            if line is None:
+                open_streams -= 1
+                continue
+            line = line.rstrip("\n")
+            if not line.strip():
+                continue
+            if tag == "out" and line.lstrip().startswith("{"):
+                last_json = line  # a summary candidate: the last one printed wins
+                logger.debug("%s: %s", name, line)
+                continue
+            tail = (tail + [line])[-TAIL_LINES:]
+            logger.log(_level(line), "%s: %s", name, line)
+            if progress:
+                progress(line)
+        code = process.wait(timeout=max(deadline - time.monotonic(), 1.0))
+    except BaseException:
+        # Cancelled, timed out or interrupted: never leave a trainer holding the GPU behind us.
+        _stop(process)
+        raise
+
+    summary = _parse(last_json)
+    if code != 0:
+        reason = (summary or {}).get("error") or (" | ".join(tail[-3:]) if tail else f"exit code {code}")
+        raise StageError(f"{name} failed (exit code {code}): {reason}", summary)
+    if summary is None:
+        raise StageError(f"{name} exited 0 but printed no JSON summary as its last line")
+    return summary
+
+
+def to_arguments(settings: BaseModel) -> list[str]:
+    """The command-line options that `components.config.add_arguments` reads back into `settings`.
+
+    Every set value is passed, defaults included: the flow's defaults (the demo's) differ from the
+    programs' own, and the command in the run log should say everything the run used."""
+    argv = []
+    for name in type(settings).model_fields:
+        value = getattr(settings, name)
+        if value is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            argv.append(flag if value else "--no-" + name.replace("_", "-"))
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+# TensorFlow's C++ logging (absl): "I0000 00:00:... port.cc:153] ...". Its info and warning lines
+# (oneDNN, "no CUDA drivers") say nothing about the run; keep them out of the run log's INFO view.
+_ABSL_LINE = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:\d\d")
+
+
+def _level(line: str) -> int:
+    match = _ABSL_LINE.match(line)
+    if match:
+        return logging.DEBUG if match.group(1) in "IW" else logging.INFO
+    if line.startswith("WARNING: All log messages before absl::InitializeLog()"):
+        return logging.DEBUG
+    return logging.INFO
+
+
+def _pump(stream, tag: str, lines: queue.Queue) -> None:
+    for line in iter(stream.readline, ""):
+        lines.put((tag, line))
+    stream.close()
+    lines.put((tag, None))
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """SIGTERM to the whole group, then SIGKILL after the grace period."""
+    if process.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, KILL_GRACE_SECONDS), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _parse(line: str | None) -> dict | None:
+    if line is None:
+        return None
+    try:
+        value = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
