@@ -1,0 +1,63 @@
+"""The deployments, served from code (no prefect.yaml): `stoke up` serves them next to its server.
+
+    train/nightly       the `train` flow at 02:00 (cron, timezone configurable), and whenever a
+                        `stoke.data.arrived` event names a source (that source becomes the run's
+                        `source` parameter); one run at a time, later ones wait in line (ENQUEUE)
+    watch-bucket/poll   the `watch-bucket` flow every --poll-seconds; a poll still running when the
+                        next is due makes the next one a no-op (CANCEL_NEW): polls never pile up
+
+`prefect deployment run train/nightly` starts one by hand, with `-p epochs=20` and the like.
+"""
+from __future__ import annotations
+
+from prefect import serve
+from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
+from prefect.deployments.runner import EntrypointType, RunnerDeployment
+from prefect.events import DeploymentEventTrigger
+from prefect.schedules import Cron, Interval
+
+from flows.train import train
+from flows.watch_bucket import EVENT, watch_bucket
+
+NIGHTLY_CRON = "0 2 * * *"
+
+
+def build_deployments(source: str, root: str, *, poll_seconds: float = 60, cron: str = NIGHTLY_CRON,
+                      timezone: str = "UTC", train_parameters: dict | None = None) -> list[RunnerDeployment]:
+    """train/nightly and watch-bucket/poll, with SOURCE and ROOT as their default parameters."""
+    nightly = train.to_deployment(
+        name="nightly",
+        schedules=[Cron(cron, timezone=timezone)],
+        triggers=[DeploymentEventTrigger(
+            name="train when data arrives",
+            expect={EVENT},
+            match={"prefect.resource.id": "stoke.source.*"},
+            parameters={"source": "{{ event.payload.source }}"},
+        )],
+        parameters={"source": source, "root": root, **(train_parameters or {})},
+        concurrency_limit=ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.ENQUEUE),
+        tags=["stoke"],
+        # Importable by module name from anywhere the project is installed, not by a file path
+        # relative to wherever `stoke up` happened to start.
+        entrypoint_type=EntrypointType.MODULE_PATH,
+    )
+    poll = watch_bucket.to_deployment(
+        name="poll",
+        schedules=[Interval(poll_seconds)],
+        parameters={"source": source, "root": root, "settle_seconds": settle_seconds(poll_seconds)},
+        concurrency_limit=ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW),
+        tags=["stoke"],
+        entrypoint_type=EntrypointType.MODULE_PATH,
+    )
+    return [nightly, poll]
+
+
+def settle_seconds(poll_seconds: float) -> float:
+    """How long a listing must stay the same: a quarter of the poll, between 1 s and 30 s."""
+    return min(max(poll_seconds / 4, 1.0), 30.0)
+
+
+def serve_deployments(source: str, root: str, **options) -> None:
+    """Registers the deployments and runs their flow runs here until Ctrl-C (blocking)."""
+    # Schedules stay active across a restart of `stoke up`: a paused nightly would go unnoticed.
+    serve(*build_deployments(source, root, **options), pause_on_shutdown=False, print_starting_message=False)
