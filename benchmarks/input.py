@@ -1,9 +1,9 @@
 """Input pipeline throughput side by side, in one run, on photo-sized JPEGs made here.
 
-    python benchmarks/input.py [--images 3000] [--image-size 224] [--batches 40]
+    python benchmarks/input.py [--images 3000] [--source-size 320x240] [--image-size 224] [--batches 40]
 
 Runs `stoke bench input` (components/bench_input.py) in its own process, as a user would, over
-320x240 JPEGs in class folders and a span of them: Stoke's tf.data pipeline against Keras'
+photo-like JPEGs (320x240 unless told) in class folders and a span of them: Stoke's tf.data pipeline against Keras'
 image_dataset_from_directory over the same files, the naive single-map pipeline, and the decode
 limit (one thread's decode+resize rate x cores). Prints one JSON object with the rates and the
 ratios to compare against the targets (Stoke >= 1.5x Keras, >= 0.8x the limit).
@@ -25,6 +25,7 @@ from jpeg_spans import make_photos, write_span  # noqa: E402
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--images", type=int, default=3000)
+    parser.add_argument("--source-size", default="320x240", help="WIDTHxHEIGHT of the JPEGs made")
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--batches", type=int, default=40)
@@ -32,11 +33,12 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="stoke-bench-input-") as tmp:
         source, root = Path(tmp) / "photos", os.path.join(tmp, "root")
-        write_span(root, make_photos(source, args.images))
+        width, height = (int(v) for v in args.source_size.split("x"))
+        write_span(root, make_photos(source, args.images, width, height))
         runs = [_bench(source, root, args) for _ in range(args.repeats)]
     keys = sorted(k for k in runs[0] if isinstance(runs[0][k], float))
     result = {k: sorted(r[k] for r in runs)[len(runs) // 2] for k in keys}
-    result.update({"images": args.images, "source_size": "320x240", "image_size": args.image_size,
+    result.update({"images": args.images, "source_size": args.source_size, "image_size": args.image_size,
                    "batch_size": args.batch_size, "cores": runs[0]["cores"], "repeats": args.repeats,
                    "targets": {"stoke_vs_keras": 1.5, "stoke_vs_limit": 0.8}})
     print(json.dumps(result, sort_keys=True))

@@ -32,12 +32,13 @@ def run(argv: list[str] | None = None) -> int:
     parser.add_argument("--image-size", type=int, default=224, help="output side in pixels (default: 224)")
     parser.add_argument("--batch-size", type=int, default=64, help="images per batch (default: 64)")
     parser.add_argument("--batches", type=int, default=40, help="timed batches per pipeline (default: 40)")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; medians are kept (default: 3)")
     parser.add_argument("--spans", default=None, help="spans to read, e.g. 1,3-4 (default: all)")
     parser.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     args = parser.parse_args(argv)
     try:
         result = measure(args.source, args.root, image_size=args.image_size, batch_size=args.batch_size,
-                         batches=args.batches, spans=pipeline.parse_spans(args.spans))
+                         batches=args.batches, rounds=args.rounds, spans=pipeline.parse_spans(args.spans))
     except (ValueError, FileNotFoundError) as exc:
         print(f"stoke bench input: error: {exc}", file=sys.stderr)
         if args.json:
@@ -52,34 +53,42 @@ def run(argv: list[str] | None = None) -> int:
 
 
 def measure(source: str, root: str, *, image_size: int, batch_size: int, batches: int,
-            spans: list[int] | None = None) -> dict:
+            rounds: int = 3, spans: list[int] | None = None) -> dict:
     shards = pipeline.list_shards(Root(root), "train", spans)
     if not shards:
         raise ValueError(f"no published span under {Root(root).spans}; run `stoke ingest {source} --root {root}`")
-    stoke = pipeline.make_dataset(shards, pipeline.PipelineOptions(
-        image_size=image_size, batch_size=batch_size, training=True))
-    rates = {
-        "stoke": _rate(stoke, batches, batch_size),
-        "keras_from_directory": _rate(keras_from_directory(source, image_size, batch_size), batches, batch_size),
-        "naive": _rate(naive_dataset(shards, image_size, batch_size), batches, batch_size),
+    pipelines = {
+        "stoke": lambda: pipeline.make_dataset(shards, pipeline.PipelineOptions(
+            image_size=image_size, batch_size=batch_size, training=True)),
+        "keras_from_directory": lambda: keras_from_directory(source, image_size, batch_size),
+        "naive": lambda: naive_dataset(shards, image_size, batch_size),
+        "limit": lambda: single_thread_decode(source, image_size, batch_size),
     }
-    single = _rate(single_thread_decode(source, image_size, batch_size), batches, batch_size)
+    # Rounds that time every pipeline in turn, keeping each one's median: a machine shared with
+    # other work slows whichever pipeline runs at that moment, and alternation spreads that out.
+    samples = {key: [] for key in pipelines}
+    for _ in range(rounds):
+        for key, make in pipelines.items():
+            samples[key].append(_rate(make(), batches, batch_size))
+    rates = {key: sorted(values)[len(values) // 2] for key, values in samples.items()}
     cores = os.cpu_count() or 1
-    rates["limit"] = single * cores
+    rates["limit"] *= cores  # one thread's decode+resize rate, times the cores
     result = {f"{key}_images_per_sec": value for key, value in rates.items()}
     result.update({
         "stoke_vs_keras": rates["stoke"] / rates["keras_from_directory"],
         "stoke_vs_limit": rates["stoke"] / rates["limit"],
         "stoke_vs_naive": rates["stoke"] / rates["naive"],
         "cores": cores, "image_size": image_size, "batch_size": batch_size, "timed_batches": batches,
+        "rounds": rounds,
         "train_records": sum(s.records for s in shards),
     })
     return result
 
 
 def _rate(dataset: tf.data.Dataset, batches: int, batch_size: int) -> float:
-    """Images/s pulling `batches` batches after one warm-up batch (start-up, buffers, autotuning)."""
+    """Images/s pulling `batches` batches after two warm-up batches (start-up, buffers, autotuning)."""
     iterator = iter(dataset.repeat())
+    next(iterator)
     next(iterator)
     start = time.perf_counter()
     for _ in range(batches):

@@ -93,7 +93,9 @@ def _decode_jpeg(encoded, size, crop_window=None):
         branches = [lambda r=r: tf.io.decode_jpeg(encoded, channels=3, ratio=r) for r in JPEG_RATIOS]
     else:
         index = jpeg_ratio(crop_window[2], crop_window[3], size)
-        branches = [lambda r=r: tf.io.decode_and_crop_jpeg(encoded, crop_window, channels=3, ratio=r)
+        # With a DCT ratio the crop window is in the coordinates of the downscaled image.
+        branches = [lambda r=r: tf.io.decode_and_crop_jpeg(
+                        encoded, tf.maximum(crop_window // r, [0, 0, 1, 1]), channels=3, ratio=r)
                     for r in JPEG_RATIOS]
     return tf.switch_case(index, branches)
 

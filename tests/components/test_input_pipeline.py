@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import shutil
 
 import numpy as np
@@ -93,12 +94,14 @@ def test_dct_downscaled_decode_matches_a_full_decode():
     assert np.abs(fast - full).mean() < 6  # same picture; DCT scaling is a box filter
 
 
-def test_crop_decode_matches_decode_then_crop():
+@pytest.mark.parametrize("size", [64, 16], ids=["full-scale", "dct-ratio-4"])
+def test_crop_decode_matches_decode_then_crop(size):
     encoded = _jpeg(120, 160)
     window = tf.constant([16, 24, 64, 80])
-    cropped = pipeline.decode_crop(tf.constant(encoded), window, 64).numpy().astype(int)
-    reference = pipeline.resize(tf.image.crop_to_bounding_box(tf.io.decode_jpeg(encoded), 16, 24, 64, 80), 64)
-    assert np.abs(cropped - reference.numpy()).mean() < 2
+    cropped = pipeline.decode_crop(tf.constant(encoded), window, size).numpy().astype(int)
+    reference = tf.image.resize(tf.image.crop_to_bounding_box(tf.io.decode_jpeg(encoded), 16, 24, 64, 80),
+                                [size, size], antialias=True)
+    assert np.abs(cropped - reference.numpy()).mean() < 3
 
 
 def _collect(dataset) -> tuple[list[bytes], list[int]]:
@@ -189,3 +192,26 @@ def test_corrupt_shard_fails_reading_unless_skipped(corrupt_spans_root):
         _collect(pipeline.make_dataset(shards, _eval_options()))
     images, _ = _collect(pipeline.make_dataset(shards, _eval_options(batch_size=1, skip_corrupt=True)))
     assert len(images) == 48 - 11
+
+
+def test_bench_input_reports_every_rate(tmp_path, capsys):
+    from components import bench_input
+    from tests.components.conftest import TRAIN_LABELS, tiny_records, write_span
+
+    records = tiny_records(24)
+    for index, (encoded, image_format, label) in enumerate(records):
+        path = tmp_path / "source" / TRAIN_LABELS[label] / f"{index:03d}.{'jpg' if image_format == 'jpeg' else 'png'}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(encoded)
+    root = str(tmp_path / "root")
+    write_span(root, 1, {"train": records}, TRAIN_LABELS, {"train": 2})
+    argv = [str(tmp_path / "source"), "--root", root, "--image-size", "16", "--batch-size", "4",
+            "--batches", "2", "--rounds", "1", "--json"]
+    assert bench_input.run(argv) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for key in ("stoke", "keras_from_directory", "naive", "limit"):
+        assert result[f"{key}_images_per_sec"] > 0, key
+    assert result["stoke_vs_keras"] == result["stoke_images_per_sec"] / result["keras_from_directory_images_per_sec"]
+
+    assert bench_input.run([str(tmp_path / "source"), "--root", str(tmp_path / "empty"), "--json"]) == 1
+    assert "stoke ingest" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
