@@ -24,6 +24,22 @@ def prefect_server():
         yield
 
 
+@pytest.fixture(scope="session")
+def pushed_run(tmp_path_factory):
+    """The train flow once, end to end on 40 real digits, with a floor any model passes: blessed and
+    pushed as version 1. Later tests use its ROOT as one that already serves a model."""
+    from flows.parameters import GateSettings, ModelSettings, PushSettings
+    from flows.train import train
+
+    base = tmp_path_factory.mktemp("pushed")
+    source, root = str(base / "digits"), str(base / "root")
+    write_digits(source, limit=40)
+    state = train(source=source, root=root, epochs=1, model=ModelSettings(**TINY_MODEL),
+                  gate=GateSettings(min_accuracy=0.0), push=PushSettings(build_image=False),
+                  beam_args=TINY_BEAM, run_id="first", return_state=True)
+    return {"source": source, "root": root, "state": state}
+
+
 @pytest.fixture
 def digits(tmp_path):
     """A source folder with 40 demo digits in class folders (all ten classes)."""

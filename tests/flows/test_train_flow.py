@@ -1,0 +1,79 @@
+"""The `train` flow on real digits: every stage, the report, the GPU limit, the ways a run ends."""
+from __future__ import annotations
+
+import json
+import os
+
+from prefect import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+from components.layout import Root, read_json
+from components.model_repository import Repository
+from flows.parameters import DoctorSettings
+from flows.train import GPU_TAG, train
+from tests.flows.conftest import TINY_BEAM
+
+
+def test_end_to_end_a_blessed_model_is_pushed_and_reported(pushed_run):
+    state = pushed_run["state"]
+    assert state.is_completed(), state.message
+    summary = state.result()
+    run_dir = Root(pushed_run["root"]).run("first")
+    version = summary["pushed_version"]
+    assert summary["status"] == "pushed" and summary["blessed"] and version
+    assert Repository(pushed_run["root"], "stoke").versions() == [version]
+    assert os.path.exists(os.path.join(pushed_run["root"], "models", "stoke", str(version), "saved_model.pb"))
+
+    # Every stage left its summary; the report is built from them and says the same as the flow.
+    for stage in ("preflight", "ingest", "train", "validate", "push"):
+        assert os.path.exists(os.path.join(run_dir, "summaries", f"{stage}.json")), stage
+    report = read_json(os.path.join(run_dir, "report.json"))
+    assert report["status"] == summary["status"] == "pushed"
+    assert report["ingest"]["counts"]["train"] + report["ingest"]["counts"]["eval"] == 40
+    assert report["train"]["images_per_sec"] > 0 and report["train"]["input_bound"] in (True, False)
+    assert set(report["validation"]["metrics"]["per_class_accuracy"]) <= set(report["validation"]["labels"])
+    assert report["push"]["commands"]
+    for plot in ("curves", "confusion_matrix", "throughput"):
+        assert open(report["plots"][plot], "rb").read(8) == b"\x89PNG\r\n\x1a\n", plot
+    markdown = open(os.path.join(run_dir, "report.md")).read()
+    for heading in ("## Preflight", "## Ingest", "## Training", "## Validation", "## Push"):
+        assert heading in markdown
+    assert f"Version **{version}**" in markdown and "| class | eval examples | accuracy |" in markdown
+
+
+def test_training_holds_the_gpu_limit_and_the_run_leaves_artifacts(pushed_run):
+    flow_run_id = pushed_run["state"].state_details.flow_run_id
+    with get_client(sync_client=True) as client:
+        assert client.read_concurrency_limit_by_tag(GPU_TAG).concurrency_limit == 1
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+        artifacts = client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    tags = {task.name.rsplit("-", 1)[0]: set(task.tags) for task in tasks}
+    assert GPU_TAG in tags["train"] and GPU_TAG in tags["validate"] and GPU_TAG not in tags["ingest"]
+    report = [a for a in artifacts if a.key == "report-first"]
+    assert report and "## Push" in report[0].data and "data:image/png;base64," in report[0].data
+    progress = [a for a in artifacts if a.type == "progress"]
+    assert len(progress) == 2 and all(a.data == 100.0 for a in progress)  # ingest and train
+
+
+def test_nothing_new_with_a_served_model_ends_early_without_training(pushed_run):
+    state = train(source=pushed_run["source"], root=pushed_run["root"], preflight=False, beam_args=TINY_BEAM,
+                  run_id="nothing-new", return_state=True)
+    assert state.is_completed(), state.message
+    summary = state.result()
+    assert summary["status"] == "skipped" and "already served" in summary["message"]
+    run_dir = Root(pushed_run["root"]).run("nothing-new")
+    assert sorted(os.listdir(os.path.join(run_dir, "summaries"))) == ["ingest.json"]
+    assert not os.path.exists(os.path.join(run_dir, "metrics.json"))
+    assert Repository(pushed_run["root"], "stoke").versions() == [pushed_run["state"].result()["pushed_version"]]
+
+
+def test_a_failed_preflight_check_stops_the_run_before_ingest(digits, tmp_path):
+    root = str(tmp_path / "root")
+    state = train(source=digits, root=root, doctor=DoctorSettings(min_read_mbps=1e9, sample_mb=16),
+                  run_id="slow-disk", return_state=True)
+    assert state.is_failed()
+    run_dir = Root(root).run("slow-disk")
+    assert sorted(os.listdir(os.path.join(run_dir, "summaries"))) == ["preflight.json"]
+    report = json.load(open(os.path.join(run_dir, "report.json")))
+    assert report["status"] == "failed" and "read throughput failed" in report["message"]
+    assert not Root(root).manifests()
