@@ -1,0 +1,115 @@
+"""The deployments: train/nightly on its cron and on stoke.data.arrived (one at a time), and
+watch-bucket/poll on an interval; an arrival event really runs train/nightly."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from prefect import get_client
+from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+from prefect.events import emit_event
+from prefect.settings import PREFECT_API_URL
+
+from components.model_repository import Repository
+from flows.deployments import build_deployments
+from flows.watch_bucket import EVENT, source_resource
+from tests.flows.conftest import TINY_BEAM, TINY_MODEL
+
+TRIGGER = "train when data arrives"
+FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+
+@pytest.fixture
+def client():
+    with get_client(sync_client=True) as client:
+        yield client
+        # Left behind, the trigger would answer other tests' events with runs nobody serves.
+        for name in ("train/nightly", "watch-bucket/poll"):
+            try:
+                client.delete_deployment(client.read_deployment_by_name(name).id)
+            except Exception:  # noqa: BLE001 (not created by this test)
+                pass
+        for automation in client.read_automations_by_name(TRIGGER):
+            client.delete_automation(automation.id)
+
+
+def test_schedule_trigger_and_queue_are_registered(client, tmp_path):
+    source, root = str(tmp_path / "bucket"), str(tmp_path / "root")
+    for deployment in build_deployments(source, root, poll_seconds=90, timezone="Europe/Berlin"):
+        deployment.apply()
+
+    nightly = client.read_deployment_by_name("train/nightly")
+    (schedule,) = nightly.schedules
+    assert (schedule.schedule.cron, schedule.schedule.timezone, schedule.active) == ("0 2 * * *", "Europe/Berlin", True)
+    assert nightly.parameters == {"source": source, "root": root}
+    assert nightly.global_concurrency_limit.limit == 1
+    assert nightly.concurrency_options.collision_strategy.value == "ENQUEUE"
+    assert nightly.entrypoint == "flows.train.train"
+    (automation,) = client.read_automations_by_name(TRIGGER)
+    assert automation.trigger.expect == {EVENT}
+    assert automation.trigger.match.model_dump() == {"prefect.resource.id": "stoke.source.*"}
+    (action,) = automation.actions
+    assert action.deployment_id == nightly.id and action.parameters == {"source": "{{ event.payload.source }}"}
+
+    poll = client.read_deployment_by_name("watch-bucket/poll")
+    (schedule,) = poll.schedules
+    assert schedule.schedule.interval.total_seconds() == 90
+    assert poll.parameters == {"source": source, "root": root, "settle_seconds": 22.5}
+
+
+def test_an_arrival_event_runs_train_nightly_and_a_refused_model_completes(client, pushed_run):
+    # The deployment's own default source is elsewhere: the run must take the event's.
+    parameters = {"preflight": False, "skip_unchanged": False, "epochs": 1, "model": TINY_MODEL,
+                  "gate": {"min_accuracy": 1.0, "max_regression": 0.0}, "push": {"build_image": False},
+                  "beam_args": TINY_BEAM}
+    code = ("import json, sys; from flows.deployments import serve_deployments; "
+            "serve_deployments(sys.argv[1], sys.argv[2], poll_seconds=3600, train_parameters=json.loads(sys.argv[3]))")
+    server = subprocess.Popen(
+        [sys.executable, "-c", code, "/nowhere", pushed_run["root"], json.dumps(parameters)],
+        env={**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_RUNNER_POLL_FREQUENCY": "1"})
+    try:
+        nightly = wait_for(lambda: _deployment_with_trigger(client), "the served deployment and its trigger")
+        source = pushed_run["source"]
+        emit_event(EVENT, resource=source_resource(source), payload={"source": source, "new_files": 3})
+        run = wait_for(lambda: _final_run(client, nightly.id), "train/nightly to run and finish", seconds=300)
+    finally:
+        server.send_signal(signal.SIGINT)
+        server.wait(timeout=60)
+
+    assert run.state.type.value == "COMPLETED", run.state.message
+    assert run.parameters["source"] == source and run.parameters["root"] == pushed_run["root"]
+    (report_uri,) = glob.glob(os.path.join(pushed_run["root"], "runs", f"*-{run.name}", "report.json"))
+    report = json.load(open(report_uri))
+    assert report["status"] == "refused" and not report["blessed"] and report["pushed_version"] is None
+    assert any("accuracy" in reason for reason in report["reasons"])
+    assert Repository(pushed_run["root"], "stoke").versions() == [pushed_run["state"].result()["pushed_version"]]
+
+
+def _deployment_with_trigger(client):
+    try:
+        deployment = client.read_deployment_by_name("train/nightly")
+    except Exception:  # noqa: BLE001 (not registered yet)
+        return None
+    return deployment if client.read_automations_by_name(TRIGGER) else None
+
+
+def _final_run(client, deployment_id):
+    runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
+    done = [r for r in runs if r.state and r.state.type.value in FINAL]
+    return done[0] if done else None
+
+
+def wait_for(probe, what: str, seconds: float = 60):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(0.5)
+    pytest.fail(f"gave up waiting for {what}")
