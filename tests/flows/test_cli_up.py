@@ -1,0 +1,100 @@
+"""`stoke up`: a real Prefect server on 127.0.0.1 with its SQLite under PREFECT_HOME, the
+deployments served beside it, `prefect deployment run` from another shell, and a clean Ctrl-C."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+BIN = os.path.dirname(sys.executable)
+
+
+def test_up_serves_the_deployments_until_ctrl_c(pushed_run, tmp_path):
+    port = _free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    home = tmp_path / "prefect-home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env.update(PREFECT_HOME=str(home), PREFECT_RUNNER_POLL_FREQUENCY="1")
+    up = subprocess.Popen([os.path.join(BIN, "stoke"), "up", "--source", pushed_run["source"], "--root",
+                           pushed_run["root"], "--port", str(port), "--poll-seconds", "3600", "--json"],
+                          stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        nightly = _wait_for(lambda: _get(f"{api}/deployments/name/train/nightly"), up, "train/nightly")
+        assert nightly["schedules"][0]["schedule"]["cron"] == "0 2 * * *"
+        assert nightly["parameters"] == {"source": pushed_run["source"], "root": pushed_run["root"]}
+
+        # From another shell: nothing is new and a model is served, so the run ends early, Completed.
+        started = subprocess.run([os.path.join(BIN, "prefect"), "deployment", "run", "train/nightly", "--watch"],
+                                 env={**env, "PREFECT_API_URL": api}, capture_output=True, text=True, timeout=300)
+        assert started.returncode == 0, started.stdout + started.stderr
+        # The scheduler has also queued tonight's run; it stays Scheduled.
+        (run,) = [r for r in _post(f"{api}/flow_runs/filter", {})
+                  if r["deployment_id"] == nightly["id"] and r["state_type"] != "SCHEDULED"]
+        assert run["state_type"] == "COMPLETED"
+        (report,) = glob.glob(os.path.join(pushed_run["root"], "runs", f"*-{run['name']}", "report.json"))
+        assert json.load(open(report))["status"] == "skipped"
+    finally:
+        up.send_signal(signal.SIGINT)
+        out, _ = up.communicate(timeout=90)
+
+    assert up.returncode == 0
+    assert json.loads(out.strip().splitlines()[-1]) == {
+        "api_url": api, "ui_url": api[:-4], "prefect_home": str(home), "source": pushed_run["source"],
+        "root": pushed_run["root"], "deployments": ["train/nightly", "watch-bucket/poll"], "stopped": True}
+    assert (home / "prefect.db").exists()
+    with socket.socket() as sock:
+        assert sock.connect_ex(("127.0.0.1", port)) != 0, "the server still listens after Ctrl-C"
+
+
+def test_up_refuses_a_port_in_use(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = subprocess.run([os.path.join(BIN, "stoke"), "up", "--source", str(tmp_path), "--root", str(tmp_path),
+                               "--port", str(port)], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "PREFECT_HOME": str(tmp_path / "home")})
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        f"stoke up: error: port {port} on 127.0.0.1 is in use (another `stoke up` or Prefect server?); "
+        "choose another with --port"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _get(url: str):
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return json.load(response)
+    except OSError:
+        return None
+
+
+def _post(url: str, body: dict):
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)
+
+
+def _wait_for(probe, process, what: str, seconds: float = 180):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"stoke up exited with {process.returncode} before serving {what}")
+        value = probe()
+        if value:
+            return value
+        time.sleep(0.5)
+    pytest.fail(f"gave up waiting for {what}")
