@@ -1,6 +1,6 @@
 """Input pipeline throughput side by side, in one run, on photo-sized JPEGs made here.
 
-    python benchmarks/input.py [--images 3000] [--source-size 320x240] [--image-size 224] [--batches 40]
+    python benchmarks/input.py [--images 3000] [--source-size 320x240] [--compression gzip] [--image-size 224] [--batches 40]
 
 Runs `stoke bench input` (components/bench_input.py) in its own process, as a user would, over
 photo-like JPEGs (320x240 unless told) in class folders and a span of them: Stoke's tf.data pipeline against Keras'
@@ -26,6 +26,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--images", type=int, default=3000)
     parser.add_argument("--source-size", default="320x240", help="WIDTHxHEIGHT of the JPEGs made")
+    parser.add_argument("--compression", default="gzip", choices=["gzip", "none"], help="codec of the span's shards")
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--batches", type=int, default=40)
@@ -34,11 +35,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="stoke-bench-input-") as tmp:
         source, root = Path(tmp) / "photos", os.path.join(tmp, "root")
         width, height = (int(v) for v in args.source_size.split("x"))
-        write_span(root, make_photos(source, args.images, width, height))
+        write_span(root, make_photos(source, args.images, width, height), compression=args.compression)
         runs = [_bench(source, root, args) for _ in range(args.repeats)]
     keys = sorted(k for k in runs[0] if isinstance(runs[0][k], float))
     result = {k: sorted(r[k] for r in runs)[len(runs) // 2] for k in keys}
-    result.update({"images": args.images, "source_size": args.source_size, "image_size": args.image_size,
+    result.update({"images": args.images, "source_size": args.source_size, "compression": args.compression, "image_size": args.image_size,
                    "batch_size": args.batch_size, "cores": runs[0]["cores"], "repeats": args.repeats,
                    "targets": {"stoke_vs_keras": 1.5, "stoke_vs_limit": 0.8}})
     print(json.dumps(result, sort_keys=True))
@@ -50,8 +51,10 @@ def _bench(source: Path, root: str, args) -> dict:
     out = subprocess.run([sys.executable, "-m", "flows.cli", "bench", "input", str(source), "--root", root,
                           "--image-size", str(args.image_size), "--batch-size", str(args.batch_size),
                           "--batches", str(args.batches), "--json"],
-                         check=True, capture_output=True, text=True, env=env).stdout
-    return json.loads(out.strip().splitlines()[-1])
+                         capture_output=True, text=True, env=env)
+    if out.returncode:
+        sys.exit(f"stoke bench input failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":

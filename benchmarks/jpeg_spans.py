@@ -33,7 +33,8 @@ def make_photos(folder: Path, count: int, width: int = 320, height: int = 240, c
     return made
 
 
-def write_span(root: str, photos: list, shards: int = 8, eval_every: int = 10, number: int = 1) -> dict:
+def write_span(root: str, photos: list, shards: int = 8, eval_every: int = 10, number: int = 1,
+               compression: str = "gzip") -> dict:
     """Writes span `number` under root: every `eval_every`-th photo to eval, the rest to train."""
     import tensorflow as tf
 
@@ -47,9 +48,9 @@ def write_span(root: str, photos: list, shards: int = 8, eval_every: int = 10, n
     for split, items in splits.items():
         count = shards if split == "train" else 1
         for index in range(count):
-            name = layout.shard_name(split, index, count)
+            name = layout.shard_name(split, index, count, compression)
             part = items[index::count]
-            with tf.io.TFRecordWriter(layout.join(folder, name), "GZIP") as writer:
+            with tf.io.TFRecordWriter(layout.join(folder, name), layout.TF_COMPRESSION[compression]) as writer:
                 for path, label in part:
                     with Image.open(path) as image:
                         width, height = image.size
@@ -58,7 +59,7 @@ def write_span(root: str, photos: list, shards: int = 8, eval_every: int = 10, n
                         label=label, text=labels[label], source=str(path)))
             entries.append({"file": name, "split": split, "records": len(part),
                             "bytes": Path(layout.join(folder, name)).stat().st_size})
-    manifest = {"span": number, "created": "2025-01-01T00:00:00Z", "compression": "gzip", "source": "benchmark",
+    manifest = {"span": number, "created": "2025-01-01T00:00:00Z", "compression": compression, "source": "benchmark",
                 "counts": {"train": len(splits["train"]), "eval": len(splits["eval"]), "dead_letter": 0},
                 "labels": labels, "shards": entries, "sources": []}
     layout.write_json(base.labels, labels)

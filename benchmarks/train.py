@@ -39,8 +39,10 @@ def main() -> int:
             [sys.executable, "-m", "flows.cli", "train", "--root", root, "--model", args.model,
              "--image-size", str(args.image_size), "--batch-size", str(args.batch_size), "--epochs", "1",
              "--steps-per-epoch", str(args.steps), "--probe-steps", str(args.steps), "--run-id", "bench",
-             "--json"], check=True, capture_output=True, text=True, env=env).stdout
-    summary = json.loads(out.strip().splitlines()[-1])
+             "--json"], capture_output=True, text=True, env=env)
+    if out.returncode:
+        sys.exit(f"stoke train failed:\n{out.stderr[-3000:]}")
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
     probe = summary["input"]
     print(json.dumps({
         "model": args.model, "image_size": args.image_size, "batch_size": args.batch_size,

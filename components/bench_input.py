@@ -7,6 +7,8 @@ and batch size, each timed after a warm-up batch:
   naive                 the same records and decode, as one plain `map`: no parallelism, no prefetch
   limit                 one thread decoding and resizing in-memory images with Stoke's ops, x cores:
                         what the CPU can do at most, with no reading, parsing or batching at all
+Each also reports its CPU milliseconds per image (all threads): on a shared machine wall-clock
+rates swing with other load, the work per image does not.
 ROOT must hold spans ingested from SOURCE (`stoke ingest SOURCE --root ROOT`).
 """
 from __future__ import annotations
@@ -70,10 +72,14 @@ def measure(source: str, root: str, *, image_size: int, batch_size: int, batches
     for _ in range(rounds):
         for key, make in pipelines.items():
             samples[key].append(_rate(make(), batches, batch_size))
-    rates = {key: sorted(values)[len(values) // 2] for key, values in samples.items()}
+    rates = {key: _median([rate for rate, _ in values]) for key, values in samples.items()}
+    cpu_ms = {key: _median([ms for _, ms in values]) for key, values in samples.items()}
     cores = os.cpu_count() or 1
-    rates["limit"] *= cores  # one thread's decode+resize rate, times the cores
+    # The limit: one thread's decode+resize rate, from its CPU time (what a core of its own would
+    # do), times the cores.
+    rates["limit"] = cores * 1000 / cpu_ms["limit"]
     result = {f"{key}_images_per_sec": value for key, value in rates.items()}
+    result.update({f"{key}_cpu_ms_per_image": value for key, value in cpu_ms.items()})
     result.update({
         "stoke_vs_keras": rates["stoke"] / rates["keras_from_directory"],
         "stoke_vs_limit": rates["stoke"] / rates["limit"],
@@ -85,15 +91,23 @@ def measure(source: str, root: str, *, image_size: int, batch_size: int, batches
     return result
 
 
-def _rate(dataset: tf.data.Dataset, batches: int, batch_size: int) -> float:
-    """Images/s pulling `batches` batches after two warm-up batches (start-up, buffers, autotuning)."""
+def _rate(dataset: tf.data.Dataset, batches: int, batch_size: int) -> tuple[float, float]:
+    """(images/s, CPU ms per image) pulling `batches` batches after two warm-up batches.
+
+    CPU time is the whole process's (every tf.data thread): unlike wall time, it hardly moves when
+    other programs share the machine, so it compares the work each pipeline does per image."""
     iterator = iter(dataset.repeat())
     next(iterator)
     next(iterator)
-    start = time.perf_counter()
+    cpu, start = time.process_time(), time.perf_counter()
     for _ in range(batches):
         next(iterator)
-    return batches * batch_size / (time.perf_counter() - start)
+    images = batches * batch_size
+    return images / (time.perf_counter() - start), 1000 * (time.process_time() - cpu) / images
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
 
 
 def keras_from_directory(source: str, image_size: int, batch_size: int) -> tf.data.Dataset:

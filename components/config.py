@@ -95,7 +95,7 @@ class TrainConfig(BaseModel):
     cache: str | None = Field(None, description="cache decoded images: 'memory' or a file path prefix")
     shuffle_buffer: int = Field(2048, gt=0, description="records in the shuffle buffer")
     backup_every: int | None = Field(None, gt=0, description="back up for resume every N steps (default: each epoch)")
-    profile_steps: str | None = Field(None, description="TensorBoard profiler step range such as 10,20")
+    profile_steps: str = Field("10,20", description="TensorBoard profiler step range; 'none' turns it off")
     probe_steps: int = Field(30, ge=0, description="steps of the input-bound probe after training (0: skip)")
     cpu_devices: int | None = Field(None, gt=0, description="split the CPU into N logical devices (mirrored without GPUs)")
 

@@ -336,13 +336,13 @@ def _sync(logs) -> None:
     tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, logs)
 
 
-def _profile_range(text: str | None):
-    if not text:
+def _profile_range(text: str):
+    if text.strip().lower() in ("", "none", "0", "off"):
         return 0
     try:
         first, last = (int(part) for part in text.split(","))
     except ValueError:
-        raise TrainError(f"--profile-steps takes two step numbers such as 10,20, not {text!r}") from None
+        raise TrainError(f"--profile-steps takes two step numbers such as 10,20 (or none), not {text!r}") from None
     return (first, last)
 
 

@@ -23,7 +23,7 @@ from components.layout import Root
 from tests.components.conftest import TRAIN_LABELS, tiny_image
 from tests.components.test_input_pipeline import corrupt_record
 
-TINY = ["--image-size", "32", "--batch-size", "8", "--probe-steps", "2"]
+TINY = ["--image-size", "32", "--batch-size", "8", "--probe-steps", "2", "--profile-steps", "none"]
 
 
 def _train(capsys, root, *args) -> dict:
@@ -209,3 +209,19 @@ def test_skip_corrupt_trains_on_the_rest_and_counts_it(train_corrupt_root, capsy
 def test_refuses_a_root_without_spans(tmp_path, capsys):
     assert train.run(["--root", str(tmp_path), "--json"]) == 1
     assert "no published span" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v3_small", "efficientnet_b0", "resnet50"])
+def test_application_models_take_uint8_and_give_float32_logits(name):
+    import tf_keras as keras
+
+    from components.models import build_model
+
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        model = build_model(name, 5, 32)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    logits = model(tf.zeros([2, 32, 32, 3], tf.uint8), training=False)
+    assert logits.shape == (2, 5) and logits.dtype == tf.float32
+    assert model.get_layer("logits").compute_dtype == "float32"
