@@ -21,6 +21,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 import argparse  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
+import re  # noqa: E402
 import shutil  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
@@ -31,7 +32,7 @@ import tensorflow as tf  # noqa: E402
 import tf_keras as keras  # noqa: E402
 from pydantic import ValidationError  # noqa: E402
 
-from components.config import TrainConfig, add_arguments, from_arguments  # noqa: E402
+from components.config import RUN_ID_PATTERN, TrainConfig, add_arguments, from_arguments  # noqa: E402
 from components.layout import Root, filesystem, join, write_json  # noqa: E402
 
 # Fault drill: with this set to N, the process kills itself (SIGKILL, no cleanup) once N training
@@ -110,6 +111,8 @@ def train(config: TrainConfig) -> dict:
                          + (f" among spans {config.spans}" if spans else "") + "; run `stoke ingest` first")
     labels = pipeline.label_names(root, spans)
     run_id = config.run_id or time.strftime("run-%Y%m%d-%H%M%S")
+    if not re.fullmatch(RUN_ID_PATTERN, run_id):
+        raise TrainError(f"bad run id {run_id!r}: letters, digits, '.', '_' and '-' only")
     run_dir = root.run(run_id)
     paths = {name: join(run_dir, name) for name in ("checkpoints", "backup", "tensorboard", "candidate")}
     metrics_uri = join(run_dir, "metrics.json")

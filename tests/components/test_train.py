@@ -206,9 +206,11 @@ def test_skip_corrupt_trains_on_the_rest_and_counts_it(train_corrupt_root, capsy
     assert summary["steps_per_epoch"] == (48 - 13) // 8
 
 
-def test_refuses_a_root_without_spans(tmp_path, capsys):
+def test_refuses_a_root_without_spans_and_a_run_id_that_leaves_runs(tmp_path, small_spans_root, capsys):
     assert train.run(["--root", str(tmp_path), "--json"]) == 1
     assert "no published span" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
+    assert train.run(["--root", small_spans_root, "--run-id", "../escape", "--json"]) == 1
+    assert "bad run id" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
 
 
 @pytest.mark.parametrize("name", ["mobilenet_v3_small", "efficientnet_b0", "resnet50"])
