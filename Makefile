@@ -17,9 +17,10 @@ install: .venv/.installed
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $@
 
+# The whole pipeline once on the demo digits (the train flow, ephemeral Prefect): a couple of minutes on 2 cores.
 run: install
 	$(STOKE) demo $(DEMO)
-	$(STOKE) ingest $(DEMO) --root $(ROOT)
+	$(STOKE) run $(DEMO) --root $(ROOT) --model small_cnn --image-size 32 --epochs 20
 
 # pytest exits 5 when it collects no tests; that is not a failure of the code.
 test: install
