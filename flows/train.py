@@ -71,7 +71,7 @@ def train(
 # ---------------------------------------------------------------- stages
 
 
-@task(name="preflight", retries=1, retry_delay_seconds=10)
+@task(name="preflight")  # no retries: the checks never raise, and a failed check fails again
 def check_machine(source: str, root: str, settings: DoctorSettings, run_dir: str) -> dict:
     """Checks disks, read speed, GPUs, /dev/shm and limits; stops the run on a failed check."""
     from components.doctor import run_checks
