@@ -24,6 +24,10 @@ from components.model_repository import SAVED_MODEL, Repository, is_local
 SERVING_VERSION = "2.21.0"
 SERVING_IMAGE = "tensorflow/serving"
 METRICS_PATH = "/monitoring/prometheus/metrics"
+GRPC_PORT = 8500
+REST_PORT = 8501
+MODEL_BASE_PATH = "/models"  # inside the image: /models/<name>/<version>, as models.config names it
+USER_ID = 10001  # the server runs as this unprivileged uid; nothing it reads needs more
 BATCHING = {"max_batch_size": 32, "batch_timeout_micros": 2000, "max_enqueued_batches": 100,
             "num_batch_threads": 4, "allowed_batch_sizes": (1, 4, 8, 16, 32)}
 
@@ -66,13 +70,15 @@ def render_text(model_name: str, versions: list[int], trained_tf: str) -> dict[s
     stable = versions[-2] if len(versions) > 1 else versions[-1]
     batching = dict(BATCHING)
     batching["allowed_batch_sizes"] = "\n".join(f"allowed_batch_sizes: {s}" for s in BATCHING["allowed_batch_sizes"])
+    image = {"model_name": model_name, "trained_tf": trained_tf, "grpc_port": GRPC_PORT, "rest_port": REST_PORT,
+             "model_base_path": MODEL_BASE_PATH, "metrics_path": METRICS_PATH, "user_id": USER_ID}
     files = {
         "Dockerfile": template("Dockerfile.tmpl").substitute(
-            model_name=model_name, base_image=f"{SERVING_IMAGE}:{SERVING_VERSION}", trained_tf=trained_tf),
+            base_image=f"{SERVING_IMAGE}:{SERVING_VERSION}", **image),
         "Dockerfile.gpu": template("Dockerfile.tmpl").substitute(
-            model_name=model_name, base_image=f"{SERVING_IMAGE}:{SERVING_VERSION}-gpu", trained_tf=trained_tf),
+            base_image=f"{SERVING_IMAGE}:{SERVING_VERSION}-gpu", **image),
         "models.config": template("models.config.tmpl").substitute(
-            model_name=model_name, stable=stable, canary=canary,
+            model_name=model_name, stable=stable, canary=canary, model_base_path=MODEL_BASE_PATH,
             version_lines="\n".join(f"        versions: {v}" for v in versions)),
         "batching.config": template("batching.config.tmpl").substitute(**batching),
         "monitoring.config": template("monitoring.config.tmpl").substitute(metrics_path=METRICS_PATH),
@@ -84,14 +90,15 @@ def render_text(model_name: str, versions: list[int], trained_tf: str) -> dict[s
 def commands(serving_uri: str, model_name: str, newest: int) -> dict[str, str]:
     image = f"stoke-serving-{model_name}:{newest}".lower()
     context = shlex.quote(serving_uri)
+    ports = f"-p {GRPC_PORT}:{GRPC_PORT} -p {REST_PORT}:{REST_PORT}"
     return {
         "image": image,
         "docker_build": f"docker build -t {image} {context}",
         "docker_build_gpu": f"docker build -f {shlex.quote(join(serving_uri, 'Dockerfile.gpu'))} "
                             f"-t {image}-gpu {context}",
-        "docker_run": f"docker run --rm -p 8500:8500 -p 8501:8501 {image}",
-        "docker_run_gpu": f"docker run --rm --gpus all -p 8500:8500 -p 8501:8501 {image}-gpu",
-        "predict": f"stoke predict http://localhost:8501/v1/models/{model_name} IMAGE...",
+        "docker_run": f"docker run --rm {ports} {image}",
+        "docker_run_gpu": f"docker run --rm --gpus all {ports} {image}-gpu",
+        "predict": f"stoke predict http://localhost:{REST_PORT}/v1/models/{model_name} IMAGE...",
     }
 
 

@@ -21,6 +21,7 @@ from components.config import add_arguments, from_arguments
 from flows import parameters as p
 
 SERVER_START_SECONDS = 120
+PREFECT_PORT = 4200  # Prefect's own default; the API is at http://<host>:PREFECT_PORT/api
 SERVER_STOP_SECONDS = 30
 
 # ---------------------------------------------------------------- stoke run
@@ -90,7 +91,8 @@ def _describe(summary: dict) -> str:
 def add_up_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--source", required=True, help="bucket or folder to watch and train from")
     parser.add_argument("--root", required=True, help="artifact ROOT: local path or fsspec URI")
-    parser.add_argument("--port", type=int, default=4200, help="port of the Prefect server and UI (default: 4200)")
+    parser.add_argument("--port", type=int, default=PREFECT_PORT,
+                        help=f"port of the Prefect server and UI (default: {PREFECT_PORT})")
     parser.add_argument("--poll-seconds", type=float, default=60, help="how often watch-bucket lists SOURCE (default: 60)")
     parser.add_argument("--cron", default=None, help="schedule of train/nightly (default: '0 2 * * *', 02:00)")
     parser.add_argument("--timezone", default=os.environ.get("TZ") or "UTC",
