@@ -29,9 +29,9 @@ TAIL_LINES = 20
 class StageError(RuntimeError):
     """A stage program that failed, timed out or printed no summary; the message says which."""
 
-    def __init__(self, message: str, summary: dict | None = None):
+    def __init__(self, message: str, summary: dict | None = None, timed_out: bool = False):
         super().__init__(message)
-        self.summary = summary
+        self.summary, self.timed_out = summary, timed_out
 
 
 def run_stage(name: str, module: str, argv: list[str], *, timeout: float, logger: logging.Logger,
@@ -62,7 +62,7 @@ def run_stage(name: str, module: str, argv: list[str], *, timeout: float, logger
             if remaining <= 0:
                 _stop(process)
                 raise StageError(f"{name} timed out after {timeout:,.0f} s and was stopped; "
-                                 f"last output: {' | '.join(tail[-3:]) or 'none'}")
+                                 f"last output: {' | '.join(tail[-3:]) or 'none'}", timed_out=True)
             try:
                 tag, line = lines.get(timeout=min(remaining, 1.0))
             except queue.Empty:

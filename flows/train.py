@@ -23,7 +23,13 @@ from prefect.runtime import flow_run
 from components.layout import Root, filesystem, join, read_json, write_json
 from flows.parameters import (DEMO_EPOCHS, DEMO_ROOT, DEMO_SOURCE, DoctorSettings, GateSettings,
                               IngestSettings, ModelSettings, PushSettings, Timeouts)
-from flows.stages import run_stage, to_arguments
+from flows.stages import StageError, run_stage, to_arguments
+
+def unless_timed_out(task, task_run, state) -> bool:
+    """Retry a stage that failed (a bucket that did not answer), not one that ran out of time."""
+    error = state.result(raise_on_failure=False)
+    return not (isinstance(error, StageError) and error.timed_out)
+
 
 GPU_TAG = "gpu"
 GPU_SLOTS = 1  # one training process owns all of a machine's GPUs (mirrored strategy)
@@ -64,7 +70,7 @@ def train(
             push_model(root, run_id, model_name, push, run_dir, timeouts.push)          # 5
         return write_report(run_dir)                                                    # 6
     except Exception as error:
-        write_report(run_dir, failed=str(error))
+        write_report(run_dir, failed=str(error), return_state=True)  # never hides the cause
         raise
 
 
@@ -90,7 +96,7 @@ def check_machine(source: str, root: str, settings: DoctorSettings, run_dir: str
     return summary
 
 
-@task(name="ingest", retries=2, retry_delay_seconds=30)
+@task(name="ingest", retries=2, retry_delay_seconds=30, retry_condition_fn=unless_timed_out)
 def ingest_span(source: str, root: str, settings: IngestSettings, beam_args: list[str], run_dir: str,
                 timeout_minutes: float) -> dict:
     """Publishes what SOURCE holds beyond the published spans as a new span (or says nothing is new)."""
@@ -119,7 +125,7 @@ def train_model(root: str, run_id: str, epochs: int, settings: ModelSettings, ru
     return summary
 
 
-@task(name="validate", tags=[GPU_TAG], retries=1, retry_delay_seconds=30)
+@task(name="validate", tags=[GPU_TAG], retries=1, retry_delay_seconds=30, retry_condition_fn=unless_timed_out)
 def validate_model(root: str, run_id: str, model_name: str, settings: GateSettings, run_dir: str,
                    timeout_minutes: float) -> dict:
     """Gates the candidate with TFMA: thresholds, and not worse than the served model."""
@@ -136,7 +142,7 @@ def validate_model(root: str, run_id: str, model_name: str, settings: GateSettin
     return summary
 
 
-@task(name="push", retries=1, retry_delay_seconds=30)
+@task(name="push", retries=1, retry_delay_seconds=30, retry_condition_fn=unless_timed_out)
 def push_model(root: str, run_id: str, model_name: str, settings: PushSettings, run_dir: str,
                timeout_minutes: float) -> dict:
     """Pushes the blessed candidate as a new integer version of the served model."""

@@ -9,7 +9,7 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
 from components.layout import Root, read_json
 from components.model_repository import Repository
-from flows.parameters import DoctorSettings
+from flows.parameters import DoctorSettings, Timeouts
 from flows.train import GPU_TAG, train
 from tests.flows.conftest import TINY_BEAM
 
@@ -77,3 +77,15 @@ def test_a_failed_preflight_check_stops_the_run_before_ingest(digits, tmp_path):
     report = json.load(open(os.path.join(run_dir, "report.json")))
     assert report["status"] == "failed" and "read throughput failed" in report["message"]
     assert not Root(root).manifests()
+
+
+def test_a_stage_that_times_out_is_stopped_and_not_retried(digits, tmp_path):
+    state = train(source=digits, root=str(tmp_path / "root"), preflight=False, beam_args=TINY_BEAM,
+                  timeouts=Timeouts(ingest=0.02), run_id="too-slow", return_state=True)
+    assert state.is_failed() and "ingest timed out after 1 s" in state.message
+    with get_client(sync_client=True) as client:
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
+    (ingest,) = [t for t in tasks if t.name.startswith("ingest")]
+    assert ingest.run_count == 1 and ingest.state.is_failed()
+    report = read_json(os.path.join(Root(str(tmp_path / "root")).run("too-slow"), "report.json"))
+    assert report["status"] == "failed" and "timed out" in report["message"]
