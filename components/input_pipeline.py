@@ -121,13 +121,6 @@ def decode_eval(encoded, size: int):
     return resize(image, size)
 
 
-def image_shape(encoded):
-    """[height, width] from the header for JPEG (no decode); PNGs and others must be decoded."""
-    return tf.cond(tf.io.is_jpeg(encoded),
-                   lambda: tf.io.extract_jpeg_shape(encoded)[:2],
-                   lambda: tf.shape(_decode_other(encoded))[:2])
-
-
 def random_crop_window(shape):
     """A random [y, x, h, w] covering CROP_AREA of the image at an aspect ratio in CROP_ASPECT."""
     begin, extent, _ = tf.image.sample_distorted_bounding_box(
