@@ -1,5 +1,6 @@
-"""`stoke up`: a real Prefect server on 127.0.0.1 with its SQLite under PREFECT_HOME, the
-deployments served beside it, `prefect deployment run` from another shell, and a clean Ctrl-C."""
+"""`stoke run`: the train flow from the command line, its JSON summary last. `stoke up`: a real
+Prefect server on 127.0.0.1 with its SQLite under PREFECT_HOME, the deployments served beside it,
+`prefect deployment run` from another shell, and a clean Ctrl-C."""
 from __future__ import annotations
 
 import glob
@@ -15,6 +16,19 @@ import urllib.request
 import pytest
 
 BIN = os.path.dirname(sys.executable)
+
+
+def test_run_passes_its_options_to_the_flow_and_prints_the_summary_last(pushed_run, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")  # its own ephemeral server and database
+    done = subprocess.run([os.path.join(BIN, "stoke"), "run", pushed_run["source"], "--root", pushed_run["root"],
+                           "--skip-unchanged", "--no-preflight", "--run-id", "from-cli", "--compression", "zlib",
+                           "--json"], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["run_id"] == "from-cli" and summary["status"] == "skipped" and summary["stages"] == ["ingest"]
+    assert summary["pushed_version"] is None and summary["blessed"] is False
+    assert "--compression zlib" in done.stderr  # the ingest command line, in the run log
 
 
 def test_up_serves_the_deployments_until_ctrl_c(pushed_run, tmp_path):
