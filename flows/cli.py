@@ -21,6 +21,7 @@ PROGRAMS = {
     "rollback": "components.rollback",
     "lineage": "components.lineage",
     "predict": "components.predict",
+    "deploy": "flows.work_pools",
 }
 # `stoke bench <what> ...` is the benchmark program `python -m <module> ...`.
 BENCHES = {
