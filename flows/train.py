@@ -25,14 +25,14 @@ from flows.parameters import (DEMO_EPOCHS, DEMO_ROOT, DEMO_SOURCE, DoctorSetting
                               IngestSettings, ModelSettings, PushSettings, Timeouts)
 from flows.stages import StageError, run_stage, to_arguments
 
+GPU_TAG = "gpu"
+GPU_SLOTS = 1  # one training process owns all of a machine's GPUs (mirrored strategy)
+
+
 def unless_timed_out(task, task_run, state) -> bool:
     """Retry a stage that failed (a bucket that did not answer), not one that ran out of time."""
     error = state.result(raise_on_failure=False)
     return not (isinstance(error, StageError) and error.timed_out)
-
-
-GPU_TAG = "gpu"
-GPU_SLOTS = 1  # one training process owns all of a machine's GPUs (mirrored strategy)
 
 
 @flow(name="train", description="preflight -> ingest -> train -> validate -> push -> report")
