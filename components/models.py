@@ -53,7 +53,9 @@ def _small_cnn(x):
     """Three strided conv blocks: fast enough for tests and small data such as the demo digits."""
     for index, filters in enumerate((32, 64, 128)):
         x = keras.layers.Conv2D(filters, 3, strides=2, padding="same", use_bias=False, name=f"conv{index}")(x)
-        x = keras.layers.BatchNormalization(name=f"bn{index}")(x)
+        # Momentum 0.9, not Keras' 0.99: small data means few steps, and with 0.99 the moving
+        # variance is still mostly its initial 1.0 after a few hundred steps, which wrecks inference.
+        x = keras.layers.BatchNormalization(momentum=0.9, name=f"bn{index}")(x)
         x = keras.layers.ReLU(name=f"relu{index}")(x)
     return keras.layers.GlobalAveragePooling2D(name="pool")(x)
 
