@@ -214,7 +214,10 @@ def make_dataset(shards: list[Shard], options: PipelineOptions,
         records = records.shard(pipelines, pipeline_id)
 
     size = options.image_size
-    if options.cache is not None:
+    cache = options.cache
+    if cache not in (None, "memory") and pipelines > 1:
+        cache = f"{cache}-{pipeline_id}"  # workers sharing a folder must not share cache files
+    if cache is not None:
         # Decoded full images are cached; crops and flips stay random on every epoch.
         def decode_full(serialized):
             encoded, label = parse(serialized)
@@ -223,7 +226,7 @@ def make_dataset(shards: list[Shard], options: PipelineOptions,
             return (image if options.training else resize(image, size)), label
 
         dataset = records.map(decode_full, num_parallel_calls=AUTOTUNE, deterministic=not options.training)
-        dataset = dataset.cache("" if options.cache == "memory" else options.cache)
+        dataset = dataset.cache("" if cache == "memory" else cache)
         if options.training:
             dataset = dataset.shuffle(options.shuffle_buffer, seed=options.seed)
             dataset = dataset.map(lambda image, label: (

@@ -101,6 +101,12 @@ def train(config: TrainConfig) -> dict:
 
     root = Root(config.root)
     try:
+        tf.io.gfile.exists(root.uri)
+    except tf.errors.UnimplementedError:
+        # tf.data and Keras' checkpoints go through TensorFlow's own file systems, not fsspec.
+        raise TrainError(f"TensorFlow cannot read or write {root.uri}: use a local path or gs:// "
+                         "(s3:// needs the tensorflow-io package)") from None
+    try:
         spans = pipeline.parse_spans(config.spans)
     except ValueError as exc:
         raise TrainError(str(exc)) from None
