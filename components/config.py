@@ -92,6 +92,7 @@ class TrainConfig(BaseModel):
     spans: str | None = Field(None, description="spans to read, e.g. 3 or 1,4-6 (default: all published)")
     steps_per_epoch: int | None = Field(None, gt=0, description="cap on steps per epoch (default: one pass)")
     skip_corrupt: bool = Field(False, description="skip unreadable records of corrupt shards and count them")
+    flip: bool = Field(True, description="random horizontal flips; turn off for digits, text, anything handed")
     cache: str | None = Field(None, description="cache decoded images: 'memory' or a file path prefix")
     shuffle_buffer: int = Field(2048, gt=0, description="records in the shuffle buffer")
     backup_every: int | None = Field(None, gt=0, description="back up for resume every N steps (default: each epoch)")

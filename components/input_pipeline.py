@@ -140,7 +140,7 @@ def decode_crop(encoded, crop_window, size: int):
     return resize(image, size)
 
 
-def decode_train(encoded, size: int):
+def decode_train(encoded, size: int, flip: bool = True):
     """Random crop + resize + random horizontal flip; for PNG the crop happens after decoding."""
     is_jpeg = tf.io.is_jpeg(encoded)
 
@@ -152,7 +152,7 @@ def decode_train(encoded, size: int):
         return augment_decoded(_decode_other(encoded), size)
 
     image = tf.cond(is_jpeg, jpeg, other)
-    return tf.image.random_flip_left_right(image)
+    return tf.image.random_flip_left_right(image) if flip else image
 
 
 def augment_decoded(image, size: int):
@@ -178,6 +178,7 @@ class PipelineOptions:
     training: bool
     cache: str | None = None  # None: no cache; "memory"; or a file path prefix
     skip_corrupt: bool = False
+    flip: bool = True  # random horizontal flips when training
     shuffle_buffer: int = 2048
     repeat: bool = True
     ram_budget_fraction: float = 0.5  # share of physical memory tf.data autotuning may use
@@ -229,16 +230,18 @@ def make_dataset(shards: list[Shard], options: PipelineOptions,
         dataset = dataset.cache("" if cache == "memory" else cache)
         if options.training:
             dataset = dataset.shuffle(options.shuffle_buffer, seed=options.seed)
-            dataset = dataset.map(lambda image, label: (
-                tf.image.random_flip_left_right(augment_decoded(image, size)), label),
-                num_parallel_calls=AUTOTUNE, deterministic=False)
+            def augment(image, label):
+                image = augment_decoded(image, size)
+                return (tf.image.random_flip_left_right(image) if options.flip else image), label
+
+            dataset = dataset.map(augment, num_parallel_calls=AUTOTUNE, deterministic=False)
     else:
         if options.training:
             records = records.shuffle(options.shuffle_buffer, seed=options.seed)
 
         def decode(serialized):
             encoded, label = parse(serialized)
-            image = decode_train(encoded, size) if options.training else decode_eval(encoded, size)
+            image = decode_train(encoded, size, options.flip) if options.training else decode_eval(encoded, size)
             return image, label
 
         dataset = records.map(decode, num_parallel_calls=AUTOTUNE, deterministic=not options.training)

@@ -154,7 +154,7 @@ def train(config: TrainConfig) -> dict:
         def make(context: tf.distribute.InputContext):
             options = pipeline.PipelineOptions(
                 image_size=config.image_size, batch_size=context.get_per_replica_batch_size(global_batch),
-                training=training, cache=cache, skip_corrupt=config.skip_corrupt,
+                training=training, cache=cache, skip_corrupt=config.skip_corrupt, flip=config.flip,
                 shuffle_buffer=config.shuffle_buffer)
             return pipeline.make_dataset(shards, options, context)
         return make
@@ -254,7 +254,8 @@ def input_probe(model, strategy, shards, config: TrainConfig, global_batch: int,
 
     worker_batch = global_batch // workers
     options = pipeline.PipelineOptions(image_size=config.image_size, batch_size=worker_batch, training=True,
-                                       skip_corrupt=config.skip_corrupt, shuffle_buffer=config.shuffle_buffer)
+                                       skip_corrupt=config.skip_corrupt, flip=config.flip,
+                                       shuffle_buffer=config.shuffle_buffer)
     iterator = iter(pipeline.make_dataset(shards, options))
     batch = next(iterator)  # warm-up: fills the shuffle buffer and starts autotuning
     start = time.perf_counter()

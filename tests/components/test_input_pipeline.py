@@ -134,6 +134,17 @@ def test_training_batches_have_static_shapes(small_spans_root):
     assert images.shape == (5, 24, 24, 3) and set(labels.numpy()) <= {0, 1, 2}
 
 
+def test_no_flip_keeps_the_orientation():
+    encoded = tf.constant(_jpeg(40, 40))
+    images = [pipeline.decode_train(encoded, 40, flip=False) for _ in range(8)]
+    # Crops vary, but without flips the left half stays darker (the red ramp rises to the right).
+    assert all(float(tf.reduce_mean(tf.cast(i[:, :20, 0], tf.float32))) <
+               float(tf.reduce_mean(tf.cast(i[:, 20:, 0], tf.float32))) for i in images)
+    flipped = [pipeline.decode_train(encoded, 40) for _ in range(40)]
+    assert any(float(tf.reduce_mean(tf.cast(i[:, :20, 0], tf.float32))) >
+               float(tf.reduce_mean(tf.cast(i[:, 20:, 0], tf.float32))) for i in flipped)
+
+
 def test_eval_pipeline_is_deterministic_and_complete(small_spans_root):
     shards = pipeline.list_shards(Root(small_spans_root), "train")
     first = _collect(pipeline.make_dataset(shards, _eval_options()))
