@@ -12,7 +12,9 @@
 registers train/nightly and watch-bucket/poll (flows/deployments.py, the same schedules and
 trigger) to that pool, creating the pool when the server has none of that name. Only train/nightly
 asks for GPUs: a poll that lists a bucket would otherwise hold one all day.
-Also read: STOKE_WORK_POOL_NAME (default `stoke`), STOKE_IMAGE, STOKE_GPUS, STOKE_ROOT_VOLUME.
+Also read: STOKE_WORK_POOL_NAME (default `stoke`), STOKE_IMAGE, STOKE_GPUS, STOKE_ROOT_VOLUME,
+STOKE_DOCKER_NETWORK. Flow runs inherit the worker's Prefect settings (API URL, auth string);
+anything else they need, such as bucket credentials, goes into the pool's `env` job variable.
 """
 from __future__ import annotations
 
@@ -32,6 +34,8 @@ ROOT_MOUNT = "/stoke/root"  # where containers see ROOT when it is a volume, not
 ROOT_VOLUME = "stoke-root"  # the Docker volume / Kubernetes PersistentVolumeClaim holding it
 SHM_SIZE = "8g"  # tf.data and Beam share memory through /dev/shm; Docker's 64 MB starves them
 STACK_BYTES = 67108864
+# The compose stack's network (project `stoke`): flow-run containers reach prefect-server and minio.
+DOCKER_NETWORK = "stoke_default"
 
 
 class WorkPool(BaseModel):
@@ -44,6 +48,7 @@ class WorkPool(BaseModel):
     image: str = Field(TRAINING_IMAGE, description="image of the flow-run containers (docker, kubernetes)")
     gpus: int = Field(1, ge=0, description="GPUs per training flow run (docker: 0 or all; kubernetes: the request)")
     root_volume: str = Field(ROOT_VOLUME, description=f"volume or claim mounted at {ROOT_MOUNT}")
+    network: str = Field(DOCKER_NETWORK, description="Docker network of the flow-run containers (docker)")
 
     @classmethod
     def from_env(cls, env: dict | None = None) -> "WorkPool | None":
@@ -53,7 +58,8 @@ class WorkPool(BaseModel):
         if not kind:
             return None
         values = {"type": kind, "name": env.get("STOKE_WORK_POOL_NAME"), "image": env.get("STOKE_IMAGE"),
-                  "gpus": env.get("STOKE_GPUS"), "root_volume": env.get("STOKE_ROOT_VOLUME")}
+                  "gpus": env.get("STOKE_GPUS"), "root_volume": env.get("STOKE_ROOT_VOLUME"),
+                  "network": env.get("STOKE_DOCKER_NETWORK")}
         return cls(**{k: v for k, v in values.items() if v not in (None, "")})
 
     def job_variables(self, gpu: bool) -> dict:
@@ -69,7 +75,7 @@ class WorkPool(BaseModel):
                 # docker-py's DeviceRequest for `--gpus all`
                 create["device_requests"] = [{"count": -1, "capabilities": [["gpu"]]}]
             return {"image": self.image, "volumes": [f"{self.root_volume}:{ROOT_MOUNT}"],
-                    "container_create_kwargs": create}
+                    "networks": [self.network], "container_create_kwargs": create}
         return {"image": self.image, "gpus": self.gpus if gpu else 0, "root_claim": self.root_volume}
 
 

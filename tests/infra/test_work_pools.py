@@ -103,6 +103,7 @@ def test_docker_job_variables_are_ones_the_docker_worker_and_docker_py_take():
     compose = load_compose("compose.yaml", env=read_env_file(infra(".env.example")))
     volume, mount = config.volumes[0].split(":")
     assert compose["volumes"][volume]["name"] == volume and mount == work_pools.ROOT_MOUNT
+    assert config.networks == [f"{compose['name']}_default"]  # where prefect-server and minio are
 
 
 def test_process_pool_needs_no_job_variables():
