@@ -20,14 +20,17 @@ install: .venv/.installed
 # The whole pipeline once on the demo digits (the train flow, ephemeral Prefect): a couple of minutes on 2 cores.
 run: install
 	$(STOKE) demo $(DEMO)
-	$(STOKE) run $(DEMO) --root $(ROOT) --model small_cnn --image-size 32 --epochs 20
+	$(STOKE) run $(DEMO) --root $(ROOT)
 
 # pytest exits 5 when it collects no tests; that is not a failure of the code.
 test: install
 	$(PY) -m pytest -q || [ $$? -eq 5 ]
 
+# Each prints one JSON object of figures measured side by side; compare the ratios, not the times.
 bench: install
 	$(PY) benchmarks/ingest.py
+	$(PY) benchmarks/input.py
+	$(PY) benchmarks/train.py
 
 clean:
 	rm -rf .stoke

@@ -22,32 +22,15 @@ import time
 import zlib
 from pathlib import Path
 
-import numpy as np
 import psutil
 from isal import isal_zlib
-from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from beam_jobs.images import normalize  # noqa: E402
 from beam_jobs.sources import list_source  # noqa: E402
 from components import schema  # noqa: E402
-
-
-def make_photos(folder: Path, count: int, size: tuple[int, int]) -> int:
-    """JPEGs with photo-like detail (smooth shapes plus sensor noise), in 10 class folders."""
-    rng = np.random.default_rng(0)
-    width, height = size
-    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
-    total = 0
-    for i in range(count):
-        fx, fy, phase = rng.uniform(0.01, 0.08, 2).tolist() + [rng.uniform(0, 6.3)]
-        base = np.stack([np.sin(x * fx + phase), np.cos(y * fy - phase), np.sin((x + y) * fx * fy * 20)], -1)
-        pixels = np.clip((base + 1) * 110 + rng.normal(0, 12, base.shape), 0, 255).astype(np.uint8)
-        path = folder / f"class{i % 10}" / f"{i:06d}.jpg"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(pixels).save(path, quality=90)
-        total += path.stat().st_size
-    return total
+from jpeg_spans import make_photos  # noqa: E402
 
 
 def peak_rss(process: subprocess.Popen) -> float:
@@ -121,8 +104,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         half, full = tmp / "half", tmp / "full"
-        input_bytes = make_photos(full, args.images, size)
-        make_photos(half, args.images // 2, size)
+        input_bytes = sum(p.stat().st_size for p, _ in make_photos(full, args.images, *size))
+        make_photos(half, args.images // 2, *size)
         (tmp / "loop").mkdir()
         result = {
             "images": args.images, "size": args.size, "input_mb": round(input_bytes / 1e6, 1),

@@ -35,7 +35,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="stoke-bench-input-") as tmp:
         source, root = Path(tmp) / "photos", os.path.join(tmp, "root")
         width, height = (int(v) for v in args.source_size.split("x"))
-        write_span(root, make_photos(source, args.images, width, height), compression=args.compression)
+        make_photos(source, args.images, width, height)
+        write_span(root, source, compression=args.compression)
         runs = [_bench(source, root, args) for _ in range(args.repeats)]
     keys = sorted(k for k in runs[0] if isinstance(runs[0][k], float))
     result = {k: sorted(r[k] for r in runs)[len(runs) // 2] for k in keys}

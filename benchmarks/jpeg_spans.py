@@ -1,7 +1,7 @@
-"""Photo-like JPEGs in class folders and a published span of them, for the input/train benchmarks.
+"""Photo-like JPEGs in class folders and a published span of them, for the benchmarks.
 
-The span is written directly (TFRecordWriter + the schema, manifest last) rather than through the
-Beam job, so these benchmarks measure reading only and start in seconds.
+The span comes from the real ingest job, run in one process (a few seconds for a few thousand
+images), so the benchmarks read exactly what training reads.
 """
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import numpy as np
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from components import layout, schema  # noqa: E402
+from beam_jobs.ingest import ingest  # noqa: E402
+from components.config import IngestConfig  # noqa: E402
 
 
 def make_photos(folder: Path, count: int, width: int = 320, height: int = 240, classes: int = 10) -> list:
@@ -33,35 +34,7 @@ def make_photos(folder: Path, count: int, width: int = 320, height: int = 240, c
     return made
 
 
-def write_span(root: str, photos: list, shards: int = 8, eval_every: int = 10, number: int = 1,
-               compression: str = "gzip") -> dict:
-    """Writes span `number` under root: every `eval_every`-th photo to eval, the rest to train."""
-    import tensorflow as tf
-
-    labels = sorted({p.parent.name for p, _ in photos})
-    base = layout.Root(root)
-    folder = base.span(number)
-    Path(folder).mkdir(parents=True, exist_ok=True)
-    splits = {"train": [p for i, p in enumerate(photos) if i % eval_every],
-              "eval": [p for i, p in enumerate(photos) if not i % eval_every]}
-    entries = []
-    for split, items in splits.items():
-        count = shards if split == "train" else 1
-        for index in range(count):
-            name = layout.shard_name(split, index, count, compression)
-            part = items[index::count]
-            with tf.io.TFRecordWriter(layout.join(folder, name), layout.TF_COMPRESSION[compression]) as writer:
-                for path, label in part:
-                    with Image.open(path) as image:
-                        width, height = image.size
-                    writer.write(schema.encode_example(
-                        encoded=path.read_bytes(), image_format="jpeg", height=height, width=width,
-                        label=label, text=labels[label], source=str(path)))
-            entries.append({"file": name, "split": split, "records": len(part),
-                            "bytes": Path(layout.join(folder, name)).stat().st_size})
-    manifest = {"span": number, "created": "2025-01-01T00:00:00Z", "compression": compression, "source": "benchmark",
-                "counts": {"train": len(splits["train"]), "eval": len(splits["eval"]), "dead_letter": 0},
-                "labels": labels, "shards": entries, "sources": []}
-    layout.write_json(base.labels, labels)
-    layout.write_json(layout.join(folder, layout.MANIFEST), manifest)
-    return manifest
+def write_span(root: str, source: Path, compression: str = "gzip") -> dict:
+    """Ingests `source` into a new span under `root` and returns the job's summary."""
+    config = IngestConfig(source=str(source), root=root, compression=compression)
+    return ingest(config, ["--direct_running_mode=in_memory"])

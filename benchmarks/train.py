@@ -33,7 +33,8 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="stoke-bench-train-") as tmp:
         root = os.path.join(tmp, "root")
-        write_span(root, make_photos(Path(tmp) / "photos", args.images))
+        make_photos(Path(tmp) / "photos", args.images)
+        write_span(root, Path(tmp) / "photos")
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
         out = subprocess.run(
             [sys.executable, "-m", "flows.cli", "train", "--root", root, "--model", args.model,

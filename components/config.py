@@ -81,7 +81,7 @@ class TrainConfig(BaseModel):
     image_size: int = Field(224, gt=0, description="side of the square input image in pixels")
     batch_size: int = Field(64, gt=0, description="batch size per replica (the global batch scales with replicas)")
     epochs: int = Field(10, gt=0, description="passes over the training split")
-    learning_rate: float = Field(1e-3, gt=0, description="Adam learning rate")
+    learning_rate: float = Field(1e-3, ge=0, description="Adam learning rate (0 trains nothing: a control run)")
     precision: Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"] = Field(
         "auto", description="auto: mixed_bfloat16 on Ampere+, mixed_float16 on GPUs >= 7.0, else float32")
     xla: bool | None = Field(None, description="compile steps with XLA (jit_compile); default on with a GPU")

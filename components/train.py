@@ -33,6 +33,7 @@ import tf_keras as keras  # noqa: E402
 from pydantic import ValidationError  # noqa: E402
 
 from components.config import RUN_ID_PATTERN, TrainConfig, add_arguments, from_arguments  # noqa: E402
+from components.gpu_sampler import GpuSampler  # noqa: E402
 from components.layout import Root, filesystem, join, write_json  # noqa: E402
 
 # Fault drill: with this set to N, the process kills itself (SIGKILL, no cleanup) once N training
@@ -186,12 +187,11 @@ def train(config: TrainConfig) -> dict:
     if os.environ.get(KILL_AT_STEP_ENV):
         callbacks.append(KillAtStep(int(os.environ[KILL_AT_STEP_ENV])))
 
-    # GPU utilization: components/gpu_sampler.py wraps this fit (`with GpuSampler() as gpus:`) and
-    # its `gpus.to_dict()` goes into metrics["gpu"].
     try:
-        history = model.fit(train_data, epochs=config.epochs, steps_per_epoch=steps_per_epoch,
-                            validation_data=eval_data, validation_steps=validation_steps or None,
-                            callbacks=callbacks, verbose=2)
+        with GpuSampler() as sampler:  # each worker samples its own GPUs; nothing without NVML
+            history = model.fit(train_data, epochs=config.epochs, steps_per_epoch=steps_per_epoch,
+                                validation_data=eval_data, validation_steps=validation_steps or None,
+                                callbacks=callbacks, verbose=2)
     except tf.errors.DataLossError:
         bad = [s for s in pipeline.scan_shards(train_shards + eval_shards) if s.error]
         if not bad:
@@ -216,7 +216,7 @@ def train(config: TrainConfig) -> dict:
         "model": config.model,
         "image_size": config.image_size,
         "labels": labels,
-        "spans": sorted({s.span for s in train_shards}),
+        "spans": sorted({s.span for s in train_shards + eval_shards}),
         "strategy": strategy_name,
         "workers": workers,
         "replicas": replicas,
@@ -233,6 +233,7 @@ def train(config: TrainConfig) -> dict:
         "eval": {"loss": _last(epochs, "val_loss"), "accuracy": _last(epochs, "val_accuracy")},
         "history": {key: [float(v) for v in values] for key, values in epochs.items()},
         "input": probe,
+        "gpu": sampler.to_dict(),
         "corrupt": {"skipped_records": sum(s.lost for s in corrupt),
                     "shards": [{"uri": s.uri, "error": s.error, "readable": s.readable,
                                 "expected": s.expected} for s in corrupt]},

@@ -14,14 +14,14 @@ import sys
 
 # Commands that are whole programs of their own: `stoke ingest ...` is `python -m beam_jobs.ingest ...`.
 PROGRAMS = {
-    "ingest": "beam_jobs.ingest",
-    "train": "components.train",
-    "validate": "components.validate",
-    "push": "components.export",
-    "rollback": "components.rollback",
-    "lineage": "components.lineage",
-    "predict": "components.predict",
-    "deploy": "flows.work_pools",
+    "ingest": ("beam_jobs.ingest", "new images to a new span of GZIP TFRecords (Beam)"),
+    "train": ("components.train", "published spans to a candidate SavedModel"),
+    "validate": ("components.validate", "TFMA gate against thresholds and the served model"),
+    "push": ("components.export", "a blessed candidate to a new version in the model repository"),
+    "rollback": ("components.rollback", "take the newest served version out of the repository"),
+    "lineage": ("components.lineage", "where a served version came from"),
+    "predict": ("components.predict", "labels and probabilities from a model folder or TF Serving"),
+    "deploy": ("flows.work_pools", "register the deployments to a Docker or Kubernetes work pool"),
 }
 # `stoke bench <what> ...` is the benchmark program `python -m <module> ...`.
 BENCHES = {
@@ -32,7 +32,7 @@ BENCHES = {
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in PROGRAMS:
-        return run_program(PROGRAMS[argv[0]], argv[1:])
+        return run_program(PROGRAMS[argv[0]][0], argv[1:])
     if len(argv) > 1 and argv[0] == "bench" and argv[1] in BENCHES:
         return run_program(BENCHES[argv[1]], argv[2:])
     parser = _parser()
@@ -61,8 +61,8 @@ def emit(summary: dict, as_json: bool, text: str) -> None:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stoke", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
-    for name, module in PROGRAMS.items():
-        commands.add_parser(name, help=f"run {module} (see `stoke {name} --help`)")
+    for name, (module, summary) in PROGRAMS.items():
+        commands.add_parser(name, help=summary)
     bench = commands.add_parser("bench", help="measure a part of the pipeline: " + ", ".join(BENCHES))
     bench.add_argument("what", choices=sorted(BENCHES), help="see `stoke bench <what> --help`")
 

@@ -16,7 +16,7 @@ from components import config
 # The demo's data and artifact ROOT, relative to where `make run` runs.
 DEMO_SOURCE = ".stoke/demo/digits"
 DEMO_ROOT = ".stoke/root"
-DEMO_EPOCHS = 20  # the digits need ~15 epochs before eval accuracy leaves chance (BatchNorm statistics)
+DEMO_EPOCHS = 8  # without flips the digits reach ~0.93 eval accuracy after 6 epochs
 
 
 def derived(name: str, model: type[BaseModel], drop: set[str], **defaults) -> type[BaseModel]:
@@ -33,9 +33,10 @@ def derived(name: str, model: type[BaseModel], drop: set[str], **defaults) -> ty
                         __doc__=model.__doc__, **fields)
 
 
-# The digits are 32x32: small_cnn at that size trains in seconds per epoch on a CPU.
+# The digits are 32x32: small_cnn at that size trains in seconds per epoch on a CPU. No flips:
+# a mirrored digit is another glyph, not the same digit.
 ModelSettings = derived("ModelSettings", config.TrainConfig, drop={"root", "run_id", "epochs"},
-                        image_size=32, batch_size=32, probe_steps=10)
+                        image_size=32, batch_size=32, probe_steps=10, flip=False)
 IngestSettings = derived("IngestSettings", config.IngestConfig, drop={"source", "root"})
 GateSettings = derived("GateSettings", config.ValidateConfig, drop={"root", "run_id", "model_name"})
 PushSettings = derived("PushSettings", config.PushConfig, drop={"root", "run_id", "model_name"})

@@ -1,7 +1,7 @@
 """The gate scenario, built once per session and shared by the validate, export and serving tests:
 
 1. `good`: a tiny model that learns the colour classes -> blessed -> pushed (first version);
-2. `flat`: learning rate ~0, so it learns nothing -> refused with reasons; the repository is unchanged;
+2. `flat`: learning rate 0, so it learns nothing -> refused with reasons; the repository is unchanged;
 3. `mixed`: trained under mixed_bfloat16 -> blessed -> pushed as a newer version.
 
 Spans are written the way the ingest job publishes them (tests/components/conftest.py); the runs
@@ -69,7 +69,7 @@ def gate_scenario(tmp_path_factory) -> dict:
     result["listing"]["after_good"] = listing(root)
 
     result["train"]["flat"] = train_run(root, "flat", "--epochs", "1", "--precision", "float32",
-                                        "--learning-rate", "1e-12")
+                                        "--learning-rate", "0")
     result["validate"]["flat"] = validate_run(root, "flat")
     result["push"]["flat"] = push_run(root, "flat")
     result["listing"]["after_flat"] = listing(root)

@@ -157,7 +157,7 @@ def test_prefect_server_client_and_pool_agree_with_the_code(compose):
         assert env["PREFECT_API_AUTH_STRING"] == auth  # clients send what the server checks
     worker = services["worker"]["entrypoint"]
     deploy = services["deploy"]["entrypoint"]
-    assert deploy[:2] == ["stoke", "deploy"] and PROGRAMS["deploy"] == "flows.work_pools"
+    assert deploy[:2] == ["stoke", "deploy"] and PROGRAMS["deploy"][0] == "flows.work_pools"
     pool = work_pools.WorkPool.from_env(services["deploy"]["environment"])
     assert worker[worker.index("--pool") + 1] == pool.name and worker[worker.index("--type") + 1] == pool.type
     assert deploy[deploy.index("--root") + 1] == work_pools.ROOT_MOUNT
