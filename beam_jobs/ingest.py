@@ -14,7 +14,6 @@ this job does not know (`--runner`, `--project`, `--flink_master`, ...) pass thr
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -29,13 +28,13 @@ from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.windowed_value import WindowedValue
-from pydantic import ValidationError
 
 from beam_jobs.images import Rejected, normalize
 from beam_jobs.shards import RollingShards
 from beam_jobs.sources import Source, identities, list_source
 from components import schema
-from components.config import IngestConfig, add_arguments, from_arguments
+from components import program
+from components.config import IngestConfig, from_arguments
 from components.layout import DEAD_LETTER, MANIFEST, Root, filesystem, join, read_json, shard_name, write_json
 
 CHUNK = 10_000  # sources per staged list file: keeps the job graph small on any runner
@@ -356,29 +355,15 @@ def _describe(summary: dict) -> str:
 
 
 def run(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="stoke ingest", description="Raw images to a new span of sharded TFRecords, exactly once.",
-        epilog="Other options (--runner, --project, --region, --flink_master, ...) go to Apache Beam.")
-    add_arguments(parser, IngestConfig, positional=("source",))
-    parser.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+    parser = program.arguments("stoke ingest", __doc__, IngestConfig, positional=("source",))
+    parser.epilog = "Other options (--runner, --project, --region, --flink_master, ...) go to Apache Beam."
     args, pipeline_args = parser.parse_known_args(argv)
     if not os.environ.get("STOKE_DEBUG"):
-        # Beam relays every worker's log lines; the summary below says what matters.
+        # Beam relays every worker's log lines; the summary says what matters.
         logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
-    try:
-        summary = ingest(from_arguments(IngestConfig, args), pipeline_args)
-    except ValidationError as error:
-        summary = {"published": False, "error": "; ".join(
-            f"--{'-'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}" for e in error.errors())}
-    except IngestError as error:
-        summary = {"published": False, "error": str(error)}
-    if "error" in summary:
-        print(f"stoke ingest: {summary['error']}", file=sys.stderr)
-        if args.json:
-            print(json.dumps(summary, sort_keys=True))
-        return 1
-    print(json.dumps(summary, sort_keys=True) if args.json else _describe(summary), flush=True)
-    return 0
+    return program.main("stoke ingest", args.json,
+                        lambda: ingest(from_arguments(IngestConfig, args), pipeline_args), _describe,
+                        errors=(IngestError,), failed={"published": False})
 
 
 if __name__ == "__main__":

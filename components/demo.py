@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 
-import fsspec
 import numpy as np
 from PIL import Image
 

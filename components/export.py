@@ -9,16 +9,15 @@ is rendered again; the image is built when a container engine answers.
 """
 from __future__ import annotations
 
-import argparse
 import datetime
 import hashlib
 import json
 import subprocess
 import sys
 
-from pydantic import ValidationError
 
-from components.config import PushConfig, add_arguments, from_arguments
+from components import program
+from components.config import PushConfig, from_arguments
 from components.layout import Root, filesystem, join, read_json, write_json
 from components.model_repository import (ASSETS_EXTRA, LINEAGE_FILE, WARMUP_FILE, Repository,
                                          RepositoryError)
@@ -32,32 +31,17 @@ class PushError(Exception):
 
 
 def run(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="stoke push", description=__doc__.split("\n")[0])
-    add_arguments(parser, PushConfig)
-    parser.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
-    args = parser.parse_args(argv)
-    try:
-        summary = push(from_arguments(PushConfig, args))
-    except ValidationError as exc:
-        return _fail(args.json, "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()), 2)
-    except (PushError, RepositoryError, ServingError) as exc:
-        return _fail(args.json, str(exc), 1)
-    if args.json:
-        print(json.dumps(summary, sort_keys=True), flush=True)
-    elif summary["pushed"]:
-        print(f"pushed {summary['run_id']} as version {summary['version']} of {summary['model_name']}: "
-              f"{summary['model_uri']}\n  build: {summary['commands']['docker_build']}\n"
-              f"  run:   {summary['commands']['docker_run']}", flush=True)
-    else:
-        print(summary["message"], flush=True)
-    return 0
+    args = program.arguments("stoke push", __doc__, PushConfig).parse_args(argv)
+    return program.main("stoke push", args.json, lambda: push(from_arguments(PushConfig, args)), _describe,
+                        errors=(PushError, RepositoryError, ServingError), failed={"pushed": False})
 
 
-def _fail(as_json: bool, message: str, code: int) -> int:
-    print(f"stoke push: error: {message}", file=sys.stderr, flush=True)
-    if as_json:
-        print(json.dumps({"error": message, "pushed": False}), flush=True)
-    return code
+def _describe(summary: dict) -> str:
+    if not summary["pushed"]:
+        return summary["message"]
+    return (f"pushed {summary['run_id']} as version {summary['version']} of {summary['model_name']}: "
+            f"{summary['model_uri']}\n  build: {summary['commands']['docker_build']}\n"
+            f"  run:   {summary['commands']['docker_run']}")
 
 
 def _now() -> str:

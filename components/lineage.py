@@ -6,10 +6,9 @@ survives deleted runs and retired versions. Without VERSION: the newest served v
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 
+from components import program
 from components.model_repository import Repository, RepositoryError
 
 
@@ -48,21 +47,13 @@ def render_text(record: dict) -> str:
 
 
 def run(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="stoke lineage", description=__doc__.split("\n")[0])
+    parser = program.arguments("stoke lineage", __doc__)
     parser.add_argument("version", nargs="?", type=int, default=None, help="version (default: newest served)")
     parser.add_argument("--root", required=True, help="artifact ROOT: local path or fsspec URI")
     parser.add_argument("--model-name", default="stoke", help="model in ROOT/models (default: stoke)")
-    parser.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     args = parser.parse_args(argv)
-    try:
-        record = lineage(args.root, args.model_name, args.version)
-    except RepositoryError as exc:
-        print(f"stoke lineage: error: {exc}", file=sys.stderr, flush=True)
-        if args.json:
-            print(json.dumps({"error": str(exc)}), flush=True)
-        return 1
-    print(json.dumps(record, sort_keys=True) if args.json else render_text(record), flush=True)
-    return 0
+    return program.main("stoke lineage", args.json, lambda: lineage(args.root, args.model_name, args.version),
+                        render_text, errors=(RepositoryError,))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ Serving model URL such as http://host:8501/v1/models/stoke (optionally .../versi
 """
 from __future__ import annotations
 
-import argparse
 import base64
 import io
 import json
@@ -16,6 +15,7 @@ import sys
 import urllib.error
 import urllib.request
 
+from components import program
 from components.layout import filesystem
 from components.warmup import INPUT_KEY, SIGNATURE
 
@@ -116,24 +116,16 @@ def predict(target: str, image_uris: list[str]) -> dict:
 
 
 def run(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="stoke predict", description=__doc__.split("\n")[0])
+    parser = program.arguments("stoke predict", __doc__)
     parser.add_argument("target", help="SavedModel folder, model repository folder, or TF Serving model URL")
     parser.add_argument("images", nargs="+", help="image files (local paths or fsspec URIs)")
-    parser.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     args = parser.parse_args(argv)
-    try:
-        summary = predict(args.target, args.images)
-    except PredictError as exc:
-        print(f"stoke predict: error: {exc}", file=sys.stderr, flush=True)
-        if args.json:
-            print(json.dumps({"error": str(exc)}), flush=True)
-        return 1
-    if args.json:
-        print(json.dumps(summary, sort_keys=True), flush=True)
-    else:
-        for p in summary["predictions"]:
-            print(f"{p['image']}: {p['label']} ({p['probability']:.3f})", flush=True)
-    return 0
+    return program.main("stoke predict", args.json, lambda: predict(args.target, args.images), _describe,
+                        errors=(PredictError,))
+
+
+def _describe(summary: dict) -> str:
+    return "\n".join(f"{p['image']}: {p['label']} ({p['probability']:.3f})" for p in summary["predictions"])
 
 
 if __name__ == "__main__":

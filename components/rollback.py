@@ -7,11 +7,10 @@ removed: a server with nothing to serve is worse than the model it had.
 """
 from __future__ import annotations
 
-import argparse
 import datetime
-import json
 import sys
 
+from components import program
 from components.layout import Root, join, read_json, write_json
 from components.model_repository import (ASSETS_EXTRA, LINEAGE_FILE, ROLLED_BACK_PREFIX, Repository,
                                          RepositoryError)
@@ -46,25 +45,18 @@ def rollback(root: str, model_name: str = "stoke", reason: str | None = None) ->
 
 
 def run(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="stoke rollback", description=__doc__.split("\n")[0])
+    parser = program.arguments("stoke rollback", __doc__)
     parser.add_argument("--root", required=True, help="artifact ROOT: local path or fsspec URI")
     parser.add_argument("--model-name", default="stoke", help="model in ROOT/models (default: stoke)")
     parser.add_argument("--reason", default=None, help="why, recorded in the version's lineage")
-    parser.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     args = parser.parse_args(argv)
-    try:
-        summary = rollback(args.root, args.model_name, args.reason)
-    except (RepositoryError, ServingError) as exc:
-        print(f"stoke rollback: error: {exc}", file=sys.stderr, flush=True)
-        if args.json:
-            print(json.dumps({"error": str(exc)}), flush=True)
-        return 1
-    if args.json:
-        print(json.dumps(summary, sort_keys=True), flush=True)
-    else:
-        print(f"rolled back version {summary['rolled_back']} of {args.model_name} (kept as "
-              f"{ROLLED_BACK_PREFIX}{summary['rolled_back']}); serving version {summary['serving_version']}", flush=True)
-    return 0
+
+    def describe(summary: dict) -> str:
+        return (f"rolled back version {summary['rolled_back']} of {args.model_name} (kept as "
+                f"{ROLLED_BACK_PREFIX}{summary['rolled_back']}); serving version {summary['serving_version']}")
+
+    return program.main("stoke rollback", args.json, lambda: rollback(args.root, args.model_name, args.reason),
+                        describe, errors=(RepositoryError, ServingError))
 
 
 if __name__ == "__main__":

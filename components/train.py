@@ -18,8 +18,6 @@ import os
 # only works before TensorFlow is imported. The code below imports tf_keras directly regardless.
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
-import argparse  # noqa: E402
-import json  # noqa: E402
 import math  # noqa: E402
 import re  # noqa: E402
 import shutil  # noqa: E402
@@ -30,9 +28,9 @@ import time  # noqa: E402
 
 import tensorflow as tf  # noqa: E402
 import tf_keras as keras  # noqa: E402
-from pydantic import ValidationError  # noqa: E402
 
-from components.config import RUN_ID_PATTERN, TrainConfig, add_arguments, from_arguments  # noqa: E402
+from components import program  # noqa: E402
+from components.config import RUN_ID_PATTERN, TrainConfig, from_arguments  # noqa: E402
 from components.gpu_sampler import GpuSampler  # noqa: E402
 from components.layout import Root, filesystem, join, write_json  # noqa: E402
 
@@ -46,30 +44,14 @@ class TrainError(Exception):
 
 
 def run(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="stoke train", description=__doc__.split("\n")[0])
-    add_arguments(parser, TrainConfig)
-    parser.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
-    args = parser.parse_args(argv)
-    try:
-        config = from_arguments(TrainConfig, args)
-        summary = train(config)
-    except ValidationError as exc:
-        return _fail(args.json, "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()), 2)
-    except TrainError as exc:
-        return _fail(args.json, str(exc), 1)
-    if args.json:
-        print(json.dumps(summary, sort_keys=True), flush=True)
-    else:
-        print(f"trained {summary['model']} for {summary['total_steps']} steps: "
-              f"eval accuracy {summary['eval'].get('accuracy')}, candidate {summary['model_dir']}", flush=True)
-    return 0
+    args = program.arguments("stoke train", __doc__, TrainConfig).parse_args(argv)
+    return program.main("stoke train", args.json, lambda: train(from_arguments(TrainConfig, args)),
+                        _describe, errors=(TrainError,))
 
 
-def _fail(as_json: bool, message: str, code: int) -> int:
-    print(f"stoke train: error: {message}", file=sys.stderr, flush=True)
-    if as_json:
-        print(json.dumps({"error": message}), flush=True)
-    return code
+def _describe(summary: dict) -> str:
+    return (f"trained {summary['model']} for {summary['total_steps']} steps: "
+            f"eval accuracy {summary['eval'].get('accuracy')}, candidate {summary['model_dir']}")
 
 
 def train(config: TrainConfig) -> dict:

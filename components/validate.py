@@ -13,7 +13,6 @@ NOT_BLESSED last. Exit 0 either way: a refused model is a normal outcome.
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import datetime
 import io
@@ -24,9 +23,9 @@ import subprocess
 import sys
 import tempfile
 
-from pydantic import ValidationError
 
-from components.config import ValidateConfig, add_arguments, from_arguments
+from components import program
+from components.config import ValidateConfig, from_arguments
 from components.layout import Root, filesystem, join, read_json, write_json
 from components.model_repository import Repository, RepositoryError, is_local
 
@@ -41,30 +40,15 @@ class ValidateError(Exception):
 
 
 def run(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="stoke validate", description=__doc__.split("\n")[0])
-    add_arguments(parser, ValidateConfig)
-    parser.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
-    args = parser.parse_args(argv)
-    try:
-        summary = validate(from_arguments(ValidateConfig, args))
-    except ValidationError as exc:
-        return _fail(args.json, "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()), 2)
-    except (ValidateError, RepositoryError) as exc:
-        return _fail(args.json, str(exc), 1)
-    if args.json:
-        print(json.dumps(summary, sort_keys=True), flush=True)
-    else:
-        verdict = "BLESSED" if summary["blessed"] else "NOT BLESSED"
-        print(f"{verdict}: accuracy {summary['metrics']['accuracy']:.4f}" +
-              "".join(f"\n  - {reason}" for reason in summary["reasons"] + summary["notes"]), flush=True)
-    return 0
+    args = program.arguments("stoke validate", __doc__, ValidateConfig).parse_args(argv)
+    return program.main("stoke validate", args.json, lambda: validate(from_arguments(ValidateConfig, args)),
+                        _describe, errors=(ValidateError, RepositoryError))
 
 
-def _fail(as_json: bool, message: str, code: int) -> int:
-    print(f"stoke validate: error: {message}", file=sys.stderr, flush=True)
-    if as_json:
-        print(json.dumps({"error": message}), flush=True)
-    return code
+def _describe(summary: dict) -> str:
+    verdict = "BLESSED" if summary["blessed"] else "NOT BLESSED"
+    return (f"{verdict}: accuracy {summary['metrics']['accuracy']:.4f}"
+            + "".join(f"\n  - {reason}" for reason in summary["reasons"] + summary["notes"]))
 
 
 def _exists(uri: str) -> bool:

@@ -7,7 +7,6 @@ import sys
 import time
 
 import numpy as np
-import pytest
 import tensorflow as tf
 
 from beam_jobs.ingest import run
@@ -110,7 +109,7 @@ def test_bad_settings_and_sources_are_one_clear_line(tmp_path, capsys):
     code, summary = ingest(tmp_path / "missing", tmp_path / "root", capsys=capsys)
     assert code == 1 and summary["error"] == f"source {tmp_path / 'missing'} does not exist"
     code, summary = ingest(tmp_path, tmp_path / "root", "--eval-fraction", "2", capsys=capsys)
-    assert code == 1 and summary["error"].startswith("--eval-fraction: ")
+    assert code == 2 and summary["error"].startswith("--eval-fraction: ")
 
 
 def test_a_killed_job_publishes_nothing_and_the_rerun_cleans_up(tmp_path):

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import base64
 import http.server
-import io
 import json
 import os
 import shutil

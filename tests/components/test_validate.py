@@ -91,4 +91,4 @@ def test_bad_arguments_are_one_line_errors(trained_runs, capsys):
     assert validate.run(["--root", trained_runs["root"], "--run-id", "missing", "--json"]) == 1
     assert "training did not finish" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
     assert validate.run(["--root", trained_runs["root"], "--run-id", "good", "--model-name", "../etc", "--json"]) == 2
-    assert "model_name" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
+    assert "--model-name" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
