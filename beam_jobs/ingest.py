@@ -220,13 +220,17 @@ def run_pipeline(chunks: list[str], staging: str, config: IngestConfig, pipeline
 
 
 def pipeline_options(pipeline_args: list[str]) -> PipelineOptions:
-    """Beam options as given; without a runner, DirectRunner with one worker process per core."""
+    """Beam options as given; without a runner, DirectRunner with one worker thread per core.
+
+    Threads, not processes: the per-image work (libjpeg, ISA-L, CRC32C, file reads) runs in C with
+    the GIL released, while DirectRunner's worker processes pay more per element to hand it across
+    (benchmarks/ingest.py measures both). `--direct_running_mode=multi_processing` still works."""
     options = PipelineOptions(pipeline_args)
     if not options.view_as(StandardOptions).runner:
         options.view_as(StandardOptions).runner = "DirectRunner"
         direct = options.view_as(DirectOptions)
         if not any(a.startswith("--direct_running_mode") for a in pipeline_args):
-            direct.direct_running_mode = "multi_processing"
+            direct.direct_running_mode = "multi_threading"
         if not any(a.startswith("--direct_num_workers") for a in pipeline_args):
             direct.direct_num_workers = os.cpu_count() or 1
     return options
