@@ -1,7 +1,7 @@
 """Photo-like JPEGs in class folders and a published span of them, for the benchmarks.
 
-The span comes from the real ingest job, run in one process (a few seconds for a few thousand
-images), so the benchmarks read exactly what training reads.
+The span comes from the real ingest job (a few seconds for a few thousand images), so the
+benchmarks read exactly what training reads.
 """
 from __future__ import annotations
 
@@ -37,4 +37,4 @@ def make_photos(folder: Path, count: int, width: int = 320, height: int = 240, c
 def write_span(root: str, source: Path, compression: str = "gzip") -> dict:
     """Ingests `source` into a new span under `root` and returns the job's summary."""
     config = IngestConfig(source=str(source), root=root, compression=compression)
-    return ingest(config, ["--direct_running_mode=in_memory"])
+    return ingest(config, [])
