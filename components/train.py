@@ -154,7 +154,8 @@ def train(config: TrainConfig) -> dict:
         models.compile_model(model, config.learning_rate, xla, config.steps_per_execution)
 
     scratch = [] if is_chief else [tempfile.mkdtemp(prefix="stoke-worker-")]
-    timer = StepTimer()
+    profiled = _profile_range(config.profile_steps)
+    timer = StepTimer(skip=profiled)
     resume = ResumePoint()
     callbacks = [
         keras.callbacks.BackupAndRestore(paths["backup"], save_freq=config.backup_every or "epoch"),
@@ -163,7 +164,7 @@ def train(config: TrainConfig) -> dict:
             join(paths["checkpoints"], "best"), monitor="val_loss" if eval_data else "loss",
             save_best_only=True, save_weights_only=True),
         keras.callbacks.TensorBoard(paths["tensorboard"] if is_chief else join(scratch[0], "tensorboard"),
-                                    profile_batch=_profile_range(config.profile_steps)),
+                                    profile_batch=profiled),
         timer,
     ]
     if os.environ.get(KILL_AT_STEP_ENV):
@@ -277,20 +278,21 @@ def input_probe(model, strategy, shards, config: TrainConfig, global_batch: int,
 
 class StepTimer(keras.callbacks.Callback):
     """Wall time between consecutive batch ends within an epoch: leaves out tracing/compilation of
-    the first step, and evaluation between epochs."""
+    the first step, evaluation between epochs, and the profiled steps (tracing slows them)."""
 
-    def __init__(self):
+    def __init__(self, skip: tuple[int, int] | int = 0):
         super().__init__()
         self.seconds = 0.0
         self.steps = 0
         self._last = None
+        self._skip = range(skip[0] - 1, skip[1] + 1) if skip else range(0)  # Keras counts steps from 1
 
     def on_epoch_begin(self, epoch, logs=None):
         self._last = None
 
     def on_train_batch_end(self, batch, logs=None):
         now = time.perf_counter()
-        if self._last is not None:
+        if self._last is not None and batch not in self._skip:
             self.seconds += now - self._last[0]
             self.steps += batch - self._last[1]
         self._last = (now, batch)
