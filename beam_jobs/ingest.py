@@ -14,6 +14,8 @@ this job does not know (`--runner`, `--project`, `--flink_master`, ...) pass thr
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -35,7 +37,8 @@ from beam_jobs.sources import Source, identities, list_source
 from components import schema
 from components import program
 from components.config import IngestConfig, from_arguments
-from components.layout import DEAD_LETTER, MANIFEST, Root, filesystem, join, read_json, shard_name, write_json
+from components.layout import (DEAD_LETTER, MANIFEST, Root, filesystem, is_local, join, read_json, shard_name,
+                               write_json)
 
 CHUNK = 10_000  # sources per staged list file: keeps the job graph small on any runner
 STAGING_PREFIX = "_staging-"
@@ -130,6 +133,11 @@ def ingest(config: IngestConfig, pipeline_args: list[str]) -> dict:
     """Runs the whole job and returns its summary; raises IngestError when it cannot publish."""
     started = time.monotonic()
     root = Root(config.root)
+    with single_writer(root):
+        return _ingest(config, pipeline_args, root, started)
+
+
+def _ingest(config: IngestConfig, pipeline_args: list[str], root: Root, started: float) -> dict:
     number = max(root.span_numbers(), default=0) + 1  # counted before debris goes: never reuse a name
     removed = remove_debris(root)
 
@@ -175,6 +183,26 @@ def ingest(config: IngestConfig, pipeline_args: list[str]) -> dict:
         "dead_letter_uri": join(root.span(number), DEAD_LETTER),
         "removed_debris": removed,
     }
+
+
+@contextlib.contextmanager
+def single_writer(root: Root):
+    """One ingest at a time per ROOT: a second would take the first's staging folder for debris.
+
+    On a local disk, an flock held while the job runs (the kernel drops it when the job dies, so a
+    crash never leaves a stale lock). Object stores have no such lock: there the orchestrator's
+    one-run-at-a-time deployment keeps writers apart."""
+    fs, data = filesystem(root.data)
+    if not is_local(fs):
+        yield
+        return
+    fs.makedirs(data, exist_ok=True)
+    with open(os.path.join(data, ".ingest.lock"), "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise IngestError(f"another ingest is writing into {root.uri}; run again when it has finished") from None
+        yield
 
 
 def remove_debris(root: Root) -> list[str]:
@@ -367,7 +395,7 @@ def run(argv: list[str] | None = None) -> int:
         logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
     return program.main("stoke ingest", args.json,
                         lambda: ingest(from_arguments(IngestConfig, args), pipeline_args), _describe,
-                        errors=(IngestError,), failed={"published": False})
+                        errors=(IngestError, OSError), failed={"published": False})
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ def write_json(uri: str, value) -> None:
     """Writes JSON in one request on object stores; locally through a temp file and a rename."""
     fs, path = filesystem(uri)
     data = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False).encode() + b"\n"
-    if _is_local(fs):
+    if is_local(fs):
         fs.makedirs(posixpath.dirname(path), exist_ok=True)
         tmp = f"{path}.tmp"
         fs.pipe_file(tmp, data)
@@ -48,7 +48,8 @@ def write_json(uri: str, value) -> None:
         fs.pipe_file(path, data)
 
 
-def _is_local(fs: fsspec.AbstractFileSystem) -> bool:
+def is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    """A local disk, where renames are atomic; object stores have none."""
     return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
 
 
@@ -115,8 +116,3 @@ def span_name(number: int) -> str:
 def shard_name(split: str, index: int, count: int, compression: str = "gzip") -> str:
     return f"{split}-{index:05d}-of-{count:05d}{SHARD_SUFFIX[compression]}"
 
-
-def shard_uris(root: Root, manifest: dict, split: str) -> list[str]:
-    """URIs of one split's shard files in a published span."""
-    folder = root.span(manifest["span"])
-    return [join(folder, s["file"]) for s in manifest["shards"] if s["split"] == split]

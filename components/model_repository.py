@@ -17,7 +17,7 @@ import time
 import uuid
 
 from components.config import MODEL_NAME_PATTERN
-from components.layout import Root, filesystem, join, read_json, write_json
+from components.layout import Root, filesystem, is_local, join, read_json, write_json
 
 SAVED_MODEL = "saved_model.pb"
 ASSETS_EXTRA = "assets.extra"
@@ -39,10 +39,6 @@ def check_model_name(name: str) -> str:
     if not re.fullmatch(MODEL_NAME_PATTERN, name or ""):
         raise RepositoryError(f"model name {name!r} may hold only letters, digits, '-' and '_' (at most 64)")
     return name
-
-
-def is_local(fs) -> bool:
-    return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
 
 
 class Repository:

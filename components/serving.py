@@ -14,8 +14,8 @@ import string
 import subprocess
 from importlib import resources
 
-from components.layout import Root, filesystem, join, write_json
-from components.model_repository import SAVED_MODEL, Repository, is_local
+from components.layout import Root, filesystem, is_local, join, write_json
+from components.model_repository import SAVED_MODEL, Repository
 
 # tensorflow/serving releases follow TensorFlow's; 2.21.0 is the newest tag found (Docker Hub
 # tensorflow/serving, also named by TF Serving's release PRs up to 2.20.0 and used as

@@ -26,8 +26,8 @@ import tempfile
 
 from components import program
 from components.config import ValidateConfig, from_arguments
-from components.layout import Root, filesystem, join, read_json, write_json
-from components.model_repository import Repository, RepositoryError, is_local
+from components.layout import Root, filesystem, is_local, join, read_json, write_json
+from components.model_repository import Repository, RepositoryError
 
 LABEL_KEY = "image/class/label"
 EXAMPLES_SIGNATURE = "examples"

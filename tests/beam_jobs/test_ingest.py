@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from beam_jobs.ingest import run
 from components import schema
-from components.layout import DEAD_LETTER, MANIFEST, TF_COMPRESSION, Root, read_json, shard_uris
+from components.layout import DEAD_LETTER, MANIFEST, TF_COMPRESSION, Root, join, read_json
 from tests.beam_jobs import images
 
 IN_MEMORY = ["--direct_running_mode=in_memory"]
@@ -27,7 +27,8 @@ def records(root, manifest):
     """Every record of a span, parsed, with its decoded image."""
     found = []
     for split in schema.SPLITS:
-        files = shard_uris(Root(str(root)), manifest, split)
+        folder = Root(str(root)).span(manifest["span"])
+        files = [join(folder, s["file"]) for s in manifest["shards"] if s["split"] == split]
         for data in tf.data.TFRecordDataset(files, TF_COMPRESSION[manifest["compression"]]):
             parsed = tf.io.parse_single_example(data, schema.feature_spec())
             pixels = tf.io.decode_image(parsed[schema.ENCODED], expand_animations=False).numpy()
@@ -144,3 +145,26 @@ def test_a_killed_job_publishes_nothing_and_the_rerun_cleans_up(tmp_path):
     manifest = read_json(os.path.join(summary["span_uri"], MANIFEST))
     assert manifest["counts"]["train"] + manifest["counts"]["eval"] == 41
     assert len(records(root, manifest)) == 41
+
+
+def test_a_second_ingest_into_the_same_root_waits_its_turn(tmp_path, capsys):
+    import fcntl
+
+    source, root = tmp_path / "source", tmp_path / "root"
+    (source / "cat").mkdir(parents=True)
+    (source / "cat" / "a.jpg").write_bytes(images.rgb_jpeg())
+    (root / "data").mkdir(parents=True)
+    with open(root / "data" / ".ingest.lock", "a") as held:  # as a running job holds it
+        fcntl.flock(held, fcntl.LOCK_EX)
+        code, summary = ingest(source, root, *IN_MEMORY, capsys=capsys)
+    assert code == 1 and summary["error"] == f"another ingest is writing into {root}; run again when it has finished"
+    assert ingest(source, root, *IN_MEMORY, capsys=capsys)[1]["span"] == 1
+
+
+def test_an_unwritable_root_is_one_clear_line(tmp_path, capsys):
+    source = tmp_path / "source"
+    (source / "cat").mkdir(parents=True)
+    (source / "cat" / "a.jpg").write_bytes(images.rgb_jpeg())
+    (tmp_path / "file").write_text("not a folder")
+    code, summary = ingest(source, tmp_path / "file" / "root", *IN_MEMORY, capsys=capsys)
+    assert code == 1 and "file" in summary["error"] and not summary["published"]

@@ -42,7 +42,8 @@ def write_span(root: str, number: int, splits: dict[str, list[tuple[bytes, str, 
                     writer.write(schema.encode_example(
                         encoded=encoded, image_format=image_format, height=int(height), width=int(width),
                         label=label, text=labels[label], source=f"mem://{split}/{index}/{position}"))
-            shards.append({"file": name, "split": split, "records": len(part), "bytes": 0})
+            size = layout.filesystem(folder)[0].size(layout.join(folder, name))
+            shards.append({"file": name, "split": split, "records": len(part), "bytes": size})
     manifest = {"span": number, "created": "2025-01-01T00:00:00Z", "compression": "gzip", "source": "mem://",
                 "counts": {split: len(records) for split, records in splits.items()} | {"dead_letter": 0},
                 "labels": labels, "shards": shards, "sources": []}
