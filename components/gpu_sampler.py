@@ -173,16 +173,9 @@ def plot(result: dict, uri: str) -> bool:
     Returns False, writing nothing, when there are no samples to draw."""
     if not result.get("samples"):
         return False
-    import io
+    from components import plots
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from components.layout import filesystem
-
-    figure, (busy, link) = plt.subplots(2, 1, sharex=True, figsize=(8, 5))
+    figure, (busy, link) = plots.pyplot().subplots(2, 1, sharex=True, figsize=(8, 5))
     for device in result["devices"]:
         rows = [s for s in result["samples"] if s["gpu"] == device["gpu"]]
         t = [s["t"] for s in rows]
@@ -201,10 +194,5 @@ def plot(result: dict, uri: str) -> bool:
     link.set_xlabel("seconds")
     if link.lines:
         link.legend(loc="upper right", fontsize="small")
-    figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=100)
-    plt.close(figure)
-    fs, path = filesystem(uri)
-    fs.pipe_file(path, buffer.getvalue())
+    plots.save(figure, uri)
     return True

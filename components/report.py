@@ -7,9 +7,9 @@ about it, so `write_report` can rebuild the report of any run, also one that fai
 """
 from __future__ import annotations
 
-import io
 import os
 
+from components import plots as draw
 from components.layout import filesystem, join, read_json, write_json
 
 STAGES = ("preflight", "ingest", "train", "validate", "push")
@@ -204,7 +204,7 @@ def _plots(run_dir: str, report: dict, train: dict | None, validate: dict | None
     elif metrics.get("confusion_matrix"):
         plots["confusion_matrix"] = join(run_dir, "confusion_matrix.png")
         labels = validate.get("labels") or [str(i) for i in range(len(metrics["confusion_matrix"]))]
-        _plot_confusion(labels, metrics["confusion_matrix"], plots["confusion_matrix"])
+        draw.confusion_matrix(metrics["confusion_matrix"], labels, plots["confusion_matrix"])
     rates = _rates(report)
     if rates:
         plots["throughput"] = join(run_dir, "throughput.png")
@@ -222,53 +222,13 @@ def _rates(report: dict) -> dict:
 
 
 def _plot_rates(rates: dict, uri: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 0.6 * len(rates) + 1.2))
+    fig, ax = draw.pyplot().subplots(figsize=(7, 0.6 * len(rates) + 1.2))
     ax.barh(list(rates), list(rates.values()), color="tab:blue")
     ax.invert_yaxis()
     ax.set_xlabel("images per second")
     for y, value in enumerate(rates.values()):
         ax.text(value, y, f" {value:,.0f}", va="center")
-    fig.tight_layout()
-    _save(fig, uri)
-
-
-def _plot_confusion(labels: list[str], rows: list[list[float]], uri: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    counts = np.asarray(rows, dtype=float)
-    size = max(4.0, 0.5 * len(labels) + 2)
-    fig, ax = plt.subplots(figsize=(size, size))
-    ax.imshow(counts, cmap="Blues")
-    ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right")
-    ax.set_yticks(range(len(labels)), labels)
-    ax.set_xlabel("predicted")
-    ax.set_ylabel("true")
-    high = counts.max() if counts.size else 0
-    for (i, j), value in np.ndenumerate(counts):
-        ax.text(j, i, f"{value:g}", ha="center", va="center", fontsize=8,
-                color="white" if high and value > high / 2 else "black")
-    fig.tight_layout()
-    _save(fig, uri)
-
-
-def _save(fig, uri: str) -> None:
-    import matplotlib.pyplot as plt
-
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
-    plt.close(fig)
-    fs, path = filesystem(uri)
-    fs.makedirs(os.path.dirname(path), exist_ok=True)
-    fs.pipe_file(path, buffer.getvalue())
+    draw.save(fig, uri)
 
 
 def _read(uri: str):

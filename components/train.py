@@ -347,14 +347,9 @@ def _last(history: dict, key: str):
 
 
 def _plot_curves(history: dict, uri: str) -> None:
-    import io
+    from components import plots
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = plots.pyplot().subplots(1, 2, figsize=(10, 4))
     for ax, metric in zip(axes, ("loss", "accuracy")):
         for key, style in ((metric, "-"), (f"val_{metric}", "--")):
             if history.get(key):
@@ -362,13 +357,7 @@ def _plot_curves(history: dict, uri: str) -> None:
         ax.set_xlabel("epoch")
         ax.set_title(metric)
         ax.legend()
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
-    plt.close(fig)
-    fs, path = filesystem(uri)
-    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-    fs.pipe_file(path, buffer.getvalue())
+    plots.save(fig, uri)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 import datetime
-import io
 import json
 import os
 import posixpath
@@ -24,7 +23,7 @@ import sys
 import tempfile
 
 
-from components import program
+from components import plots, program
 from components.config import ValidateConfig, from_arguments
 from components.layout import Root, filesystem, is_local, join, read_json, write_json
 from components.model_repository import Repository, RepositoryError
@@ -139,7 +138,7 @@ def validate(config: ValidateConfig) -> dict:
         notes.append(f"real TF Serving check skipped: {serving['real_server']['reason']}")
 
     plot_uri = join(run_dir, "confusion_matrix.png")
-    plot_confusion(metrics["confusion_matrix"], labels, plot_uri,
+    plots.confusion_matrix(metrics["confusion_matrix"], labels, plot_uri,
                    title=f"{config.run_id}: accuracy {accuracy:.3f}")
     blessed = not reasons
     summary = {
@@ -346,33 +345,6 @@ def serving_check(model_dir: str, warmup_path: str, model_name: str) -> dict:
         return {"ok": False, "problems": [f"the SavedModel could not be served in a fresh process: {tail[0]}"],
                 "real_server": {"status": "skipped", "reason": "the in-process check failed first"}}
     return json.loads(lines[-1])
-
-
-def plot_confusion(matrix: list[list[int]], labels: list[str], uri: str, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    size = max(4.0, 0.5 * len(labels) + 2)
-    fig, ax = plt.subplots(figsize=(size, size))
-    ax.imshow(matrix, cmap="Blues")
-    ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right")
-    ax.set_yticks(range(len(labels)), labels)
-    ax.set_xlabel("predicted")
-    ax.set_ylabel("actual")
-    ax.set_title(title)
-    peak = max((max(row) for row in matrix), default=0)
-    for i, row in enumerate(matrix):
-        for j, count in enumerate(row):
-            ax.text(j, i, str(count), ha="center", va="center",
-                    color="white" if peak and count > peak / 2 else "black", fontsize=8)
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
-    plt.close(fig)
-    fs, path = filesystem(uri)
-    fs.pipe_file(path, buffer.getvalue())
 
 
 if __name__ == "__main__":
