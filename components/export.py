@@ -18,7 +18,7 @@ import sys
 
 from components import program
 from components.config import PushConfig, from_arguments
-from components.layout import Root, filesystem, join, read_json, write_json
+from components.layout import Root, exists, filesystem, join, read_json, write_json
 from components.model_repository import (ASSETS_EXTRA, LINEAGE_FILE, WARMUP_FILE, Repository,
                                          RepositoryError)
 from components.serving import ServingError
@@ -48,10 +48,6 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _exists(uri: str) -> bool:
-    fs, path = filesystem(uri)
-    return fs.exists(path)
-
 
 def push(config: PushConfig) -> dict:
     from components import serving
@@ -59,9 +55,9 @@ def push(config: PushConfig) -> dict:
     root = Root(config.root)
     run_dir = root.run(config.run_id)
     repo = Repository(root, config.model_name)
-    if not _exists(join(run_dir, "BLESSED")):
+    if not exists(join(run_dir, "BLESSED")):
         why = "it was not validated (run `stoke validate` first)"
-        if _exists(join(run_dir, "NOT_BLESSED")):
+        if exists(join(run_dir, "NOT_BLESSED")):
             reasons = read_json(join(run_dir, "validation.json")).get("reasons", [])
             why = "validation refused it: " + "; ".join(reasons)
         raise PushError(f"run {config.run_id} is not blessed: {why}")
@@ -71,7 +67,7 @@ def push(config: PushConfig) -> dict:
                         f"not {config.model_name!r}; validate it against {config.model_name!r} first")
 
     pushed_uri = join(run_dir, PUSHED)
-    if _exists(pushed_uri):
+    if exists(pushed_uri):
         earlier = read_json(pushed_uri)
         cmds = serving.commands(root.serving, config.model_name, earlier["version"])
         return {"pushed": False, "already_pushed": True, "run_id": config.run_id, "model_name": config.model_name,

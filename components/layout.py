@@ -30,6 +30,11 @@ def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
     return fsspec.core.url_to_fs(uri)
 
 
+def exists(uri: str) -> bool:
+    fs, path = filesystem(uri)
+    return fs.exists(path)
+
+
 def read_json(uri: str):
     with fsspec.open(uri, "r", encoding="utf-8") as f:
         return json.load(f)

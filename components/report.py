@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from components import plots as draw
-from components.layout import filesystem, join, read_json, write_json
+from components.layout import exists, filesystem, join, read_json, write_json
 
 STAGES = ("preflight", "ingest", "train", "validate", "push")
 
@@ -193,13 +193,13 @@ def _plots(run_dir: str, report: dict, train: dict | None, validate: dict | None
 
     plots = {}
     curves = join(run_dir, "curves.png")
-    if _exists(curves):
+    if exists(curves):
         plots["curves"] = curves
     if (train or {}).get("gpu") and plot_gpus(train["gpu"], join(run_dir, "gpus.png")):
         plots["gpus"] = join(run_dir, "gpus.png")
     metrics = (validate or {}).get("metrics") or {}
     drawn = (validate or {}).get("confusion_matrix_uri")
-    if drawn and _exists(drawn):
+    if drawn and exists(drawn):
         plots["confusion_matrix"] = drawn
     elif metrics.get("confusion_matrix"):
         plots["confusion_matrix"] = join(run_dir, "confusion_matrix.png")
@@ -232,12 +232,8 @@ def _plot_rates(rates: dict, uri: str) -> None:
 
 
 def _read(uri: str):
-    return read_json(uri) if _exists(uri) else None
+    return read_json(uri) if exists(uri) else None
 
-
-def _exists(uri: str) -> bool:
-    fs, path = filesystem(uri)
-    return fs.exists(path)
 
 
 def _num(value, digits: int = 0) -> str:

@@ -25,7 +25,7 @@ import tempfile
 
 from components import plots, program
 from components.config import ValidateConfig, from_arguments
-from components.layout import Root, filesystem, is_local, join, read_json, write_json
+from components.layout import Root, exists, filesystem, is_local, join, read_json, write_json
 from components.model_repository import Repository, RepositoryError
 
 LABEL_KEY = "image/class/label"
@@ -50,22 +50,18 @@ def _describe(summary: dict) -> str:
             + "".join(f"\n  - {reason}" for reason in summary["reasons"] + summary["notes"]))
 
 
-def _exists(uri: str) -> bool:
-    fs, path = filesystem(uri)
-    return fs.exists(path)
-
 
 def validate(config: ValidateConfig) -> dict:
     from components import input_pipeline
 
     root = Root(config.root)
     run_dir = root.run(config.run_id)
-    if not _exists(join(run_dir, "metrics.json")):
+    if not exists(join(run_dir, "metrics.json")):
         raise ValidateError(f"run {config.run_id} has no metrics.json under {run_dir}: "
                             "training did not finish there (check --run-id and --root)")
     trained = read_json(join(run_dir, "metrics.json"))
     candidate = join(run_dir, "candidate")
-    if not _exists(join(candidate, "saved_model.pb")):
+    if not exists(join(candidate, "saved_model.pb")):
         raise ValidateError(f"run {config.run_id} has no candidate SavedModel at {candidate}")
     labels, spans = trained["labels"], trained["spans"]
     shards = input_pipeline.list_shards(root, "eval", spans)

@@ -20,7 +20,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.runtime import flow_run
 
-from components.layout import Root, filesystem, join, read_json, write_json
+from components.layout import Root, exists, filesystem, join, read_json, write_json
 from flows.parameters import (DEMO_EPOCHS, DEMO_ROOT, DEMO_SOURCE, DoctorSettings, GateSettings,
                               IngestSettings, ModelSettings, PushSettings, Timeouts)
 from flows.stages import StageError, run_stage, to_arguments
@@ -201,10 +201,6 @@ def served_versions(root: str, model_name: str) -> list[int]:
 def save_summary(run_dir: str, stage: str, summary: dict) -> None:
     write_json(join(run_dir, "summaries", f"{stage}.json"), summary)
 
-
-def exists(uri: str) -> bool:
-    fs, path = filesystem(uri)
-    return fs.exists(path)
 
 
 def with_inline_plots(markdown: str, plots: dict) -> str:
