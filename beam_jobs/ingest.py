@@ -26,6 +26,7 @@ import uuid
 from datetime import datetime, timezone
 
 import apache_beam as beam
+import fsspec
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 from apache_beam.transforms.window import GlobalWindow
@@ -34,8 +35,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 from beam_jobs.images import Rejected, normalize
 from beam_jobs.shards import RollingShards
 from beam_jobs.sources import Source, identities, list_source
-from components import schema
-from components import program
+from components import program, schema
 from components.config import IngestConfig, from_arguments
 from components.layout import (DEAD_LETTER, MANIFEST, Root, filesystem, is_local, join, read_json, shard_name,
                                write_json)
@@ -59,7 +59,7 @@ class IngestError(Exception):
 def to_example(source: dict, max_side: int | None) -> tuple[str, bytes]:
     """Reads, verifies and normalizes one source into (split, serialized tf.Example)."""
     try:
-        with _open(source["uri"]) as f:
+        with fsspec.open(source["uri"]) as f:
             data = f.read()
     except FileNotFoundError:
         raise Rejected("not found: removed after it was listed") from None
@@ -346,16 +346,10 @@ def _write_list(items: list, uri: str) -> None:
 
 
 def _read_json_lines(uri: str):
-    with _open(uri, mode="r") as f:
+    with fsspec.open(uri, mode="r") as f:
         for line in f:
             if line.strip():
                 yield json.loads(line)
-
-
-def _open(uri: str, mode: str = "rb"):
-    import fsspec
-
-    return fsspec.open(uri, mode)
 
 
 def _names(fs, path: str) -> list[str]:
