@@ -22,8 +22,10 @@ run: install
 	$(STOKE) demo $(DEMO)
 	$(STOKE) run $(DEMO) --root $(ROOT)
 
-# pytest exits 5 when it collects no tests; that is not a failure of the code.
+# Lint first (ruff, configured in pyproject.toml); pytest exits 5 when it collects no tests, which
+# is not a failure of the code.
 test: install
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q || [ $$? -eq 5 ]
 
 # Each prints one JSON object of figures measured side by side; compare the ratios, not the times.

@@ -35,10 +35,11 @@ from apache_beam.utils.windowed_value import WindowedValue
 from beam_jobs.images import Rejected, normalize
 from beam_jobs.shards import RollingShards
 from beam_jobs.sources import Source, identities, list_source
-from components import program, schema
-from components.config import IngestConfig, from_arguments
-from components.layout import (DEAD_LETTER, MANIFEST, Root, filesystem, is_local, join, read_json, shard_name,
-                               write_json)
+from components.contracts import program, schema
+from components.contracts.config import IngestConfig, from_arguments
+from components.contracts.files import filesystem, is_local, join, read_json, write_json, write_text
+from components.contracts.layout import Root, shard_name
+from components.contracts.results import SpanManifest
 
 CHUNK = 10_000  # sources per staged list file: keeps the job graph small on any runner
 STAGING_PREFIX = "_staging-"
@@ -172,15 +173,15 @@ def _ingest(config: IngestConfig, pipeline_args: list[str], root: Root, started:
         "published": True,
         "span": number,
         "span_uri": root.span(number),
-        "counts": manifest["counts"],
+        "counts": manifest.counts.to_json(),
         "new_sources": len(fresh) + len(refused),
         "bytes_in": sum(s.size for s in fresh),
-        "bytes_out": sum(s["bytes"] for s in manifest["shards"]),
-        "shards": len(manifest["shards"]),
+        "bytes_out": sum(s.bytes for s in manifest.shards),
+        "shards": len(manifest.shards),
         "seconds": round(seconds, 3),
         "images_per_sec": round(len(fresh) / seconds, 1) if seconds else None,
         "dead_letters": dead[:20],
-        "dead_letter_uri": join(root.span(number), DEAD_LETTER),
+        "dead_letter_uri": root.dead_letter(number),
         "removed_debris": removed,
     }
 
@@ -210,7 +211,7 @@ def remove_debris(root: Root) -> list[str]:
     fs, spans = filesystem(root.spans)
     if not fs.isdir(spans):
         return []
-    published = {m["span"] for m in root.manifests()}
+    published = {m.span for m in root.manifests()}
     debris = [root.span(n) for n in root.span_numbers() if n not in published]
     debris += [join(root.spans, name) for name in _names(fs, spans) if name.startswith(STAGING_PREFIX)]
     for uri in debris:
@@ -278,7 +279,7 @@ def check(fresh, refused, shards, dead, max_bad_fraction: float) -> None:
             f"--max-bad-fraction {max_bad_fraction}; nothing was published. First: {reasons}")
 
 
-def publish(root, number, staging, shards, dead, labels, fresh, refused, config) -> dict:
+def publish(root, number, staging, shards, dead, labels, fresh, refused, config) -> SpanManifest:
     """Moves the shards to their names, then writes dead letters and, last, the manifest."""
     span = root.span(number)
     fs, span_path = filesystem(span)
@@ -292,24 +293,21 @@ def publish(root, number, staging, shards, dead, labels, fresh, refused, config)
             named.append({"file": name, "split": split, "records": shard["records"], "bytes": shard["bytes"]})
     if labels != root.read_labels():
         write_json(root.labels, labels)
-    fs.pipe_file(filesystem(join(span, DEAD_LETTER))[1],
-                 "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in dead).encode())
-    manifest = {
-        "span": number,
-        "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "source": config.source,
-        "compression": config.compression,
-        "counts": {
-            **{split: sum(s["records"] for s in named if s["split"] == split) for split in schema.SPLITS},
-            "dead_letter": len(dead),
-        },
-        "labels": labels,
-        "shards": named,
-        "sources": [{"uri": s.uri, "size": s.size, "version": s.version} for s in fresh]
-        + [{"uri": s.uri, "size": s.size, "version": s.version} for s, _ in refused],
-        "settings": config.model_dump(exclude={"source", "root"}),
-    }
-    write_json(join(span, MANIFEST), manifest)
+    write_text(root.dead_letter(number), "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in dead))
+    manifest = SpanManifest(
+        span=number,
+        created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        source=config.source,
+        compression=config.compression,
+        counts={**{split: sum(s["records"] for s in named if s["split"] == split) for split in schema.SPLITS},
+                "dead_letter": len(dead)},
+        labels=labels,
+        shards=named,
+        sources=[{"uri": s.uri, "size": s.size, "version": s.version}
+                 for s in fresh + [source for source, _ in refused]],
+        settings=config.model_dump(exclude={"source", "root"}),
+    )
+    manifest.write(root.manifest(number))
     return manifest
 
 

@@ -1,9 +1,7 @@
 """TFRecord files written through fsspec, so one writer serves local folders, s3:// and gs://.
 
 TensorFlow's own writer cannot reach S3 without tensorflow-io, and importing TensorFlow in every
-Beam worker costs seconds and memory; the record framing is simple enough to write here:
-length, masked CRC32C of the length, data, masked CRC32C of the data
-(https://www.tensorflow.org/tutorials/load_data/tfrecord#tfrecords_format_details).
+Beam worker costs seconds and memory; records are framed by components/contracts/tfrecord.py.
 
 Compression goes through ISA-L, which writes the same DEFLATE streams as zlib. On JPEG bytes,
 which are entropy-coded already, zlib spends about half of an image's ingest time to save under 1%;
@@ -11,26 +9,15 @@ ISA-L saves the same at several times the speed (benchmarks/ingest.py measures b
 """
 from __future__ import annotations
 
-import struct
 import uuid
 
 import fsspec
-import google_crc32c
 from isal import isal_zlib
 
-from components.layout import join
+from components.contracts.files import join
+from components.contracts.tfrecord import frame
 
 WINDOW_BITS = {"gzip": 16 + 15, "zlib": 15}  # 16+ asks for the gzip header and trailer
-
-
-def frame(record: bytes) -> bytes:
-    length = struct.pack("<Q", len(record))
-    return b"".join((length, _masked_crc(length), record, _masked_crc(record)))
-
-
-def _masked_crc(data: bytes) -> bytes:
-    crc = google_crc32c.value(data)
-    return struct.pack("<I", (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF)
 
 
 class RecordFile:

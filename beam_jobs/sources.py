@@ -15,7 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 from beam_jobs.images import EXTENSIONS
-from components.layout import filesystem, join
+from components.contracts.files import filesystem, join
+from components.contracts.results import SpanManifest
 
 MANIFEST_SUFFIXES = (".csv", ".jsonl")
 SPLIT_NAMES = {"train": "train", "eval": "eval", "validation": "eval"}
@@ -59,9 +60,9 @@ def list_source(source: str, eval_fraction: float) -> Listing:
     return Listing(sources, listing.rejected)
 
 
-def identities(manifests: list[dict]) -> set[tuple[str, int, str]]:
+def identities(manifests: list[SpanManifest]) -> set[tuple[str, int, str]]:
     """The source identities that published spans already hold."""
-    return {(s["uri"], s["size"], s["version"]) for m in manifests for s in m["sources"]}
+    return {(s.uri, s.size, s.version) for m in manifests for s in m.sources}
 
 
 def is_candidate(relative_path: str) -> bool:

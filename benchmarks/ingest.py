@@ -26,12 +26,10 @@ from pathlib import Path
 import psutil
 from isal import isal_zlib
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from beam_jobs.images import normalize  # noqa: E402
-from beam_jobs.sources import list_source  # noqa: E402
-from components import schema  # noqa: E402
-from jpeg_spans import make_photos  # noqa: E402
+from beam_jobs.images import normalize
+from beam_jobs.sources import list_source
+from benchmarks.jpeg_spans import make_photos
+from components.contracts import schema
 
 
 def peak_rss(process: subprocess.Popen) -> float:

@@ -18,8 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from jpeg_spans import make_photos, write_span  # noqa: E402
+from benchmarks.jpeg_spans import make_photos, write_span
 
 
 def main() -> int:
@@ -40,8 +39,9 @@ def main() -> int:
         runs = [_bench(source, root, args) for _ in range(args.repeats)]
     keys = sorted(k for k in runs[0] if isinstance(runs[0][k], float))
     result = {k: sorted(r[k] for r in runs)[len(runs) // 2] for k in keys}
-    result.update({"images": args.images, "source_size": args.source_size, "compression": args.compression, "image_size": args.image_size,
-                   "batch_size": args.batch_size, "cores": runs[0]["cores"], "repeats": args.repeats,
+    result.update({"images": args.images, "source_size": args.source_size, "compression": args.compression,
+                   "image_size": args.image_size, "batch_size": args.batch_size, "cores": runs[0]["cores"],
+                   "repeats": args.repeats,
                    "targets": {"stoke_vs_keras": 1.5, "stoke_vs_limit": 0.8}})
     print(json.dumps(result, sort_keys=True))
     return 0

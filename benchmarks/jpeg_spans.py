@@ -5,15 +5,13 @@ benchmarks read exactly what training reads.
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from beam_jobs.ingest import ingest  # noqa: E402
-from components.config import IngestConfig  # noqa: E402
+from beam_jobs.ingest import ingest
+from components.contracts.config import IngestConfig
 
 
 def make_photos(folder: Path, count: int, width: int = 320, height: int = 240, classes: int = 10) -> list:

@@ -19,8 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from jpeg_spans import make_photos, write_span  # noqa: E402
+from benchmarks.jpeg_spans import make_photos, write_span
 
 
 def main() -> int:

@@ -17,15 +17,16 @@ PROGRAMS = {
     "ingest": ("beam_jobs.ingest", "new images to a new span of GZIP TFRecords (Beam)"),
     "train": ("components.train", "published spans to a candidate SavedModel"),
     "validate": ("components.validate", "TFMA gate against thresholds and the served model"),
-    "push": ("components.export", "a blessed candidate to a new version in the model repository"),
-    "rollback": ("components.rollback", "take the newest served version out of the repository"),
-    "lineage": ("components.lineage", "where a served version came from"),
-    "predict": ("components.predict", "labels and probabilities from a model folder or TF Serving"),
+    "push": ("components.push", "a blessed candidate to a new version in the model repository"),
+    "rollback": ("components.push.rollback", "take the newest served version out of the repository"),
+    "lineage": ("components.push.lineage", "where a served version came from"),
+    "predict": ("components.push.predict", "labels and probabilities from a model folder or TF Serving"),
+    "doctor": ("components.preflight", "preflight: disks, read speed, GPUs, /dev/shm, limits"),
     "deploy": ("flows.work_pools", "register the deployments to a Docker or Kubernetes work pool"),
 }
 # `stoke bench <what> ...` is the benchmark program `python -m <module> ...`.
 BENCHES = {
-    "input": "components.bench_input",
+    "input": "benchmarks.input_pipeline",
 }
 
 
@@ -61,7 +62,7 @@ def emit(summary: dict, as_json: bool, text: str) -> None:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stoke", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
-    for name, (module, summary) in PROGRAMS.items():
+    for name, (_, summary) in PROGRAMS.items():
         commands.add_parser(name, help=summary)
     bench = commands.add_parser("bench", help="measure a part of the pipeline: " + ", ".join(BENCHES))
     bench.add_argument("what", choices=sorted(BENCHES), help="see `stoke bench <what> --help`")
@@ -81,39 +82,14 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", action="store_true", help="print a JSON summary last")
     demo.set_defaults(handler=_demo)
 
-    doctor = commands.add_parser("doctor", help="preflight: disks, read speed, GPUs, /dev/shm, limits")
-    doctor.add_argument("--root", required=True, help="artifact ROOT: local path or fsspec URI")
-    doctor.add_argument("--source", default=None, help="raw image source; its disk is checked too when local")
-    doctor.add_argument("--require-gpu", action="store_true", help="fail, not warn, when no GPU is usable")
-    doctor.add_argument("--min-read-mbps", type=float, default=None,
-                        help="fail when sequential reads under ROOT are slower than this (MB/s)")
-    doctor.add_argument("--sample-mb", type=int, default=256, help="MiB to read when timing the disk")
-    doctor.add_argument("--json", action="store_true", help="print the report as JSON last")
-    doctor.set_defaults(handler=_doctor)
     return parser
 
 
 def _demo(args) -> int:
-    from components.demo import write_digits
+    from flows.demo import write_digits
 
     count = write_digits(args.target, limit=args.limit)
     emit({"target": args.target, "images": count}, args.json, f"wrote {count} digit images to {args.target}")
-    return 0
-
-
-def _doctor(args) -> int:
-    from components.doctor import render, run_checks
-
-    report = run_checks(args.root, source=args.source, require_gpu=args.require_gpu,
-                        min_read_mbps=args.min_read_mbps, sample_mb=args.sample_mb)
-    if not args.json:
-        from rich.console import Console
-
-        Console().print(render(report))
-    emit(report.to_dict(), args.json, f"doctor: {report.status} ({len(report.warnings)} warnings)")
-    if report.failed:
-        print(f"stoke doctor: {report.failure_line()}", file=sys.stderr, flush=True)
-        return 1
     return 0
 
 

@@ -17,7 +17,10 @@ import sys
 import time
 import urllib.request
 
-from components.config import add_arguments, from_arguments
+from components.contracts import processes
+from components.contracts.config import add_arguments, from_arguments
+from components.contracts.files import exists, read_json
+from components.contracts.layout import Root
 from flows import parameters as p
 
 SERVER_START_SECONDS = 120
@@ -34,7 +37,8 @@ RUN_GROUPS = {"model": p.ModelSettings, "gate": p.GateSettings, "push": p.PushSe
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", help="raw images: folder of class subfolders or a CSV/JSONL manifest (local or fsspec URI)")
     parser.add_argument("--root", required=True, help="artifact ROOT: local path or fsspec URI")
-    parser.add_argument("--epochs", type=int, default=p.DEMO_EPOCHS, help=f"passes over the training split (default: {p.DEMO_EPOCHS})")
+    parser.add_argument("--epochs", type=int, default=p.DEMO_EPOCHS,
+                        help=f"passes over the training split (default: {p.DEMO_EPOCHS})")
     parser.add_argument("--run-id", default=None, help="run folder under ROOT/runs; the same id resumes a stopped run")
     parser.add_argument("--model-name", default="stoke", help="model in ROOT/models (default: stoke)")
     parser.add_argument("--no-preflight", dest="preflight", action="store_false", help="skip the preflight checks")
@@ -52,6 +56,11 @@ def run(args: argparse.Namespace) -> int:
     from flows.train import train
 
     run_id = args.run_id or time.strftime("run-%Y%m%d-%H%M%S")
+    try:
+        Root(args.root).run(run_id)
+    except ValueError as error:
+        print(f"stoke run: error: --run-id: {error}", file=sys.stderr, flush=True)
+        return 2
     settings = {name: from_arguments(model, args) for name, model in RUN_GROUPS.items()}
     state = train(source=args.source, root=args.root, epochs=args.epochs, run_id=run_id,
                   model_name=args.model_name, preflight=args.preflight, skip_unchanged=args.skip_unchanged,
@@ -68,11 +77,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _failed_summary(root: str, run_id: str, state) -> dict:
     """The run's report.json (written on failure too), else the state's message."""
-    from components.layout import Root, filesystem, join, read_json
-
-    uri = join(Root(root).run(run_id), "report.json")
-    fs, path = filesystem(uri)
-    if fs.exists(path):
+    uri = Root(root).run(run_id).report_json
+    if exists(uri):
         return read_json(uri)
     return {"run_id": run_id, "status": "failed", "message": state.message or state.name,
             "blessed": False, "pushed_version": None, "reasons": [], "metrics": {}}
@@ -138,7 +144,7 @@ def up(args: argparse.Namespace) -> int:
         return 1
     finally:
         if server is not None:
-            _stop(server)
+            processes.stop(server, SERVER_STOP_SECONDS)
     summary = {"api_url": f"{url}/api", "ui_url": url, "prefect_home": home, "source": source, "root": root,
                "deployments": ["train/nightly", "watch-bucket/poll"], "stopped": True}
     print(json.dumps(summary, sort_keys=True) if args.json else "stoke up: server and deployments stopped",
@@ -152,10 +158,10 @@ class ServerError(RuntimeError):
 
 def _start_server(port: int, log_path: str) -> subprocess.Popen:
     log = open(log_path, "ab")
-    server = subprocess.Popen(
+    # Its own process group: Ctrl-C reaches us, and we stop the server ourselves, in order.
+    server = processes.start(
         [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        start_new_session=True)  # Ctrl-C reaches us; we stop the server ourselves, in order
+        stdout=log, stderr=subprocess.STDOUT)
     log.close()
     deadline = time.monotonic() + SERVER_START_SECONDS
     while time.monotonic() < deadline:
@@ -168,21 +174,8 @@ def _start_server(port: int, log_path: str) -> subprocess.Popen:
         except OSError:
             pass
         time.sleep(0.5)
-    _stop(server)
+    processes.stop(server, SERVER_STOP_SECONDS)
     raise ServerError(f"the Prefect server did not answer within {SERVER_START_SECONDS} s; see {log_path}")
-
-
-def _stop(server: subprocess.Popen) -> None:
-    for sig, wait in ((signal.SIGTERM, SERVER_STOP_SECONDS), (signal.SIGKILL, 10)):
-        if server.poll() is not None:
-            return
-        try:
-            os.killpg(server.pid, sig)
-            server.wait(timeout=wait)
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def _interrupt(signum, frame):

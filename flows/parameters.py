@@ -1,6 +1,6 @@
 """Typed parameters of the `train` flow, derived from the stages' own config models.
 
-Each stage declares its settings once, in components/config.py; the flow's parameter models are
+Each stage declares its settings once, in components/contracts/config.py; the flow's parameter models are
 those same fields minus what the flow decides itself (ROOT, SOURCE, the run id), with the demo's
 values as defaults so a bare `stoke run` or `prefect deployment run train/nightly` finishes in
 minutes on a laptop. The Prefect UI renders the descriptions as help text.
@@ -11,7 +11,7 @@ import copy
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from components import config
+from components.contracts import config
 
 # The demo's data and artifact ROOT, relative to where `make run` runs.
 DEMO_SOURCE = ".stoke/demo/digits"
@@ -40,17 +40,7 @@ ModelSettings = derived("ModelSettings", config.TrainConfig, drop={"root", "run_
 IngestSettings = derived("IngestSettings", config.IngestConfig, drop={"source", "root"})
 GateSettings = derived("GateSettings", config.ValidateConfig, drop={"root", "run_id", "model_name"})
 PushSettings = derived("PushSettings", config.PushConfig, drop={"root", "run_id", "model_name"})
-
-
-class DoctorSettings(BaseModel):
-    """Preflight (`stoke doctor`): which findings stop a run before any GPU hour is spent."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    require_gpu: bool = Field(False, description="fail, not warn, when no GPU is usable")
-    min_read_mbps: float | None = Field(
-        None, gt=0, description="fail when sequential reads under ROOT are slower than this (MB/s)")
-    sample_mb: int = Field(64, gt=0, description="MiB to read when timing the disk")
+DoctorSettings = derived("DoctorSettings", config.DoctorConfig, drop={"root", "source"})
 
 
 class Timeouts(BaseModel):

@@ -12,7 +12,6 @@ import logging
 import os
 import queue
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -20,6 +19,8 @@ import time
 from typing import Callable
 
 from pydantic import BaseModel
+
+from components.contracts import processes
 
 # After SIGTERM a stage gets this long to save what it can (the trainer's backup) before SIGKILL.
 KILL_GRACE_SECONDS = 10.0
@@ -43,11 +44,10 @@ def run_stage(name: str, module: str, argv: list[str], *, timeout: float, logger
     non-zero exit, on timeout (after killing the whole process group) or without a summary."""
     command = [sys.executable, "-m", module, *argv]
     logger.info("%s: %s", name, " ".join(command[1:]))
-    process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-        bufsize=1, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", **(env or {})},
-        # Its own process group: Beam's worker processes and TensorFlow's children go with it.
-        start_new_session=True)
+    # Its own process group: Beam's worker processes and TensorFlow's children stop with it.
+    process = processes.start(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", **(env or {})})
     lines: queue.Queue = queue.Queue()
     readers = [threading.Thread(target=_pump, args=(stream, tag, lines), daemon=True)
                for stream, tag in ((process.stdout, "out"), (process.stderr, "err"))]
@@ -60,7 +60,7 @@ def run_stage(name: str, module: str, argv: list[str], *, timeout: float, logger
         while open_streams:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                _stop(process)
+                processes.stop(process, KILL_GRACE_SECONDS)
                 raise StageError(f"{name} timed out after {timeout:,.0f} s and was stopped; "
                                  f"last output: {' | '.join(tail[-3:]) or 'none'}", timed_out=True)
             try:
@@ -84,7 +84,7 @@ def run_stage(name: str, module: str, argv: list[str], *, timeout: float, logger
         code = process.wait(timeout=max(deadline - time.monotonic(), 1.0))
     except BaseException:
         # Cancelled, timed out or interrupted: never leave a trainer holding the GPU behind us.
-        _stop(process)
+        processes.stop(process, KILL_GRACE_SECONDS)
         raise
 
     summary = _parse(last_json)
@@ -97,7 +97,7 @@ def run_stage(name: str, module: str, argv: list[str], *, timeout: float, logger
 
 
 def to_arguments(settings: BaseModel) -> list[str]:
-    """The command-line options that `components.config.add_arguments` reads back into `settings`.
+    """The command-line options that `components.contracts.config.add_arguments` reads back into `settings`.
 
     Every set value is passed, defaults included: the flow's defaults (the demo's) differ from the
     programs' own, and the command in the run log should say everything the run used."""
@@ -133,22 +133,6 @@ def _pump(stream, tag: str, lines: queue.Queue) -> None:
         lines.put((tag, line))
     stream.close()
     lines.put((tag, None))
-
-
-def _stop(process: subprocess.Popen) -> None:
-    """SIGTERM to the whole group, then SIGKILL after the grace period."""
-    if process.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGTERM, KILL_GRACE_SECONDS), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def _parse(line: str | None) -> dict | None:

@@ -1,12 +1,12 @@
 """The `train` flow: new images in the bucket to a served model, one stage after the other.
 
-    1 preflight  components/doctor      the machine: disks, read speed, GPUs, /dev/shm, limits
+    1 preflight  components.preflight    the machine: disks, read speed, GPUs, /dev/shm, limits
     2 ingest     beam_jobs.ingest       new files -> a new span of GZIP TFRecords (retried: it is exactly-once)
     3 train      components.train       all published spans -> candidate SavedModel (tag `gpu`; never retried:
                                         a rerun of the same run id resumes from its backup instead)
     4 validate   components.validate    TFMA against thresholds and the served baseline -> blessed or not
-    5 push       components.export      blessed only: a new integer version in the model repository
-    6 report     components/report      report.md, report.json and plots in the run folder + Prefect artifacts
+    5 push       components.push          blessed only: a new integer version in the model repository
+    6 report     components.report       report.md, report.json and plots in the run folder + Prefect artifacts
 
 Stages hand each other URIs under ROOT, never objects: each writes its summary to
 ROOT/runs/<run-id>/summaries/<stage>.json, and the report is built from the run folder alone.
@@ -20,9 +20,20 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.runtime import flow_run
 
-from components.layout import Root, exists, filesystem, join, read_json, write_json
-from flows.parameters import (DEMO_EPOCHS, DEMO_ROOT, DEMO_SOURCE, DoctorSettings, GateSettings,
-                              IngestSettings, ModelSettings, PushSettings, Timeouts)
+from components.contracts.files import exists, filesystem, write_json
+from components.contracts.layout import Root, RunDir
+from components.contracts.results import TrainMetrics
+from flows.parameters import (
+    DEMO_EPOCHS,
+    DEMO_ROOT,
+    DEMO_SOURCE,
+    DoctorSettings,
+    GateSettings,
+    IngestSettings,
+    ModelSettings,
+    PushSettings,
+    Timeouts,
+)
 from flows.stages import StageError, run_stage, to_arguments
 
 GPU_TAG = "gpu"
@@ -44,7 +55,7 @@ def train(
     gate: GateSettings = GateSettings(),
     push: PushSettings = PushSettings(),
     ingest: IngestSettings = IngestSettings(),
-    beam_args: list[str] = [],  # noqa: B006 (Prefect parameters are copied per run)
+    beam_args: list[str] = [],
     model_name: str = "stoke",
     preflight: bool = True,
     doctor: DoctorSettings = DoctorSettings(),
@@ -54,23 +65,23 @@ def train(
 ) -> dict:
     """Turns what is new in SOURCE into a span, trains on every span, and pushes a blessed model."""
     run_id = run_id or new_run_id()
-    run_dir = Root(root).run(run_id)
-    get_run_logger().info("run %s: %s -> %s", run_id, source, run_dir)
+    run = Root(root).run(run_id)
+    get_run_logger().info("run %s: %s -> %s", run_id, source, run.uri)
     ensure_gpu_limit()
     try:
         if preflight:
-            check_machine(source, root, doctor, run_dir)                            # 1
-        ingested = ingest_span(source, root, ingest, beam_args, run_dir, timeouts.ingest)  # 2
+            check_machine(source, root, doctor, run)                            # 1
+        ingested = ingest_span(source, root, ingest, beam_args, run, timeouts.ingest)  # 2
         if skip_unchanged and not ingested["published"] and served_versions(root, model_name):
-            return write_report(run_dir, skipped=f"{ingested.get('message', 'nothing new')}; "
+            return write_report(run, skipped=f"{ingested.get('message', 'nothing new')}; "
                                 f"model {model_name} is already served, so nothing was trained")
-        train_model(root, run_id, epochs, model, run_dir, timeouts.train)               # 3
-        validation = validate_model(root, run_id, model_name, gate, run_dir, timeouts.validation)  # 4
+        train_model(root, epochs, model, run, timeouts.train)                       # 3
+        validation = validate_model(root, model_name, gate, run, timeouts.validation)  # 4
         if validation["blessed"]:
-            push_model(root, run_id, model_name, push, run_dir, timeouts.push)          # 5
-        return write_report(run_dir)                                                    # 6
+            push_model(root, model_name, push, run, timeouts.push)                  # 5
+        return write_report(run)                                                    # 6
     except Exception as error:
-        write_report(run_dir, failed=str(error), return_state=True)  # never hides the cause
+        write_report(run, failed=str(error), return_state=True)  # never hides the cause
         raise
 
 
@@ -78,14 +89,14 @@ def train(
 
 
 @task(name="preflight")  # no retries: the checks never raise, and a failed check fails again
-def check_machine(source: str, root: str, settings: DoctorSettings, run_dir: str) -> dict:
+def check_machine(source: str, root: str, settings: DoctorSettings, run: RunDir) -> dict:
     """Checks disks, read speed, GPUs, /dev/shm and limits; stops the run on a failed check."""
-    from components.doctor import run_checks
+    from components.preflight.doctor import run_checks
 
     report = run_checks(root, source=source, require_gpu=settings.require_gpu,
                         min_read_mbps=settings.min_read_mbps, sample_mb=settings.sample_mb)
     summary = report.to_dict()
-    save_summary(run_dir, "preflight", summary)
+    save_summary(run, "preflight", summary)
     logger = get_run_logger()
     for check in report.checks:
         logger.log(30 if check.status in ("warn", "fail") else 20, "preflight %s %s: %s%s", check.status,
@@ -97,71 +108,54 @@ def check_machine(source: str, root: str, settings: DoctorSettings, run_dir: str
 
 
 @task(name="ingest", retries=2, retry_delay_seconds=30, retry_condition_fn=unless_timed_out)
-def ingest_span(source: str, root: str, settings: IngestSettings, beam_args: list[str], run_dir: str,
+def ingest_span(source: str, root: str, settings: IngestSettings, beam_args: list[str], run: RunDir,
                 timeout_minutes: float) -> dict:
     """Publishes what SOURCE holds beyond the published spans as a new span (or says nothing is new)."""
     with Progress("ingest", INGEST_PROGRESS) as progress:
-        summary = run_stage("ingest", "beam_jobs.ingest",
-                            [source, "--root", root, *to_arguments(settings), *beam_args, "--json"],
-                            timeout=timeout_minutes * 60, logger=get_run_logger(), progress=progress)
-    save_summary(run_dir, "ingest", summary)
-    return summary
+        return run_program("ingest", "beam_jobs.ingest", [source, "--root", root, *to_arguments(settings), *beam_args],
+                           run, timeout_minutes, progress)
 
 
 @task(name="train", tags=[GPU_TAG], retries=0)
-def train_model(root: str, run_id: str, epochs: int, settings: ModelSettings, run_dir: str,
-                timeout_minutes: float) -> dict:
+def train_model(root: str, epochs: int, settings: ModelSettings, run: RunDir, timeout_minutes: float) -> dict:
     """Trains on every published span into ROOT/runs/<run-id>/candidate."""
-    finished = join(run_dir, "metrics.json")
-    if exists(finished):  # a retried flow run: this run's training already finished
-        summary = read_json(finished)
-    else:
-        with Progress("train", EPOCH_PROGRESS) as progress:
-            summary = run_stage("train", "components.train",
-                                ["--root", root, "--run-id", run_id, "--epochs", str(epochs),
-                                 *to_arguments(settings), "--json"],
-                                timeout=timeout_minutes * 60, logger=get_run_logger(), progress=progress)
-    save_summary(run_dir, "train", summary)
-    return summary
+    if exists(run.metrics):  # a retried flow run: this run's training already finished
+        summary = TrainMetrics.read(run.metrics).to_json()
+        save_summary(run, "train", summary)
+        return summary
+    with Progress("train", EPOCH_PROGRESS) as progress:
+        return run_program("train", "components.train", ["--root", root, "--run-id", run.run_id,
+                           "--epochs", str(epochs), *to_arguments(settings)], run, timeout_minutes, progress)
 
 
 @task(name="validate", tags=[GPU_TAG], retries=1, retry_delay_seconds=30, retry_condition_fn=unless_timed_out)
-def validate_model(root: str, run_id: str, model_name: str, settings: GateSettings, run_dir: str,
-                   timeout_minutes: float) -> dict:
+def validate_model(root: str, model_name: str, settings: GateSettings, run: RunDir, timeout_minutes: float) -> dict:
     """Gates the candidate with TFMA: thresholds, and not worse than the served model."""
-    summary = run_stage("validate", "components.validate",
-                        ["--root", root, "--run-id", run_id, "--model-name", model_name,
-                         *to_arguments(settings), "--json"],
-                        timeout=timeout_minutes * 60, logger=get_run_logger())
-    save_summary(run_dir, "validate", summary)
-    logger = get_run_logger()
+    summary = run_program("validate", "components.validate", ["--root", root, "--run-id", run.run_id,
+                          "--model-name", model_name, *to_arguments(settings)], run, timeout_minutes)
+    reasons = "; ".join(summary["reasons"])
     if summary["blessed"]:
-        logger.info("blessed: %s", "; ".join(summary.get("reasons") or []) or "all checks passed")
+        get_run_logger().info("blessed: %s", reasons or "all checks passed")
     else:
-        logger.warning("not blessed, nothing will be pushed: %s", "; ".join(summary.get("reasons") or []))
+        get_run_logger().warning("not blessed, nothing will be pushed: %s", reasons)
     return summary
 
 
 @task(name="push", retries=1, retry_delay_seconds=30, retry_condition_fn=unless_timed_out)
-def push_model(root: str, run_id: str, model_name: str, settings: PushSettings, run_dir: str,
-               timeout_minutes: float) -> dict:
+def push_model(root: str, model_name: str, settings: PushSettings, run: RunDir, timeout_minutes: float) -> dict:
     """Pushes the blessed candidate as a new integer version of the served model."""
-    summary = run_stage("push", "components.export",
-                        ["--root", root, "--run-id", run_id, "--model-name", model_name,
-                         *to_arguments(settings), "--json"],
-                        timeout=timeout_minutes * 60, logger=get_run_logger())
-    save_summary(run_dir, "push", summary)
-    return summary
+    return run_program("push", "components.push", ["--root", root, "--run-id", run.run_id,
+                       "--model-name", model_name, *to_arguments(settings)], run, timeout_minutes)
 
 
 @task(name="report", retries=1)
-def write_report(run_dir: str, skipped: str | None = None, failed: str | None = None) -> dict:
+def write_report(run: RunDir, skipped: str | None = None, failed: str | None = None) -> dict:
     """Writes report.md, report.json and plots into the run folder and shows them as artifacts."""
-    from components.report import write_report as build
+    from components.report.report import write_report as build
 
-    report = build(run_dir, skipped=skipped, failed=failed)
+    report = build(run, skipped=skipped, failed=failed)
     create_markdown_artifact(with_inline_plots(report["markdown"], report["summary"]["plots"]),
-                             key=artifact_key("report", run_dir), description=f"run report: {report['report_md']}")
+                             key=artifact_key("report", run), description=f"run report: {report['report_md']}")
     return report["summary"]
 
 
@@ -193,13 +187,22 @@ def ensure_gpu_limit() -> None:
 
 def served_versions(root: str, model_name: str) -> list[int]:
     """Complete integer versions in the model repository: what TF Serving would load."""
-    from components.model_repository import Repository
+    from components.push.repository import Repository
 
     return Repository(root, model_name).versions()
 
 
-def save_summary(run_dir: str, stage: str, summary: dict) -> None:
-    write_json(join(run_dir, "summaries", f"{stage}.json"), summary)
+def run_program(stage: str, module: str, argv: list[str], run: RunDir, timeout_minutes: float,
+                progress: Progress | None = None) -> dict:
+    """Runs a stage program (`python -m module argv --json`) and keeps its summary in the run folder."""
+    summary = run_stage(stage, module, [*argv, "--json"], timeout=timeout_minutes * 60, logger=get_run_logger(),
+                        progress=progress)
+    save_summary(run, stage, summary)
+    return summary
+
+
+def save_summary(run: RunDir, stage: str, summary: dict) -> None:
+    write_json(run.summary(stage), summary)
 
 
 
@@ -216,9 +219,9 @@ def with_inline_plots(markdown: str, plots: dict) -> str:
     return markdown
 
 
-def artifact_key(kind: str, run_dir: str) -> str:
+def artifact_key(kind: str, run: RunDir) -> str:
     """Artifact keys allow lowercase letters, digits and dashes only."""
-    return re.sub(r"[^a-z0-9-]+", "-", f"{kind}-{run_dir.rstrip('/').rsplit('/', 1)[-1]}".lower())[:100]
+    return re.sub(r"[^a-z0-9-]+", "-", f"{kind}-{run.run_id}".lower())[:100]
 
 
 INGEST_PROGRESS = re.compile(r"ingest: ([\d,.]+) of ([\d,.]+) MB written")

@@ -19,7 +19,7 @@ from prefect import flow, get_run_logger, task
 from prefect.events import emit_event
 
 from beam_jobs.sources import identities, list_source
-from components.layout import Root
+from components.contracts.layout import Root
 from flows.parameters import DEMO_ROOT, DEMO_SOURCE
 
 EVENT = "stoke.data.arrived"
@@ -64,8 +64,13 @@ def train_runs_in_flight(source: str) -> list[str]:
     from datetime import datetime, timezone
 
     from prefect import get_client
-    from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterState
-    from prefect.client.schemas.filters import FlowRunFilterStateType
+    from prefect.client.schemas.filters import (
+        FlowFilter,
+        FlowFilterName,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
     from prefect.client.schemas.objects import StateType
 
     active = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING, StateType.PAUSED, StateType.CANCELLING]

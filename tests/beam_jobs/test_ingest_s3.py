@@ -5,8 +5,8 @@ import fsspec
 import tensorflow as tf
 
 from beam_jobs.ingest import run
-from components import schema
-from components.layout import MANIFEST
+from components.contracts import schema
+from components.contracts.layout import MANIFEST
 from tests.beam_jobs import images
 
 

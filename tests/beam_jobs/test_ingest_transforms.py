@@ -7,8 +7,8 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from beam_jobs.images import Rejected
 from beam_jobs.ingest import Gather, WriteShards, dead_letter, to_example
-from components import schema
-from components.layout import read_json
+from components.contracts import schema
+from components.contracts.files import read_json
 from tests.beam_jobs import images
 
 

@@ -2,7 +2,7 @@ import pytest
 import tensorflow as tf
 
 from beam_jobs.shards import RecordFile, RollingShards
-from components.layout import TF_COMPRESSION
+from components.contracts.layout import TF_COMPRESSION
 
 
 @pytest.mark.parametrize("compression", ["gzip", "zlib", "none"])

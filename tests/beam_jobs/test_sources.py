@@ -3,6 +3,7 @@ import json
 import pytest
 
 from beam_jobs.sources import identities, is_candidate, list_source, split_of
+from components.contracts.results import SpanManifest
 from tests.beam_jobs import images
 
 
@@ -71,5 +72,7 @@ def test_a_missing_source_or_unknown_kind_is_a_clear_error(tmp_path):
 
 
 def test_identities_come_from_manifests():
-    manifests = [{"sources": [{"uri": "a", "size": 1, "version": "v"}]}]
+    manifests = [SpanManifest(span=1, created="2026-01-01T00:00:00Z", source="/in", labels=["x"], shards=[],
+                              counts={"train": 1, "eval": 0, "dead_letter": 0},
+                              sources=[{"uri": "a", "size": 1, "version": "v"}])]
     assert identities(manifests) == {("a", 1, "v")}

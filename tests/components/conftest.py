@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from components import layout, schema
+from components.contracts import files, layout, schema
+from components.contracts.results import SpanManifest
 
 TRAIN_LABELS = ["red", "green", "blue"]
 
@@ -29,28 +30,28 @@ def write_span(root: str, number: int, splits: dict[str, list[tuple[bytes, str, 
 
     base = layout.Root(root)
     folder = base.span(number)
-    layout.filesystem(folder)[0].makedirs(folder, exist_ok=True)
+    files.filesystem(folder)[0].makedirs(folder, exist_ok=True)
     shards = []
     for split, records in splits.items():
         count = shards_per_split[split]
         for index in range(count):
             name = layout.shard_name(split, index, count)
             part = records[index::count]
-            with tf.io.TFRecordWriter(layout.join(folder, name), "GZIP") as writer:
+            with tf.io.TFRecordWriter(files.join(folder, name), "GZIP") as writer:
                 for position, (encoded, image_format, label) in enumerate(part):
                     height, width = tf.image.decode_image(encoded).shape[:2]
                     writer.write(schema.encode_example(
                         encoded=encoded, image_format=image_format, height=int(height), width=int(width),
                         label=label, text=labels[label], source=f"mem://{split}/{index}/{position}"))
-            size = layout.filesystem(folder)[0].size(layout.join(folder, name))
+            size = files.filesystem(folder)[0].size(files.join(folder, name))
             shards.append({"file": name, "split": split, "records": len(part), "bytes": size})
-    manifest = {"span": number, "created": "2025-01-01T00:00:00Z", "compression": "gzip", "source": "mem://",
-                "counts": {split: len(records) for split, records in splits.items()} | {"dead_letter": 0},
-                "labels": labels, "shards": shards, "sources": []}
+    manifest = SpanManifest(span=number, created="2025-01-01T00:00:00Z", source="mem://", labels=labels,
+                            counts={split: len(splits.get(split, [])) for split in schema.SPLITS} | {"dead_letter": 0},
+                            shards=shards, sources=[])
     if publish:
-        layout.write_json(base.labels, labels)
-        layout.write_json(layout.join(folder, layout.MANIFEST), manifest)
-    return manifest
+        files.write_json(base.labels, labels)
+        manifest.write(base.manifest(number))
+    return manifest.to_json()
 
 
 def tiny_records(count: int, offset: int = 0, size: int = 32) -> list[tuple[bytes, str, int]]:

@@ -5,7 +5,7 @@
 3. `mixed`: trained under mixed_bfloat16 -> blessed -> pushed as a newer version.
 
 Spans are written the way the ingest job publishes them (tests/components/conftest.py); the runs
-use the real components.train, components.validate and components.export in this process.
+use the real components.train, components.validate and components.push.push in this process.
 Tests that change the repository work on a copy (`copy_root`).
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ def _last_json(fn, argv: list[str]) -> tuple[int, dict]:
 
 
 def train_run(root: str, run_id: str, *extra: str) -> dict:
-    from components import train
+    from components.train import trainer as train
 
     code, summary = _last_json(train.run, ["--root", root, "--run-id", run_id, *TINY, "--json", *extra])
     assert code == 0, summary
@@ -39,13 +39,13 @@ def train_run(root: str, run_id: str, *extra: str) -> dict:
 
 
 def validate_run(root: str, run_id: str, *extra: str) -> tuple[int, dict]:
-    from components import validate
+    from components.validate import gate as validate
 
     return _last_json(validate.run, ["--root", root, "--run-id", run_id, "--json", *extra])
 
 
 def push_run(root: str, run_id: str, *extra: str) -> tuple[int, dict]:
-    from components import export
+    from components.push import push as export
 
     return _last_json(export.run, ["--root", root, "--run-id", run_id, "--json", *extra])
 

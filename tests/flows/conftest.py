@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from components.demo import write_digits
+from flows.demo import write_digits
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_TO_API_BATCH_INTERVAL", "0.3")

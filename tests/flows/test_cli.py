@@ -31,6 +31,24 @@ def test_run_passes_its_options_to_the_flow_and_prints_the_summary_last(pushed_r
     assert "--compression zlib" in done.stderr  # the ingest command line, in the run log
 
 
+def test_run_refuses_a_run_id_that_leaves_runs_before_writing_anything(tmp_path):
+    (tmp_path / "images").mkdir()
+    done = subprocess.run([os.path.join(BIN, "stoke"), "run", str(tmp_path / "images"), "--root",
+                           str(tmp_path / "a" / "root"), "--run-id", "../../x", "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "bad run id '../../x'" in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["images"]
+
+
+def test_the_flow_refuses_a_run_id_that_leaves_runs(tmp_path):
+    from flows.train import train
+
+    state = train(source=str(tmp_path), root=str(tmp_path / "root"), run_id="../x", preflight=False,
+                  return_state=True)
+    assert state.is_failed() and "bad run id" in str(state.result(raise_on_failure=False))
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 def test_up_serves_the_deployments_until_ctrl_c(pushed_run, tmp_path):
     port = _free_port()
     api = f"http://127.0.0.1:{port}/api"

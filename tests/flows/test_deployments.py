@@ -16,7 +16,7 @@ from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 from prefect.events import emit_event
 from prefect.settings import PREFECT_API_URL
 
-from components.model_repository import Repository
+from components.push.repository import Repository
 from flows.deployments import build_deployments
 from flows.watch_bucket import EVENT, source_resource
 from tests.flows.conftest import TINY_BEAM, TINY_MODEL
@@ -33,7 +33,7 @@ def client():
         for name in ("train/nightly", "watch-bucket/poll"):
             try:
                 client.delete_deployment(client.read_deployment_by_name(name).id)
-            except Exception:  # noqa: BLE001 (not created by this test)
+            except Exception:  # not created by this test
                 pass
         for automation in client.read_automations_by_name(TRIGGER):
             client.delete_automation(automation.id)
@@ -94,7 +94,7 @@ def test_an_arrival_event_runs_train_nightly_and_a_refused_model_completes(clien
 def _deployment_with_trigger(client):
     try:
         deployment = client.read_deployment_by_name("train/nightly")
-    except Exception:  # noqa: BLE001 (not registered yet)
+    except Exception:  # not registered yet
         return None
     return deployment if client.read_automations_by_name(TRIGGER) else None
 

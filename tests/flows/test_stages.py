@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from components.config import TrainConfig, add_arguments, from_arguments
+from components.contracts.config import TrainConfig, add_arguments, from_arguments
 from flows.parameters import ModelSettings
 from flows.stages import StageError, run_stage, to_arguments
 

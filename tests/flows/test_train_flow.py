@@ -7,8 +7,9 @@ import os
 from prefect import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-from components.layout import Root, read_json
-from components.model_repository import Repository
+from components.contracts.files import read_json
+from components.contracts.layout import Root
+from components.push.repository import Repository
 from flows.parameters import DoctorSettings, Timeouts
 from flows.train import GPU_TAG, train
 from tests.flows.conftest import TINY_BEAM

@@ -14,8 +14,8 @@ from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFi
 from prefect.states import Cancelled, Running
 
 from beam_jobs.sources import list_source
-from components import layout
-from components.demo import write_digits
+from components.contracts import files, layout
+from flows.demo import write_digits
 from flows.train import train
 from flows.watch_bucket import EVENT, source_resource, watch_bucket
 
@@ -43,7 +43,7 @@ def publish_everything_in(source: str, root: str) -> None:
     manifest = {"span": 1, "created": "2026-01-01T00:00:00Z", "compression": "gzip", "source": source,
                 "counts": {"train": 0, "eval": 0, "dead_letter": 0}, "labels": [], "shards": [],
                 "sources": [{"uri": s.uri, "size": s.size, "version": s.version} for s in listing.sources]}
-    layout.write_json(layout.join(layout.Root(root).span(1), layout.MANIFEST), manifest)
+    files.write_json(files.join(layout.Root(root).span(1), layout.MANIFEST), manifest)
 
 
 def test_a_burst_of_files_is_one_event_and_published_files_are_none(digits, tmp_path):

@@ -9,12 +9,19 @@ import tomllib
 
 import dockerfile
 import pytest
-from apache_beam.options.pipeline_options import (FlinkRunnerOptions, GoogleCloudOptions, PipelineOptions,
-                                                  PortableOptions, SetupOptions, SparkRunnerOptions,
-                                                  StandardOptions, WorkerOptions)
+from apache_beam.options.pipeline_options import (
+    FlinkRunnerOptions,
+    GoogleCloudOptions,
+    PipelineOptions,
+    PortableOptions,
+    SetupOptions,
+    SparkRunnerOptions,
+    StandardOptions,
+    WorkerOptions,
+)
 
 from beam_jobs import ingest
-from components.demo import write_digits
+from flows.demo import write_digits
 from tests.infra.conftest import REPO, infra
 
 RUNNERS = {"dataflow.args": "DataflowRunner", "dataflow-wheel.args": "DataflowRunner",

@@ -14,8 +14,8 @@ import jsonschema
 import pytest
 import yaml
 
-from components import serving
-from components.layout import Root
+from components.contracts.layout import Root
+from components.push import serving_image as serving
 from flows import work_pools
 from flows.cli import PROGRAMS
 from flows.commands import PREFECT_PORT

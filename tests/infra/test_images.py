@@ -1,5 +1,5 @@
 """The training image (infra/training/Dockerfile) and the serving image (rendered from
-components/serving_templates, the one source): parsed with BuildKit's parser, linted with hadolint,
+components/push/templates, the one source): parsed with BuildKit's parser, linted with hadolint,
 and held to the code's versions, ports, paths and users."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import tomllib
 import dockerfile
 import pytest
 
-from components import serving
+from components.push import serving_image as serving
 from flows import work_pools
 from tests.infra.conftest import REPO, infra, run_tool
 
@@ -116,7 +116,7 @@ def test_documented_docker_run_line_has_the_flags_training_needs():
 def test_serving_image_is_only_the_rendered_one():
     # One source of truth: infra/serving documents ROOT/serving and keeps no Dockerfile of its own.
     assert not [n for n in os.listdir(infra("serving")) if n.lower().startswith("dockerfile") or n.endswith(".config")]
-    assert "components/serving_templates" in open(infra("serving", "README.md")).read()
+    assert "components/push/templates" in open(infra("serving", "README.md")).read()
 
 
 @pytest.mark.parametrize("name, suffix", [("Dockerfile", ""), ("Dockerfile.gpu", "-gpu")])

@@ -13,9 +13,10 @@ import sys
 import kubernetes_validate
 import pytest
 
-from components import serving, strategy
-from components.config import TrainConfig, add_arguments, from_arguments
-from components.layout import Root
+from components.contracts.config import TrainConfig, add_arguments, from_arguments
+from components.contracts.layout import Root
+from components.push import serving_image as serving
+from components.train import strategy
 from flows import work_pools
 from flows.commands import PREFECT_PORT
 from tests.infra.conftest import find, infra, kustomization, pod_specs, read_env_file
@@ -50,7 +51,7 @@ def test_schema_check_catches_a_misplaced_field(objects):
 
 def test_every_referenced_object_exists(objects):
     names = {(o["kind"], o["metadata"]["name"]) for o in objects} | EXTERNAL
-    for obj, spec in pod_specs(objects):
+    for _obj, spec in pod_specs(objects):
         if "serviceAccountName" in spec:
             assert ("ServiceAccount", spec["serviceAccountName"]) in names
         for volume in spec.get("volumes", []):
@@ -81,7 +82,8 @@ def test_external_secret_keys_are_in_env_example(objects):
                 ref = variable.get("valueFrom", {}).get("secretKeyRef")
                 if ref:
                     assert ref["key"] in keys
-    assert "kubectl -n stoke create secret generic stoke-secrets --from-env-file=infra/.env" in open(infra("k8s", "config.yaml")).read()
+    command = "kubectl -n stoke create secret generic stoke-secrets --from-env-file=infra/.env"
+    assert command in open(infra("k8s", "config.yaml")).read()
 
 
 def test_services_select_pods_and_name_their_ports(objects):
@@ -94,13 +96,13 @@ def test_services_select_pods_and_name_their_ports(objects):
         ports = {p["name"]: p["containerPort"] for _, spec in matches for c in spec["containers"] for p in c.get("ports", [])}
         for port in service["spec"]["ports"]:
             assert ports[port["targetPort"]] == port["port"]
-    for obj, spec in workloads:
+    for obj, _spec in workloads:
         if obj["kind"] == "Deployment":
             assert obj["spec"]["selector"]["matchLabels"].items() <= obj["spec"]["template"]["metadata"]["labels"].items()
 
 
 def test_images_pinned_users_unprivileged_gpus_requested(objects):
-    for obj, spec in pod_specs(objects):
+    for _obj, spec in pod_specs(objects):
         assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] != 0
         for container in containers(spec):
             tag = container["image"].rpartition(":")[2]
@@ -123,7 +125,7 @@ def test_root_and_settings_agree_with_the_code(objects):
     assert config["STOKE_ROOT"] == work_pools.ROOT_MOUNT
     find(objects, "PersistentVolumeClaim", work_pools.ROOT_VOLUME)
     assert "ReadWriteMany" in find(objects, "PersistentVolumeClaim", work_pools.ROOT_VOLUME)["spec"]["accessModes"]
-    for obj, spec in pod_specs(objects):
+    for _obj, spec in pod_specs(objects):
         for volume in spec.get("volumes", []):
             if "persistentVolumeClaim" in volume:
                 mounts = [m for c in spec["containers"] for m in c.get("volumeMounts", []) if m["name"] == volume["name"]]

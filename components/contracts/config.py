@@ -1,0 +1,163 @@
+"""Typed settings of each stage: Prefect renders them as flow parameters, the CLI as options.
+
+Each field's description is its help text in both places. `add_arguments` and `from_arguments`
+turn a model into argparse options and back, so a setting is declared once.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import types
+import typing
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+# The networks `stoke train` can fit (components/train/models.py builds each).
+ModelName = Literal["small_cnn", "mobilenet_v3_small", "efficientnet_b0", "resnet50"]
+MODEL_NAMES: tuple[str, ...] = typing.get_args(ModelName)
+
+# A run id names a folder under ROOT/runs, and a model name a folder under ROOT/models and a URL path
+# segment of TF Serving: letters, digits and a few marks only, so no '..', '/' or scheme reaches
+# the file system. The layout (components/contracts/layout.py) enforces both for every entry point.
+RUN_ID_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$"
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+
+
+def check_run_id(run_id: str) -> str:
+    if not isinstance(run_id, str) or not re.fullmatch(RUN_ID_PATTERN, run_id):
+        raise ValueError(f"bad run id {run_id!r}: letters, digits, '.', '_' and '-' only "
+                         "(at most 128, not starting with '.' or '-')")
+    return run_id
+
+
+RunId = Annotated[str, AfterValidator(check_run_id)]
+
+
+class IngestConfig(BaseModel):
+    """Raw images to a new span of sharded TFRecords."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: str = Field(
+        description="folder of class subfolders, or a CSV/JSONL manifest of uri,label[,split]; "
+        "a local path or an fsspec URI (s3://, gs://)"
+    )
+    root: str = Field(description="artifact ROOT: local path or fsspec URI")
+    eval_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="share of sources for eval, by path hash")
+    shard_mb: float = Field(128.0, gt=0, description="target size of one shard file in MB")
+    max_side: int | None = Field(None, gt=0, description="shrink images whose longer side is larger")
+    max_bad_fraction: float = Field(
+        0.05, ge=0.0, le=1.0, description="fail, publishing nothing, when more sources than this are bad"
+    )
+    compression: Literal["gzip", "zlib", "none"] = Field("gzip", description="codec of the shard files")
+
+
+def add_arguments(parser: argparse.ArgumentParser, model: type[BaseModel], positional=()) -> None:
+    """Adds one option per field of `model` (`--shard-mb`), or a positional argument."""
+    for name, field in model.model_fields.items():
+        kind, choices = _argument_type(field.annotation)
+        help_text = field.description or ""
+        if name in positional:
+            parser.add_argument(name, type=kind, help=help_text)
+            continue
+        flag = "--" + name.replace("_", "-")
+        required = field.is_required()
+        if not required:
+            help_text += f" (default: {field.default})"
+        if kind is bool:
+            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction,
+                                default=field.default, help=help_text)
+        else:
+            parser.add_argument(flag, dest=name, type=kind, choices=choices, required=required,
+                                default=None if required else field.default, help=help_text)
+
+
+def from_arguments(model: type[BaseModel], namespace: argparse.Namespace):
+    """Builds `model` from parsed arguments; pydantic validates ranges and types."""
+    return model(**{name: getattr(namespace, name) for name in model.model_fields})
+
+
+def _argument_type(annotation):
+    """The argparse type and choices for a field annotation such as `int | None` or a Literal."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        annotation = args[0]
+        args = list(typing.get_args(annotation))
+    if typing.get_origin(annotation) is Annotated:  # RunId: the pattern is pydantic's to check
+        annotation = args[0]
+    if typing.get_origin(annotation) is Literal:
+        return type(args[0]), list(args)
+    return annotation, None
+
+
+class TrainConfig(BaseModel):
+    """Published spans to a candidate SavedModel: tf.data input, Keras under a tf.distribute strategy."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    root: str = Field(description="artifact ROOT: local path or a URI TensorFlow reads (gs://)")
+    model: ModelName = Field("small_cnn", description="network to train")
+    weights: Literal["none", "imagenet"] = Field(
+        "none", description="initial weights of the keras.applications models (imagenet needs network)")
+    image_size: int = Field(224, gt=0, description="side of the square input image in pixels")
+    batch_size: int = Field(64, gt=0, description="batch size per replica (the global batch scales with replicas)")
+    epochs: int = Field(10, gt=0, description="passes over the training split")
+    learning_rate: float = Field(1e-3, ge=0, description="Adam learning rate (0 trains nothing: a control run)")
+    precision: Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"] = Field(
+        "auto", description="auto: mixed_bfloat16 on Ampere+, mixed_float16 on GPUs >= 7.0, else float32")
+    xla: bool | None = Field(None, description="compile steps with XLA (jit_compile); default on with a GPU")
+    steps_per_execution: int = Field(1, gt=0, description="training steps per call into the compiled function")
+    strategy: Literal["auto", "default", "one_device", "mirrored", "multi_worker"] = Field(
+        "auto", description="auto: multi_worker when TF_CONFIG names a cluster, mirrored with >1 GPU, else one_device")
+    run_id: RunId | None = Field(None, description="run folder under ROOT/runs; the same id resumes a stopped run")
+    spans: str | None = Field(None, description="spans to read, e.g. 3 or 1,4-6 (default: all published)")
+    steps_per_epoch: int | None = Field(None, gt=0, description="cap on steps per epoch (default: one pass)")
+    skip_corrupt: bool = Field(False, description="skip unreadable records of corrupt shards and count them")
+    flip: bool = Field(True, description="random horizontal flips; turn off for digits, text, anything handed")
+    cache: str | None = Field(None, description="cache decoded images: 'memory' or a file path prefix")
+    shuffle_buffer: int = Field(2048, gt=0, description="records in the shuffle buffer")
+    backup_every: int | None = Field(None, gt=0, description="back up for resume every N steps (default: each epoch)")
+    profile_steps: str = Field("10,20", description="TensorBoard profiler step range; 'none' turns it off")
+    probe_steps: int = Field(30, ge=0, description="steps of the input-bound probe after training (0: skip)")
+    cpu_devices: int | None = Field(None, gt=0, description="split the CPU into N logical devices (mirrored without GPUs)")
+
+
+class ValidateConfig(BaseModel):
+    """The gate: TFMA on the run's eval split, against the newest served version, plus a serving check."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    root: str = Field(description="artifact ROOT: local path or fsspec URI")
+    run_id: RunId = Field(description="run folder under ROOT/runs holding the candidate")
+    model_name: str = Field("stoke", pattern=MODEL_NAME_PATTERN, description="model in ROOT/models to compare against")
+    min_accuracy: float | None = Field(
+        None, ge=0.0, le=1.0, description="lowest accuracy to bless (default: must beat the eval split's majority-class rate)")
+    max_regression: float = Field(0.01, ge=0.0, le=1.0, description="allowed absolute accuracy drop below the served version")
+    top_k: int = Field(5, gt=0, description="k of the top-k accuracy (capped at the number of classes)")
+    warmup_images: int = Field(8, gt=0, le=256, description="real eval images in the warm-up requests")
+
+
+class PushConfig(BaseModel):
+    """A blessed candidate into the TF Serving model repository, plus the serving image build context."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    root: str = Field(description="artifact ROOT: local path or fsspec URI")
+    run_id: RunId = Field(description="run folder under ROOT/runs holding the blessed candidate")
+    model_name: str = Field("stoke", pattern=MODEL_NAME_PATTERN, description="model name in ROOT/models and TF Serving")
+    keep: int = Field(3, gt=0, description="newest versions kept in the repository (older ones are retired)")
+    build_image: bool = Field(True, description="build the serving image when a container engine answers")
+
+
+class DoctorConfig(BaseModel):
+    """Preflight (`stoke doctor`): the machine, checked before any GPU hour is spent."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    root: str = Field(description="artifact ROOT: local path or fsspec URI")
+    source: str | None = Field(None, description="raw image source; its disk is checked too when local")
+    require_gpu: bool = Field(False, description="fail, not warn, when no GPU is usable")
+    min_read_mbps: float | None = Field(
+        None, gt=0, description="fail when sequential reads under ROOT are slower than this (MB/s)")
+    sample_mb: int = Field(64, gt=0, description="MiB to read when timing the disk")

@@ -1,0 +1,57 @@
+"""Files under ROOT on any file system fsspec knows (a local disk, s3://, gs://): paths, JSON and
+text written whole, and which stores can rename atomically."""
+from __future__ import annotations
+
+import json
+import posixpath
+
+import fsspec
+
+
+def join(base: str, *parts: str) -> str:
+    """Joins path parts onto a local path or a URI without touching its scheme."""
+    return posixpath.join(base.rstrip("/") if base != "/" else base, *parts)
+
+
+def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The fsspec filesystem behind a URI and the path within it."""
+    return fsspec.core.url_to_fs(uri)
+
+
+def exists(uri: str) -> bool:
+    fs, path = filesystem(uri)
+    return fs.exists(path)
+
+
+def read_json(uri: str):
+    with fsspec.open(uri, "r", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def write_json(uri: str, value) -> None:
+    """Writes JSON in one request on object stores; locally through a temp file and a rename."""
+    fs, path = filesystem(uri)
+    data = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False).encode() + b"\n"
+    if is_local(fs):
+        fs.makedirs(posixpath.dirname(path), exist_ok=True)
+        tmp = f"{path}.tmp"
+        fs.pipe_file(tmp, data)
+        fs.mv(tmp, path)
+    else:
+        fs.pipe_file(path, data)
+
+
+def write_text(uri: str, text: str) -> None:
+    fs, path = filesystem(uri)
+    fs.makedirs(posixpath.dirname(path), exist_ok=True)
+    fs.pipe_file(path, text.encode())
+
+
+def remove(uri: str) -> None:
+    fs, path = filesystem(uri)
+    fs.rm(path, recursive=True)
+
+
+def is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    """A local disk, where renames are atomic; object stores have none."""
+    return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))

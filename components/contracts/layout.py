@@ -1,0 +1,183 @@
+"""The ROOT layout of DESIGN.md: the one place that knows where each artifact lives.
+
+ROOT is a local path or any fsspec URI (s3://, gs://). Every stage reads and writes under it, so
+stages hand each other URIs, never objects in memory. `Root` knows the data (labels, spans and
+their shards), the runs, the model repositories and the serving context; `RunDir` knows the files
+of one run. No other module spells these names.
+"""
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+import re
+
+from components.contracts.config import check_run_id
+from components.contracts.files import filesystem, join, read_json
+from components.contracts.results import SpanManifest
+
+MANIFEST = "_MANIFEST.json"
+DEAD_LETTER = "dead_letter.jsonl"
+LABELS = "labels.json"
+SPAN_PATTERN = re.compile(r"^span-(\d{5,})$")
+METRICS = "metrics.json"  # in a run folder: written last by training, so its presence means finished
+
+# Shard file suffix for each codec the ingest job can write; readers take the codec from the manifest.
+SHARD_SUFFIX = {"gzip": ".tfrecord.gz", "zlib": ".tfrecord.zz", "none": ".tfrecord"}
+TF_COMPRESSION = {"gzip": "GZIP", "zlib": "ZLIB", "none": ""}
+
+
+class Root:
+    """Paths under one artifact ROOT."""
+
+    def __init__(self, uri: str):
+        self.uri = uri.rstrip("/") or "/"
+
+    @property
+    def data(self) -> str:
+        return join(self.uri, "data")
+
+    @property
+    def labels(self) -> str:
+        return join(self.data, LABELS)
+
+    @property
+    def spans(self) -> str:
+        return join(self.data, "spans")
+
+    def span(self, number: int) -> str:
+        return join(self.spans, span_name(number))
+
+    def manifest(self, number: int) -> str:
+        return join(self.span(number), MANIFEST)
+
+    def dead_letter(self, number: int) -> str:
+        return join(self.span(number), DEAD_LETTER)
+
+    @property
+    def runs(self) -> str:
+        return join(self.uri, "runs")
+
+    def run(self, run_id: str) -> RunDir:
+        """The folder of run `run_id`; refuses ids that could leave ROOT/runs."""
+        return RunDir(join(self.runs, check_run_id(run_id)))
+
+    def models(self, name: str) -> str:
+        return join(self.uri, "models", name)
+
+    @property
+    def serving(self) -> str:
+        return join(self.uri, "serving")
+
+    def read_labels(self) -> list[str]:
+        fs, path = filesystem(self.labels)
+        return read_json(self.labels) if fs.exists(path) else []
+
+    def span_numbers(self) -> list[int]:
+        """Numbers of every span folder, published or not."""
+        fs, path = filesystem(self.spans)
+        if not fs.isdir(path):
+            return []
+        names = (posixpath.basename(p.rstrip("/")) for p in fs.ls(path, detail=False))
+        return sorted(int(m.group(1)) for m in map(SPAN_PATTERN.match, names) if m)
+
+    def manifests(self, spans: list[int] | None = None) -> list[SpanManifest]:
+        """Manifests of the published spans (those whose _MANIFEST.json exists), oldest first."""
+        fs, _ = filesystem(self.spans)
+        found = []
+        for number in self.span_numbers():
+            if spans is not None and number not in spans:
+                continue
+            uri = self.manifest(number)
+            if fs.exists(filesystem(uri)[1]):
+                found.append(SpanManifest.read(uri))
+        return found
+
+    def shards(self, split: str, spans: list[int] | None = None) -> list[Shard]:
+        """Shard files of one split across the published spans (unpublished span folders are ignored)."""
+        found = []
+        for manifest in self.manifests(spans):
+            folder = self.span(manifest.span)
+            found += [Shard(join(folder, entry.file), TF_COMPRESSION[manifest.compression], entry.records,
+                            manifest.span) for entry in manifest.shards if entry.split == split]
+        return found
+
+    def label_names(self, spans: list[int] | None = None) -> list[str]:
+        """labels.json (append-only, so it covers every span), else the longest list of a manifest."""
+        names = self.read_labels()
+        for manifest in self.manifests(spans):
+            if len(manifest.labels) > len(names):
+                names = list(manifest.labels)
+        return names
+
+
+class RunDir:
+    """The files of one run, ROOT/runs/<run-id>/; every stage of the run writes here."""
+
+    def __init__(self, uri: str):
+        self.uri = uri
+        self.run_id = posixpath.basename(uri.rstrip("/"))
+
+    def __str__(self) -> str:
+        return self.uri
+
+    def _file(self, name: str) -> str:
+        return join(self.uri, name)
+
+    # training: checkpoints (best weights), backup (resume), tensorboard, the candidate, metrics last
+    checkpoints = property(lambda self: self._file("checkpoints"))
+    backup = property(lambda self: self._file("backup"))
+    tensorboard = property(lambda self: self._file("tensorboard"))
+    candidate = property(lambda self: self._file("candidate"))
+    metrics = property(lambda self: self._file(METRICS))
+    curves = property(lambda self: self._file("curves.png"))
+    # validation: TFMA output, the warm-up requests it replayed, its verdict; the marker last
+    tfma = property(lambda self: self._file("tfma"))
+    warmup = property(lambda self: join(self.uri, "warmup", "tf_serving_warmup_requests"))
+    validation = property(lambda self: self._file("validation.json"))
+    confusion_matrix = property(lambda self: self._file("confusion_matrix.png"))
+    blessed = property(lambda self: self._file("BLESSED"))
+    not_blessed = property(lambda self: self._file("NOT_BLESSED"))
+    # push, and the run's report
+    pushed = property(lambda self: self._file("pushed.json"))
+    report_md = property(lambda self: self._file("report.md"))
+    report_json = property(lambda self: self._file("report.json"))
+    gpus_plot = property(lambda self: self._file("gpus.png"))
+    throughput_plot = property(lambda self: self._file("throughput.png"))
+
+    def summary(self, stage: str) -> str:
+        """Where the flow keeps a stage program's JSON summary."""
+        return join(self.uri, "summaries", f"{stage}.json")
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    uri: str
+    compression: str  # TFRecordDataset compression_type: "GZIP", "ZLIB" or ""
+    records: int
+    span: int
+
+
+def parse_spans(text: str | None) -> list[int] | None:
+    """`"3"`, `"1,4"`, `"2-5"` or `"1-3,7"` to span numbers; None or "" or "all" means every span."""
+    if text is None or str(text).strip() in ("", "all"):
+        return None
+    numbers: set[int] = set()
+    for part in str(text).split(","):
+        match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        if not match:
+            raise ValueError(f"bad span list {text!r}: use numbers and ranges such as 1,3-5")
+        low = int(match.group(1))
+        high = int(match.group(2) or low)
+        if high < low:
+            raise ValueError(f"bad span range {part.strip()!r}")
+        numbers.update(range(low, high + 1))
+    return sorted(numbers)
+
+
+def span_name(number: int) -> str:
+    return f"span-{number:05d}"
+
+
+def shard_name(split: str, index: int, count: int, compression: str = "gzip") -> str:
+    return f"{split}-{index:05d}-of-{count:05d}{SHARD_SUFFIX[compression]}"
+

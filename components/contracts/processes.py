@@ -1,0 +1,46 @@
+"""Child processes that cannot outlive their welcome: each starts in a process group of its own, so
+stopping it also stops whatever it started (Beam workers, TensorFlow's helpers, a Docker client),
+and every wait has a timeout.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+
+def start(command: list[str], **popen) -> subprocess.Popen:
+    """Starts `command` as the leader of a new process group (Ctrl-C in a terminal does not reach
+    it: the caller decides when it stops, with `stop`)."""
+    return subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True, **popen)
+
+
+def run(command: list[str], *, timeout: float, env: dict | None = None,
+        cwd: str | None = None) -> subprocess.CompletedProcess:
+    """Runs `command` to its end and returns its exit code and text output.
+
+    Raises subprocess.TimeoutExpired after `timeout` seconds, and OSError when it cannot start; the
+    process group is stopped in either case, and when this caller is interrupted."""
+    process = start(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except BaseException:
+        stop(process)
+        raise
+    return subprocess.CompletedProcess(command, process.returncode, out, err)
+
+
+def stop(process: subprocess.Popen, grace: float = 10.0) -> None:
+    """SIGTERM to the whole group, then SIGKILL once `grace` seconds have passed."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        if process.poll() is not None:
+            return
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue

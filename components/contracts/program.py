@@ -1,0 +1,50 @@
+"""The edges every stage program shares: settings from the command line, one-line errors, and the
+summary as one JSON object on the last line of stdout, which is what `stoke` and the flows read."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Callable
+
+from pydantic import BaseModel, ValidationError
+
+from components.contracts.config import add_arguments
+
+BAD_SETTINGS = 2  # argparse's exit code for a command line it cannot use
+FAILED = 1
+
+
+def arguments(prog: str, doc: str, model: type[BaseModel] | None = None, positional=()) -> argparse.ArgumentParser:
+    """A parser with one option per field of `model` and `--json`."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc.strip().split("\n")[0])
+    if model is not None:
+        add_arguments(parser, model, positional)
+    parser.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+    return parser
+
+
+def main(prog: str, as_json: bool, work: Callable[[], dict], describe: Callable[[dict], str],
+         errors: tuple[type[Exception], ...] = (), failed: dict | None = None) -> int:
+    """Runs `work` and prints its summary, or one error line on stderr (and `failed` plus the error
+    as the JSON line) for bad settings and for the `errors` that mean the work could not be done."""
+    try:
+        summary = work()
+    except ValidationError as error:
+        return _fail(prog, as_json, settings_message(error), failed, BAD_SETTINGS)
+    except errors as error:
+        return _fail(prog, as_json, str(error), failed, FAILED)
+    print(json.dumps(summary, sort_keys=True) if as_json else describe(summary), flush=True)
+    return 0
+
+
+def settings_message(error: ValidationError) -> str:
+    """`--eval-fraction: Input should be less than 1` for each rejected setting."""
+    return "; ".join(f"--{'-'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}" for e in error.errors())
+
+
+def _fail(prog: str, as_json: bool, message: str, failed: dict | None, code: int) -> int:
+    print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+    if as_json:
+        print(json.dumps({**(failed or {}), "error": message}, sort_keys=True), flush=True)
+    return code

@@ -1,0 +1,270 @@
+"""The typed results stages hand each other through ROOT: the span manifest, a run's metrics.json,
+validation.json and pushed.json, and the lineage of a served version.
+
+Each is written and read through its model. Keys are strict both ways: a missing key fails, and so
+does an unknown one, so a key renamed on one side fails loudly in a test instead of turning into
+None in a report. Files written by earlier versions keep loading (tests/components/contracts holds
+one of each).
+"""
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from components.contracts.files import read_json, write_json
+
+
+class ResultError(ValueError):
+    """A result file that is not what its model says; the message names the file."""
+
+
+class Result(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    @classmethod
+    def read(cls, uri: str):
+        try:
+            return cls.check(read_json(uri), uri)
+        except json.JSONDecodeError as error:
+            raise ResultError(f"{uri} is not JSON: {error}") from None
+
+    @classmethod
+    def check(cls, data, uri: str):
+        """The model from JSON data already read from `uri` (to hash it, say); errors name `uri`."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as error:
+            raise ResultError(f"{uri} is not a valid {cls.__name__}: {_problems(error)}") from None
+
+    def write(self, uri: str) -> None:
+        write_json(uri, self.to_json())
+
+    def to_json(self) -> dict:
+        """The plain JSON object, as written to the file and printed as a stage's summary."""
+        return self.model_dump(mode="json")
+
+
+def _problems(error: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'the file'}: {e['msg']}" for e in error.errors()[:5])
+
+
+# ---------------------------------------------------------------- a span
+
+
+class SpanCounts(Result):
+    train: int
+    eval: int
+    dead_letter: int
+
+
+class ShardEntry(Result):
+    file: str  # relative to the span folder
+    split: Literal["train", "eval"]
+    records: int
+    bytes: int
+
+
+class SourceEntry(Result):
+    """A source file as published: its identity is (uri, size, version)."""
+
+    uri: str
+    size: int
+    version: str
+
+
+class SpanManifest(Result):
+    """ROOT/data/spans/span-NNNNN/_MANIFEST.json, written last: the span exists once it does."""
+
+    span: int
+    created: str
+    source: str
+    compression: Literal["gzip", "zlib", "none"] = "gzip"
+    counts: SpanCounts
+    labels: list[str]
+    shards: list[ShardEntry]
+    sources: list[SourceEntry]
+    settings: dict = {}  # the ingest settings, SOURCE and ROOT aside
+
+
+# ---------------------------------------------------------------- a run: training
+
+
+class LossAccuracy(Result):
+    loss: float | None
+    accuracy: float | None
+
+
+class InputProbe(Result):
+    """Was the accelerator waiting for input? Empty when the probe was skipped."""
+
+    input_images_per_sec: float | None = None
+    model_images_per_sec_synthetic: float | None = None
+    real_step_seconds: float | None = None
+    synthetic_step_seconds: float | None = None
+    real_vs_synthetic: float | None = None
+    input_wait_seconds: float | None = None
+    input_bound: bool | None = None
+
+
+class CorruptShard(Result):
+    uri: str
+    error: str | None
+    readable: int
+    expected: int
+
+
+class Corrupt(Result):
+    skipped_records: int = 0
+    shards: list[CorruptShard] = []
+
+
+class TrainMetrics(Result):
+    """ROOT/runs/<id>/metrics.json, written last by training: the run's summary."""
+
+    run_id: str
+    run_dir: str
+    model_dir: str
+    model: str
+    image_size: int
+    labels: list[str]
+    spans: list[int]
+    strategy: str
+    workers: int
+    replicas: int
+    precision: str
+    xla: bool
+    batch_size: int
+    global_batch_size: int
+    epochs: int
+    steps_per_epoch: int
+    total_steps: int
+    resumed_from_step: int
+    images_per_sec: float | None
+    train: LossAccuracy
+    eval: LossAccuracy
+    history: dict[str, list[float]]
+    input: InputProbe
+    gpu: dict  # the GPU sampler's record (components/train/gpu_sampler.py)
+    corrupt: Corrupt
+
+
+# ---------------------------------------------------------------- a run: the gate
+
+
+class GateMetrics(Result):
+    """TFMA's figures for one model on the eval split."""
+
+    accuracy: float
+    top_k_accuracy: float
+    example_count: int
+    top_k: int
+    per_class_accuracy: dict[str, float]
+    per_class_examples: dict[str, int]
+    confusion_matrix: list[list[int]] | None = None  # [actual][predicted]
+    majority_class_rate: float | None = None  # the candidate's only
+    eval_label_counts: dict[str, int] | None = None  # the candidate's only
+
+
+class Thresholds(Result):
+    min_accuracy: float
+    min_accuracy_inclusive: bool
+    min_accuracy_source: str
+    max_regression: float
+    compared_to_baseline: bool
+    top_k: int
+
+
+class Validation(Result):
+    """ROOT/runs/<id>/validation.json: the blessing and its reasons (BLESSED/NOT_BLESSED beside it)."""
+
+    run_id: str
+    model_name: str
+    blessed: bool
+    reasons: list[str]
+    notes: list[str]
+    metrics: GateMetrics
+    baseline: GateMetrics | None
+    baseline_version: int | None  # the served version compared with, None when not compared
+    served_version: int | None  # the newest served version when validated
+    thresholds: Thresholds
+    serving_check: dict  # components/validate/serving_check.py's report
+    labels: list[str]
+    spans: list[int]
+    tfma_uri: str
+    tfma_validation_ok: bool
+    confusion_matrix_uri: str
+    warmup_uri: str
+    validation_uri: str
+    validated_at: str
+
+
+# ---------------------------------------------------------------- a push
+
+
+class Pushed(Result):
+    """ROOT/runs/<id>/pushed.json: the version a run became."""
+
+    version: int
+    model_uri: str
+    pushed_at: str
+
+
+class LineageSpan(Result):
+    span: int
+    manifest_uri: str
+    manifest_sha256: str
+    source: str
+    created: str
+    counts: SpanCounts
+    sources: int
+
+
+class Training(Result):
+    model: str
+    image_size: int
+    precision: str
+    strategy: str
+    epochs: int
+    total_steps: int
+    global_batch_size: int
+    train: LossAccuracy
+    eval: LossAccuracy
+
+
+class Blessing(Result):
+    blessed: bool
+    reasons: list[str]
+    notes: list[str]
+    thresholds: Thresholds
+    baseline_version: int | None
+    validation_uri: str
+    validated_at: str
+
+
+class RolledBack(Result):
+    at: str
+    reason: str
+    moved_to: str
+    serving_now: int
+
+
+class Lineage(Result):
+    """assets.extra/stoke_lineage.json of a version: served version -> run -> spans -> metrics."""
+
+    model_name: str
+    version: int
+    pushed_at: str
+    run_id: str
+    run_uri: str
+    labels: list[str]
+    spans: list[LineageSpan]
+    training: Training
+    metrics: GateMetrics
+    blessing: Blessing
+    tensorflow_version: str
+    serving_image: str
+    code_version: dict
+    rolled_back: RolledBack | None = None
+    retired_at: str | None = None

@@ -1,0 +1,5 @@
+import sys
+
+from components.preflight.doctor import run
+
+sys.exit(run())

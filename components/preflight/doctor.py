@@ -1,0 +1,95 @@
+"""`python -m components.preflight --root ROOT`: know the machine before blaming the model.
+
+A worn NVMe drive quietly halves data loading, a container with a 64 MB /dev/shm hangs the
+loaders, a GPU on a x4 link idles at 30%. `run_checks` looks at each of these before any GPU hour
+is spent and returns a Report: one Check per fact, each ok, warn, fail or skip, with the reason and
+the flag that fixes it. Nothing here raises on an odd machine; what cannot be measured is a warning
+that says why.
+"""
+from __future__ import annotations
+
+import sys
+
+from components.contracts import program
+from components.contracts.config import DoctorConfig, from_arguments
+from components.contracts.layout import Root
+from components.contracts.results import SpanManifest
+from components.preflight.checks import Check, Report
+from components.preflight.gpus import gpu_check, tensorflow_check
+from components.preflight.limits import cpu_check, memlock_check, open_files_check, shm_check
+from components.preflight.storage import disk_health, free_space, local_path, read_throughput
+
+
+def run_checks(root: str, source: str | None = None, require_gpu: bool = False,
+               min_read_mbps: float | None = None, *, sample_mb: int = 256,
+               mounts_text: str | None = None, sys_root: str = "/sys",
+               smartctl: str = "smartctl") -> Report:
+    """Every preflight check for training from ROOT (and ingesting from SOURCE when local)."""
+    local_root = local_path(root)
+    paths = {"ROOT": local_root} if local_root else {}
+    if source and local_path(source):
+        paths["source"] = local_path(source)
+    manifests = _manifests(root)
+    checks = _guarded("disk health", disk_health, paths, mounts_text, sys_root, smartctl) if paths else [
+        Check("disk health", "skip", f"ROOT {root} is not a local path; its store keeps its own disks")]
+    checks.append(_guarded("read throughput", read_throughput, root, manifests, sample_mb, min_read_mbps))
+    checks.append(_guarded("free space", free_space, root, manifests))
+    gpu = _guarded("GPU", gpu_check, require_gpu)
+    gpus = gpu.facts.get("count", 0)
+    checks += [gpu, _guarded("TensorFlow GPUs", tensorflow_check, require_gpu, gpus),
+               _guarded("CPU cores", cpu_check, gpus), _guarded("/dev/shm", shm_check, gpus),
+               _guarded("memlock", memlock_check), _guarded("open files", open_files_check)]
+    return Report(checks)
+
+
+def _guarded(name: str, check, *args):
+    """Runs one check; a surprise on an odd machine becomes a warning naming it, not a crash."""
+    try:
+        return check(*args)
+    except Exception as e:  # a preflight must report, never stop the report
+        found = Check(name, "warn", f"could not check: {type(e).__name__}: {e}")
+        return [found] if name == "disk health" else found
+
+
+def _manifests(root: str) -> list[SpanManifest]:
+    try:
+        return Root(root).manifests()
+    except (OSError, ValueError):
+        return []
+
+
+def render(report: Report):
+    """The report as a rich Table for the terminal."""
+    from rich.table import Table
+
+    colour = {"ok": "green", "skip": "dim", "warn": "yellow", "fail": "bold red"}
+    table = Table(title="stoke doctor", show_lines=False)
+    for column in ("check", "status", "finding", "fix"):
+        table.add_column(column, overflow="fold")
+    for c in report.checks:
+        table.add_row(c.name, f"[{colour[c.status]}]{c.status}[/]", c.summary, c.fix or "")
+    return table
+
+
+def run(argv: list[str] | None = None) -> int:
+    """`stoke doctor`: the table on a terminal (the report as JSON with --json); exit 1 on a failed check."""
+    args = program.arguments("stoke doctor", __doc__, DoctorConfig).parse_args(argv)
+    done: list[Report] = []
+
+    def work() -> dict:
+        config = from_arguments(DoctorConfig, args)
+        done.append(run_checks(config.root, source=config.source, require_gpu=config.require_gpu,
+                               min_read_mbps=config.min_read_mbps, sample_mb=config.sample_mb))
+        return done[0].to_dict()
+
+    def describe(summary: dict) -> str:
+        from rich.console import Console
+
+        Console().print(render(done[0]))
+        return f"doctor: {summary['status']} ({len(done[0].warnings)} warnings)"
+
+    code = program.main("stoke doctor", args.json, work, describe)
+    if code == 0 and done[0].failed:
+        print(f"stoke doctor: {done[0].failure_line()}", file=sys.stderr, flush=True)
+        return program.FAILED
+    return code

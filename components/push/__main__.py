@@ -1,0 +1,5 @@
+import sys
+
+from components.push.push import run
+
+sys.exit(run())

@@ -1,0 +1,175 @@
+"""`python -m components.push.push --root ROOT --run-id ID`: the push of a blessed candidate.
+
+Refuses a run without BLESSED, a run validated against a served version that is no longer the
+newest (validate again), and pushes a run at most once (a second push reports the first). The
+version folder gets the candidate, `assets.extra/tf_serving_warmup_requests` (the requests
+validation replayed) and `assets.extra/stoke_lineage.json`; it appears atomically
+(components/push/repository.py). Then retention keeps the newest --keep versions and ROOT/serving
+is rendered again; the image is built when a container engine answers.
+"""
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import subprocess
+
+from components.contracts import processes, program
+from components.contracts.config import PushConfig, from_arguments
+from components.contracts.files import exists, filesystem
+from components.contracts.layout import Root
+from components.contracts.results import (
+    Blessing,
+    Lineage,
+    LineageSpan,
+    Pushed,
+    ResultError,
+    SpanManifest,
+    Training,
+    TrainMetrics,
+    Validation,
+)
+from components.push.repository import ASSETS_EXTRA, LINEAGE_FILE, WARMUP_FILE, Repository, RepositoryError
+from components.push.serving_image import ServingError
+
+
+class PushError(Exception):
+    """A refusal with a message for the user (no traceback)."""
+
+
+def run(argv: list[str] | None = None) -> int:
+    args = program.arguments("stoke push", __doc__, PushConfig).parse_args(argv)
+    return program.main("stoke push", args.json, lambda: push(from_arguments(PushConfig, args)), _describe,
+                        errors=(PushError, RepositoryError, ServingError, ResultError), failed={"pushed": False})
+
+
+def _describe(summary: dict) -> str:
+    if not summary["pushed"]:
+        return summary["message"]
+    return (f"pushed {summary['run_id']} as version {summary['version']} of {summary['model_name']}: "
+            f"{summary['model_uri']}\n  build: {summary['commands']['docker_build']}\n"
+            f"  run:   {summary['commands']['docker_run']}")
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+
+def push(config: PushConfig) -> dict:
+    from components.push import serving_image as serving
+
+    root = Root(config.root)
+    run = root.run(config.run_id)
+    repo = Repository(root, config.model_name)
+    if not exists(run.blessed):
+        why = "it was not validated (run `stoke validate` first)"
+        if exists(run.not_blessed):
+            why = "validation refused it: " + "; ".join(Validation.read(run.validation).reasons)
+        raise PushError(f"run {config.run_id} is not blessed: {why}")
+    validation = Validation.read(run.validation)
+    if validation.model_name != config.model_name:
+        raise PushError(f"run {config.run_id} was validated for model {validation.model_name!r}, "
+                        f"not {config.model_name!r}; validate it against {config.model_name!r} first")
+
+    if exists(run.pushed):
+        earlier = Pushed.read(run.pushed)
+        cmds = serving.commands(root.serving, config.model_name, earlier.version)
+        return {"pushed": False, "already_pushed": True, "run_id": config.run_id, "model_name": config.model_name,
+                "version": earlier.version, "model_uri": earlier.model_uri, "serving_uri": root.serving,
+                "commands": cmds, "message": f"run {config.run_id} was already pushed as version "
+                                             f"{earlier.version} on {earlier.pushed_at}; nothing to do"}
+
+    cleaned = repo.remove_partial()
+    newest = repo.newest()
+    if newest != validation.served_version:
+        raise PushError(f"run {config.run_id} was validated while version {validation.served_version} "
+                        f"was the newest served; now it is {newest}. Run `stoke validate` again")
+
+    candidate = run.candidate
+    trained_tf = serving.saved_model_tf_version(candidate)
+    serving.check_server_version(trained_tf)
+    version = repo.next_version()
+    lineage = build_lineage(root, config, validation, version, trained_tf)
+    warmup_fs, warmup_path = filesystem(run.warmup)
+    model_uri = repo.publish(candidate, version, {
+        f"{ASSETS_EXTRA}/{WARMUP_FILE}": warmup_fs.cat_file(warmup_path),
+        f"{ASSETS_EXTRA}/{LINEAGE_FILE}": json.dumps(lineage.to_json(), indent=2, sort_keys=True).encode(),
+    })
+    Pushed(version=version, model_uri=model_uri, pushed_at=lineage.pushed_at).write(run.pushed)
+    retired = repo.apply_retention(config.keep, _now())
+    rendered = serving.render(root, config.model_name)
+    image = (serving.build_image(rendered["serving_uri"], rendered["commands"]["docker_build"])
+             if config.build_image else {"built": False, "reason": "--no-build-image"})
+    return {
+        "pushed": True,
+        "run_id": config.run_id,
+        "model_name": config.model_name,
+        "version": version,
+        "model_uri": model_uri,
+        "previous_version": newest,
+        "versions": rendered["versions"],
+        "retired": retired,
+        "cleaned_partial": cleaned,
+        "serving_uri": rendered["serving_uri"],
+        "serving_image": rendered["serving_image"],
+        "trained_tensorflow": trained_tf,
+        "labels": rendered["labels"],
+        "commands": rendered["commands"],
+        "image": image,
+        "metrics": validation.metrics.model_dump(include={"accuracy", "top_k_accuracy", "example_count"}),
+    }
+
+
+def build_lineage(root: Root, config: PushConfig, validation: Validation, version: int, trained_tf: str) -> Lineage:
+    """Served version -> run -> spans (with their manifests' hashes and counts) -> metrics, blessing."""
+    from components.push import serving_image as serving
+
+    run = root.run(config.run_id)
+    trained = TrainMetrics.read(run.metrics)
+    spans = []
+    for manifest_uri in map(root.manifest, trained.spans):
+        fs, path = filesystem(manifest_uri)
+        raw = fs.cat_file(path)
+        manifest = SpanManifest.check(json.loads(raw), manifest_uri)
+        spans.append(LineageSpan(span=manifest.span, manifest_uri=manifest_uri,
+                                 manifest_sha256=hashlib.sha256(raw).hexdigest(), source=manifest.source,
+                                 created=manifest.created, counts=manifest.counts, sources=len(manifest.sources)))
+    return Lineage(
+        model_name=config.model_name,
+        version=version,
+        pushed_at=_now(),
+        run_id=config.run_id,
+        run_uri=run.uri,
+        labels=trained.labels,
+        spans=spans,
+        training=Training.model_validate(trained.model_dump(include=set(Training.model_fields))),
+        metrics=validation.metrics,
+        blessing=Blessing.model_validate(validation.model_dump(include=set(Blessing.model_fields))),
+        tensorflow_version=trained_tf,
+        serving_image=f"{serving.SERVING_IMAGE}:{serving.SERVING_VERSION}",
+        code_version=code_version(),
+    )
+
+
+def code_version() -> dict:
+    """The stoke package version and, when the code runs from a git checkout, its commit."""
+    from importlib import metadata
+    from pathlib import Path
+
+    info = {"package": None, "git_commit": None, "git_dirty": None}
+    try:
+        info["package"] = metadata.version("stoke")
+    except metadata.PackageNotFoundError:
+        pass
+    here = Path(__file__).resolve().parent
+    try:
+        commit = processes.run(["git", "rev-parse", "HEAD"], cwd=here, timeout=10)
+        if commit.returncode == 0:
+            info["git_commit"] = commit.stdout.strip()
+            status = processes.run(["git", "status", "--porcelain", "--", "components", "beam_jobs"],
+                                   cwd=here.parent, timeout=10)
+            info["git_dirty"] = bool(status.stdout.strip())
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return info

@@ -1,0 +1,185 @@
+"""ROOT/serving/: the build context of the serving image, rendered from components/push/templates.
+
+Dockerfile (and Dockerfile.gpu) from a pinned tensorflow/serving tag, a copy of the kept versions
+under models/<name>/ (the context is self-contained: `docker build ROOT/serving` needs nothing
+else), models.config with the version labels stable/canary, batching.config, monitoring.config
+for Prometheus, and the exact `docker build` / `docker run` commands in commands.json.
+"""
+from __future__ import annotations
+
+import posixpath
+import re
+import shlex
+import shutil
+import string
+import subprocess
+from importlib import resources
+
+from components.contracts import processes
+from components.contracts.files import filesystem, is_local, join, write_json
+from components.contracts.layout import Root
+from components.push.repository import SAVED_MODEL, Repository
+
+# tensorflow/serving releases follow TensorFlow's; 2.21.0 is the newest tag found (Docker Hub
+# tensorflow/serving, also named by TF Serving's release PRs up to 2.20.0 and used as
+# `FROM tensorflow/serving:2.21.0` / `2.21.0-gpu` in published deployment guides) and matches the
+# TensorFlow 2.21 that trains Stoke's models. Raise it together with TensorFlow.
+SERVING_VERSION = "2.21.0"
+SERVING_IMAGE = "tensorflow/serving"
+METRICS_PATH = "/monitoring/prometheus/metrics"
+GRPC_PORT = 8500
+REST_PORT = 8501
+MODEL_BASE_PATH = "/models"  # inside the image: /models/<name>/<version>, as models.config names it
+USER_ID = 10001  # the server runs as this unprivileged uid; nothing it reads needs more
+BUILD_SECONDS = 30 * 60  # pulling the base image and copying the models
+BATCHING = {"max_batch_size": 32, "batch_timeout_micros": 2000, "max_enqueued_batches": 100,
+            "num_batch_threads": 4, "allowed_batch_sizes": (1, 4, 8, 16, 32)}
+
+
+class ServingError(Exception):
+    """A refusal with a message for the user."""
+
+
+def template(name: str) -> string.Template:
+    return string.Template(resources.files("components.push.templates").joinpath(name).read_text())
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    numbers = re.findall(r"\d+", text or "")[:3]
+    return tuple(int(n) for n in numbers) + (0,) * (3 - len(numbers))
+
+
+def check_server_version(trained_tf: str, serving_version: str = SERVING_VERSION) -> None:
+    """Refuses a server older than the TensorFlow that wrote the model (major.minor)."""
+    if version_tuple(serving_version)[:2] < version_tuple(trained_tf)[:2]:
+        raise ServingError(f"the model was written by TensorFlow {trained_tf}, newer than "
+                           f"{SERVING_IMAGE}:{serving_version}; raise SERVING_VERSION in components/push/serving_image.py")
+
+
+def saved_model_tf_version(model_uri: str) -> str:
+    """The TensorFlow version recorded in a SavedModel's MetaGraphDef."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    fs, path = filesystem(model_uri)
+    proto = saved_model_pb2.SavedModel()
+    proto.ParseFromString(fs.cat_file(posixpath.join(path, SAVED_MODEL)))
+    return proto.meta_graphs[0].meta_info_def.tensorflow_version if proto.meta_graphs else ""
+
+
+def render_text(model_name: str, versions: list[int], trained_tf: str) -> dict[str, str]:
+    """The text files of the build context (no model files)."""
+    if not versions:
+        raise ServingError(f"model {model_name} has no version to serve")
+    canary = versions[-1]
+    stable = versions[-2] if len(versions) > 1 else versions[-1]
+    batching = dict(BATCHING)
+    batching["allowed_batch_sizes"] = "\n".join(f"allowed_batch_sizes: {s}" for s in BATCHING["allowed_batch_sizes"])
+    image = {"model_name": model_name, "trained_tf": trained_tf, "grpc_port": GRPC_PORT, "rest_port": REST_PORT,
+             "model_base_path": MODEL_BASE_PATH, "metrics_path": METRICS_PATH, "user_id": USER_ID}
+    files = {
+        "Dockerfile": template("Dockerfile.tmpl").substitute(
+            base_image=f"{SERVING_IMAGE}:{SERVING_VERSION}", **image),
+        "Dockerfile.gpu": template("Dockerfile.tmpl").substitute(
+            base_image=f"{SERVING_IMAGE}:{SERVING_VERSION}-gpu", **image),
+        "models.config": template("models.config.tmpl").substitute(
+            model_name=model_name, stable=stable, canary=canary, model_base_path=MODEL_BASE_PATH,
+            version_lines="\n".join(f"        versions: {v}" for v in versions)),
+        "batching.config": template("batching.config.tmpl").substitute(**batching),
+        "monitoring.config": template("monitoring.config.tmpl").substitute(metrics_path=METRICS_PATH),
+        "prometheus.yml": template("prometheus.yml.tmpl").substitute(model_name=model_name, metrics_path=METRICS_PATH),
+    }
+    return files
+
+
+def commands(serving_uri: str, model_name: str, newest: int) -> dict[str, str]:
+    image = f"stoke-serving-{model_name}:{newest}".lower()
+    context = shlex.quote(serving_uri)
+    ports = f"-p {GRPC_PORT}:{GRPC_PORT} -p {REST_PORT}:{REST_PORT}"
+    return {
+        "image": image,
+        "docker_build": f"docker build -t {image} {context}",
+        "docker_build_gpu": f"docker build -f {shlex.quote(join(serving_uri, 'Dockerfile.gpu'))} "
+                            f"-t {image}-gpu {context}",
+        "docker_run": f"docker run --rm {ports} {image}",
+        "docker_run_gpu": f"docker run --rm --gpus all {ports} {image}-gpu",
+        "predict": f"stoke predict http://localhost:{REST_PORT}/v1/models/{model_name} IMAGE...",
+    }
+
+
+def render(root: Root | str, model_name: str) -> dict:
+    """Renders ROOT/serving for the model's current versions and returns what was written."""
+    root = root if isinstance(root, Root) else Root(root)
+    repo = Repository(root, model_name)
+    versions = repo.versions()
+    if not versions:
+        raise ServingError(f"{repo.uri} holds no version to serve")
+    lineage = repo.lineage(versions[-1])
+    trained_tf = lineage.tensorflow_version if lineage else saved_model_tf_version(repo.version_uri(versions[-1]))
+    check_server_version(trained_tf)
+    files = render_text(model_name, versions, trained_tf)
+    serving = root.serving
+    fs, base = filesystem(serving)
+    fs.makedirs(base, exist_ok=True)
+    for name, text in files.items():
+        fs.pipe_file(posixpath.join(base, name), text.encode())
+    _mirror_versions(repo, versions, fs, posixpath.join(base, "models", model_name))
+    cmds = commands(serving, model_name, versions[-1])
+    summary = {"serving_uri": serving, "model_name": model_name, "versions": versions,
+               "labels": {"stable": versions[-2] if len(versions) > 1 else versions[-1], "canary": versions[-1]},
+               "serving_image": f"{SERVING_IMAGE}:{SERVING_VERSION}", "trained_tensorflow": trained_tf,
+               "files": sorted(files), "commands": cmds}
+    write_json(join(serving, "commands.json"), summary)
+    return summary
+
+
+def _mirror_versions(repo: Repository, versions: list[int], fs, target: str) -> None:
+    """Makes target/<v> match the kept versions: hard links on one local disk (no second copy of
+    the weights), copies elsewhere; saved_model.pb last, as in the repository."""
+    import os
+
+    fs.makedirs(target, exist_ok=True)
+    present = {posixpath.basename(p.rstrip("/")) for p in fs.ls(target, detail=False)}
+    for name in present - {str(v) for v in versions}:
+        fs.rm(posixpath.join(target, name), recursive=True)
+    for version in versions:
+        dest = posixpath.join(target, str(version))
+        if fs.exists(posixpath.join(dest, SAVED_MODEL)):
+            continue
+        source = posixpath.join(repo.path, str(version))
+        files = sorted(fs.find(source), key=lambda p: p.endswith("/" + SAVED_MODEL))
+        for path in files:
+            out = posixpath.join(dest, posixpath.relpath(path, source))
+            fs.makedirs(posixpath.dirname(out), exist_ok=True)
+            if is_local(fs):
+                try:
+                    os.link(path, out)
+                    continue
+                except OSError:
+                    pass
+            fs.copy(path, out)
+
+
+def build_image(serving_uri: str, command: str) -> dict:
+    """Builds the image when a container engine answers; otherwise says why not."""
+    fs, _ = filesystem(serving_uri)
+    if not is_local(fs):
+        return {"built": False, "reason": "the build context is on an object store; copy it locally to build"}
+    if not docker_engine():
+        return {"built": False, "reason": "no container engine answers (`docker info` failed or docker is absent)"}
+    try:
+        result = processes.run(shlex.split(command), timeout=BUILD_SECONDS)
+    except subprocess.TimeoutExpired:
+        return {"built": False, "reason": f"docker build did not finish within {BUILD_SECONDS} s"}
+    if result.returncode != 0:
+        return {"built": False, "reason": f"docker build failed: {result.stderr.strip()[-300:]}"}
+    return {"built": True}
+
+
+def docker_engine() -> bool:
+    """True when a container engine answers (the docker CLI alone is not enough)."""
+    if not shutil.which("docker"):
+        return False
+    try:
+        return processes.run(["docker", "info"], timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False

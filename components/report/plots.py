@@ -1,0 +1,75 @@
+"""PNG plots written to any ROOT (local or fsspec): the one place that knows matplotlib's set-up."""
+from __future__ import annotations
+
+import io
+import posixpath
+
+from components.contracts.files import filesystem
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend: stage programs and flow workers have no display."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save(figure, uri: str) -> None:
+    """Writes `figure` as a PNG at `uri` and frees it."""
+    buffer = io.BytesIO()
+    figure.tight_layout()
+    figure.savefig(buffer, format="png", dpi=100)
+    pyplot().close(figure)
+    fs, path = filesystem(uri)
+    fs.makedirs(posixpath.dirname(path), exist_ok=True)
+    fs.pipe_file(path, buffer.getvalue())
+
+
+def confusion_matrix(matrix: list[list[float]], labels: list[str], uri: str, title: str = "") -> None:
+    """Counts per (actual, predicted) label, darker where higher."""
+    size = max(4.0, 0.5 * len(labels) + 2)
+    figure, ax = pyplot().subplots(figsize=(size, size))
+    ax.imshow(matrix, cmap="Blues")
+    ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right")
+    ax.set_yticks(range(len(labels)), labels)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("actual")
+    if title:
+        ax.set_title(title)
+    peak = max((max(row) for row in matrix if row), default=0)
+    for i, row in enumerate(matrix):
+        for j, count in enumerate(row):
+            ax.text(j, i, f"{count:g}", ha="center", va="center", fontsize=8,
+                    color="white" if peak and count > peak / 2 else "black")
+    save(figure, uri)
+
+
+def gpu_use(result: dict, uri: str) -> bool:
+    """Draws utilization and PCIe traffic per GPU over time into a PNG at `uri` (local or fsspec).
+    Returns False, writing nothing, when there are no samples to draw."""
+    if not result.get("samples"):
+        return False
+    figure, (busy, link) = pyplot().subplots(2, 1, sharex=True, figsize=(8, 5))
+    for device in result["devices"]:
+        rows = [s for s in result["samples"] if s["gpu"] == device["gpu"]]
+        t = [s["t"] for s in rows]
+        label = f"GPU {device['gpu']} {device.get('name') or ''}".strip()
+        (line,) = busy.plot(t, [s["utilization_pct"] for s in rows], label=label)
+        if any(s["pcie_rx_mbps"] is not None for s in rows):
+            colour = line.get_color()
+            link.plot(t, [s["pcie_rx_mbps"] for s in rows], color=colour,
+                      label=f"GPU {device['gpu']} host to device")
+            link.plot(t, [s["pcie_tx_mbps"] for s in rows], "--", color=colour,
+                      label=f"GPU {device['gpu']} device to host")
+    busy.set_ylabel("utilization %")
+    busy.set_ylim(0, 100)
+    busy.legend(loc="lower right", fontsize="small")
+    link.set_ylabel("PCIe MB/s")
+    link.set_xlabel("seconds")
+    if link.lines:
+        link.legend(loc="upper right", fontsize="small")
+    save(figure, uri)
+    return True

@@ -1,0 +1,5 @@
+import sys
+
+from components.train.trainer import run
+
+sys.exit(run())

@@ -1,0 +1,270 @@
+"""tf.data from published spans: the input pipeline that keeps the accelerator busy.
+
+Order of work, cheapest first: shuffle shard FILES, interleave GZIP readers in parallel, shuffle the
+small encoded records (not decoded images, which are 10-50x larger), then one parallel map that
+parses, decodes only what the crop keeps, resizes and flips, then batch with a fixed shape (XLA
+compiles one program) and prefetch. Output images are uint8: a quarter of the bytes of float32 to
+copy to the device; the model rescales them.
+
+The decode/resize functions are shared with the serving signature (components/train/export.py), so
+a served image goes through exactly the evaluation preprocessing.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import tensorflow as tf
+
+from components.contracts import schema
+from components.contracts.layout import Shard
+
+AUTOTUNE = tf.data.AUTOTUNE
+# Light augmentation: a random crop keeping half the image or more, at a moderate aspect ratio.
+CROP_AREA = (0.5, 1.0)
+CROP_ASPECT = (3 / 4, 4 / 3)
+JPEG_RATIOS = (1, 2, 4, 8)
+
+
+# ---------------------------------------------------------------- decode (shared with serving)
+
+def jpeg_ratio(height, width, size: int):
+    """Largest DCT downscale (1, 2, 4, 8) that still leaves both sides >= size: libjpeg then skips
+    most of the inverse DCT, and the resize after it never shrinks by more than 2x (no aliasing)."""
+    short = tf.minimum(height, width)
+    index = tf.constant(0, tf.int32)
+    for i, ratio in enumerate(JPEG_RATIOS[1:], start=1):
+        index = tf.where(short >= ratio * size, tf.constant(i, tf.int32), index)
+    return index
+
+
+def _decode_jpeg(encoded, size, crop_window=None):
+    """JPEG decode at the cheapest DCT ratio, of the whole image or of `crop_window` [y, x, h, w]."""
+    if crop_window is None:
+        shape = tf.io.extract_jpeg_shape(encoded)
+        index = jpeg_ratio(shape[0], shape[1], size)
+        branches = [lambda r=r: tf.io.decode_jpeg(encoded, channels=3, ratio=r) for r in JPEG_RATIOS]
+    else:
+        index = jpeg_ratio(crop_window[2], crop_window[3], size)
+        # With a DCT ratio the crop window is in the coordinates of the downscaled image.
+        branches = [lambda r=r: tf.io.decode_and_crop_jpeg(
+                        encoded, tf.maximum(crop_window // r, [0, 0, 1, 1]), channels=3, ratio=r)
+                    for r in JPEG_RATIOS]
+    return tf.switch_case(index, branches)
+
+
+def _decode_other(encoded):
+    # PNG per the record contract; decode_image also takes GIF/BMP/WebP sent to the serving signature.
+    image = tf.io.decode_image(encoded, channels=3, dtype=tf.uint8, expand_animations=False)
+    image.set_shape([None, None, 3])
+    return image
+
+
+def resize(image, size: int):
+    """Resize to size x size as uint8; bilinear never overshoots, so rounding cannot wrap."""
+    resized = tf.image.resize(image, [size, size], method="bilinear")
+    return tf.cast(tf.round(resized), tf.uint8)
+
+
+def decode_eval(encoded, size: int):
+    """The deterministic preprocessing of evaluation and serving: whole image to size x size uint8."""
+    image = tf.cond(tf.io.is_jpeg(encoded),
+                    lambda: _decode_jpeg(encoded, size),
+                    lambda: _decode_other(encoded))
+    return resize(image, size)
+
+
+def random_crop_window(shape):
+    """A random [y, x, h, w] covering CROP_AREA of the image at an aspect ratio in CROP_ASPECT."""
+    begin, extent, _ = tf.image.sample_distorted_bounding_box(
+        tf.concat([shape, [3]], 0), bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]),
+        min_object_covered=0.0, aspect_ratio_range=CROP_ASPECT, area_range=CROP_AREA,
+        max_attempts=10, use_image_if_no_bounding_boxes=True)
+    return tf.stack([begin[0], begin[1], extent[0], extent[1]])
+
+
+def decode_crop(encoded, crop_window, size: int):
+    """Decodes only the pixels inside crop_window (for JPEG) and resizes them to size x size uint8."""
+    def other():
+        image = _decode_other(encoded)
+        return tf.image.crop_to_bounding_box(image, crop_window[0], crop_window[1],
+                                             crop_window[2], crop_window[3])
+    image = tf.cond(tf.io.is_jpeg(encoded), lambda: _decode_jpeg(encoded, size, crop_window), other)
+    return resize(image, size)
+
+
+def decode_train(encoded, size: int, flip: bool = True):
+    """Random crop + resize + random horizontal flip; for PNG the crop happens after decoding."""
+    is_jpeg = tf.io.is_jpeg(encoded)
+
+    def jpeg():
+        window = random_crop_window(tf.io.extract_jpeg_shape(encoded)[:2])
+        return resize(_decode_jpeg(encoded, size, window), size)
+
+    def other():
+        return augment_decoded(_decode_other(encoded), size)
+
+    image = tf.cond(is_jpeg, jpeg, other)
+    return tf.image.random_flip_left_right(image) if flip else image
+
+
+def augment_decoded(image, size: int):
+    """Random crop + resize of an already decoded image (the path used after `cache`)."""
+    window = random_crop_window(tf.shape(image)[:2])
+    image = tf.image.crop_to_bounding_box(image, window[0], window[1], window[2], window[3])
+    return resize(image, size)
+
+
+def parse(serialized):
+    """The two features training needs from a serialized tf.Example."""
+    spec = schema.feature_spec()
+    features = tf.io.parse_single_example(serialized, {k: spec[k] for k in (schema.ENCODED, schema.LABEL)})
+    return features[schema.ENCODED], tf.cast(features[schema.LABEL], tf.int32)
+
+
+# ---------------------------------------------------------------- datasets
+
+@dataclasses.dataclass(frozen=True)
+class PipelineOptions:
+    image_size: int
+    batch_size: int  # per input pipeline (per replica under a strategy)
+    training: bool
+    cache: str | None = None  # None: no cache; "memory"; or a file path prefix
+    skip_corrupt: bool = False
+    flip: bool = True  # random horizontal flips when training
+    shuffle_buffer: int = 2048
+    repeat: bool = True
+    ram_budget_fraction: float = 0.5  # share of physical memory tf.data autotuning may use
+    private_threads: int | None = None  # size of a private threadpool; None shares TF's pool
+    seed: int | None = None
+
+
+def make_dataset(shards: list[Shard], options: PipelineOptions,
+                 input_context: tf.distribute.InputContext | None = None) -> tf.data.Dataset:
+    """(uint8 images [B, S, S, 3], int32 labels [B]) batches from shard files."""
+    if not shards:
+        raise ValueError("no shard files to read")
+    pipelines = input_context.num_input_pipelines if input_context else 1
+    pipeline_id = input_context.input_pipeline_id if input_context else 0
+    # Shard by FILE when every worker gets at least one file (no worker reads what it throws
+    # away); by DATA otherwise (every worker reads everything and keeps 1/N of the records).
+    by_file = pipelines > 1 and len(shards) >= pipelines
+
+    files = tf.data.Dataset.from_tensor_slices(([s.uri for s in shards], [s.compression for s in shards]))
+    if by_file:
+        files = files.shard(pipelines, pipeline_id)
+    if options.training:
+        files = files.shuffle(len(shards), seed=options.seed, reshuffle_each_iteration=True)
+
+    def read(uri, compression):
+        records = tf.data.TFRecordDataset(uri, compression_type=compression, buffer_size=4 << 20)
+        # A bad CRC ends that shard's reading (the reader cannot find the next record boundary);
+        # the training report counts the records lost (see scan_shards).
+        return records.ignore_errors() if options.skip_corrupt else records
+
+    records = files.interleave(read, cycle_length=min(len(shards), 16), block_length=1,
+                               num_parallel_calls=AUTOTUNE, deterministic=not options.training)
+    if pipelines > 1 and not by_file:
+        records = records.shard(pipelines, pipeline_id)
+
+    size = options.image_size
+    cache = options.cache
+    if cache not in (None, "memory") and pipelines > 1:
+        cache = f"{cache}-{pipeline_id}"  # workers sharing a folder must not share cache files
+    if cache is not None:
+        # Decoded full images are cached; crops and flips stay random on every epoch.
+        def decode_full(serialized):
+            encoded, label = parse(serialized)
+            image = tf.cond(tf.io.is_jpeg(encoded), lambda: _decode_jpeg(encoded, size),
+                            lambda: _decode_other(encoded))
+            return (image if options.training else resize(image, size)), label
+
+        dataset = records.map(decode_full, num_parallel_calls=AUTOTUNE, deterministic=not options.training)
+        dataset = dataset.cache("" if cache == "memory" else cache)
+        if options.training:
+            dataset = dataset.shuffle(options.shuffle_buffer, seed=options.seed)
+            def augment(image, label):
+                image = augment_decoded(image, size)
+                return (tf.image.random_flip_left_right(image) if options.flip else image), label
+
+            dataset = dataset.map(augment, num_parallel_calls=AUTOTUNE, deterministic=False)
+    else:
+        if options.training:
+            records = records.shuffle(options.shuffle_buffer, seed=options.seed)
+
+        def decode(serialized):
+            encoded, label = parse(serialized)
+            image = decode_train(encoded, size, options.flip) if options.training else decode_eval(encoded, size)
+            return image, label
+
+        dataset = records.map(decode, num_parallel_calls=AUTOTUNE, deterministic=not options.training)
+
+    if options.repeat:
+        dataset = dataset.repeat()
+    dataset = dataset.batch(options.batch_size, drop_remainder=True, num_parallel_calls=AUTOTUNE,
+                            deterministic=not options.training)
+    dataset = dataset.prefetch(AUTOTUNE)
+    return dataset.with_options(_options(options))
+
+
+def _options(options: PipelineOptions) -> tf.data.Options:
+    opts = tf.data.Options()
+    opts.deterministic = not options.training
+    opts.autotune.enabled = True
+    opts.autotune.ram_budget = int(_physical_memory() * options.ram_budget_fraction)
+    if options.private_threads:
+        opts.threading.private_threadpool_size = options.private_threads
+    # We shard by hand (above), so tf.distribute must not shard again.
+    opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return opts
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 8 << 30
+
+
+# ---------------------------------------------------------------- corrupt shards
+
+@dataclasses.dataclass(frozen=True)
+class ShardScan:
+    uri: str
+    expected: int
+    readable: int
+    error: str | None
+
+    @property
+    def lost(self) -> int:
+        return max(self.expected - self.readable, 0)
+
+
+def scan_shards(shards: list[Shard]) -> list[ShardScan]:
+    """Reads every record of every shard (CRC checked, nothing parsed) and reports which break.
+
+    Costs one pass of decompression over the split, which is why training only runs it with
+    --skip-corrupt (to count what it skipped) or after a read failed (to name the shard)."""
+    results = []
+    for shard in shards:
+        records = tf.data.TFRecordDataset(shard.uri, compression_type=shard.compression, buffer_size=4 << 20)
+        readable = int(records.ignore_errors().reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
+        error = None
+        try:
+            for _ in records.skip(readable).take(1):
+                pass
+        except (tf.errors.DataLossError, tf.errors.OutOfRangeError) as exc:
+            error = exc.message.split("[Op:")[0].split("}}")[-1].strip() or type(exc).__name__
+        if error is None and readable < shard.records:
+            error = f"ends after {readable} records"
+        results.append(ShardScan(shard.uri, shard.records, readable, error))
+    return results
+
+
+class CorruptShardError(RuntimeError):
+    """A shard whose records fail their CRC check; the message names it."""
+
+    def __init__(self, scans: list[ShardScan]):
+        self.scans = scans
+        names = ", ".join(f"{s.uri} ({s.error}; {s.readable} of {s.expected} records readable)" for s in scans)
+        super().__init__(f"corrupt shard: {names}; rerun with --skip-corrupt to skip its unreadable records")

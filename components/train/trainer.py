@@ -1,0 +1,351 @@
+"""`python -m components.train --root ROOT ...`: published spans to a candidate SavedModel.
+
+One process per worker, the same program everywhere: the strategy (components/train/strategy.py) comes
+from TF_CONFIG and the devices, the input from components/train/input_pipeline.py. Artifacts go to
+ROOT/runs/<run-id>/: checkpoints (best by eval loss), backup (BackupAndRestore: rerunning the same
+run id resumes at the last backed-up step), tensorboard, candidate, metrics.json, curves.png.
+Only the chief writes them; other workers write their copies to temporary folders and delete them,
+which is how tf.distribute expects multi-worker saving to go.
+
+After training, a short probe answers "was the accelerator waiting for input?": the input
+pipeline's rate alone against the model's step rate on one in-memory batch.
+"""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+
+import tensorflow as tf
+import tf_keras as keras
+
+from components.contracts import program
+from components.contracts.config import TrainConfig, from_arguments
+from components.contracts.files import exists, join
+from components.contracts.layout import Root, RunDir, parse_spans
+from components.contracts.results import TrainMetrics
+from components.train.gpu_sampler import GpuSampler
+
+# Fault drill: with this set to N, the process kills itself (SIGKILL, no cleanup) once N training
+# steps are done, so resume from backup can be tested the way a preempted machine fails.
+KILL_AT_STEP_ENV = "STOKE_KILL_AT_STEP"
+
+
+class TrainError(Exception):
+    """A refusal with a message for the user (no traceback)."""
+
+
+def run(argv: list[str] | None = None) -> int:
+    args = program.arguments("stoke train", __doc__, TrainConfig).parse_args(argv)
+    return program.main("stoke train", args.json, lambda: train(from_arguments(TrainConfig, args)),
+                        _describe, errors=(TrainError,))
+
+
+def _describe(summary: dict) -> str:
+    return (f"trained {summary['model']} for {summary['total_steps']} steps: "
+            f"eval accuracy {summary['eval'].get('accuracy')}, candidate {summary['model_dir']}")
+
+
+def train(config: TrainConfig) -> dict:
+    """Trains per `config` and returns the summary (also written to metrics.json by the chief)."""
+    from components.train import input_pipeline as pipeline
+    from components.train import models
+    from components.train import strategy as strategies
+    from components.train.export import export_candidate
+
+    # Devices and the strategy come first: MultiWorkerMirroredStrategy and logical devices must be
+    # set up before TensorFlow runs any op.
+    try:
+        if config.cpu_devices:
+            strategies.split_cpu(config.cpu_devices)
+        cluster = strategies.parse_tf_config()
+    except (RuntimeError, ValueError) as exc:
+        raise TrainError(str(exc)) from None
+    gpus = strategies.gpus()
+    strategy_name = strategies.choose_strategy(config.strategy, cluster, len(gpus))
+    if strategy_name == "multi_worker" and cluster is None:
+        raise TrainError("--strategy multi_worker needs TF_CONFIG naming the cluster and this task")
+    if strategy_name == "multi_worker" and not config.run_id:
+        raise TrainError("multi-worker training needs --run-id: every worker must resume the same run")
+    strategy = strategies.make_strategy(strategy_name, len(gpus))
+    workers = cluster.workers if strategy_name == "multi_worker" else 1
+    is_chief = strategy_name != "multi_worker" or cluster.is_chief
+    precision = strategies.choose_precision(config.precision, strategies.compute_capabilities(gpus))
+    xla = strategies.choose_xla(config.xla, len(gpus))
+    keras.mixed_precision.set_global_policy(precision)
+
+    root = Root(config.root)
+    try:
+        tf.io.gfile.exists(root.uri)
+    except tf.errors.UnimplementedError:
+        # tf.data and Keras' checkpoints go through TensorFlow's own file systems, not fsspec.
+        raise TrainError(f"TensorFlow cannot read or write {root.uri}: use a local path or gs:// "
+                         "(s3:// needs the tensorflow-io package)") from None
+    try:
+        spans = parse_spans(config.spans)
+        run = root.run(config.run_id or time.strftime("run-%Y%m%d-%H%M%S"))
+    except ValueError as exc:
+        raise TrainError(str(exc)) from None
+    train_shards = root.shards("train", spans)
+    eval_shards = root.shards("eval", spans)
+    if not train_shards:
+        raise TrainError(f"no published span with training records under {root.spans}"
+                         + (f" among spans {config.spans}" if spans else "") + "; run `stoke ingest` first")
+    labels = root.label_names(spans)
+    if exists(run.metrics):
+        raise TrainError(f"run {run.run_id} already finished ({run.metrics}); choose a new --run-id")
+
+    # Corrupt shards: with --skip-corrupt, count what is unreadable now and train on the rest.
+    corrupt = []
+    train_records = sum(s.records for s in train_shards)
+    eval_records = sum(s.records for s in eval_shards)
+    if config.skip_corrupt:
+        scans = pipeline.scan_shards(train_shards + eval_shards)
+        corrupt = [s for s in scans if s.error]
+        train_records = sum(s.readable for s in scans[:len(train_shards)])
+        eval_records = sum(s.readable for s in scans[len(train_shards):])
+
+    replicas = strategy.num_replicas_in_sync
+    global_batch = config.batch_size * replicas
+    steps_per_epoch = train_records // global_batch
+    if steps_per_epoch == 0:
+        raise TrainError(f"{train_records} training records make no full batch of {global_batch} "
+                         f"({config.batch_size} x {replicas} replicas); lower --batch-size")
+    if config.steps_per_epoch:
+        steps_per_epoch = min(steps_per_epoch, config.steps_per_epoch)
+    validation_steps = math.ceil(eval_records / global_batch) if eval_records else 0
+
+    def dataset_fn(shards, training):
+        cache = config.cache
+        if cache and cache != "memory":
+            cache = f"{cache}-{'train' if training else 'eval'}"
+
+        def make(context: tf.distribute.InputContext):
+            options = pipeline.PipelineOptions(
+                image_size=config.image_size, batch_size=context.get_per_replica_batch_size(global_batch),
+                training=training, cache=cache, skip_corrupt=config.skip_corrupt, flip=config.flip,
+                shuffle_buffer=config.shuffle_buffer)
+            return pipeline.make_dataset(shards, options, context)
+        return make
+
+    train_data = strategy.distribute_datasets_from_function(dataset_fn(train_shards, True))
+    eval_data = (strategy.distribute_datasets_from_function(dataset_fn(eval_shards, False))
+                 if validation_steps else None)
+
+    with strategy.scope():
+        try:
+            model = models.build_model(config.model, len(labels), config.image_size, config.weights)
+        except ValueError as exc:
+            raise TrainError(str(exc)) from None
+        models.compile_model(model, config.learning_rate, xla, config.steps_per_execution)
+
+    # Other workers write their copies into a scratch folder of the same layout, deleted at the end.
+    scratch = [] if is_chief else [tempfile.mkdtemp(prefix="stoke-worker-")]
+    mine = run if is_chief else RunDir(scratch[0])
+    profiled = _profile_range(config.profile_steps)
+    timer = StepTimer(skip=profiled)
+    resume = ResumePoint()
+    callbacks = [
+        keras.callbacks.BackupAndRestore(run.backup, save_freq=config.backup_every or "epoch"),
+        resume,
+        keras.callbacks.ModelCheckpoint(
+            join(run.checkpoints, "best"), monitor="val_loss" if eval_data else "loss",
+            save_best_only=True, save_weights_only=True),
+        keras.callbacks.TensorBoard(mine.tensorboard, profile_batch=profiled),
+        timer,
+    ]
+    if os.environ.get(KILL_AT_STEP_ENV):
+        callbacks.append(KillAtStep(int(os.environ[KILL_AT_STEP_ENV])))
+
+    try:
+        with GpuSampler() as sampler:  # each worker samples its own GPUs; nothing without NVML
+            history = model.fit(train_data, epochs=config.epochs, steps_per_epoch=steps_per_epoch,
+                                validation_data=eval_data, validation_steps=validation_steps or None,
+                                callbacks=callbacks, verbose=2)
+    except tf.errors.DataLossError:
+        bad = [s for s in pipeline.scan_shards(train_shards + eval_shards) if s.error]
+        if not bad:
+            raise
+        raise TrainError(str(pipeline.CorruptShardError(bad))) from None
+    total_steps = int(model.optimizer.iterations.numpy())
+
+    candidate = mine.candidate
+    export_candidate(model_name=config.model, weights=model.get_weights(), labels=labels,
+                     image_size=config.image_size, path=candidate)
+
+    probe = {}
+    if config.probe_steps:
+        probe = input_probe(model, strategy, train_shards, config, global_batch, workers,
+                            real_step_seconds=timer.step_seconds(), steps=total_steps - resume.step)
+
+    epochs = history.history
+    metrics = TrainMetrics.model_validate({
+        "run_id": run.run_id,
+        "run_dir": run.uri,
+        "model_dir": run.candidate,
+        "model": config.model,
+        "image_size": config.image_size,
+        "labels": labels,
+        "spans": sorted({s.span for s in train_shards + eval_shards}),
+        "strategy": strategy_name,
+        "workers": workers,
+        "replicas": replicas,
+        "precision": precision,
+        "xla": xla,
+        "batch_size": config.batch_size,
+        "global_batch_size": global_batch,
+        "epochs": config.epochs,
+        "steps_per_epoch": steps_per_epoch,
+        "total_steps": total_steps,
+        "resumed_from_step": resume.step,
+        "images_per_sec": timer.images_per_sec(global_batch),
+        "train": {"loss": _last(epochs, "loss"), "accuracy": _last(epochs, "accuracy")},
+        "eval": {"loss": _last(epochs, "val_loss"), "accuracy": _last(epochs, "val_accuracy")},
+        "history": {key: [float(v) for v in values] for key, values in epochs.items()},
+        "input": probe,
+        "gpu": sampler.to_dict(),
+        "corrupt": {"skipped_records": sum(s.lost for s in corrupt),
+                    "shards": [{"uri": s.uri, "error": s.error, "readable": s.readable,
+                                "expected": s.expected} for s in corrupt]},
+    })
+    if is_chief:
+        _plot_curves(epochs, run.curves)
+        metrics.write(run.metrics)  # last: its presence marks the run finished
+    for folder in scratch:
+        shutil.rmtree(folder, ignore_errors=True)
+    return metrics.to_json()
+
+
+def input_probe(model, strategy, shards, config: TrainConfig, global_batch: int, workers: int,
+                *, real_step_seconds: float | None, steps: int) -> dict:
+    """Input rate alone vs. the model's rate on one in-memory batch, and the time steps waited.
+
+    Runs after the candidate is exported: the synthetic steps still update the weights."""
+    from components.train import input_pipeline as pipeline
+
+    worker_batch = global_batch // workers
+    options = pipeline.PipelineOptions(image_size=config.image_size, batch_size=worker_batch, training=True,
+                                       skip_corrupt=config.skip_corrupt, flip=config.flip,
+                                       shuffle_buffer=config.shuffle_buffer)
+    iterator = iter(pipeline.make_dataset(shards, options))
+    batch = next(iterator)  # warm-up: fills the shuffle buffer and starts autotuning
+    start = time.perf_counter()
+    for _ in range(config.probe_steps):
+        next(iterator)
+    input_rate = config.probe_steps * worker_batch / (time.perf_counter() - start)
+
+    def synthetic(context: tf.distribute.InputContext):
+        per_replica = context.get_per_replica_batch_size(global_batch)
+        return tf.data.Dataset.from_tensors((batch[0][:per_replica], batch[1][:per_replica])).repeat()
+
+    # The compiled train step of the fit above, driven by hand: a second fit() would trip over the
+    # state BackupAndRestore leaves behind, and this measures the step alone.
+    train_step = model.make_train_function()
+    batches = iter(strategy.distribute_datasets_from_function(synthetic))
+    _sync(train_step(batches))  # warm-up: may trace once more for the new input signature
+    calls = max(config.probe_steps // config.steps_per_execution, 1)
+    start = time.perf_counter()
+    for _ in range(calls):
+        logs = train_step(batches)
+    _sync(logs)
+    synthetic_step = (time.perf_counter() - start) / (calls * config.steps_per_execution)
+    model_rate = global_batch / synthetic_step / workers if synthetic_step else None
+    waited = (max(real_step_seconds - synthetic_step, 0.0) * steps
+              if real_step_seconds and synthetic_step else None)
+    return {
+        "input_images_per_sec": input_rate,
+        "model_images_per_sec_synthetic": model_rate,
+        "real_step_seconds": real_step_seconds,
+        "synthetic_step_seconds": synthetic_step,
+        "real_vs_synthetic": synthetic_step / real_step_seconds if real_step_seconds and synthetic_step else None,
+        "input_wait_seconds": waited,
+        "input_bound": bool(model_rate and input_rate < model_rate),
+    }
+
+
+class StepTimer(keras.callbacks.Callback):
+    """Wall time between consecutive batch ends within an epoch: leaves out tracing/compilation of
+    the first step, evaluation between epochs, and the profiled steps (tracing slows them)."""
+
+    def __init__(self, skip: tuple[int, int] | int = 0):
+        super().__init__()
+        self.seconds = 0.0
+        self.steps = 0
+        self._last = None
+        self._skip = range(skip[0] - 1, skip[1] + 1) if skip else range(0)  # Keras counts steps from 1
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._last = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        now = time.perf_counter()
+        if self._last is not None and batch not in self._skip:
+            self.seconds += now - self._last[0]
+            self.steps += batch - self._last[1]
+        self._last = (now, batch)
+
+    def step_seconds(self) -> float | None:
+        return self.seconds / self.steps if self.steps else None
+
+    def images_per_sec(self, global_batch: int) -> float | None:
+        return global_batch / self.step_seconds() if self.steps else None
+
+
+class ResumePoint(keras.callbacks.Callback):
+    """The optimizer step training started from (after BackupAndRestore restored it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.step = 0
+
+    def on_train_begin(self, logs=None):
+        self.step = int(self.model.optimizer.iterations.numpy())
+
+
+class KillAtStep(keras.callbacks.Callback):
+    def __init__(self, step: int):
+        super().__init__()
+        self.at = step
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.model.optimizer.iterations.numpy()) >= self.at:
+            sys.stdout.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _sync(logs) -> None:
+    """Waits for a step's results: device work runs asynchronously until a value is read."""
+    tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, logs)
+
+
+def _profile_range(text: str):
+    if text.strip().lower() in ("", "none", "0", "off"):
+        return 0
+    try:
+        first, last = (int(part) for part in text.split(","))
+    except ValueError:
+        raise TrainError(f"--profile-steps takes two step numbers such as 10,20 (or none), not {text!r}") from None
+    return (first, last)
+
+
+def _last(history: dict, key: str):
+    values = history.get(key)
+    return float(values[-1]) if values else None
+
+
+def _plot_curves(history: dict, uri: str) -> None:
+    from components.report import plots
+
+    fig, axes = plots.pyplot().subplots(1, 2, figsize=(10, 4))
+    for ax, metric in zip(axes, ("loss", "accuracy")):
+        for key, style in ((metric, "-"), (f"val_{metric}", "--")):
+            if history.get(key):
+                ax.plot(range(1, len(history[key]) + 1), history[key], style, marker="o", label=key)
+        ax.set_xlabel("epoch")
+        ax.set_title(metric)
+        ax.legend()
+    plots.save(fig, uri)

@@ -1,0 +1,5 @@
+import sys
+
+from components.validate.gate import run
+
+sys.exit(run())

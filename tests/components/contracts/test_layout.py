@@ -1,0 +1,31 @@
+import pytest
+
+from components.contracts.layout import Root, parse_spans
+
+
+@pytest.mark.parametrize("run_id", ["../x", "a/b", "..", ".hidden", "-x", "", "a" * 129, "x\n", "s3://b/x"])
+def test_run_ids_that_could_leave_runs_are_refused(run_id):
+    with pytest.raises(ValueError, match="bad run id"):
+        Root("/tmp/root").run(run_id)
+
+
+def test_a_run_folder_names_its_files():
+    run = Root("s3://bucket/root").run("20260101-x")
+    assert run.uri == "s3://bucket/root/runs/20260101-x" and run.run_id == "20260101-x"
+    assert run.metrics == "s3://bucket/root/runs/20260101-x/metrics.json"
+    assert run.summary("train") == "s3://bucket/root/runs/20260101-x/summaries/train.json"
+    assert len({run.metrics, run.validation, run.pushed, run.blessed, run.not_blessed, run.candidate,
+                run.report_md, run.report_json, run.warmup, run.tfma}) == 10
+
+
+@pytest.mark.parametrize("text, expected", [
+    (None, None), ("all", None), ("3", [3]), ("1,4-6", [1, 4, 5, 6]), ("2-3,3", [2, 3])])
+def test_parse_spans(text, expected):
+    assert parse_spans(text) == expected
+
+
+def test_parse_spans_rejects_bad_lists():
+    with pytest.raises(ValueError, match="bad span"):
+        parse_spans("1,x")
+    with pytest.raises(ValueError, match="bad span range"):
+        parse_spans("5-2")

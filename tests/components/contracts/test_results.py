@@ -1,0 +1,66 @@
+"""Results are strict both ways, and what the previous version wrote still loads."""
+import json
+from pathlib import Path
+
+import pytest
+
+from components.contracts import results
+from components.contracts.files import read_json, write_json
+from components.contracts.layout import Root
+from components.report.report import build_report
+
+WRITTEN = Path(__file__).parent / "written-by-0.1.0"
+FILES = {
+    "_MANIFEST.json": results.SpanManifest,
+    "metrics.json": results.TrainMetrics,
+    "validation.json": results.Validation,
+    "pushed.json": results.Pushed,
+    "stoke_lineage.json": results.Lineage,  # a rolled-back version's
+    "retired.json": results.Lineage,
+}
+
+
+@pytest.mark.parametrize("name", sorted(FILES))
+def test_files_of_the_previous_version_load_and_write_back_the_same(name, tmp_path):
+    model = FILES[name]
+    loaded = model.read(str(WRITTEN / name))
+    copy = str(tmp_path / name)
+    loaded.write(copy)
+    assert model.read(copy) == loaded
+    original = read_json(str(WRITTEN / name))
+    # Keys that the previous version did not write come back as null, nothing else changes.
+    assert {k: v for k, v in read_json(copy).items() if k in original or v is not None} == original
+
+
+def test_a_renamed_key_fails_loudly_naming_the_file_and_both_keys(tmp_path):
+    metrics = read_json(str(WRITTEN / "metrics.json"))
+    metrics["img_per_sec"] = metrics.pop("images_per_sec")
+    uri = str(tmp_path / "metrics.json")
+    write_json(uri, metrics)
+    with pytest.raises(results.ResultError) as error:
+        results.TrainMetrics.read(uri)
+    assert uri in str(error.value) and "images_per_sec" in str(error.value) and "img_per_sec" in str(error.value)
+
+
+def test_a_report_over_a_renamed_key_fails_instead_of_showing_nothing(tmp_path):
+    run = Root(str(tmp_path)).run("r1")
+    validation = read_json(str(WRITTEN / "validation.json"))
+    write_json(run.summary("validate"), validation)
+    assert build_report(run)["metrics"]["accuracy"] == validation["metrics"]["accuracy"]
+    validation["metrics"]["acc"] = validation["metrics"].pop("accuracy")
+    write_json(run.summary("validate"), validation)
+    with pytest.raises(results.ResultError, match="accuracy"):
+        build_report(run)
+
+
+def test_a_file_that_is_not_json_is_named(tmp_path):
+    bad = tmp_path / "_MANIFEST.json"
+    bad.write_text('{"span": 1,')
+    with pytest.raises(results.ResultError, match=str(bad)):
+        results.SpanManifest.read(str(bad))
+
+
+def test_the_manifest_written_by_ingest_is_what_readers_see(tmp_path):
+    manifest = results.SpanManifest.read(str(WRITTEN / "_MANIFEST.json"))
+    assert json.loads(json.dumps(manifest.to_json()))["counts"] == manifest.counts.to_json()
+    assert {s.split for s in manifest.shards} <= {"train", "eval"}

@@ -1,0 +1,207 @@
+"""`stoke push`, `stoke rollback`, `stoke lineage` and `stoke predict` on the shared gate scenario."""
+from __future__ import annotations
+
+import base64
+import http.server
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from components.push import lineage, predict, rollback
+from components.push.repository import KILL_AFTER_FILES_ENV, Repository
+from tests.components.conftest import tiny_image
+from tests.components.gate_runs import copy_root, gate_scenario, listing, push_run
+
+
+@pytest.fixture(scope="session")
+def trained_runs(tmp_path_factory):
+    return gate_scenario(tmp_path_factory)
+
+
+def test_blessed_run_is_pushed_with_warmup_and_lineage(trained_runs):
+    code, pushed = trained_runs["push"]["good"]
+    assert code == 0 and pushed["pushed"] and pushed["previous_version"] is None
+    version_dir = pushed["model_uri"]
+    assert os.path.basename(version_dir) == str(pushed["version"])
+    for name in ("saved_model.pb", "assets.extra/tf_serving_warmup_requests", "assets.extra/stoke_lineage.json"):
+        assert os.path.exists(os.path.join(version_dir, name)), name
+    record = json.load(open(os.path.join(version_dir, "assets.extra", "stoke_lineage.json")))
+    assert record["run_id"] == "good" and record["labels"] == ["red", "green", "blue"]
+    assert record["spans"][0]["span"] == 1 and len(record["spans"][0]["manifest_sha256"]) == 64
+    assert record["spans"][0]["counts"]["eval"] == 24
+    assert record["tensorflow_version"].startswith("2.21") and record["serving_image"] == "tensorflow/serving:2.21.0"
+    assert record["blessing"]["blessed"] and record["metrics"]["accuracy"] == pushed["metrics"]["accuracy"]
+    assert record["code_version"]["package"] == "0.1.0"
+    assert pushed["commands"]["docker_build"].startswith("docker build -t stoke-serving-stoke:")
+    assert not pushed["image"]["built"] and "container engine" in pushed["image"]["reason"]
+
+
+def test_refused_run_is_not_pushed_and_repository_unchanged(trained_runs):
+    code, refused = trained_runs["push"]["flat"]
+    assert code == 1 and "is not blessed" in refused["error"] and "below the served version" in refused["error"]
+    assert trained_runs["listing"]["after_flat"] == trained_runs["listing"]["after_good"]
+
+
+def test_third_run_is_a_newer_float32_version(trained_runs):
+    import tensorflow as tf
+
+    first, third = trained_runs["push"]["good"][1], trained_runs["push"]["mixed"][1]
+    assert trained_runs["train"]["mixed"]["precision"] == "mixed_bfloat16"
+    assert third["pushed"] and third["version"] > first["version"] and third["previous_version"] == first["version"]
+    assert Repository(trained_runs["root"], "stoke").versions() == [first["version"], third["version"]]
+    outputs = tf.saved_model.load(third["model_uri"]).signatures["serving_default"].structured_outputs
+    assert outputs["probabilities"].dtype == tf.float32
+
+
+def test_a_run_is_never_pushed_twice(trained_runs):
+    before = listing(trained_runs["root"])
+    code, again = push_run(trained_runs["root"], "good")
+    assert code == 0 and not again["pushed"] and again["already_pushed"]
+    assert again["version"] == trained_runs["push"]["good"][1]["version"]
+    assert listing(trained_runs["root"]) == before
+
+
+def test_interrupted_push_leaves_no_partial_version(trained_runs, tmp_path):
+    root = copy_root(trained_runs, tmp_path)
+    repo = Repository(root, "stoke")
+    third = trained_runs["push"]["mixed"][1]["version"]
+    shutil.rmtree(os.path.join(root, "models", "stoke", str(third)))  # back to just before the third push
+    os.remove(os.path.join(root, "runs", "mixed", "pushed.json"))
+    env = dict(os.environ, **{KILL_AFTER_FILES_ENV: "2"})
+    killed = subprocess.run([sys.executable, "-m", "components.push", "--root", root, "--run-id", "mixed", "--json"],
+                            env=env, capture_output=True, text=True)
+    assert killed.returncode == -9
+    names = os.listdir(repo.path)
+    assert [n for n in names if n.isdigit()] == [str(trained_runs["push"]["good"][1]["version"])]
+    assert any(n.startswith(".push-") for n in names)  # the leftover is invisible to TF Serving
+    code, pushed = push_run(root, "mixed")
+    assert code == 0 and pushed["pushed"] and pushed["cleaned_partial"]
+    assert not any(n.startswith(".push-") for n in os.listdir(repo.path))
+    assert pushed["version"] > third  # never reuses a number, not even a failed one
+
+
+def test_retention_keeps_the_newest_and_lineage_of_retired(trained_runs, tmp_path):
+    root = copy_root(trained_runs, tmp_path)
+    third = trained_runs["push"]["mixed"][1]["version"]
+    shutil.rmtree(os.path.join(root, "models", "stoke", str(third)))
+    os.remove(os.path.join(root, "runs", "mixed", "pushed.json"))
+    code, pushed = push_run(root, "mixed", "--keep", "1")
+    first = trained_runs["push"]["good"][1]["version"]
+    assert code == 0 and pushed["retired"] == [first] and pushed["versions"] == [pushed["version"]]
+    record = lineage.lineage(root, "stoke", first)
+    assert record["status"] == "retired" and record["run_id"] == "good" and record["retired_at"]
+
+
+def test_rollback_moves_the_newest_aside_and_refuses_the_last(trained_runs, tmp_path):
+    root = copy_root(trained_runs, tmp_path)
+    first, third = trained_runs["push"]["good"][1]["version"], trained_runs["push"]["mixed"][1]["version"]
+    done = rollback.rollback(root, "stoke", reason="canary errors")
+    assert done["rolled_back"] == third and done["serving_version"] == first
+    assert Repository(root, "stoke").versions() == [first]
+    assert os.path.exists(os.path.join(root, "models", "stoke", f"rolled-back-{third}", "saved_model.pb"))
+    record = lineage.lineage(root, "stoke", third)
+    assert record["status"] == "rolled back" and record["rolled_back"]["reason"] == "canary errors"
+    assert "versions: %d" % first in open(os.path.join(root, "serving", "models.config")).read()
+    assert "versions: %d" % third not in open(os.path.join(root, "serving", "models.config")).read()
+    assert rollback.run(["--root", root, "--json"]) == 1  # the only version stays
+    assert Repository(root, "stoke").versions() == [first]
+
+
+def test_lineage_of_the_served_version(trained_runs, capsys):
+    assert lineage.run(["--root", trained_runs["root"]]) == 0
+    text = capsys.readouterr().out
+    assert f"version {trained_runs['push']['mixed'][1]['version']} (served)" in text and "run mixed" in text
+    assert "span 1:" in text
+    assert lineage.run(["--root", trained_runs["root"], "--model-name", "a/../b"]) == 1
+
+
+class FakeServing(http.server.BaseHTTPRequestHandler):
+    """Answers TF Serving's REST predict API with the real SavedModel, after checking the body
+    against the documented row format: {"signature_name", "instances": [{"image_bytes": {"b64"}}]}."""
+
+    model_dir = ""
+    bodies: list = []
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).bodies.append((self.path, body))
+        ok = (self.path == "/v1/models/stoke:predict" and body.get("signature_name") == "serving_default"
+              and all(set(i) == {"image_bytes"} and set(i["image_bytes"]) == {"b64"} for i in body["instances"]))
+        if not ok:
+            self._send(400, {"error": "malformed request"})
+            return
+        images = [base64.b64decode(i["image_bytes"]["b64"]) for i in body["instances"]]
+        self._send(200, {"predictions": predict.local_predict(self.model_dir, images)})
+
+    def _send(self, status, payload):
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_predict_locally_and_over_rest(trained_runs, tmp_path):
+    images = []
+    for label in range(3):
+        path = tmp_path / f"{label}.jpg"
+        path.write_bytes(tiny_image(label, 9000 + label))
+        images.append(str(path))
+    local = predict.predict(os.path.join(trained_runs["root"], "models", "stoke"), images)
+    assert local["model"].endswith(str(trained_runs["push"]["mixed"][1]["version"]))
+    assert all(abs(sum(p["probabilities"]) - 1) < 1e-4 for p in local["predictions"])
+
+    FakeServing.model_dir = local["model"]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeServing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1/models/stoke"
+        remote = predict.predict(url, images)
+    finally:
+        server.shutdown()
+    path, body = FakeServing.bodies[-1]
+    assert base64.b64decode(body["instances"][0]["image_bytes"]["b64"]) == open(images[0], "rb").read()
+    assert [p["label"] for p in remote["predictions"]] == [p["label"] for p in local["predictions"]]
+
+
+def test_predict_rejects_a_corrupt_image(trained_runs, tmp_path, capsys):
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(tiny_image(0, 1)[:40])
+    code = predict.run([os.path.join(trained_runs["root"], "models", "stoke"), str(broken), "--json"])
+    assert code == 1
+    assert "is not a readable image" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
+
+
+def test_object_store_push_copies_saved_model_last(trained_runs, s3_bucket):
+    """No rename on S3: every other file first, saved_model.pb last; a folder without it is partial."""
+    import fsspec
+
+    root = f"s3://{s3_bucket}/root"
+    fs = fsspec.filesystem("s3")
+    fs.pipe_file(f"{s3_bucket}/root/models/stoke/5/variables/variables.index", b"half a push")
+    repo = Repository(root, "stoke")
+    assert repo.versions() == [] and repo.remove_partial() == ["5"]
+
+    order = []
+    original = repo.fs.pipe_file
+
+    def recording(path, data, **kwargs):
+        order.append(path.rsplit("/5000/", 1)[-1])
+        return original(path, data, **kwargs)
+
+    repo.fs.pipe_file = recording  # s3fs binds its sync methods per instance
+    try:
+        repo.publish(trained_runs["push"]["good"][1]["model_uri"], 5000, {"assets.extra/note": b"x"})
+    finally:
+        repo.fs.pipe_file = original
+    assert order[-1] == "saved_model.pb" and "variables/variables.index" in order
+    assert repo.versions() == [5000] and repo.next_version() > 5000

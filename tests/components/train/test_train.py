@@ -1,0 +1,247 @@
+"""`stoke train` on the CPU: each precision, XLA, each strategy, resume after a kill, corrupt shards.
+
+Runs that need a fresh TensorFlow (logical CPU devices, a cluster, a killed process) are
+subprocesses; the rest call `train.run` in this process.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from components.contracts.layout import Root
+from components.train import input_pipeline as pipeline
+from components.train import trainer as train
+from tests.components.conftest import TRAIN_LABELS, tiny_image
+from tests.components.train.test_input_pipeline import corrupt_record
+
+TINY = ["--image-size", "32", "--batch-size", "8", "--probe-steps", "2", "--profile-steps", "none"]
+
+
+def _train(capsys, root, *args) -> dict:
+    code = train.run(["--root", root, *TINY, "--json", *args])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert code == 0, out[-1]
+    return json.loads(out[-1])
+
+
+def _env(**extra) -> dict:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    env.pop("TF_CONFIG", None)
+    env.update(extra)
+    return env
+
+
+def _spawn(root, *args, **env) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "components.train", "--root", root, *TINY, "--json", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(**env))
+
+
+def _summary(process: subprocess.Popen) -> dict:
+    out, err = process.communicate(timeout=240)
+    assert process.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def float32_run(small_spans_root, capsys_module):
+    return capsys_module(small_spans_root, "--run-id", "f32", "--epochs", "2", "--precision", "float32",
+                         "--no-xla", "--profile-steps", "2,3")
+
+
+@pytest.fixture(scope="module")
+def capsys_module():
+    """train.run for module-scoped fixtures (capsys is function-scoped): reads the summary file."""
+    def run(root, *args):
+        assert train.run(["--root", root, *TINY, *args]) == 0
+        run_id = args[args.index("--run-id") + 1]
+        return json.loads(open(os.path.join(root, "runs", run_id, "metrics.json")).read())
+    return run
+
+
+def test_float32_run_writes_every_artifact(float32_run, small_spans_root):
+    run_dir = os.path.join(small_spans_root, "runs", "f32")
+    assert float32_run["run_dir"] == run_dir
+    assert (float32_run["precision"], float32_run["xla"], float32_run["strategy"]) == ("float32", False, "one_device")
+    assert float32_run["total_steps"] == 2 * float32_run["steps_per_epoch"] == 2 * (48 // 8)
+    assert float32_run["eval"]["accuracy"] > 0.5  # 3 colour classes: chance is 1/3
+    assert float32_run["train"]["loss"] < float32_run["history"]["loss"][0]
+    assert float32_run["images_per_sec"] > 0
+    probe = float32_run["input"]
+    assert probe["input_images_per_sec"] > 0 and probe["model_images_per_sec_synthetic"] > 0
+    assert isinstance(probe["input_bound"], bool) and probe["input_wait_seconds"] >= 0
+    for name in ("checkpoints/checkpoint", "candidate/saved_model.pb", "metrics.json", "curves.png"):
+        assert os.path.exists(os.path.join(run_dir, name)), name
+    assert open(os.path.join(run_dir, "curves.png"), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    profiles = os.path.join(run_dir, "tensorboard", "plugins", "profile")
+    assert os.listdir(profiles), "the profiled step range left no trace"
+    assert not os.listdir(os.path.join(run_dir, "backup"))  # a finished run drops its backup
+
+
+def test_candidate_serves_image_bytes_and_examples(float32_run, small_spans_root):
+    loaded = tf.saved_model.load(float32_run["model_dir"])
+    images = [tiny_image(label, 5000 + label, image_format=fmt) for label, fmt in ((0, "jpeg"), (1, "png"), (2, "jpeg"))]
+    serve = loaded.signatures["serving_default"]
+    assert list(serve.structured_input_signature[1]) == ["image_bytes"]
+    out = serve(image_bytes=tf.constant(images))
+    assert out["probabilities"].dtype == tf.float32 and out["probabilities"].shape == (3, 3)
+    np.testing.assert_allclose(out["probabilities"].numpy().sum(axis=1), 1.0, rtol=1e-5)
+    assert out["class_ids"].dtype == tf.int64
+    assert [x.decode() for x in out["labels"].numpy()] == [TRAIN_LABELS[i] for i in out["class_ids"].numpy()]
+
+    shard = Root(small_spans_root).shards("eval")[0]
+    records = [r.numpy() for r in tf.data.TFRecordDataset(shard.uri, "GZIP").take(4)]
+    by_example = loaded.signatures["examples"](examples=tf.constant(records))
+    encoded = [pipeline.parse(r)[0].numpy() for r in records]
+    by_bytes = serve(image_bytes=tf.constant(encoded))
+    np.testing.assert_allclose(by_example["probabilities"], by_bytes["probabilities"], rtol=1e-5)
+    assert "XlaLaunch" not in str(loaded.signatures["serving_default"].graph.as_graph_def())
+
+
+def test_summary_is_the_last_line_and_a_finished_run_is_not_redone(float32_run, small_spans_root, capsys):
+    assert train.run(["--root", small_spans_root, *TINY, "--run-id", "f32", "--json"]) == 1
+    out, err = capsys.readouterr()
+    assert "already finished" in json.loads(out.strip().splitlines()[-1])["error"]
+    assert "Traceback" not in err
+
+
+def test_mixed_bfloat16_trains_and_exports_float32(small_spans_root, capsys):
+    summary = _train(capsys, small_spans_root, "--run-id", "bf16", "--precision", "mixed_bfloat16",
+                     "--epochs", "1", "--steps-per-epoch", "3")
+    assert summary["precision"] == "mixed_bfloat16" and summary["total_steps"] == 3
+    assert np.isfinite(summary["train"]["loss"])
+    reader = tf.train.load_checkpoint(os.path.join(summary["model_dir"], "variables", "variables"))
+    dtypes = {dtype for name, dtype in reader.get_variable_to_dtype_map().items() if "layer" in name}
+    assert dtypes == {tf.float32}
+
+
+def test_xla_on_one_device(small_spans_root, capsys):
+    summary = _train(capsys, small_spans_root, "--run-id", "xla", "--xla", "--epochs", "1",
+                     "--steps-per-epoch", "3", "--steps-per-execution", "3")
+    assert summary["xla"] is True and summary["total_steps"] == 3
+    assert np.isfinite(summary["eval"]["loss"])
+
+
+def test_mirrored_over_two_logical_cpus(small_spans_root):
+    summary = _summary(_spawn(small_spans_root, "--run-id", "mirrored", "--strategy", "mirrored",
+                              "--cpu-devices", "2", "--no-xla", "--epochs", "1"))
+    assert (summary["strategy"], summary["replicas"], summary["global_batch_size"]) == ("mirrored", 2, 16)
+    assert summary["total_steps"] == 48 // 16
+    assert os.path.exists(os.path.join(summary["model_dir"], "saved_model.pb"))
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def test_multi_worker_on_two_local_processes(small_spans_root, tmp_path):
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in _free_ports(2)]}
+    scratch = tmp_path / "worker-tmp"
+    scratch.mkdir()
+    processes = [
+        _spawn(small_spans_root, "--run-id", "mwms", "--epochs", "1", "--no-xla",
+               TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}),
+               TMPDIR=str(scratch if index else tmp_path))
+        for index in (0, 1)]
+    chief, worker = [_summary(p) for p in processes]
+    for summary in (chief, worker):
+        assert (summary["strategy"], summary["workers"], summary["replicas"]) == ("multi_worker", 2, 2)
+        assert summary["total_steps"] == 48 // 16
+    run_dir = os.path.join(small_spans_root, "runs", "mwms")
+    assert os.path.exists(os.path.join(run_dir, "candidate", "saved_model.pb"))
+    assert json.load(open(os.path.join(run_dir, "metrics.json")))["workers"] == 2
+    assert not list(scratch.glob("stoke-worker-*")), "the worker kept its copy of the model"
+    assert not [p for p in os.listdir(os.path.join(run_dir, "checkpoints")) if "workertemp" in p]
+
+
+def test_killed_run_resumes_from_backup_with_the_same_step_count(small_spans_root, capsys):
+    args = ["--run-id", "resume", "--epochs", "2", "--backup-every", "2", "--no-xla"]
+    killed = _spawn(small_spans_root, *args, STOKE_KILL_AT_STEP="7")
+    killed.communicate(timeout=240)
+    assert killed.returncode == -signal.SIGKILL
+    backup = os.path.join(small_spans_root, "runs", "resume", "backup")
+    assert os.listdir(backup)
+    assert not os.path.exists(os.path.join(small_spans_root, "runs", "resume", "metrics.json"))
+
+    summary = _train(capsys, small_spans_root, *args)
+    assert summary["resumed_from_step"] == 6  # the last backup before the kill at step 7
+    assert summary["total_steps"] == 2 * 6
+    assert len(summary["history"]["loss"]) == 1  # only the second epoch was left to run
+
+
+@pytest.fixture(scope="module")
+def train_corrupt_root(small_spans_root, tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("train-corrupt") / "root")
+    shutil.copytree(small_spans_root, root, ignore=shutil.ignore_patterns("runs"))
+    corrupt_record(Root(root).shards("train")[2].uri, 3)
+    return root
+
+
+def test_corrupt_shard_stops_training_naming_the_shard(train_corrupt_root, capsys):
+    code = train.run(["--root", train_corrupt_root, *TINY, "--run-id", "stop", "--epochs", "1", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert "corrupt shard" in err and "train-00002-of-00003.tfrecord.gz" in err
+    assert "--skip-corrupt" in json.loads(out.strip().splitlines()[-1])["error"]
+
+
+def test_skip_corrupt_trains_on_the_rest_and_counts_it(train_corrupt_root, capsys):
+    summary = _train(capsys, train_corrupt_root, "--run-id", "skip", "--epochs", "1", "--skip-corrupt")
+    assert summary["corrupt"]["skipped_records"] == 16 - 3
+    assert summary["corrupt"]["shards"][0]["uri"].endswith("train-00002-of-00003.tfrecord.gz")
+    assert summary["steps_per_epoch"] == (48 - 13) // 8
+
+
+def test_refuses_a_root_without_spans_and_a_run_id_that_leaves_runs(tmp_path, small_spans_root, capsys):
+    assert train.run(["--root", str(tmp_path), "--json"]) == 1
+    assert "no published span" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
+    assert train.run(["--root", small_spans_root, "--run-id", "../escape", "--json"]) == 2  # bad settings
+    assert "bad run id" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
+    assert train.run(["--root", "s3://bucket/root", "--json"]) == 1
+    assert "tensorflow-io" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v3_small", "efficientnet_b0", "resnet50"])
+def test_application_models_take_uint8_and_give_float32_logits(name):
+    import tf_keras as keras
+
+    from components.train.models import build_model
+
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        model = build_model(name, 5, 32)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    logits = model(tf.zeros([2, 32, 32, 3], tf.uint8), training=False)
+    assert logits.shape == (2, 5) and logits.dtype == tf.float32
+    assert model.get_layer("logits").compute_dtype == "float32"
+
+
+def test_real_digits_generalize_to_the_eval_split(tmp_path, capsys):
+    """The demo digits (real scans, 10 classes): eval accuracy in a short run gets far above chance,
+    which catches inference-only faults (such as batch-norm statistics) that train accuracy hides."""
+    from flows.demo import NAMES, write_digits
+    from tests.components.conftest import write_span
+
+    write_digits(str(tmp_path / "digits"), limit=640)
+    records = [(path.read_bytes(), "png", NAMES.index(path.parent.name))
+               for path in sorted((tmp_path / "digits").glob("*/*.png"))]
+    root = str(tmp_path / "root")
+    splits = {"train": [r for i, r in enumerate(records) if i % 8], "eval": records[::8]}
+    write_span(root, 1, splits, NAMES, {"train": 2, "eval": 1})
+    summary = _train(capsys, root, "--run-id", "digits", "--epochs", "10", "--batch-size", "32", "--no-flip")
+    assert max(summary["history"]["val_accuracy"]) > 0.5  # chance is 0.1

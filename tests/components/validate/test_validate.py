@@ -1,0 +1,94 @@
+"""`stoke validate`: TFMA metrics, the blessing and its plain-word reasons, the serving contract check."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from components.push.repository import Repository
+from components.validate.warmup import read_prediction_logs, request_images
+from tests.components.gate_runs import copy_root, gate_scenario, validate_run
+
+
+@pytest.fixture(scope="session")
+def trained_runs(tmp_path_factory):
+    return gate_scenario(tmp_path_factory)
+
+
+def test_learned_model_is_blessed_with_every_metric(trained_runs):
+    code, summary = trained_runs["validate"]["good"]
+    assert code == 0 and summary["blessed"] and summary["reasons"] == []
+    metrics = summary["metrics"]
+    assert metrics["example_count"] == 24
+    assert metrics["accuracy"] > metrics["majority_class_rate"] == pytest.approx(8 / 24)
+    assert metrics["top_k_accuracy"] >= metrics["accuracy"] and summary["thresholds"]["top_k"] == 3
+    assert set(metrics["per_class_accuracy"]) == {"red", "green", "blue"}
+    matrix = metrics["confusion_matrix"]
+    assert sum(map(sum, matrix)) == 24
+    assert sum(matrix[i][i] for i in range(3)) / 24 == pytest.approx(metrics["accuracy"])
+    assert summary["baseline_version"] is None and summary["tfma_validation_ok"]
+    assert any("no served version yet" in note for note in summary["notes"])
+
+    run_dir = os.path.join(trained_runs["root"], "runs", "good")
+    assert os.path.exists(os.path.join(run_dir, "BLESSED")) and not os.path.exists(os.path.join(run_dir, "NOT_BLESSED"))
+    assert json.load(open(summary["validation_uri"]))["metrics"] == metrics
+    assert open(summary["confusion_matrix_uri"], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    assert any(name.startswith("metrics") for name in os.listdir(os.path.join(run_dir, "tfma")))
+
+
+def test_model_that_learned_nothing_is_refused_in_plain_words(trained_runs):
+    code, summary = trained_runs["validate"]["flat"]
+    good_version = trained_runs["push"]["good"][1]["version"]
+    assert code == 0 and not summary["blessed"]
+    assert summary["baseline_version"] == good_version
+    regression = [r for r in summary["reasons"] if "below the served version" in r]
+    assert len(regression) == 1
+    assert f"below the served version {good_version}" in regression[0] and "allowed regression 0.01" in regression[0]
+    assert f"{summary['metrics']['accuracy']:.4f}" in regression[0]
+    run_dir = os.path.join(trained_runs["root"], "runs", "flat")
+    assert os.path.exists(os.path.join(run_dir, "NOT_BLESSED")) and not os.path.exists(os.path.join(run_dir, "BLESSED"))
+    assert not summary["tfma_validation_ok"]
+
+
+def test_serving_contract_checked_in_a_fresh_process(trained_runs):
+    check = trained_runs["validate"]["good"][1]["serving_check"]
+    assert check["ok"] and check["problems"] == [] and check["classes"] == 3
+    assert check["signature"]["probabilities"]["dtype"] == "float32"
+    assert check["signature"]["class_ids"]["dtype"] == "int64"
+    assert check["latency_ms"]["batch_1"]["median_ms"] > 0 and check["latency_ms"]["batch_32"]["median_ms"] > 0
+    # No tensorflow_model_server and no container engine here: the report must say so.
+    assert check["real_server"]["status"] == "skipped" and "tensorflow_model_server" in check["real_server"]["reason"]
+
+
+def test_warmup_requests_are_real_eval_images(trained_runs):
+    logs = read_prediction_logs(trained_runs["validate"]["good"][1]["warmup_uri"])
+    sizes = [len(request_images(log)) for log in logs]
+    assert sizes == [1, 8]
+    request = logs[0].predict_log.request
+    assert (request.model_spec.name, request.model_spec.signature_name) == ("stoke", "serving_default")
+    assert request_images(logs[0])[0][:2] == b"\xff\xd8"  # a JPEG from the eval split
+
+
+def test_changed_label_set_skips_the_baseline_and_says_why(trained_runs, tmp_path):
+    root = copy_root(trained_runs, tmp_path)
+    repo = Repository(root, "stoke")
+    newest = repo.newest()
+    lineage_path = repo.lineage_uri(newest)
+    lineage = json.load(open(lineage_path))
+    lineage["labels"] = ["red", "green", "blue", "violet"]
+    json.dump(lineage, open(lineage_path, "w"))
+    code, summary = validate_run(root, "flat", "--min-accuracy", "0.99")
+    assert code == 0 and not summary["blessed"]
+    assert summary["baseline_version"] is None and summary["served_version"] == newest
+    assert any("label set changed" in note for note in summary["notes"])
+    assert summary["reasons"] == [f"accuracy {summary['metrics']['accuracy']:.4f} is below the required 0.9900 (--min-accuracy)"]
+
+
+def test_bad_arguments_are_one_line_errors(trained_runs, capsys):
+    from components.validate import gate as validate
+
+    assert validate.run(["--root", trained_runs["root"], "--run-id", "missing", "--json"]) == 1
+    assert "training did not finish" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
+    assert validate.run(["--root", trained_runs["root"], "--run-id", "good", "--model-name", "../etc", "--json"]) == 2
+    assert "--model-name" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
