@@ -8,8 +8,11 @@ minutes on a laptop. The Prefect UI renders the descriptions as help text.
 from __future__ import annotations
 
 import copy
+import os
+import shlex
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
 
 from components.contracts import config
 
@@ -52,3 +55,40 @@ class Timeouts(BaseModel):
     train: float = Field(24 * 60, gt=0, description="minutes for training (it resumes from its backup on a rerun)")
     validation: float = Field(120, gt=0, description="minutes for TFMA validation")
     push: float = Field(30, gt=0, description="minutes for the push into the model repository")
+
+
+# Beam options a run may set: how much of the runner it uses, never which runner, what it runs or
+# with which credentials. Those belong to the deployment (BEAM_ARGS_ENV, set by `stoke up` or
+# `stoke deploy --beam-args-file`): anyone who can start a run could otherwise pass
+# `--environment_type=beam:env:harness_subprocess_python:v1 --environment_config=COMMAND` and
+# have COMMAND run through a shell on the workers.
+RUN_BEAM_OPTIONS = ("direct_num_workers", "direct_running_mode", "num_workers", "max_num_workers",
+                    "autoscaling_algorithm", "machine_type", "worker_machine_type", "disk_size_gb",
+                    "number_of_worker_harness_threads", "parallelism")
+BEAM_ARGS_ENV = "STOKE_BEAM_ARGS"
+
+
+def check_beam_args(args: list[str]) -> list[str]:
+    """The run's Beam options, each `--name=value` with a name from RUN_BEAM_OPTIONS."""
+    for arg in args:
+        name = arg.split("=", 1)[0]
+        if not arg.startswith("--") or "=" not in arg or name[2:] not in RUN_BEAM_OPTIONS:
+            raise ValueError(f"{arg.split('=', 1)[0]!r} is not an option a run may set; runner, environment and "
+                             "credentials belong to the deployment (`stoke up` or `stoke deploy` --beam-args-file). "
+                             f"A run may set --NAME=VALUE for: {', '.join(RUN_BEAM_OPTIONS)}")
+    return args
+
+
+BeamArgs = Annotated[list[str], AfterValidator(check_beam_args)]
+
+
+def read_beam_args(path: str) -> str:
+    """A Beam options file such as infra/beam/dataflow.args (one option a line, # comments)."""
+    with open(path, encoding="utf-8") as f:
+        lines = [line.strip() for line in f if line.strip() and not line.lstrip().startswith("#")]
+    return " ".join(shlex.quote(line) for line in lines)
+
+
+def deployment_beam_args() -> list[str]:
+    """The deployment's Beam options, from the environment of the process running the flow."""
+    return shlex.split(os.environ.get(BEAM_ARGS_ENV, ""))

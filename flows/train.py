@@ -1,12 +1,12 @@
 """The `train` flow: new images in the bucket to a served model, one stage after the other.
 
-    1 preflight  components.preflight    the machine: disks, read speed, GPUs, /dev/shm, limits
+    1 preflight  components.preflight   the machine: disks, read speed, GPUs, /dev/shm, limits
     2 ingest     beam_jobs.ingest       new files -> a new span of GZIP TFRecords (retried: it is exactly-once)
     3 train      components.train       all published spans -> candidate SavedModel (tag `gpu`; never retried:
                                         a rerun of the same run id resumes from its backup instead)
     4 validate   components.validate    TFMA against thresholds and the served baseline -> blessed or not
-    5 push       components.push          blessed only: a new integer version in the model repository
-    6 report     components.report       report.md, report.json and plots in the run folder + Prefect artifacts
+    5 push       components.push        blessed only: a new integer version in the model repository
+    6 report     components.report      report.md, report.json and plots in the run folder + Prefect artifacts
 
 Stages hand each other URIs under ROOT, never objects: each writes its summary to
 ROOT/runs/<run-id>/summaries/<stage>.json, and the report is built from the run folder alone.
@@ -27,12 +27,15 @@ from flows.parameters import (
     DEMO_EPOCHS,
     DEMO_ROOT,
     DEMO_SOURCE,
+    BeamArgs,
     DoctorSettings,
     GateSettings,
     IngestSettings,
     ModelSettings,
     PushSettings,
     Timeouts,
+    check_beam_args,
+    deployment_beam_args,
 )
 from flows.stages import StageError, run_stage, to_arguments
 
@@ -55,7 +58,7 @@ def train(
     gate: GateSettings = GateSettings(),
     push: PushSettings = PushSettings(),
     ingest: IngestSettings = IngestSettings(),
-    beam_args: list[str] = [],
+    beam_args: BeamArgs = [],
     model_name: str = "stoke",
     preflight: bool = True,
     doctor: DoctorSettings = DoctorSettings(),
@@ -112,7 +115,7 @@ def ingest_span(source: str, root: str, settings: IngestSettings, beam_args: lis
                 timeout_minutes: float) -> dict:
     """Publishes what SOURCE holds beyond the published spans as a new span (or says nothing is new)."""
     with Progress("ingest", INGEST_PROGRESS) as progress:
-        return run_program("ingest", "beam_jobs.ingest", [source, "--root", root, *to_arguments(settings), *beam_args],
+        return run_program("ingest", "beam_jobs.ingest", ingest_arguments(source, root, settings, beam_args),
                            run, timeout_minutes, progress)
 
 
@@ -190,6 +193,11 @@ def served_versions(root: str, model_name: str) -> list[int]:
     from components.push.repository import Repository
 
     return Repository(root, model_name).versions()
+
+
+def ingest_arguments(source: str, root: str, settings: IngestSettings, beam_args: list[str]) -> list[str]:
+    """The ingest program's arguments: the deployment's Beam options, then the run's (checked)."""
+    return [source, "--root", root, *to_arguments(settings), *deployment_beam_args(), *check_beam_args(beam_args)]
 
 
 def run_program(stage: str, module: str, argv: list[str], run: RunDir, timeout_minutes: float,

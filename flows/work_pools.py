@@ -26,6 +26,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from flows.parameters import read_beam_args
+
 POOL_ENV = "STOKE_WORK_POOL"
 POOL_TYPES = ("process", "docker", "kubernetes")
 # The training image of infra/training/Dockerfile; tagged with the project's version, never `latest`.
@@ -62,8 +64,11 @@ class WorkPool(BaseModel):
                   "network": env.get("STOKE_DOCKER_NETWORK")}
         return cls(**{k: v for k, v in values.items() if v not in (None, "")})
 
-    def job_variables(self, gpu: bool) -> dict:
-        """Job variables of one deployment; `gpu` for the flow that trains."""
+    def job_variables(self, gpu: bool, env: dict | None = None) -> dict:
+        """Job variables of one deployment; `gpu` for the flow that trains, `env` for its processes."""
+        return {**self._infrastructure(gpu), **({"env": env} if env else {})}
+
+    def _infrastructure(self, gpu: bool) -> dict:
         if self.type == "process":
             return {}
         if self.type == "docker":
@@ -79,14 +84,19 @@ class WorkPool(BaseModel):
         return {"image": self.image, "gpus": self.gpus if gpu else 0, "root_claim": self.root_volume}
 
 
-def deploy(source: str, root: str, pool: WorkPool, base_job_template: dict | None = None, **options) -> list[str]:
-    """Creates the pool if missing and registers the deployments to it; returns their names."""
+def deploy(source: str, root: str, pool: WorkPool, base_job_template: dict | None = None,
+           beam_args: str | None = None, **options) -> list[str]:
+    """Creates the pool if missing and registers the deployments to it; returns their names.
+    `beam_args`: the Beam runner options of the train deployment's ingest."""
     from flows.deployments import build_deployments
+    from flows.parameters import BEAM_ARGS_ENV
 
     ensure_pool(pool, base_job_template)
     names = []
     for deployment in build_deployments(source, root, **options):
-        deployment.job_variables = pool.job_variables(gpu=deployment.flow_name == "train")
+        training = deployment.flow_name == "train"
+        env = {BEAM_ARGS_ENV: beam_args} if training and beam_args else None
+        deployment.job_variables = pool.job_variables(gpu=training, env=env)
         deployment.apply(work_pool_name=pool.name)
         names.append(f"{deployment.flow_name}/{deployment.name}")
     return names
@@ -126,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--poll-seconds", type=float, default=60, help="how often watch-bucket lists SOURCE")
     parser.add_argument("--base-job-template", default=None,
                         help="JSON base job template for a new pool (e.g. infra/prefect/kubernetes-job-template.json)")
+    parser.add_argument("--beam-args-file", default=None,
+                        help="Beam runner options of the ingest, one a line (e.g. infra/beam/dataflow.args)")
     parser.add_argument("--json", action="store_true", help="print a JSON summary last")
     args = parser.parse_args(argv)
     try:
@@ -136,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.base_job_template:
             with open(args.base_job_template) as f:
                 template = json.load(f)
-        names = deploy(args.source, args.root, pool, template, poll_seconds=args.poll_seconds)
+        beam_args = read_beam_args(args.beam_args_file) if args.beam_args_file else None
+        names = deploy(args.source, args.root, pool, template, beam_args, poll_seconds=args.poll_seconds)
     except ValidationError as error:
         print(f"stoke deploy: error: {error.errors()[0]['loc'][0]}: {error.errors()[0]['msg']}", file=sys.stderr)
         return 1

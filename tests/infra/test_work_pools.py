@@ -61,7 +61,7 @@ def render_job(template: dict, variables: dict) -> dict:
 
 @pytest.mark.parametrize("gpu, gpus", [(True, 1), (False, 0)])
 def test_kubernetes_flow_run_job_is_valid_and_asks_for_gpus(template, gpu, gpus):
-    job = render_job(template, WorkPool(type="kubernetes").job_variables(gpu=gpu))
+    job = render_job(template, WorkPool(type="kubernetes").job_variables(gpu=gpu, env={"STOKE_BEAM_ARGS": "--a=1"}))
     kubernetes_validate.validate(job, "1.30.0", strict=False)
     # prefect-kubernetes insists on completions/parallelism inside the pod spec (its default
     # template has them there); the API server drops the two unknown fields with a warning.
@@ -122,9 +122,10 @@ def test_deploy_registers_both_deployments_to_the_pool(prefect_api, template, tm
     from prefect import get_client
 
     pool = WorkPool(type="kubernetes", name="stoke-k8s")
-    names = work_pools.deploy("s3://bucket/incoming", work_pools.ROOT_MOUNT, pool, template, poll_seconds=120)
+    options = "--runner=DataflowRunner --project=p"
+    names = work_pools.deploy("s3://bucket/incoming", work_pools.ROOT_MOUNT, pool, template, options, poll_seconds=120)
     assert names == ["train/nightly", "watch-bucket/poll"]
-    names_again = work_pools.deploy("s3://bucket/incoming", work_pools.ROOT_MOUNT, pool, template)  # idempotent
+    names_again = work_pools.deploy("s3://bucket/incoming", work_pools.ROOT_MOUNT, pool, template, options)  # idempotent
     assert names_again == names
     with get_client(sync_client=True) as client:
         registered = client.read_work_pool("stoke-k8s")
@@ -133,6 +134,7 @@ def test_deploy_registers_both_deployments_to_the_pool(prefect_api, template, tm
         poll = client.read_deployment_by_name("watch-bucket/poll")
     assert nightly.work_pool_name == poll.work_pool_name == "stoke-k8s"
     assert nightly.job_variables["gpus"] == 1 and poll.job_variables["gpus"] == 0
+    assert nightly.job_variables["env"] == {"STOKE_BEAM_ARGS": options} and "env" not in poll.job_variables
     assert nightly.parameters["root"] == work_pools.ROOT_MOUNT and nightly.entrypoint == "flows.train.train"
     assert nightly.schedules and poll.schedules  # the same schedules `stoke up` serves
     with pytest.raises(work_pools.WorkPoolError, match="exists with type 'kubernetes'"):

@@ -1,0 +1,40 @@
+"""Beam's runner options belong to the deployment; a run may only size the runner it is given."""
+import os
+import shlex
+
+import pytest
+
+from flows.parameters import BEAM_ARGS_ENV, IngestSettings, check_beam_args, read_beam_args
+from flows.train import ingest_arguments, train
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SHELL = ["--environment_type=beam:env:harness_subprocess_python:v1", "--environment_config=touch {marker}"]
+
+
+@pytest.mark.parametrize("arg", ["--environment_config=touch /tmp/x", "--runner=PortableRunner", "--num_workers",
+                                 "10", "--experiments=use_runner_v2", "--temp_location=gs://other/tmp"])
+def test_a_run_may_not_set_runner_environment_or_locations(arg):
+    with pytest.raises(ValueError, match="not an option a run may set"):
+        check_beam_args([arg])
+
+
+def test_a_run_may_size_its_runner():
+    assert check_beam_args(["--direct_num_workers=2", "--max_num_workers=8"]) == ["--direct_num_workers=2",
+                                                                                    "--max_num_workers=8"]
+
+
+def test_the_flow_refuses_a_command_in_its_parameters_before_anything_runs(tmp_path):
+    marker = tmp_path / "ran"
+    state = train(source=str(tmp_path / "images"), root=str(tmp_path / "root"), preflight=False, run_id="r1",
+                  beam_args=[a.format(marker=marker) for a in SHELL], return_state=True)
+    assert state.is_failed() and "not an option a run may set" in str(state.result(raise_on_failure=False))
+    assert not marker.exists() and not (tmp_path / "root").exists()
+
+
+def test_the_deployment_options_come_first_and_the_run_may_add_sizes(monkeypatch):
+    options = read_beam_args(os.path.join(REPO, "infra", "beam", "dataflow.args"))
+    monkeypatch.setenv(BEAM_ARGS_ENV, options)
+    argv = ingest_arguments("gs://b/in", "gs://b/root", IngestSettings(), ["--max_num_workers=4"])
+    assert "--runner=DataflowRunner" in argv and argv[-1] == "--max_num_workers=4"
+    assert argv[argv.index("--runner=DataflowRunner"):-1] == shlex.split(options)
+    assert all(not a.startswith("#") for a in argv)
