@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 
 from components.contracts import processes
@@ -26,6 +27,7 @@ from flows import parameters as p
 SERVER_START_SECONDS = 120
 PREFECT_PORT = 4200  # Prefect's own default; the API is at http://<host>:PREFECT_PORT/api
 SERVER_STOP_SECONDS = 30
+AUTH_ENV = "PREFECT_SERVER_API_AUTH_STRING"  # Prefect's own setting: basic auth on the API and UI
 
 # ---------------------------------------------------------------- stoke run
 
@@ -103,6 +105,11 @@ def add_up_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cron", default=None, help="schedule of train/nightly (default: '0 2 * * *', 02:00)")
     parser.add_argument("--timezone", default=os.environ.get("TZ") or "UTC",
                         help="IANA timezone of the schedule, e.g. Europe/Berlin (default: $TZ or UTC)")
+    parser.add_argument("--beam-args-file", default=None,
+                        help="Beam runner options of the deployment, one a line (e.g. infra/beam/dataflow.args)")
+    parser.add_argument("--auth-string-file", default=None,
+                        help=f"file holding user:password: the API and UI then ask for it (basic auth; also read from "
+                             f"{AUTH_ENV})")
     parser.add_argument("--json", action="store_true", help="print a JSON summary last, after shutdown")
 
 
@@ -119,6 +126,13 @@ def up(args: argparse.Namespace) -> int:
     os.environ.update({"PREFECT_HOME": home, "PREFECT_API_URL": f"{url}/api",
                        "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_SERVER_API_HOST": "127.0.0.1",
                        "PREFECT_SERVER_API_PORT": str(args.port)})
+    if args.beam_args_file:  # flow runs start in processes of this one: they inherit it
+        os.environ[p.BEAM_ARGS_ENV] = p.read_beam_args(args.beam_args_file)
+    if args.auth_string_file:
+        with open(args.auth_string_file, encoding="utf-8") as f:
+            os.environ[AUTH_ENV] = f.read().strip()
+    if os.environ.get(AUTH_ENV):  # the server checks it; this process and its flow runs send it
+        os.environ["PREFECT_API_AUTH_STRING"] = os.environ[AUTH_ENV]
     log_path = os.path.join(home, "stoke-server.log")
     source, root = _absolute(args.source), _absolute(args.root)
     # Ctrl-C takes the path of SIGTERM (`docker stop`, systemd): Prefect's runner shuts down cleanly
@@ -128,9 +142,12 @@ def up(args: argparse.Namespace) -> int:
     server = None
     try:
         server = _start_server(args.port, log_path)
-        print(f"Prefect server: {url} (log: {log_path}; database: "
-              f"{os.environ.get('PREFECT_SERVER_DATABASE_CONNECTION_URL') or os.path.join(home, 'prefect.db')})\n"
-              f"From another shell:\n  export PREFECT_API_URL={url}/api\n  prefect deployment run train/nightly\n"
+        database = os.environ.get("PREFECT_SERVER_DATABASE_CONNECTION_URL") or os.path.join(home, "prefect.db")
+        auth = ("  export PREFECT_API_AUTH_STRING=<user:password>\n" if os.environ.get(AUTH_ENV) else "")
+        print(f"Prefect server: {url} (log: {log_path}; database: {without_password(database)})\n"
+              + ("" if auth else f"No auth string: anyone who can reach 127.0.0.1:{args.port} can start runs "
+                 "(--auth-string-file)\n")
+              + f"From another shell:\n  export PREFECT_API_URL={url}/api\n{auth}  prefect deployment run train/nightly\n"
               f"Serving train/nightly ({args.cron or 'cron 0 2 * * *'} {args.timezone}; and on stoke.data.arrived) "
               f"and watch-bucket/poll (every {args.poll_seconds:g} s) for {source} -> {root}. Ctrl-C stops both.",
               flush=True)
@@ -179,6 +196,14 @@ def _start_server(port: int, log_path: str) -> subprocess.Popen:
         time.sleep(0.5)
     processes.stop(server, SERVER_STOP_SECONDS)
     raise ServerError(f"the Prefect server did not answer within {SERVER_START_SECONDS} s; see {log_path}")
+
+
+def without_password(url: str) -> str:
+    """A database URL fit to print: its password, if any, as ***."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)))
 
 
 def _interrupt(signum, frame):

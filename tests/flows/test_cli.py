@@ -3,6 +3,7 @@ Prefect server on 127.0.0.1 with its SQLite under PREFECT_HOME, the deployments 
 `prefect deployment run` from another shell, and a clean Ctrl-C."""
 from __future__ import annotations
 
+import base64
 import glob
 import json
 import os
@@ -11,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -55,17 +57,22 @@ def test_up_serves_the_deployments_until_ctrl_c(pushed_run, tmp_path):
     home = tmp_path / "prefect-home"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     env.update(PREFECT_HOME=str(home), PREFECT_RUNNER_POLL_FREQUENCY="1")
+    secret = tmp_path / "auth"
+    secret.write_text("stoke:s3cret\n")
     up = subprocess.Popen([os.path.join(BIN, "stoke"), "up", "--source", pushed_run["source"], "--root",
-                           pushed_run["root"], "--port", str(port), "--poll-seconds", "3600", "--json"],
-                          stdout=subprocess.PIPE, text=True, env=env)
+                           pushed_run["root"], "--port", str(port), "--poll-seconds", "3600",
+                           "--auth-string-file", str(secret), "--json"], stdout=subprocess.PIPE, text=True, env=env)
     try:
         nightly = _wait_for(lambda: _get(f"{api}/deployments/name/train/nightly"), up, "train/nightly")
+        with pytest.raises(urllib.error.HTTPError, match="401"):  # basic auth: nobody else starts runs
+            urllib.request.urlopen(f"{api}/deployments/name/train/nightly", timeout=5)
         assert nightly["schedules"][0]["schedule"]["cron"] == "0 2 * * *"
         assert nightly["parameters"] == {"source": pushed_run["source"], "root": pushed_run["root"]}
 
         # From another shell: nothing is new and a model is served, so the run ends early, Completed.
         started = subprocess.run([os.path.join(BIN, "prefect"), "deployment", "run", "train/nightly", "--watch"],
-                                 env={**env, "PREFECT_API_URL": api}, capture_output=True, text=True, timeout=300)
+                                 env={**env, "PREFECT_API_URL": api, "PREFECT_API_AUTH_STRING": "stoke:s3cret"},
+                                 capture_output=True, text=True, timeout=300)
         assert started.returncode == 0, started.stdout + started.stderr
         # The scheduler has also queued tonight's run; it stays Scheduled.
         (run,) = [r for r in _post(f"{api}/flow_runs/filter", {})
@@ -77,13 +84,21 @@ def test_up_serves_the_deployments_until_ctrl_c(pushed_run, tmp_path):
         up.send_signal(signal.SIGINT)
         out, _ = up.communicate(timeout=90)
 
-    assert up.returncode == 0
+    assert up.returncode == 0 and "s3cret" not in out
     assert json.loads(out.strip().splitlines()[-1]) == {
         "api_url": api, "ui_url": api[:-4], "prefect_home": str(home), "source": pushed_run["source"],
         "root": pushed_run["root"], "deployments": ["train/nightly", "watch-bucket/poll"], "stopped": True}
     assert (home / "prefect.db").exists()
     with socket.socket() as sock:
         assert sock.connect_ex(("127.0.0.1", port)) != 0, "the server still listens after Ctrl-C"
+
+
+def test_printed_database_urls_hide_their_password():
+    from flows.commands import without_password
+
+    assert without_password("postgresql+asyncpg://prefect:p%40ss@db:5432/prefect") == \
+        "postgresql+asyncpg://prefect:***@db:5432/prefect"
+    assert without_password("/home/me/.prefect/prefect.db") == "/home/me/.prefect/prefect.db"
 
 
 def test_up_refuses_a_port_in_use(tmp_path):
@@ -106,16 +121,19 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+AUTH = {"Authorization": "Basic " + base64.b64encode(b"stoke:s3cret").decode()}
+
+
 def _get(url: str):
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=AUTH), timeout=5) as response:
             return json.load(response)
     except OSError:
         return None
 
 
 def _post(url: str, body: dict):
-    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json", **AUTH})
     with urllib.request.urlopen(request, timeout=10) as response:
         return json.load(response)
 
