@@ -78,8 +78,8 @@ def test_secrets_come_only_from_the_environment(env_example):
     with pytest.raises(KeyError, match="PREFECT_API_AUTH_STRING|POSTGRES_PASSWORD|MINIO"):
         load_compose("compose.yaml", env={})  # no .env: compose refuses, nothing runs with a default secret
     for value in env_example.values():
-        if "change-me" in value:
-            assert value not in text  # the placeholders are not pasted into the stack
+        if "change-me" in value:  # the placeholders are not pasted into the stack as defaults or values
+            assert f"-{value}}}" not in text and f": {value}\n" not in text and f"={value}" not in text
 
 
 def test_dotenv_is_never_committed():
@@ -187,7 +187,7 @@ def test_serving_health_check_is_the_serving_images(compose):
 
 
 def test_bucket_init_script_is_valid_shell(compose):
-    for name in ("minio-init", "init-volumes"):
+    for name in ("minio-init", "init-volumes", "check-secrets"):
         service = compose["services"][name]
         script = (service.get("entrypoint") or service["command"])[-1]
         assert subprocess.run(["sh", "-n", "-c", script]).returncode == 0, name
@@ -197,3 +197,26 @@ def test_bucket_init_script_is_valid_shell(compose):
 def test_env_example_interpolates_every_value(env_example):
     text = yaml.safe_load(open(infra("compose.yaml")))
     assert "${" not in json.dumps(interpolate(text, env_example))
+
+
+def test_the_stack_refuses_to_start_on_placeholder_secrets(compose, env_example):
+    check = compose["services"]["check-secrets"]
+    script = check["command"][-1]
+    placeholders = subprocess.run(["sh", "-c", script], env=check["environment"], capture_output=True, text=True)
+    assert env_example["POSTGRES_PASSWORD"] == "change-me" and placeholders.returncode == 1
+    assert "change-me placeholder" in placeholders.stderr
+    real = {name: "s3cret-" + name for name in check["environment"]}
+    assert subprocess.run(["sh", "-c", script], env=real).returncode == 0
+    services = compose["services"]
+
+    def waits_for_check(name, seen=()):
+        needs = set(services[name].get("depends_on") or {})
+        return "check-secrets" in needs or any(waits_for_check(n, (*seen, n)) for n in needs - set(seen))
+
+    assert all(waits_for_check(name) for name in services if name != "check-secrets")
+
+
+def test_unauthenticated_services_do_not_follow_stoke_bind(env_example):
+    opened = load_compose("compose.yaml", env={**env_example, "STOKE_BIND": "0.0.0.0"})["services"]
+    assert all(port.startswith("0.0.0.0:") for port in opened["prefect-server"]["ports"] + opened["minio"]["ports"])
+    assert all(port.startswith("127.0.0.1:") for port in opened["serving"]["ports"] + opened["tensorboard"]["ports"])

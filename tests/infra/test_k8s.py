@@ -223,3 +223,14 @@ def test_a_broken_tf_config_would_be_refused(objects, fake_stoke):
     started = start_pod(job, job["spec"]["completions"], objects, fake_stoke)
     with pytest.raises(ValueError, match="out of range"):
         strategy.parse_tf_config(started["tf_config"])
+
+
+def test_only_the_training_pods_reach_each_others_worker_port(objects):
+    job = find(objects, "Job", "stoke-train")
+    policy = find(objects, "NetworkPolicy", "stoke-train")
+    pods = job["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pods.items()
+    (rule,) = policy["spec"]["ingress"]
+    assert [p["port"] for p in rule["ports"]] == [find(objects, "Service", "stoke-train")["spec"]["ports"][0]["port"]]
+    (source,) = rule["from"]
+    assert source["podSelector"]["matchLabels"].items() <= pods.items() and "namespaceSelector" not in source
