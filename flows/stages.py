@@ -21,6 +21,7 @@ from typing import Callable
 from pydantic import BaseModel
 
 from components.contracts import processes
+from components.contracts.program import printable
 
 # After SIGTERM a stage gets this long to save what it can (the trainer's backup) before SIGKILL.
 KILL_GRACE_SECONDS = 10.0
@@ -78,7 +79,7 @@ def run_stage(name: str, module: str, argv: list[str], *, timeout: float, logger
                 logger.debug("%s: %s", name, line)
                 continue
             tail = (tail + [line])[-TAIL_LINES:]
-            logger.log(_level(line), "%s: %s", name, line)
+            logger.log(_level(line), "%s: %s", name, printable(line))
             if progress:
                 progress(line)
         code = process.wait(timeout=max(deadline - time.monotonic(), 1.0))

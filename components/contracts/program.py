@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import unicodedata
 from typing import Callable
 
 from pydantic import BaseModel, ValidationError
@@ -34,8 +35,25 @@ def main(prog: str, as_json: bool, work: Callable[[], dict], describe: Callable[
         return _fail(prog, as_json, settings_message(error), failed, BAD_SETTINGS)
     except errors as error:
         return _fail(prog, as_json, str(error), failed, FAILED)
-    print(json.dumps(summary, sort_keys=True) if as_json else describe(summary), flush=True)
+    print(json.dumps(summary, sort_keys=True) if as_json else describe(printable(summary)), flush=True)
     return 0
+
+
+def printable(value):
+    """`value` (a string, or the strings in a dict or list) with control and format characters
+    escaped: a file name can hold terminal escapes, newlines or bidirectional overrides, and
+    names reach terminals, logs and markdown reports."""
+    if isinstance(value, str):
+        return "".join(ch.encode("unicode_escape").decode("ascii") if unicodedata.category(ch) in _HIDDEN else ch
+                       for ch in value)
+    if isinstance(value, dict):
+        return {key: printable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [printable(item) for item in value]
+    return value
+
+
+_HIDDEN = {"Cc", "Cf", "Zl", "Zp"}  # control, format (e.g. U+202E), line and paragraph separators
 
 
 def settings_message(error: ValidationError) -> str:

@@ -60,6 +60,7 @@ def _manifests(root: str) -> list[SpanManifest]:
 
 def render(report: Report):
     """The report as a rich Table for the terminal."""
+    from rich.markup import escape
     from rich.table import Table
 
     colour = {"ok": "green", "skip": "dim", "warn": "yellow", "fail": "bold red"}
@@ -67,7 +68,8 @@ def render(report: Report):
     for column in ("check", "status", "finding", "fix"):
         table.add_column(column, overflow="fold")
     for c in report.checks:
-        table.add_row(c.name, f"[{colour[c.status]}]{c.status}[/]", c.summary, c.fix or "")
+        table.add_row(c.name, f"[{colour[c.status]}]{c.status}[/]", escape(program.printable(c.summary)),
+                      escape(c.fix or ""))
     return table
 
 

@@ -11,6 +11,7 @@ import os
 
 from components.contracts.files import exists, read_json, write_json, write_text
 from components.contracts.layout import RunDir
+from components.contracts.program import printable
 from components.contracts.results import InputProbe, Result, TrainMetrics, Validation
 from components.report import plots as draw
 
@@ -72,7 +73,7 @@ def write_report(run: RunDir, skipped: str | None = None, failed: str | None = N
     Returns {"summary": the report dict, "markdown": report.md's text, "report_md": its URI}."""
     report = build_report(run, skipped, failed)
     report["report_md"], report["report_json"] = run.report_md, run.report_json
-    markdown = render_markdown(report)
+    markdown = render_markdown(printable(report))  # names in the markdown cannot carry escapes
     write_text(run.report_md, markdown)
     write_json(run.report_json, report)
     return {"summary": report, "markdown": markdown, "report_md": report["report_md"]}
