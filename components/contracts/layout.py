@@ -20,6 +20,7 @@ DEAD_LETTER = "dead_letter.jsonl"
 LABELS = "labels.json"
 SPAN_PATTERN = re.compile(r"^span-(\d{5,})$")
 METRICS = "metrics.json"  # in a run folder: written last by training, so its presence means finished
+WARMUP_FILE = "tf_serving_warmup_requests"  # TF Serving's name, in a run and in assets.extra/ of a version
 
 # Shard file suffix for each codec the ingest job can write; readers take the codec from the manifest.
 SHARD_SUFFIX = {"gzip": ".tfrecord.gz", "zlib": ".tfrecord.zz", "none": ".tfrecord"}
@@ -132,7 +133,7 @@ class RunDir:
     curves = property(lambda self: self._file("curves.png"))
     # validation: TFMA output, the warm-up requests it replayed, its verdict; the marker last
     tfma = property(lambda self: self._file("tfma"))
-    warmup = property(lambda self: join(self.uri, "warmup", "tf_serving_warmup_requests"))
+    warmup = property(lambda self: join(self.uri, "warmup", WARMUP_FILE))
     validation = property(lambda self: self._file("validation.json"))
     confusion_matrix = property(lambda self: self._file("confusion_matrix.png"))
     blessed = property(lambda self: self._file("BLESSED"))

@@ -17,7 +17,7 @@ import subprocess
 from components.contracts import processes, program
 from components.contracts.config import PushConfig, from_arguments
 from components.contracts.files import exists, filesystem
-from components.contracts.layout import Root
+from components.contracts.layout import WARMUP_FILE, Root
 from components.contracts.results import (
     Blessing,
     Lineage,
@@ -29,7 +29,7 @@ from components.contracts.results import (
     TrainMetrics,
     Validation,
 )
-from components.push.repository import ASSETS_EXTRA, LINEAGE_FILE, WARMUP_FILE, Repository, RepositoryError
+from components.push.repository import ASSETS_EXTRA, LINEAGE_FILE, Repository, RepositoryError
 from components.push.serving_image import ServingError
 
 

@@ -23,7 +23,6 @@ from components.contracts.results import Lineage
 
 SAVED_MODEL = "saved_model.pb"
 ASSETS_EXTRA = "assets.extra"
-WARMUP_FILE = "tf_serving_warmup_requests"
 LINEAGE_FILE = "stoke_lineage.json"
 ROLLED_BACK_PREFIX = "rolled-back-"
 RETIRED = "_retired"
