@@ -135,10 +135,7 @@ def up(args: argparse.Namespace) -> int:
         os.environ["PREFECT_API_AUTH_STRING"] = os.environ[AUTH_ENV]
     log_path = os.path.join(home, "stoke-server.log")
     source, root = _absolute(args.source), _absolute(args.root)
-    # Ctrl-C takes the path of SIGTERM (`docker stop`, systemd): Prefect's runner shuts down cleanly
-    # on SIGTERM, while under asyncio's own Ctrl-C handling its shutdown can wait forever.
-    signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGINT, lambda signum, frame: os.kill(os.getpid(), signal.SIGTERM))
+    signal.signal(signal.SIGTERM, _interrupt)  # `docker stop` / systemd: the same clean path as Ctrl-C
     server = None
     try:
         server = _start_server(args.port, log_path)

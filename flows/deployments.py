@@ -10,6 +10,9 @@
 """
 from __future__ import annotations
 
+import os
+import signal
+
 from prefect import serve
 from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 from prefect.deployments.runner import EntrypointType, RunnerDeployment
@@ -58,6 +61,12 @@ def settle_seconds(poll_seconds: float) -> float:
 
 
 def serve_deployments(source: str, root: str, **options) -> None:
-    """Registers the deployments and runs their flow runs here until Ctrl-C (blocking)."""
-    # Schedules stay active across a restart of `stoke up`: a paused nightly would go unnoticed.
-    serve(*build_deployments(source, root, **options), pause_on_shutdown=False, print_starting_message=False)
+    """Registers the deployments and runs their flow runs here until Ctrl-C or SIGTERM (blocking)."""
+    # Ctrl-C takes the path of SIGTERM (`docker stop`, systemd), on which Prefect's runner shuts down
+    # cleanly; under asyncio's own Ctrl-C handling its shutdown can wait forever.
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: os.kill(os.getpid(), signal.SIGTERM))
+    try:
+        # Schedules stay active across a restart of `stoke up`: a paused nightly would go unnoticed.
+        serve(*build_deployments(source, root, **options), pause_on_shutdown=False, print_starting_message=False)
+    finally:
+        signal.signal(signal.SIGINT, previous)
