@@ -19,7 +19,7 @@ def test_end_to_end_a_blessed_model_is_pushed_and_reported(pushed_run):
     state = pushed_run["state"]
     assert state.is_completed(), state.message
     summary = state.result()
-    run_dir = Root(pushed_run["root"]).run("first")
+    run = Root(pushed_run["root"]).run("first")
     version = summary["pushed_version"]
     assert summary["status"] == "pushed" and summary["blessed"] and version
     assert Repository(pushed_run["root"], "stoke").versions() == [version]
@@ -27,8 +27,8 @@ def test_end_to_end_a_blessed_model_is_pushed_and_reported(pushed_run):
 
     # Every stage left its summary; the report is built from them and says the same as the flow.
     for stage in ("preflight", "ingest", "train", "validate", "push"):
-        assert os.path.exists(os.path.join(run_dir, "summaries", f"{stage}.json")), stage
-    report = read_json(os.path.join(run_dir, "report.json"))
+        assert os.path.exists(run.summary(stage)), stage
+    report = read_json(run.report_json)
     assert report["status"] == summary["status"] == "pushed"
     assert report["ingest"]["counts"]["train"] + report["ingest"]["counts"]["eval"] == 40
     assert report["train"]["images_per_sec"] > 0 and report["train"]["input_bound"] in (True, False)
@@ -36,7 +36,7 @@ def test_end_to_end_a_blessed_model_is_pushed_and_reported(pushed_run):
     assert report["push"]["commands"]
     for plot in ("curves", "confusion_matrix", "throughput"):
         assert open(report["plots"][plot], "rb").read(8) == b"\x89PNG\r\n\x1a\n", plot
-    markdown = open(os.path.join(run_dir, "report.md")).read()
+    markdown = open(run.report_md).read()
     for heading in ("## Preflight", "## Ingest", "## Training", "## Validation", "## Push"):
         assert heading in markdown
     assert f"Version **{version}**" in markdown and "| class | eval examples | accuracy |" in markdown
@@ -62,9 +62,9 @@ def test_nothing_new_with_a_served_model_ends_early_without_training(pushed_run)
     assert state.is_completed(), state.message
     summary = state.result()
     assert summary["status"] == "skipped" and "already served" in summary["message"]
-    run_dir = Root(pushed_run["root"]).run("nothing-new")
-    assert sorted(os.listdir(os.path.join(run_dir, "summaries"))) == ["ingest.json"]
-    assert not os.path.exists(os.path.join(run_dir, "metrics.json"))
+    run = Root(pushed_run["root"]).run("nothing-new")
+    assert sorted(os.listdir(os.path.dirname(run.summary("ingest")))) == ["ingest.json"]
+    assert not os.path.exists(run.metrics)
     assert Repository(pushed_run["root"], "stoke").versions() == [pushed_run["state"].result()["pushed_version"]]
 
 
@@ -73,9 +73,9 @@ def test_a_failed_preflight_check_stops_the_run_before_ingest(digits, tmp_path):
     state = train(source=digits, root=root, doctor=DoctorSettings(min_read_mbps=1e9, sample_mb=16),
                   run_id="slow-disk", return_state=True)
     assert state.is_failed()
-    run_dir = Root(root).run("slow-disk")
-    assert sorted(os.listdir(os.path.join(run_dir, "summaries"))) == ["preflight.json"]
-    report = json.load(open(os.path.join(run_dir, "report.json")))
+    run = Root(root).run("slow-disk")
+    assert sorted(os.listdir(os.path.dirname(run.summary("ingest")))) == ["preflight.json"]
+    report = json.load(open(run.report_json))
     assert report["status"] == "failed" and "read throughput failed" in report["message"]
     assert not Root(root).manifests()
 
@@ -88,5 +88,5 @@ def test_a_stage_that_times_out_is_stopped_and_not_retried(digits, tmp_path):
         tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
     (ingest,) = [t for t in tasks if t.name.startswith("ingest")]
     assert ingest.run_count == 1 and ingest.state.is_failed()
-    report = read_json(os.path.join(Root(str(tmp_path / "root")).run("too-slow"), "report.json"))
+    report = read_json(Root(str(tmp_path / "root")).run("too-slow").report_json)
     assert report["status"] == "failed" and "timed out" in report["message"]
