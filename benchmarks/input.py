@@ -2,7 +2,7 @@
 
     python benchmarks/input.py [--images 3000] [--source-size 320x240] [--compression gzip] [--image-size 224] [--batches 40]
 
-Runs `stoke bench input` (components/bench_input.py) in its own process, as a user would, over
+Runs `stoke bench input` (benchmarks/input_pipeline.py) in its own process, as a user would, over
 photo-like JPEGs (320x240 unless told) in class folders and a span of them: Stoke's tf.data pipeline against Keras'
 image_dataset_from_directory over the same files, the naive single-map pipeline, and the decode
 limit (one thread's decode+resize rate x cores). Prints one JSON object with the rates and the

@@ -5,7 +5,7 @@
 3. `mixed`: trained under mixed_bfloat16 -> blessed -> pushed as a newer version.
 
 Spans are written the way the ingest job publishes them (tests/components/conftest.py); the runs
-use the real components.train, components.validate and components.push.push in this process.
+use the real components.train, components.validate and components.push in this process.
 Tests that change the repository work on a copy (`copy_root`).
 """
 from __future__ import annotations
