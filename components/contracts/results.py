@@ -211,6 +211,14 @@ class Pushed(Result):
     pushed_at: str
 
 
+class PushIntent(Result):
+    """ROOT/runs/<id>/push_intent.json: the version a push is about to publish, written before it."""
+
+    version: int
+    model_uri: str
+    started_at: str
+
+
 class LineageSpan(Result):
     span: int
     manifest_uri: str
