@@ -142,7 +142,7 @@ def _lease(fs, path: str, uri: str, operation: str, deadline: float, wait: float
             record = lease.current()
             if record is None:
                 continue  # released between the two requests
-            if record == {} or _gone(record):
+            if _gone(record):  # also an unreadable lease, which has no expiry
                 if lease.current() == record:  # still the one we judged: take it over
                     fs.rm(path)
                 continue
