@@ -139,6 +139,7 @@ class RunDir:
     blessed = property(lambda self: self._file("BLESSED"))
     not_blessed = property(lambda self: self._file("NOT_BLESSED"))
     # push, and the run's report
+    push_intent = property(lambda self: self._file("push_intent.json"))  # written before the version, removed after
     pushed = property(lambda self: self._file("pushed.json"))
     report_md = property(lambda self: self._file("report.md"))
     report_json = property(lambda self: self._file("report.json"))

@@ -176,6 +176,17 @@ class Thresholds(Result):
     top_k: int
 
 
+class SharedClasses(Result):
+    """The comparison with a served version that knows fewer classes, on the classes both know."""
+
+    classes: list[str]
+    example_count: int  # eval records of those classes
+    accuracy: float  # the candidate's on those records
+    baseline_accuracy: float
+    per_class_accuracy: dict[str, float]
+    baseline_per_class_accuracy: dict[str, float]
+
+
 class Validation(Result):
     """ROOT/runs/<id>/validation.json: the blessing and its reasons (BLESSED/NOT_BLESSED beside it)."""
 
@@ -187,6 +198,7 @@ class Validation(Result):
     metrics: GateMetrics
     baseline: GateMetrics | None
     baseline_version: int | None  # the served version compared with, None when not compared
+    shared_classes: SharedClasses | None = None  # set when compared on the classes both know
     served_version: int | None  # the newest served version when validated
     thresholds: Thresholds
     serving_check: dict  # components/validate/serving_check.py's report
@@ -209,6 +221,14 @@ class Pushed(Result):
     version: int
     model_uri: str
     pushed_at: str
+
+
+class PushIntent(Result):
+    """ROOT/runs/<id>/push_intent.json: the version a push is about to publish, written before it."""
+
+    version: int
+    model_uri: str
+    started_at: str
 
 
 class LineageSpan(Result):

@@ -1,7 +1,11 @@
 """`python -m components.push.push --root ROOT --run-id ID`: the push of a blessed candidate.
 
 Refuses a run without BLESSED, a run validated against a served version that is no longer the
-newest (validate again), and pushes a run at most once (a second push reports the first). The
+newest (validate again), and pushes a run at most once (a second push reports the first). It holds
+the repository's lock from the first look at the repository to the rendered ROOT/serving, so
+concurrent pushes take turns. It writes its intent (push_intent.json) before the version and
+pushed.json after; a version whose lineage names the run counts as pushed, so a push stopped
+between the two is finished by the next attempt instead of repeated. The
 version folder gets the candidate, `assets.extra/tf_serving_warmup_requests` (the requests
 validation replayed) and `assets.extra/stoke_lineage.json`; it appears atomically
 (components/push/repository.py). Then retention keeps the newest --keep versions and ROOT/serving
@@ -16,13 +20,14 @@ import subprocess
 
 from components.contracts import processes, program
 from components.contracts.config import PushConfig, from_arguments
-from components.contracts.files import exists, filesystem
-from components.contracts.layout import WARMUP_FILE, Root
+from components.contracts.files import exists, filesystem, remove
+from components.contracts.layout import WARMUP_FILE, Root, RunDir
 from components.contracts.results import (
     Blessing,
     Lineage,
     LineageSpan,
     Pushed,
+    PushIntent,
     ResultError,
     SpanManifest,
     Training,
@@ -72,13 +77,23 @@ def push(config: PushConfig) -> dict:
         raise PushError(f"run {config.run_id} was validated for model {validation.model_name!r}, "
                         f"not {config.model_name!r}; validate it against {config.model_name!r} first")
 
-    if exists(run.pushed):
-        earlier = Pushed.read(run.pushed)
-        cmds = serving.commands(root.serving, config.model_name, earlier.version)
-        return {"pushed": False, "already_pushed": True, "run_id": config.run_id, "model_name": config.model_name,
-                "version": earlier.version, "model_uri": earlier.model_uri, "serving_uri": root.serving,
-                "commands": cmds, "message": f"run {config.run_id} was already pushed as version "
-                                             f"{earlier.version} on {earlier.pushed_at}; nothing to do"}
+    with repo.lock("push"):
+        earlier = earlier_push(repo, run)
+        if earlier is not None:
+            cmds = serving.commands(root.serving, config.model_name, earlier.version)
+            return {"pushed": False, "already_pushed": True, "run_id": config.run_id, "model_name": config.model_name,
+                    "version": earlier.version, "model_uri": earlier.model_uri, "serving_uri": root.serving,
+                    "commands": cmds, "message": f"run {config.run_id} was already pushed as version "
+                                                 f"{earlier.version} on {earlier.pushed_at}; nothing to do"}
+        summary = _publish(config, root, run, repo, validation)
+    summary["image"] = (serving.build_image(summary["serving_uri"], summary["commands"]["docker_build"])
+                        if config.build_image else {"built": False, "reason": "--no-build-image"})
+    return summary
+
+
+def _publish(config: PushConfig, root: Root, run: RunDir, repo: Repository, validation: Validation) -> dict:
+    """The part of a push that changes the repository; the caller holds its lock."""
+    from components.push import serving_image as serving
 
     cleaned = repo.remove_partial()
     newest = repo.newest()
@@ -92,15 +107,15 @@ def push(config: PushConfig) -> dict:
     version = repo.next_version()
     lineage = build_lineage(root, config, validation, version, trained_tf)
     warmup_fs, warmup_path = filesystem(run.warmup)
+    PushIntent(version=version, model_uri=repo.version_uri(version), started_at=lineage.pushed_at).write(run.push_intent)
     model_uri = repo.publish(candidate, version, {
-        f"{ASSETS_EXTRA}/{WARMUP_FILE}": warmup_fs.cat_file(warmup_path),
         f"{ASSETS_EXTRA}/{LINEAGE_FILE}": json.dumps(lineage.to_json(), indent=2, sort_keys=True).encode(),
+        f"{ASSETS_EXTRA}/{WARMUP_FILE}": warmup_fs.cat_file(warmup_path),
     })
     Pushed(version=version, model_uri=model_uri, pushed_at=lineage.pushed_at).write(run.pushed)
+    remove(run.push_intent)
     retired = repo.apply_retention(config.keep, _now())
     rendered = serving.render(root, config.model_name)
-    image = (serving.build_image(rendered["serving_uri"], rendered["commands"]["docker_build"])
-             if config.build_image else {"built": False, "reason": "--no-build-image"})
     return {
         "pushed": True,
         "run_id": config.run_id,
@@ -116,9 +131,27 @@ def push(config: PushConfig) -> dict:
         "trained_tensorflow": trained_tf,
         "labels": rendered["labels"],
         "commands": rendered["commands"],
-        "image": image,
         "metrics": validation.metrics.model_dump(include={"accuracy", "top_k_accuracy", "example_count"}),
     }
+
+
+def earlier_push(repo: Repository, run: RunDir) -> Pushed | None:
+    """pushed.json, or else a complete version whose lineage names this run: a push that stopped after
+    publishing and before recording it (pushed.json is then written for it). The intent's version is
+    looked at first; it may also be retired by now."""
+    if exists(run.pushed):
+        return Pushed.read(run.pushed)
+    complete = set(repo.versions() + repo.rolled_back() + repo.retired())
+    intended = [PushIntent.read(run.push_intent).version] if exists(run.push_intent) else []
+    for version in [v for v in intended if v in complete] + repo.versions()[::-1] + repo.rolled_back()[::-1]:
+        lineage = repo.lineage(version)
+        if lineage is not None and lineage.run_id == run.run_id:
+            pushed = Pushed(version=version, model_uri=repo.version_uri(version), pushed_at=lineage.pushed_at)
+            pushed.write(run.pushed)
+            if exists(run.push_intent):
+                remove(run.push_intent)
+            return pushed
+    return None
 
 
 def build_lineage(root: Root, config: PushConfig, validation: Validation, version: int, trained_tf: str) -> Lineage:

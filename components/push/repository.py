@@ -4,22 +4,27 @@ TF Serving loads every integer-named folder it finds, possibly while a copy is s
 version appears in one step: on file systems it is written under a non-integer temp name and
 renamed; object stores have no rename, so `saved_model.pb` (what the server needs to load
 anything) is copied last and a folder without it is a partial version, cleaned up before each change.
+A version number is reserved by an operation that fails when it is taken (creating the temp
+folder `.push-<version>`; on object stores, creating the lineage file only if absent), so two
+pushes never share a number or nest one model inside another.
 Versions taken out are never deleted by rollback: they are moved to `rolled-back-<version>`.
-Retention deletes old versions but keeps their lineage in `_retired/<version>.json`.
+Retention deletes old versions (saved_model.pb first) but keeps their lineage in `_retired/<version>.json`.
+Whatever changes the repository runs inside `lock()` (components/push/lock.py).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 import re
 import signal
 import time
-import uuid
 
 from components.contracts.config import MODEL_NAME_PATTERN
 from components.contracts.files import filesystem, is_local, join, read_json, write_json
 from components.contracts.layout import Root
 from components.contracts.results import Lineage
+from components.push import lock as locks
 
 SAVED_MODEL = "saved_model.pb"
 ASSETS_EXTRA = "assets.extra"
@@ -27,6 +32,7 @@ LINEAGE_FILE = "stoke_lineage.json"
 ROLLED_BACK_PREFIX = "rolled-back-"
 RETIRED = "_retired"
 TEMP_PREFIX = ".push-"
+LOCK_FILE = ".lock"
 # Fault drill: with this set to N, the push process kills itself (SIGKILL) after copying N files,
 # the way a preempted machine stops mid-copy.
 KILL_AFTER_FILES_ENV = "STOKE_KILL_AFTER_FILES"
@@ -50,6 +56,25 @@ class Repository:
         self.name = check_model_name(name)
         self.uri = self.root.models(name)
         self.fs, self.path = filesystem(self.uri)
+        self._held = None  # the lock while this object holds it
+
+    @contextlib.contextmanager
+    def lock(self, operation: str, wait: float | None = None):
+        """Holds the repository's lock for the `with` block; refuses with a RepositoryError naming the
+        holder when another process keeps it longer than `wait` seconds (default: $STOKE_LOCK_WAIT_SECONDS or 300)."""
+        try:
+            with locks.hold(join(self.uri, LOCK_FILE), operation, wait) as held:
+                self._held = held
+                try:
+                    yield self
+                finally:
+                    self._held = None
+        except locks.Busy as busy:
+            raise RepositoryError(f"{operation} of {self.name}: {busy}") from None
+
+    def _locked(self, what: str) -> None:
+        if self._held is None:
+            raise RepositoryError(f"{what} changes {self.uri} and must run inside Repository.lock()")
 
     # ------------------------------------------------------------------ reading
 
@@ -83,7 +108,7 @@ class Repository:
     def every_number_used(self) -> list[int]:
         """Served, rolled back, retired and partial versions: a new version must exceed them all."""
         partial = [int(n) for n in self._entries() if n.isdigit()]
-        temp = [int(m.group(1)) for m in (re.match(rf"^{re.escape(TEMP_PREFIX)}(\d+)-", n) for n in self._entries()) if m]
+        temp = [int(m.group(1)) for m in (re.match(rf"^{re.escape(TEMP_PREFIX)}(\d+)(?:-|$)", n) for n in self._entries()) if m]
         return sorted(set(self.versions() + self.rolled_back() + self.retired() + partial + temp))
 
     def next_version(self) -> int:
@@ -115,6 +140,8 @@ class Repository:
 
     def remove_partial(self) -> list[str]:
         """Deletes leftovers of interrupted pushes: temp folders and integer folders without saved_model.pb."""
+        # Under the lock no other push is running, so every temp folder left is a dead push's.
+        self._locked("removing partial versions")
         removed = []
         for name in self._entries():
             if name.startswith(TEMP_PREFIX) or (name.isdigit() and not self._complete(name)):
@@ -124,10 +151,12 @@ class Repository:
 
     def publish(self, source: str, version: int, extra: dict[str, bytes]) -> str:
         """Copies the SavedModel folder `source` (same file system as ROOT) plus `extra` files
-        (relative path -> bytes) into version `version`, appearing to TF Serving all at once."""
+        (relative path -> bytes) into version `version`, appearing to TF Serving all at once.
+        Refuses, and leaves the repository as it was, when the number is taken, even by a push running now."""
         final = posixpath.join(self.path, str(version))
+        taken = RepositoryError(f"version {version} already exists in {self.uri}, or another push is writing it")
         if self.fs.exists(final):
-            raise RepositoryError(f"version {version} already exists in {self.uri}")
+            raise taken
         src_fs, src_path = filesystem(source)
         files = sorted(src_fs.find(src_path))
         if not any(f.endswith("/" + SAVED_MODEL) for f in files):
@@ -136,12 +165,24 @@ class Repository:
         # saved_model.pb last: on an object store, it is what makes the version loadable.
         relative.sort(key=lambda rel: rel == SAVED_MODEL)
         local = is_local(self.fs)
-        target = posixpath.join(self.path, f"{TEMP_PREFIX}{version}-{uuid.uuid4().hex[:8]}") if local else final
+        target = posixpath.join(self.path, f"{TEMP_PREFIX}{version}") if local else final
+        items = list(extra.items())
+        try:  # the reservation: an operation that fails when another push has the number
+            if local:
+                os.makedirs(self.path, exist_ok=True)
+                os.mkdir(target)
+            elif items:
+                self._write(posixpath.join(target, items[0][0]), items[0][1], create=True)
+                items = items[1:]
+        except FileExistsError:
+            raise taken from None
         kill_after = int(os.environ.get(KILL_AFTER_FILES_ENV, "0") or 0)
         try:
-            for name, data in extra.items():
+            for name, data in items:
                 self._write(posixpath.join(target, name), data)
             for count, rel in enumerate(relative, start=1):
+                if rel == SAVED_MODEL and self._held is not None:
+                    self._held.verify()  # a lease that expired mid-copy must not publish
                 dest = posixpath.join(target, rel)
                 self.fs.makedirs(posixpath.dirname(dest), exist_ok=True)
                 if src_fs is self.fs or type(src_fs) is type(self.fs):
@@ -151,19 +192,26 @@ class Repository:
                 if kill_after and count >= kill_after:
                     os.kill(os.getpid(), signal.SIGKILL)
             if local:
-                self.fs.mv(target, final, recursive=True)
+                try:
+                    os.rename(target, final)  # onto an existing version it fails; it never nests
+                except OSError:
+                    raise taken from None
+        except locks.Busy as lost:
+            self.fs.rm(target, recursive=True)
+            raise RepositoryError(str(lost)) from None
         except BaseException:
             if self.fs.exists(target):
                 self.fs.rm(target, recursive=True)
             raise
         return join(self.uri, str(version))
 
-    def _write(self, path: str, data: bytes) -> None:
+    def _write(self, path: str, data: bytes, create: bool = False) -> None:
         self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
-        self.fs.pipe_file(path, data)
+        self.fs.pipe_file(path, data, mode="create" if create else "overwrite")
 
     def set_aside(self, version: int) -> str:
         """Takes `version` out of serving without deleting it: renamed to rolled-back-<version>."""
+        self._locked("rollback")
         source = posixpath.join(self.path, str(version))
         aside = posixpath.join(self.path, f"{ROLLED_BACK_PREFIX}{version}")
         if self.fs.exists(aside):
@@ -180,6 +228,7 @@ class Repository:
 
     def retire(self, version: int, when: str) -> None:
         """Deletes an old version, keeping its lineage in _retired/<version>.json."""
+        self._locked("retention")
         lineage = self.lineage(version)
         retired = join(self.uri, RETIRED, f"{version}.json")
         if lineage is None:
@@ -187,12 +236,13 @@ class Repository:
         else:
             lineage.model_copy(update={"retired_at": when}).write(retired)
         source = posixpath.join(self.path, str(version))
-        if not is_local(self.fs):
-            self.fs.rm(posixpath.join(source, SAVED_MODEL))
+        # saved_model.pb first: without it the folder stops looking servable at once, not at the last file.
+        self.fs.rm(posixpath.join(source, SAVED_MODEL))
         self.fs.rm(source, recursive=True)
 
     def apply_retention(self, keep: int, when: str) -> list[int]:
         """Retires all but the newest `keep` versions (the newest is always kept)."""
+        self._locked("retention")
         versions = self.versions()
         old = versions[:-max(keep, 1)]
         for version in old:

@@ -2,8 +2,8 @@
 
 The version folder is renamed to `rolled-back-<version>` (never deleted), so TF Serving, which
 only loads integer names, falls back to the previous version; the reason and time go into the
-version's lineage, and ROOT/serving is rendered again without it. The only version is never
-removed: a server with nothing to serve is worse than the model it had.
+version's lineage, and ROOT/serving is rendered again without it, all under the repository's
+lock (components/push/lock.py). The only version is never removed: a server with nothing to serve is worse than the model it had.
 """
 from __future__ import annotations
 
@@ -21,24 +21,25 @@ from components.push.serving_image import ServingError, render
 def rollback(root: str, model_name: str = "stoke", reason: str | None = None) -> dict:
     base = Root(root)
     repo = Repository(base, model_name)
-    repo.remove_partial()
-    versions = repo.versions()
-    if not versions:
-        raise RepositoryError(f"{repo.uri} holds no version to roll back")
-    if len(versions) == 1:
-        raise RepositoryError(f"version {versions[0]} is the only version of {model_name}; "
-                              "refusing to leave TF Serving with nothing to serve")
-    newest = versions[-1]
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    aside = repo.set_aside(newest)
-    rolled_back = RolledBack(at=when, reason=reason or "no reason given", moved_to=aside, serving_now=versions[-2])
-    lineage = repo.lineage(newest)
-    if lineage is None:  # a version Stoke did not push: record the rollback alone
-        write_json(join(aside, ASSETS_EXTRA, LINEAGE_FILE),
-                   {"model_name": model_name, "version": newest, "rolled_back": rolled_back.to_json()})
-    else:
-        lineage.model_copy(update={"rolled_back": rolled_back}).write(join(aside, ASSETS_EXTRA, LINEAGE_FILE))
-    rendered = render(base, model_name)
+    with repo.lock("rollback"):
+        repo.remove_partial()
+        versions = repo.versions()
+        if not versions:
+            raise RepositoryError(f"{repo.uri} holds no version to roll back")
+        if len(versions) == 1:
+            raise RepositoryError(f"version {versions[0]} is the only version of {model_name}; "
+                                  "refusing to leave TF Serving with nothing to serve")
+        newest = versions[-1]
+        when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        aside = repo.set_aside(newest)
+        rolled_back = RolledBack(at=when, reason=reason or "no reason given", moved_to=aside, serving_now=versions[-2])
+        lineage = repo.lineage(newest)
+        if lineage is None:  # a version Stoke did not push: record the rollback alone
+            write_json(join(aside, ASSETS_EXTRA, LINEAGE_FILE),
+                       {"model_name": model_name, "version": newest, "rolled_back": rolled_back.to_json()})
+        else:
+            lineage.model_copy(update={"rolled_back": rolled_back}).write(join(aside, ASSETS_EXTRA, LINEAGE_FILE))
+        rendered = render(base, model_name)
     return {"rolled_back": newest, "moved_to": aside, "serving_version": versions[-2], "reason": reason,
             "at": when, "versions": rendered["versions"], "serving_uri": rendered["serving_uri"],
             "commands": rendered["commands"], "model_name": model_name}

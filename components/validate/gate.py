@@ -5,8 +5,10 @@ through its tf.Example signature: accuracy, top-k accuracy, accuracy per class (
 and the confusion matrix. The newest version in ROOT/models/<name>/ is evaluated on the same
 records as the baseline. Two thresholds decide, both given to TFMA so its validation result agrees:
 a floor on accuracy (default: beat the share of the most common class, so a model that learned
-nothing is never blessed) and at most --max-regression below the served version. A fresh process
-then checks the serving contract with the warm-up requests the push will ship.
+nothing is never blessed) and at most --max-regression below the served version. When the candidate
+knows classes the served version does not (labels are append-only, so they come last), the two are
+compared on the classes both know: accuracy on those classes' records, from TFMA's per-class slices.
+A fresh process then checks the serving contract with the warm-up requests the push will ship.
 
 Writes ROOT/runs/ID/: tfma/, validation.json, confusion_matrix.png, warmup/, and BLESSED or
 NOT_BLESSED last. Exit 0 either way: a refused model is a normal outcome.
@@ -84,14 +86,20 @@ def validate(config: ValidateConfig) -> dict:
     baseline_version = repo.newest()
     notes: list[str] = []
     baseline_uri = None
+    shared: list[str] | None = None  # the classes compared on, when the candidate added some
     if baseline_version is not None:
         lineage = repo.lineage(baseline_version)
-        served_labels = lineage.labels if lineage else None
-        if served_labels is not None and list(served_labels) != list(labels):
+        served_labels = list(lineage.labels) if lineage else None
+        if served_labels is None or served_labels == list(labels):
+            baseline_uri = repo.version_uri(baseline_version)
+        elif 0 < len(served_labels) < len(labels) and list(labels[:len(served_labels)]) == served_labels:
+            shared, baseline_uri = served_labels, repo.version_uri(baseline_version)
+            notes.append(f"the label set grew (served version {baseline_version} knows {len(shared)} classes, the "
+                         f"candidate added {', '.join(labels[len(shared):])}): compared on the {len(shared)} "
+                         "classes both know")
+        else:
             notes.append(f"baseline comparison skipped: the label set changed (served version {baseline_version} "
                          f"has {len(served_labels)} labels, the candidate {len(labels)}); only the accuracy floor applies")
-        else:
-            baseline_uri = repo.version_uri(baseline_version)
     else:
         notes.append("no served version yet: only the accuracy floor applies")
 
@@ -99,7 +107,7 @@ def validate(config: ValidateConfig) -> dict:
     tfma_uri = run.tfma
     with tempfile.TemporaryDirectory(prefix="stoke-validate-") as scratch:
         eval_config = eval_config_for(floor + (0.0 if floor_inclusive else 1e-9), config.max_regression,
-                                      top_k, with_baseline=baseline_uri is not None)
+                                      top_k, with_baseline=baseline_uri is not None, overall_change=shared is None)
         models = {"candidate": _tf_readable(candidate, scratch, "candidate")}
         if baseline_uri:
             models["baseline"] = _tf_readable(baseline_uri, scratch, "baseline")
@@ -122,7 +130,17 @@ def validate(config: ValidateConfig) -> dict:
         else:
             reasons.append(f"accuracy {accuracy:.4f} does not beat {floor:.4f}, what always answering the most "
                            f"common class ({label_name(labels, majority_id)}) scores on the eval split")
-    if baseline is not None:
+    shared_classes = shared_comparison(metrics, baseline, shared) if baseline is not None and shared else None
+    if shared_classes is not None:
+        drop = shared_classes["baseline_accuracy"] - shared_classes["accuracy"]
+        if drop > config.max_regression + 1e-9:
+            reasons.append(f"on the {len(shared)} classes both models know, accuracy {shared_classes['accuracy']:.4f} "
+                           f"is {drop:.4f} below the served version {baseline_version} "
+                           f"({shared_classes['baseline_accuracy']:.4f}); allowed regression {config.max_regression}")
+        notes.append("per class, candidate vs served: " + ", ".join(
+            f"{name} {value:.4f} vs {shared_classes['baseline_per_class_accuracy'][name]:.4f}"
+            for name, value in shared_classes["per_class_accuracy"].items()))
+    elif baseline is not None:
         drop = baseline["accuracy"] - accuracy
         if drop > config.max_regression + 1e-9:
             reasons.append(f"accuracy {accuracy:.4f} is {drop:.4f} below the served version {baseline_version} "
@@ -146,6 +164,7 @@ def validate(config: ValidateConfig) -> dict:
         "metrics": metrics,
         "baseline": baseline,
         "baseline_version": baseline_version if baseline is not None else None,
+        "shared_classes": shared_classes,
         "served_version": baseline_version,
         "thresholds": {"min_accuracy": floor, "min_accuracy_inclusive": floor_inclusive,
                        "min_accuracy_source": floor_source, "max_regression": config.max_regression,
@@ -167,6 +186,22 @@ def validate(config: ValidateConfig) -> dict:
     # The marker last: its presence means validation.json beside it is complete.
     write_text(run.blessed if blessed else run.not_blessed, "\n".join(reasons or ["blessed"]) + "\n")
     return validation.to_json()
+
+
+def shared_comparison(candidate: dict, baseline: dict, classes: list[str]) -> dict:
+    """Both models' accuracy on the records of `classes` alone, weighted from TFMA's per-class slices
+    (a candidate that answers a new class for one of them is wrong there, as it would be in serving)."""
+    counts = {name: candidate["per_class_examples"].get(name, 0) for name in classes}
+    seen = [name for name in classes if counts[name]]
+    total = sum(counts.values())
+
+    def restricted(model: dict) -> float:
+        return sum(model["per_class_accuracy"].get(name, 0.0) * counts[name] for name in seen) / max(total, 1)
+
+    return {"classes": classes, "example_count": total, "accuracy": restricted(candidate),
+            "baseline_accuracy": restricted(baseline),
+            "per_class_accuracy": {name: candidate["per_class_accuracy"].get(name, 0.0) for name in seen},
+            "baseline_per_class_accuracy": {name: baseline["per_class_accuracy"].get(name, 0.0) for name in seen}}
 
 
 def _now() -> str:

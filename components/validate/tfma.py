@@ -12,8 +12,11 @@ import json
 from components.contracts import schema
 
 
-def eval_config_for(min_accuracy: float, max_regression: float, top_k: int, with_baseline: bool):
-    """TFMA EvalConfig: thresholds on the overall slice only; per-label slices for per-class accuracy."""
+def eval_config_for(min_accuracy: float, max_regression: float, top_k: int, with_baseline: bool,
+                    overall_change: bool = True):
+    """TFMA EvalConfig: thresholds on the overall slice only; per-label slices for per-class accuracy.
+    Without `overall_change` the baseline is evaluated but not held to the overall change threshold
+    (it cannot predict classes it was never taught)."""
     from tensorflow_model_analysis.proto import config_pb2
 
     def spec(name: str, baseline: bool) -> config_pb2.ModelSpec:
@@ -22,7 +25,7 @@ def eval_config_for(min_accuracy: float, max_regression: float, top_k: int, with
 
     threshold = config_pb2.MetricThreshold(
         value_threshold=config_pb2.GenericValueThreshold(lower_bound={"value": min_accuracy}))
-    if with_baseline:
+    if with_baseline and overall_change:
         threshold.change_threshold.CopyFrom(config_pb2.GenericChangeThreshold(
             direction=config_pb2.MetricDirection.HIGHER_IS_BETTER, absolute={"value": -max_regression - 1e-9}))
     accuracy = config_pb2.MetricConfig(class_name="SparseCategoricalAccuracy", config='{"name": "accuracy"}')

@@ -15,7 +15,7 @@ import pytest
 from components.push import lineage, predict, rollback
 from components.push.repository import KILL_AFTER_FILES_ENV, Repository
 from tests.components.conftest import tiny_image
-from tests.components.gate_runs import copy_root, gate_scenario, listing, push_run
+from tests.components.gate_runs import copy_root, gate_scenario, listing, push_run, validate_run
 
 
 @pytest.fixture(scope="session")
@@ -83,6 +83,58 @@ def test_interrupted_push_leaves_no_partial_version(trained_runs, tmp_path):
     assert code == 0 and pushed["pushed"] and pushed["cleaned_partial"]
     assert not any(n.startswith(".push-") for n in os.listdir(repo.path))
     assert pushed["version"] > third  # never reuses a number, not even a failed one
+
+
+# `stoke push` in a child process whose publish starts 3 s late: long enough that a second push,
+# started at the same moment, has done all its checks before the first version exists.
+SLOW_PUSH = """
+import sys, time
+from components.push import push, repository
+publish = repository.Repository.publish
+repository.Repository.publish = lambda *a, **k: (time.sleep(3), publish(*a, **k))[1]
+sys.exit(push.run(sys.argv[1:]))
+"""
+
+
+def test_two_pushes_at_once_take_turns(trained_runs, tmp_path):
+    """Two blessed runs validated against the same served version, pushed at the same moment:
+    one becomes the new version, the other is told to validate again; nothing nests."""
+    root = copy_root(trained_runs, tmp_path)
+    third = trained_runs["push"]["mixed"][1]["version"]
+    shutil.rmtree(os.path.join(root, "models", "stoke", str(third)))
+    os.remove(os.path.join(root, "runs", "mixed", "pushed.json"))
+    shutil.copytree(os.path.join(root, "runs", "mixed"), os.path.join(root, "runs", "twin"))
+    pushes = [subprocess.Popen([sys.executable, "-c", SLOW_PUSH, "--root", root, "--run-id", run_id, "--json"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for run_id in ("mixed", "twin")]
+    results = [(p.wait(timeout=300), json.loads(p.communicate()[0].strip().splitlines()[-1])) for p in pushes]
+    pushed = [summary for code, summary in results if code == 0 and summary["pushed"]]
+    refused = [summary for code, summary in results if code == 1]
+    assert len(pushed) == 1 and len(refused) == 1, results
+    assert "Run `stoke validate` again" in refused[0]["error"]
+    repo = Repository(root, "stoke")
+    assert repo.versions() == [trained_runs["push"]["good"][1]["version"], pushed[0]["version"]]
+    assert "saved_model.pb" in os.listdir(pushed[0]["model_uri"])
+    assert not [n for n in os.listdir(pushed[0]["model_uri"]) if n.isdigit() or n.startswith(".push-")]
+
+
+def test_a_push_stopped_before_recording_it_is_not_repeated(trained_runs, tmp_path):
+    """Killed after the version appeared and before pushed.json: a retry, or a new validation and
+    push, finds the version by its lineage instead of refusing or pushing the run a second time."""
+    root = copy_root(trained_runs, tmp_path)
+    third = trained_runs["push"]["mixed"][1]["version"]
+    pushed_json = os.path.join(root, "runs", "mixed", "pushed.json")
+    os.remove(pushed_json)
+    before = listing(root)
+    code, again = push_run(root, "mixed")
+    assert code == 0 and again["already_pushed"] and again["version"] == third, again
+    assert json.load(open(pushed_json))["version"] == third and listing(root) == before
+
+    os.remove(pushed_json)
+    code, summary = validate_run(root, "mixed")
+    assert code == 0 and summary["served_version"] == third
+    code, again = push_run(root, "mixed")
+    assert again.get("already_pushed") and again["version"] == third, again
+    assert listing(root) == before
 
 
 def test_retention_keeps_the_newest_and_lineage_of_retired(trained_runs, tmp_path):
@@ -189,7 +241,8 @@ def test_object_store_push_copies_saved_model_last(trained_runs, s3_bucket):
     fs = fsspec.filesystem("s3")
     fs.pipe_file(f"{s3_bucket}/root/models/stoke/5/variables/variables.index", b"half a push")
     repo = Repository(root, "stoke")
-    assert repo.versions() == [] and repo.remove_partial() == ["5"]
+    with repo.lock("push"):
+        assert repo.versions() == [] and repo.remove_partial() == ["5"]
 
     order = []
     original = repo.fs.pipe_file

@@ -1,14 +1,18 @@
 """`stoke validate`: TFMA metrics, the blessing and its plain-word reasons, the serving contract check."""
 from __future__ import annotations
 
+import io
 import json
 import os
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from components.push.repository import Repository
 from components.validate.warmup import read_prediction_logs, request_images
-from tests.components.gate_runs import copy_root, gate_scenario, validate_run
+from tests.components.conftest import TRAIN_LABELS, tiny_records, write_span
+from tests.components.gate_runs import copy_root, gate_scenario, train_run, validate_run
 
 
 @pytest.fixture(scope="session")
@@ -83,6 +87,38 @@ def test_changed_label_set_skips_the_baseline_and_says_why(trained_runs, tmp_pat
     assert summary["baseline_version"] is None and summary["served_version"] == newest
     assert any("label set changed" in note for note in summary["notes"])
     assert summary["reasons"] == [f"accuracy {summary['metrics']['accuracy']:.4f} is below the required 0.9900 (--min-accuracy)"]
+
+
+def white_records(count: int, offset: int) -> list[tuple[bytes, str, int]]:
+    """A fourth class the served model never saw: every channel bright."""
+    records = []
+    for i in range(offset, offset + count):
+        pixels = np.random.default_rng(i).integers(170, 255, size=(32, 40, 3), dtype=np.uint8)
+        buffer = io.BytesIO()
+        Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
+        records.append((buffer.getvalue(), "jpeg", 3))
+    return records
+
+
+def test_added_classes_are_compared_on_the_classes_both_know(trained_runs, tmp_path):
+    """The served model knows red, green, blue; the candidate adds white and learned nothing. The
+    gate must still compare it with the served version, on the three classes both know."""
+    root = copy_root(trained_runs, tmp_path)
+    served = Repository(root, "stoke").newest()
+    write_span(root, 2, {"train": tiny_records(12, offset=7000) + white_records(12, 7100),
+                         "eval": tiny_records(6, offset=7200) + white_records(6, 7300)},
+               TRAIN_LABELS + ["white"], {"train": 1, "eval": 1})
+    train_run(root, "wider", "--epochs", "1", "--precision", "float32", "--learning-rate", "0")
+    code, summary = validate_run(root, "wider")
+    assert code == 0 and not summary["blessed"] and summary["labels"] == TRAIN_LABELS + ["white"]
+    assert summary["baseline_version"] == served and summary["thresholds"]["compared_to_baseline"]
+    shared = summary["shared_classes"]
+    assert shared["classes"] == TRAIN_LABELS and shared["example_count"] == 30
+    assert set(shared["per_class_accuracy"]) == set(shared["baseline_per_class_accuracy"]) == set(TRAIN_LABELS)
+    assert shared["baseline_accuracy"] > shared["accuracy"]
+    assert any(reason.startswith(f"on the 3 classes both models know, accuracy {shared['accuracy']:.4f}")
+               and f"below the served version {served}" in reason for reason in summary["reasons"]), summary["reasons"]
+    assert any("added white" in note and "compared on the 3 classes both know" in note for note in summary["notes"])
 
 
 def test_bad_arguments_are_one_line_errors(trained_runs, capsys):
