@@ -10,6 +10,7 @@ model apart after training.
 """
 from __future__ import annotations
 
+import json
 import re
 import sys
 
@@ -43,8 +44,6 @@ def input_pipeline_verdict(tensorboard_dir: str) -> ProfilerVerdict | None:
 
 def parse(data: bytes | str | None, session: str) -> ProfilerVerdict | None:
     """The summary table of the analyzer's JSON (the page's DataTables, the step table second)."""
-    import json
-
     if not data:
         return None
     tables = json.loads(data)

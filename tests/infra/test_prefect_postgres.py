@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -30,8 +31,6 @@ PARAMETERS = {"epochs": 1, "model": TINY_MODEL, "preflight": False, "gate": {"mi
 
 
 def free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -96,7 +95,7 @@ def test_a_process_worker_runs_train_nightly_by_hand_and_on_arrival(prefect, tmp
     try:
         by_hand = prefect_cli(env, "deployment", "run", "train/nightly", "--watch", "--watch-interval", "1")
         assert by_hand.returncode == 0, by_hand.stdout[-3000:] + (tmp_path / "worker.log").read_text()[-3000:]
-        assert Repository(root, "stoke").versions() and len(Repository(root, "stoke").versions()) == 1
+        assert len(Repository(root, "stoke").versions()) == 1  # blessed and pushed
 
         write_digits(source, limit=48)  # 8 new files land
         poll = prefect_cli(env, "deployment", "run", "watch-bucket/poll", "-p", "settle_seconds=0.5",
