@@ -22,7 +22,7 @@ PROGRAMS = {
     "lineage": ("components.push.lineage", "where a served version came from"),
     "predict": ("components.push.predict", "labels and probabilities from a model folder or TF Serving"),
     "doctor": ("components.preflight", "preflight: disks, read speed, GPUs, /dev/shm, limits"),
-    "deploy": ("flows.work_pools", "register the deployments to a Docker or Kubernetes work pool"),
+    "deploy": ("flows.work_pools", "register the deployments to a process, Docker or Kubernetes work pool"),
 }
 # `stoke bench <what> ...` is the benchmark program `python -m <module> ...`.
 BENCHES = {

@@ -7,7 +7,7 @@
     kubernetes   a Kubernetes worker starts each flow run as a Job in the training image, with a
                  GPU request; create the pool from infra/prefect/kubernetes-job-template.json
 
-    stoke deploy --source S --root R [--json]
+    stoke deploy --source S --root R [--parameters JSON] [--json]
 
 registers train/nightly and watch-bucket/poll (flows/deployments.py, the same schedules and
 trigger) to that pool, creating the pool when the server has none of that name. Only train/nightly
@@ -134,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--source", required=True, help="bucket or folder to watch and train from")
     parser.add_argument("--root", required=True, help="artifact ROOT as the flow-run containers see it")
     parser.add_argument("--poll-seconds", type=float, default=60, help="how often watch-bucket lists SOURCE")
+    parser.add_argument("--parameters", type=json.loads, default=None,
+                        help="default parameters of train/nightly as JSON, e.g. '{\"epochs\": 30}'; "
+                             "a run or an arrival event overrides them one by one")
     parser.add_argument("--base-job-template", default=None,
                         help="JSON base job template for a new pool (e.g. infra/prefect/kubernetes-job-template.json)")
     parser.add_argument("--beam-args-file", default=None,
@@ -149,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.base_job_template) as f:
                 template = json.load(f)
         beam_args = read_beam_args(args.beam_args_file) if args.beam_args_file else None
-        names = deploy(args.source, args.root, pool, template, beam_args, poll_seconds=args.poll_seconds)
+        names = deploy(args.source, args.root, pool, template, beam_args, poll_seconds=args.poll_seconds,
+                       train_parameters=args.parameters)
     except ValidationError as error:
         print(f"stoke deploy: error: {error.errors()[0]['loc'][0]}: {error.errors()[0]['msg']}", file=sys.stderr)
         return 1

@@ -108,6 +108,19 @@ class InputProbe(Result):
     input_bound: bool | None = None
 
 
+class ProfilerVerdict(Result):
+    """The TensorFlow Profiler's input-pipeline analyzer on the traced steps (the Profile tab's summary)."""
+
+    input_percent: float | None  # share of step time spent waiting for input
+    classification: str  # the analyzer's word: highly, moderately, could, potentially, not (input-bound)
+    input_bound: bool  # classification "highly": input time is at least 20% of the step
+    step_time_ms: float | None
+    input_time_ms: float | None
+    steps: int
+    conclusion: str  # the analyzer's sentence, as the Profile tab shows it
+    trace: str  # the profile session folder
+
+
 class CorruptShard(Result):
     uri: str
     error: str | None
@@ -148,6 +161,7 @@ class TrainMetrics(Result):
     input: InputProbe
     gpu: dict  # the GPU sampler's record (components/train/gpu_sampler.py)
     corrupt: Corrupt
+    profiler: ProfilerVerdict | None = None  # None: no trace (--profile-steps none) or no profile plugin
 
 
 # ---------------------------------------------------------------- a run: the gate

@@ -55,6 +55,7 @@ def build_report(run: RunDir, skipped: str | None = None, failed: str | None = N
             "model_images_per_sec": probe.model_images_per_sec_synthetic,
             "input_wait_seconds": probe.input_wait_seconds,
             "verdict": _verdict(probe),
+            "profiler": train.profiler.model_dump(mode="json") if train.profiler else None,
         }
     if validation is not None:
         report["validation"] = validation.model_dump(mode="json", include={
@@ -109,6 +110,9 @@ def render_markdown(report: dict) -> str:
                   f"x{t['replicas']} | {t['precision']} | {_num(t['images_per_sec'])} | "
                   f"{_num((t.get('eval') or {}).get('accuracy'), 4)} | {_num((t.get('eval') or {}).get('loss'), 4)} |",
                   "", f"Input: {t['verdict']}", ""]
+        if t.get("profiler"):
+            lines += [f"Profiler (input-pipeline analyzer on {t['profiler']['steps']} traced steps, TensorBoard's "
+                      f"Profile tab): {t['profiler']['conclusion']}", ""]
         lines += [f"![{name}]({os.path.basename(uri)})" for name, uri in report["plots"].items()
                   if name in ("curves", "throughput", "gpus")] + [""]
     if "validation" in report:

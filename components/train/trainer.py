@@ -28,6 +28,7 @@ from components.contracts.config import TrainConfig, from_arguments
 from components.contracts.files import exists, join
 from components.contracts.layout import Root, RunDir, parse_spans
 from components.contracts.results import TrainMetrics
+from components.train import profile
 from components.train.gpu_sampler import GpuSampler
 
 # Fault drill: with this set to N, the process kills itself (SIGKILL, no cleanup) once N training
@@ -208,6 +209,7 @@ def train(config: TrainConfig) -> dict:
         "history": {key: [float(v) for v in values] for key, values in epochs.items()},
         "input": probe,
         "gpu": sampler.to_dict(),
+        "profiler": profile.input_pipeline_verdict(mine.tensorboard) if profiled else None,
         "corrupt": {"skipped_records": sum(s.lost for s in corrupt),
                     "shards": [{"uri": s.uri, "error": s.error, "readable": s.readable,
                                 "expected": s.expected} for s in corrupt]},
