@@ -5,7 +5,6 @@ the driver's but what the bucket holds."""
 import gzip
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import pytest
 import tensorflow as tf
 
 from beam_jobs.ingest import run
+from components.contracts import processes
 from components.contracts.layout import DEAD_LETTER, MANIFEST
 from tests.beam_jobs import images
 
@@ -33,8 +33,8 @@ def worker_pool(s3_endpoint, tmp_path_factory):
     port = free_port()
     env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
     log = tmp_path_factory.mktemp("worker_pool") / "log"
-    pool = subprocess.Popen([sys.executable, "-m", "apache_beam.runners.worker.worker_pool_main",
-                             f"--service_port={port}"], env=env, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
+    pool = processes.start([sys.executable, "-m", "apache_beam.runners.worker.worker_pool_main",
+                            f"--service_port={port}"], env=env, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
     deadline = time.monotonic() + 60
     while True:
         with socket.socket() as s:
@@ -43,8 +43,7 @@ def worker_pool(s3_endpoint, tmp_path_factory):
         assert pool.poll() is None and time.monotonic() < deadline, "worker pool did not start"
         time.sleep(0.2)
     yield port, log
-    pool.send_signal(signal.SIGINT)  # stops its server and, at exit, any harness still running
-    pool.wait(timeout=30)
+    processes.stop(pool, grace=30)  # the pool and every harness it started: one process group
 
 
 def span_contents(span_uri: str) -> dict:
