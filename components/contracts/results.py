@@ -120,6 +120,22 @@ class Corrupt(Result):
     shards: list[CorruptShard] = []
 
 
+class Schedule(Result):
+    kind: Literal["cosine", "constant"]
+    peak_learning_rate: float
+    warmup_steps: int
+    decay_steps: int
+    weight_decay: float
+    label_smoothing: float
+    ema_momentum: float | None
+
+
+class BestEpoch(Result):
+    epoch: int
+    accuracy: float
+    loss: float
+
+
 class TrainMetrics(Result):
     """ROOT/runs/<id>/metrics.json, written last by training: the run's summary."""
 
@@ -148,6 +164,13 @@ class TrainMetrics(Result):
     input: InputProbe
     gpu: dict  # the GPU sampler's record (components/train/gpu_sampler.py)
     corrupt: Corrupt
+    # "ema": the moving average of the weights was evaluated each epoch and exported; "final": the
+    # weights of the last step. Files written before the recipe hold "final" weights.
+    exported_weights: Literal["ema", "final"] = "final"
+    schedule: Schedule | None = None
+    seed: int | None = None
+    best_epoch: BestEpoch | None = None  # by eval accuracy; the candidate is still the end of the run
+    warnings: list[str] = []
 
 
 # ---------------------------------------------------------------- a run: the gate
