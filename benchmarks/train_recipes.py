@@ -29,7 +29,10 @@ VARIANTS = {
     "no_wd": ["--weight-decay", "0"],
     "wd_1e-2": ["--weight-decay", "0.01"],
     "smoothing_0.1": ["--label-smoothing", "0.1"],
+    "lr_1e-3": ["--learning-rate", "0.001"],
     "lr_3e-3": ["--learning-rate", "0.003"],
+    "lr_3e-3_no_ema": ["--learning-rate", "0.003", "--no-ema"],
+    "lr_1e-2": ["--learning-rate", "0.01"],
     "bfloat16_xla": ["--precision", "mixed_bfloat16", "--xla"],
 }
 DATASETS = {
@@ -54,7 +57,10 @@ def main() -> int:
             runs = list(pool.map(lambda job: train(root, args.dataset, *job), jobs))
     results = {}
     for variant in variants:
-        mine = [r for (v, _), r in zip(jobs, runs) if v == variant]
+        mine = [r for (v, _), r in zip(jobs, runs) if v == variant and r]
+        if not mine:
+            results[variant] = "failed"
+            continue
         final = [r["eval"]["accuracy"] for r in mine]
         best = [r["best_epoch"]["accuracy"] for r in mine]
         results[variant] = {"final": final, "best_epoch": best, "median_final": statistics.median(final),
@@ -79,13 +85,14 @@ def make_span(dataset: str, tmp: Path) -> str:
     return root
 
 
-def train(root: str, dataset: str, variant: str, seed: int) -> dict:
+def train(root: str, dataset: str, variant: str, seed: int) -> dict | None:
     out = subprocess.run(
         [sys.executable, "-m", "components.train", "--root", root, "--run-id", f"{variant}-{seed}",
          "--seed", str(seed), "--probe-steps", "0", "--profile-steps", "none", "--json",
          *DATASETS[dataset], *VARIANTS[variant]], capture_output=True, text=True, env=_env())
     if out.returncode:
-        sys.exit(f"{variant} seed {seed} failed:\n{out.stderr[-3000:]}")
+        print(f"{variant} seed {seed} failed:\n{out.stderr[-3000:]}", file=sys.stderr)
+        return None
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -112,13 +112,14 @@ class TrainConfig(BaseModel):
         None, gt=0, description="batch size per replica (the global batch scales with replicas); default 64, "
         f"halved down to {SMALL_BATCH} while an epoch would have fewer than {MIN_STEPS_PER_EPOCH} steps")
     epochs: int = Field(10, gt=0, description="passes over the training split")
-    learning_rate: float = Field(1e-3, ge=0, description="peak learning rate (0 trains nothing: a control run)")
+    learning_rate: float = Field(3e-3, ge=0, description="peak learning rate (0 trains nothing: a control run)")
     schedule: Literal["cosine", "constant"] = Field(
         "cosine", description="cosine: linear warm-up, then cosine decay to a hundredth of the peak at the last step")
     warmup_epochs: float = Field(1.0, ge=0, description="epochs of linear warm-up (at most a fifth of the run)")
     weight_decay: float = Field(1e-4, ge=0, description="AdamW decoupled weight decay (0: plain Adam)")
     label_smoothing: float = Field(0.0, ge=0, lt=1, description="label smoothing of the cross-entropy")
-    ema: bool = Field(True, description="evaluate and export an exponential moving average of the weights")
+    ema: bool = Field(False, description="evaluate and export an exponential moving average of the weights "
+                      "instead of the last step's")
     ema_momentum: float = Field(0.99, gt=0, lt=1, description="momentum of the weight average")
     seed: int | None = Field(None, ge=0, description="fixes shuffles, crops and initialisation (same seed, "
                              "same device: the same model)")

@@ -165,12 +165,12 @@ class TrainMetrics(Result):
     gpu: dict  # the GPU sampler's record (components/train/gpu_sampler.py)
     corrupt: Corrupt
     # "ema": the moving average of the weights was evaluated each epoch and exported; "final": the
-    # weights of the last step. Files written before the recipe hold "final" weights.
-    exported_weights: Literal["ema", "final"] = "final"
+    # weights of the last step (also what the files written before this key hold).
+    exported_weights: Literal["ema", "final"] | None = None
     schedule: Schedule | None = None
     seed: int | None = None
     best_epoch: BestEpoch | None = None  # by eval accuracy; the candidate is still the end of the run
-    warnings: list[str] = []
+    warnings: list[str] | None = None  # e.g. a run too short to converge
 
 
 # ---------------------------------------------------------------- a run: the gate

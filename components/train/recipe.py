@@ -81,10 +81,10 @@ def make_loss(num_classes: int, label_smoothing: float):
     so with smoothing the labels become one-hot first."""
     if not label_smoothing:
         return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    dense = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=label_smoothing)
 
-    def smoothed(labels, logits):
-        return dense(tf.one_hot(tf.cast(tf.reshape(labels, [-1]), tf.int32), num_classes), logits)
+    def smoothed(labels, logits):  # per example: compile() reduces it, also under a strategy
+        one_hot = tf.one_hot(tf.cast(tf.reshape(labels, [-1]), tf.int32), num_classes)
+        return keras.losses.categorical_crossentropy(one_hot, logits, from_logits=True, label_smoothing=label_smoothing)
     return smoothed
 
 

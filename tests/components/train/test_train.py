@@ -55,7 +55,7 @@ def _summary(process: subprocess.Popen) -> dict:
 @pytest.fixture(scope="module")
 def float32_run(small_spans_root, capsys_module):
     return capsys_module(small_spans_root, "--run-id", "f32", "--epochs", "2", "--precision", "float32",
-                         "--no-xla", "--profile-steps", "2,3")
+                         "--no-xla", "--profile-steps", "2,3", "--ema")
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +133,7 @@ def test_summary_is_the_last_line_and_a_finished_run_is_not_redone(float32_run, 
 
 def test_mixed_bfloat16_with_xla_learns_and_exports_float32(small_spans_root, capsys):
     summary = _train(capsys, small_spans_root, "--run-id", "bf16", "--precision", "mixed_bfloat16", "--xla",
-                     "--epochs", "2")
+                     "--epochs", "2", "--label-smoothing", "0.1")
     assert (summary["precision"], summary["xla"], summary["total_steps"]) == ("mixed_bfloat16", True, 12)
     assert summary["eval"]["accuracy"] > 0.5  # as float32 in the same steps; chance is 1/3
     reader = tf.train.load_checkpoint(os.path.join(summary["model_dir"], "variables", "variables"))
@@ -200,7 +200,7 @@ def test_killed_run_resumes_from_backup_with_the_same_step_count(small_spans_roo
     assert summary["total_steps"] == 2 * 6
     assert len(summary["history"]["loss"]) == 1  # only the second epoch was left to run
     # The schedule went on from step 6 of 12: its last step's rate, not a restart's.
-    schedule = recipe.WarmupCosine(1e-3, summary["schedule"]["warmup_steps"], 12)
+    schedule = recipe.WarmupCosine(summary["schedule"]["peak_learning_rate"], summary["schedule"]["warmup_steps"], 12)
     assert summary["history"]["learning_rate"] == [pytest.approx(float(schedule(11)), rel=1e-5)]
     assert summary["best_epoch"]["epoch"] == 2
 
