@@ -53,7 +53,8 @@ def run(argv: list[str] | None = None) -> int:
 
 def _describe(summary: dict) -> str:
     return (f"trained {summary['model']} for {summary['total_steps']} steps: "
-            f"eval accuracy {summary['eval'].get('accuracy')}, candidate {summary['model_dir']}")
+            f"eval accuracy {summary['eval'].get('accuracy')}, candidate {summary['model_dir']}"
+            + "".join(f"\nwarning: {warning}" for warning in summary.get("warnings") or []))
 
 
 def train(config: TrainConfig) -> dict:
