@@ -19,7 +19,7 @@ from components.contracts import config
 # The demo's data and artifact ROOT, relative to where `make run` runs.
 DEMO_SOURCE = ".stoke/demo/digits"
 DEMO_ROOT = ".stoke/root"
-DEMO_EPOCHS = 8  # without flips the digits reach ~0.93 eval accuracy after 6 epochs
+DEMO_EPOCHS = 8  # 400 steps at batch 32: 0.96-0.98 eval accuracy on the digits (README, Training)
 
 
 def derived(name: str, model: type[BaseModel], drop: set[str], **defaults) -> type[BaseModel]:

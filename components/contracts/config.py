@@ -91,6 +91,12 @@ def _argument_type(annotation):
     return annotation, None
 
 
+# Small data: the default batch shrinks until an epoch has this many steps, down to SMALL_BATCH.
+DEFAULT_BATCH = 64
+SMALL_BATCH = 16
+MIN_STEPS_PER_EPOCH = 20
+
+
 class TrainConfig(BaseModel):
     """Published spans to a candidate SavedModel: tf.data input, Keras under a tf.distribute strategy."""
 
@@ -98,12 +104,25 @@ class TrainConfig(BaseModel):
 
     root: str = Field(description="artifact ROOT: local path or a URI TensorFlow reads (gs://)")
     model: ModelName = Field("small_cnn", description="network to train")
-    weights: Literal["none", "imagenet"] = Field(
-        "none", description="initial weights of the keras.applications models (imagenet needs network)")
+    weights: str = Field(
+        "none", description="initial weights: none, imagenet (keras.applications models; downloads them) or the "
+        "path of a local Keras weights file (.h5), e.g. one keras.applications downloaded, for offline fine-tuning")
     image_size: int = Field(224, gt=0, description="side of the square input image in pixels")
-    batch_size: int = Field(64, gt=0, description="batch size per replica (the global batch scales with replicas)")
+    batch_size: int | None = Field(
+        None, gt=0, description="batch size per replica (the global batch scales with replicas); default 64, "
+        f"halved down to {SMALL_BATCH} while an epoch would have fewer than {MIN_STEPS_PER_EPOCH} steps")
     epochs: int = Field(10, gt=0, description="passes over the training split")
-    learning_rate: float = Field(1e-3, ge=0, description="Adam learning rate (0 trains nothing: a control run)")
+    learning_rate: float = Field(3e-3, ge=0, description="peak learning rate (0 trains nothing: a control run)")
+    schedule: Literal["cosine", "constant"] = Field(
+        "cosine", description="cosine: linear warm-up, then cosine decay to a hundredth of the peak at the last step")
+    warmup_epochs: float = Field(1.0, ge=0, description="epochs of linear warm-up (at most a fifth of the run)")
+    weight_decay: float = Field(1e-4, ge=0, description="AdamW decoupled weight decay (0: plain Adam)")
+    label_smoothing: float = Field(0.0, ge=0, lt=1, description="label smoothing of the cross-entropy")
+    ema: bool = Field(False, description="evaluate and export an exponential moving average of the weights "
+                      "instead of the last step's")
+    ema_momentum: float = Field(0.99, gt=0, lt=1, description="momentum of the weight average")
+    seed: int | None = Field(None, ge=0, description="fixes shuffles, crops and initialisation (same seed, "
+                             "same device: the same model)")
     precision: Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"] = Field(
         "auto", description="auto: mixed_bfloat16 on Ampere+, mixed_float16 on GPUs >= 7.0, else float32")
     xla: bool | None = Field(None, description="compile steps with XLA (jit_compile); default on with a GPU")

@@ -133,6 +133,22 @@ class Corrupt(Result):
     shards: list[CorruptShard] = []
 
 
+class Schedule(Result):
+    kind: Literal["cosine", "constant"]
+    peak_learning_rate: float
+    warmup_steps: int
+    decay_steps: int
+    weight_decay: float
+    label_smoothing: float
+    ema_momentum: float | None
+
+
+class BestEpoch(Result):
+    epoch: int
+    accuracy: float
+    loss: float
+
+
 class TrainMetrics(Result):
     """ROOT/runs/<id>/metrics.json, written last by training: the run's summary."""
 
@@ -161,6 +177,13 @@ class TrainMetrics(Result):
     input: InputProbe
     gpu: dict  # the GPU sampler's record (components/train/gpu_sampler.py)
     corrupt: Corrupt
+    # "ema": the moving average of the weights was evaluated each epoch and exported; "final": the
+    # weights of the last step (also what the files written before this key hold).
+    exported_weights: Literal["ema", "final"] | None = None
+    schedule: Schedule | None = None
+    seed: int | None = None
+    best_epoch: BestEpoch | None = None  # by eval accuracy; the candidate is still the end of the run
+    warnings: list[str] | None = None  # e.g. a run too short to converge
     profiler: ProfilerVerdict | None = None  # None: no trace (--profile-steps none) or no profile plugin
 
 

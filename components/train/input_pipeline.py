@@ -74,10 +74,13 @@ def decode_eval(encoded, size: int):
     return resize(image, size)
 
 
-def random_crop_window(shape):
-    """A random [y, x, h, w] covering CROP_AREA of the image at an aspect ratio in CROP_ASPECT."""
-    begin, extent, _ = tf.image.sample_distorted_bounding_box(
-        tf.concat([shape, [3]], 0), bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]),
+def random_crop_window(shape, seed=None):
+    """A random [y, x, h, w] covering CROP_AREA of the image at an aspect ratio in CROP_ASPECT.
+
+    Random ops here are stateless, drawn from a per-record `seed` ([2] int) when the pipeline has
+    one: with a seed, the same record gets the same crop on the same epoch in every run."""
+    begin, extent, _ = tf.image.stateless_sample_distorted_bounding_box(
+        tf.concat([shape, [3]], 0), bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]), seed=_seed(seed),
         min_object_covered=0.0, aspect_ratio_range=CROP_ASPECT, area_range=CROP_AREA,
         max_attempts=10, use_image_if_no_bounding_boxes=True)
     return tf.stack([begin[0], begin[1], extent[0], extent[1]])
@@ -93,26 +96,35 @@ def decode_crop(encoded, crop_window, size: int):
     return resize(image, size)
 
 
-def decode_train(encoded, size: int, flip: bool = True):
+def decode_train(encoded, size: int, flip: bool = True, seed=None):
     """Random crop + resize + random horizontal flip; for PNG the crop happens after decoding."""
     is_jpeg = tf.io.is_jpeg(encoded)
+    crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(_seed(seed), 2))
 
     def jpeg():
-        window = random_crop_window(tf.io.extract_jpeg_shape(encoded)[:2])
+        window = random_crop_window(tf.io.extract_jpeg_shape(encoded)[:2], crop_seed)
         return resize(_decode_jpeg(encoded, size, window), size)
 
     def other():
-        return augment_decoded(_decode_other(encoded), size)
+        return augment_decoded(_decode_other(encoded), size, crop_seed, flip=False)
 
     image = tf.cond(is_jpeg, jpeg, other)
-    return tf.image.random_flip_left_right(image) if flip else image
+    return tf.image.stateless_random_flip_left_right(image, flip_seed) if flip else image
 
 
-def augment_decoded(image, size: int):
-    """Random crop + resize of an already decoded image (the path used after `cache`)."""
-    window = random_crop_window(tf.shape(image)[:2])
-    image = tf.image.crop_to_bounding_box(image, window[0], window[1], window[2], window[3])
-    return resize(image, size)
+def augment_decoded(image, size: int, seed=None, flip: bool = False):
+    """Random crop + resize (+ flip) of an already decoded image (the path used after `cache`)."""
+    crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(_seed(seed), 2))
+    window = random_crop_window(tf.shape(image)[:2], crop_seed)
+    image = resize(tf.image.crop_to_bounding_box(image, window[0], window[1], window[2], window[3]), size)
+    return tf.image.stateless_random_flip_left_right(image, flip_seed) if flip else image
+
+
+def _seed(seed):
+    """A stateless op's [2] seed: the one given, else a fresh random one."""
+    if seed is None:
+        return tf.random.uniform([2], maxval=tf.int32.max, dtype=tf.int32)
+    return tf.cast(seed, tf.int32)
 
 
 def parse(serialized):
@@ -136,7 +148,7 @@ class PipelineOptions:
     repeat: bool = True
     ram_budget_fraction: float = 0.5  # share of physical memory tf.data autotuning may use
     private_threads: int | None = None  # size of a private threadpool; None shares TF's pool
-    seed: int | None = None
+    seed: int | None = None  # fixes file and record shuffles and every crop and flip
 
 
 def make_dataset(shards: list[Shard], options: PipelineOptions,
@@ -149,6 +161,8 @@ def make_dataset(shards: list[Shard], options: PipelineOptions,
     # Shard by FILE when every worker gets at least one file (no worker reads what it throws
     # away); by DATA otherwise (every worker reads everything and keeps 1/N of the records).
     by_file = pipelines > 1 and len(shards) >= pipelines
+    # Parallel work may finish out of order, which is faster; with a seed, the order is kept.
+    in_order = not options.training or options.seed is not None
 
     files = tf.data.Dataset.from_tensor_slices(([s.uri for s in shards], [s.compression for s in shards]))
     if by_file:
@@ -163,7 +177,7 @@ def make_dataset(shards: list[Shard], options: PipelineOptions,
         return records.ignore_errors() if options.skip_corrupt else records
 
     records = files.interleave(read, cycle_length=min(len(shards), 16), block_length=1,
-                               num_parallel_calls=AUTOTUNE, deterministic=not options.training)
+                               num_parallel_calls=AUTOTUNE, deterministic=in_order)
     if pipelines > 1 and not by_file:
         records = records.shard(pipelines, pipeline_id)
 
@@ -179,37 +193,48 @@ def make_dataset(shards: list[Shard], options: PipelineOptions,
                             lambda: _decode_other(encoded))
             return (image if options.training else resize(image, size)), label
 
-        dataset = records.map(decode_full, num_parallel_calls=AUTOTUNE, deterministic=not options.training)
+        dataset = records.map(decode_full, num_parallel_calls=AUTOTUNE, deterministic=in_order)
         dataset = dataset.cache("" if cache == "memory" else cache)
         if options.training:
-            dataset = dataset.shuffle(options.shuffle_buffer, seed=options.seed)
-            def augment(image, label):
-                image = augment_decoded(image, size)
-                return (tf.image.random_flip_left_right(image) if options.flip else image), label
+            dataset = _with_seeds(dataset.shuffle(options.shuffle_buffer, seed=options.seed), options.seed)
 
-            dataset = dataset.map(augment, num_parallel_calls=AUTOTUNE, deterministic=False)
+            def augment(decoded, seed):
+                image, label = decoded
+                return augment_decoded(image, size, seed, options.flip), label
+
+            dataset = dataset.map(augment, num_parallel_calls=AUTOTUNE, deterministic=in_order)
+    elif options.training:
+        records = _with_seeds(records.shuffle(options.shuffle_buffer, seed=options.seed), options.seed)
+
+        def decode(serialized, seed):
+            encoded, label = parse(serialized)
+            return decode_train(encoded, size, options.flip, seed), label
+
+        dataset = records.map(decode, num_parallel_calls=AUTOTUNE, deterministic=in_order)
     else:
-        if options.training:
-            records = records.shuffle(options.shuffle_buffer, seed=options.seed)
-
         def decode(serialized):
             encoded, label = parse(serialized)
-            image = decode_train(encoded, size, options.flip) if options.training else decode_eval(encoded, size)
-            return image, label
+            return decode_eval(encoded, size), label
 
-        dataset = records.map(decode, num_parallel_calls=AUTOTUNE, deterministic=not options.training)
+        dataset = records.map(decode, num_parallel_calls=AUTOTUNE, deterministic=True)
 
     if options.repeat:
         dataset = dataset.repeat()
     dataset = dataset.batch(options.batch_size, drop_remainder=True, num_parallel_calls=AUTOTUNE,
-                            deterministic=not options.training)
+                            deterministic=in_order)
     dataset = dataset.prefetch(AUTOTUNE)
     return dataset.with_options(_options(options))
 
 
+def _with_seeds(dataset: tf.data.Dataset, seed: int | None) -> tf.data.Dataset:
+    """Each element with a [2] seed for its crop and flip, new on every pass over the data."""
+    seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
+    return tf.data.Dataset.zip(dataset, seeds)
+
+
 def _options(options: PipelineOptions) -> tf.data.Options:
     opts = tf.data.Options()
-    opts.deterministic = not options.training
+    opts.deterministic = not options.training or options.seed is not None
     opts.autotune.enabled = True
     opts.autotune.ram_budget = int(_physical_memory() * options.ram_budget_fraction)
     if options.private_threads:

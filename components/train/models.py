@@ -9,6 +9,8 @@ underflows, and the loss must see float32 values.
 """
 from __future__ import annotations
 
+import os
+
 import tf_keras as keras
 
 from components.contracts.config import MODEL_NAMES
@@ -21,33 +23,60 @@ def build_model(name: str, num_classes: int, image_size: int, weights: str = "no
     """A Keras model under the current global mixed-precision policy."""
     if name not in MODEL_NAMES:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
-    if weights not in ("none", "imagenet"):
-        raise ValueError(f"unknown weights {weights!r}: use none or imagenet")
-    if name == "small_cnn" and weights == "imagenet":
-        raise ValueError("small_cnn has no ImageNet weights; use --weights none")
+    init = _initial_weights(weights)
+    if name == "small_cnn" and init == "imagenet":
+        raise ValueError("small_cnn has no ImageNet weights; use --weights none or a weights file")
     inputs = keras.Input((image_size, image_size, 3), dtype="uint8", name="image")
     shape = (image_size, image_size, 3)
-    init = None if weights == "none" else "imagenet"
     if name == "small_cnn":
         features = _small_cnn(keras.layers.Rescaling(1.0 / 255, name="rescale")(inputs))
     elif name == "mobilenet_v3_small":
         # The application rescales 0..255 itself (include_preprocessing); only the dtype changes here.
         pixels = keras.layers.Rescaling(1.0, name="to_float")(inputs)
-        features = keras.applications.MobileNetV3Small(
+        features = _load(lambda: keras.applications.MobileNetV3Small(
             input_shape=shape, include_top=False, weights=init, pooling="avg",
-            include_preprocessing=True)(pixels)
+            include_preprocessing=True), init)(pixels)
     elif name == "efficientnet_b0":
         pixels = keras.layers.Rescaling(1.0, name="to_float")(inputs)
-        features = keras.applications.EfficientNetB0(
-            input_shape=shape, include_top=False, weights=init, pooling="avg")(pixels)
+        features = _load(lambda: keras.applications.EfficientNetB0(
+            input_shape=shape, include_top=False, weights=init, pooling="avg"), init)(pixels)
     else:
         pixels = keras.layers.Rescaling(1.0, name="to_float")(inputs)
         bgr = keras.layers.Lambda(_caffe_preprocess, name="caffe_preprocess")(pixels)
-        features = keras.applications.ResNet50(
-            input_shape=shape, include_top=False, weights=init, pooling="avg")(bgr)
+        features = _load(lambda: keras.applications.ResNet50(
+            input_shape=shape, include_top=False, weights=init, pooling="avg"), init)(bgr)
     features = keras.layers.Dropout(0.2, name="dropout")(features)
     logits = keras.layers.Dense(num_classes, dtype="float32", name="logits")(features)
-    return keras.Model(inputs, logits, name=name)
+    model = keras.Model(inputs, logits, name=name)
+    if name == "small_cnn" and init:
+        # A file of a whole small_cnn (an earlier run's, say): layers match by name, the logits
+        # of another number of classes are left as initialised.
+        _load(lambda: model.load_weights(init, by_name=True, skip_mismatch=True), init)
+    return model
+
+
+def _initial_weights(weights: str) -> str | None:
+    """None, "imagenet" or the path of a local weights file."""
+    if weights == "none":
+        return None
+    if weights == "imagenet":
+        return weights
+    if "://" in weights or not os.path.isfile(weights):
+        raise ValueError(f"--weights {weights}: no such local file (use none, imagenet or the path of a Keras "
+                         ".h5 weights file)")
+    if not weights.endswith(".h5"):
+        raise ValueError(f"--weights {weights}: not a Keras .h5 weights file")
+    return weights
+
+
+def _load(load, path: str | None):
+    """Runs `load`; a weights file that does not fit the network is a one-line error."""
+    if path in (None, "imagenet"):
+        return load()
+    try:
+        return load()
+    except (ValueError, OSError) as exc:
+        raise ValueError(f"--weights {path} does not fit this model: {str(exc).splitlines()[0]}") from None
 
 
 def _small_cnn(x):
@@ -67,12 +96,12 @@ def _caffe_preprocess(x):
     return x[..., ::-1] - tf.constant(RESNET_MEANS_BGR, dtype=x.dtype)
 
 
-def compile_model(model: keras.Model, learning_rate: float, jit_compile: bool, steps_per_execution: int):
-    """Adam + sparse cross-entropy on logits; tf_keras wraps the optimizer in a LossScaleOptimizer
-    by itself when the policy is mixed_float16."""
+def compile_model(model: keras.Model, optimizer, loss, jit_compile: bool, steps_per_execution: int):
+    """The recipe's optimizer and loss (components/train/recipe.py); tf_keras wraps the optimizer in
+    a LossScaleOptimizer by itself when the policy is mixed_float16."""
     model.compile(
-        optimizer=keras.optimizers.Adam(learning_rate),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        optimizer=optimizer,
+        loss=loss,
         metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
         jit_compile=jit_compile,
         steps_per_execution=steps_per_execution,

@@ -24,7 +24,13 @@ import tensorflow as tf
 import tf_keras as keras
 
 from components.contracts import program
-from components.contracts.config import TrainConfig, from_arguments
+from components.contracts.config import (
+    DEFAULT_BATCH,
+    MIN_STEPS_PER_EPOCH,
+    SMALL_BATCH,
+    TrainConfig,
+    from_arguments,
+)
 from components.contracts.files import exists, join
 from components.contracts.layout import Root, RunDir, parse_spans
 from components.contracts.results import TrainMetrics
@@ -48,13 +54,14 @@ def run(argv: list[str] | None = None) -> int:
 
 def _describe(summary: dict) -> str:
     return (f"trained {summary['model']} for {summary['total_steps']} steps: "
-            f"eval accuracy {summary['eval'].get('accuracy')}, candidate {summary['model_dir']}")
+            f"eval accuracy {summary['eval'].get('accuracy')}, candidate {summary['model_dir']}"
+            + "".join(f"\nwarning: {warning}" for warning in summary.get("warnings") or []))
 
 
 def train(config: TrainConfig) -> dict:
     """Trains per `config` and returns the summary (also written to metrics.json by the chief)."""
     from components.train import input_pipeline as pipeline
-    from components.train import models
+    from components.train import models, recipe
     from components.train import strategy as strategies
     from components.train.export import export_candidate
 
@@ -78,6 +85,8 @@ def train(config: TrainConfig) -> dict:
     precision = strategies.choose_precision(config.precision, strategies.compute_capabilities(gpus))
     xla = strategies.choose_xla(config.xla, len(gpus))
     keras.mixed_precision.set_global_policy(precision)
+    if config.seed is not None:
+        keras.utils.set_random_seed(config.seed)  # Python, NumPy and TensorFlow: initialisation, dropout
 
     root = Root(config.root)
     try:
@@ -111,14 +120,17 @@ def train(config: TrainConfig) -> dict:
         eval_records = sum(s.readable for s in scans[len(train_shards):])
 
     replicas = strategy.num_replicas_in_sync
-    global_batch = config.batch_size * replicas
+    batch_size = config.batch_size or default_batch(train_records, replicas)
+    global_batch = batch_size * replicas
     steps_per_epoch = train_records // global_batch
     if steps_per_epoch == 0:
         raise TrainError(f"{train_records} training records make no full batch of {global_batch} "
-                         f"({config.batch_size} x {replicas} replicas); lower --batch-size")
+                         f"({batch_size} x {replicas} replicas); lower --batch-size")
     if config.steps_per_epoch:
         steps_per_epoch = min(steps_per_epoch, config.steps_per_epoch)
     validation_steps = math.ceil(eval_records / global_batch) if eval_records else 0
+    total = config.epochs * steps_per_epoch
+    warmup = recipe.warmup_steps(config.warmup_epochs, steps_per_epoch, total) if config.schedule == "cosine" else 0
 
     def dataset_fn(shards, training):
         cache = config.cache
@@ -129,7 +141,8 @@ def train(config: TrainConfig) -> dict:
             options = pipeline.PipelineOptions(
                 image_size=config.image_size, batch_size=context.get_per_replica_batch_size(global_batch),
                 training=training, cache=cache, skip_corrupt=config.skip_corrupt, flip=config.flip,
-                shuffle_buffer=config.shuffle_buffer)
+                shuffle_buffer=config.shuffle_buffer,
+                seed=None if config.seed is None else config.seed + context.input_pipeline_id)
             return pipeline.make_dataset(shards, options, context)
         return make
 
@@ -142,7 +155,10 @@ def train(config: TrainConfig) -> dict:
             model = models.build_model(config.model, len(labels), config.image_size, config.weights)
         except ValueError as exc:
             raise TrainError(str(exc)) from None
-        models.compile_model(model, config.learning_rate, xla, config.steps_per_execution)
+        optimizer = recipe.make_optimizer(recipe.learning_rate(config.schedule, config.learning_rate, warmup, total),
+                                          config.weight_decay, config.ema_momentum if config.ema else None)
+        models.compile_model(model, optimizer, recipe.make_loss(len(labels), config.label_smoothing),
+                             xla, config.steps_per_execution)
 
     # Other workers write their copies into a scratch folder of the same layout, deleted at the end.
     scratch = [] if is_chief else [tempfile.mkdtemp(prefix="stoke-worker-")]
@@ -158,7 +174,11 @@ def train(config: TrainConfig) -> dict:
             save_best_only=True, save_weights_only=True),
         keras.callbacks.TensorBoard(mine.tensorboard, profile_batch=profiled),
         timer,
+        recipe.LearningRateLog(),
     ]
+    if config.ema:
+        # First, so every later callback (checkpoints, TensorBoard) sees the validation of the average.
+        callbacks.insert(0, recipe.EmaEvaluation())
     if os.environ.get(KILL_AT_STEP_ENV):
         callbacks.append(KillAtStep(int(os.environ[KILL_AT_STEP_ENV])))
 
@@ -174,6 +194,8 @@ def train(config: TrainConfig) -> dict:
         raise TrainError(str(pipeline.CorruptShardError(bad))) from None
     total_steps = int(model.optimizer.iterations.numpy())
 
+    # fit() ends by copying the average into the model's trainable weights (tf_keras'
+    # finalize_variable_values), so with EMA these are the averaged weights.
     candidate = mine.candidate
     export_candidate(model_name=config.model, weights=model.get_weights(), labels=labels,
                      image_size=config.image_size, path=candidate)
@@ -197,7 +219,7 @@ def train(config: TrainConfig) -> dict:
         "replicas": replicas,
         "precision": precision,
         "xla": xla,
-        "batch_size": config.batch_size,
+        "batch_size": batch_size,
         "global_batch_size": global_batch,
         "epochs": config.epochs,
         "steps_per_epoch": steps_per_epoch,
@@ -207,6 +229,14 @@ def train(config: TrainConfig) -> dict:
         "train": {"loss": _last(epochs, "loss"), "accuracy": _last(epochs, "accuracy")},
         "eval": {"loss": _last(epochs, "val_loss"), "accuracy": _last(epochs, "val_accuracy")},
         "history": {key: [float(v) for v in values] for key, values in epochs.items()},
+        "exported_weights": "ema" if config.ema else "final",
+        "schedule": {"kind": config.schedule, "peak_learning_rate": config.learning_rate, "warmup_steps": warmup,
+                     "decay_steps": total - warmup, "weight_decay": config.weight_decay,
+                     "label_smoothing": config.label_smoothing,
+                     "ema_momentum": config.ema_momentum if config.ema else None},
+        "seed": config.seed,
+        "best_epoch": _best_epoch(epochs, first=resume.step // steps_per_epoch + 1),
+        "warnings": short_run_warnings(total, config.weights),
         "input": probe,
         "gpu": sampler.to_dict(),
         "profiler": profile.input_pipeline_verdict(mine.tensorboard) if profiled else None,
@@ -332,6 +362,34 @@ def _profile_range(text: str):
     except ValueError:
         raise TrainError(f"--profile-steps takes two step numbers such as 10,20 (or none), not {text!r}") from None
     return (first, last)
+
+
+def default_batch(train_records: int, replicas: int) -> int:
+    """DEFAULT_BATCH, halved while an epoch would have fewer than MIN_STEPS_PER_EPOCH steps (not
+    below SMALL_BATCH): batch-norm statistics and the schedule need steps more than big batches."""
+    batch = DEFAULT_BATCH
+    while batch > SMALL_BATCH and train_records // (batch * replicas) < MIN_STEPS_PER_EPOCH:
+        batch //= 2
+    return batch
+
+
+def short_run_warnings(total_steps: int, weights: str) -> list[str]:
+    from components.train.recipe import MIN_STEPS
+
+    if weights == "none" and total_steps < MIN_STEPS:
+        return [f"only {total_steps} training steps: a model trained from scratch rarely converges in fewer "
+                f"than {MIN_STEPS}; train more epochs, or on more data"]
+    return []
+
+
+def _best_epoch(history: dict, first: int) -> dict | None:
+    """The epoch (counted from 1; a resumed history starts at `first`) with the best eval accuracy,
+    as the run reported it: informational, the candidate is always the end of the run."""
+    values = history.get("val_accuracy")
+    if not values:
+        return None
+    index = max(range(len(values)), key=values.__getitem__)
+    return {"epoch": first + index, "accuracy": float(values[index]), "loss": float(history["val_loss"][index])}
 
 
 def _last(history: dict, key: str):

@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from components.contracts.layout import Root
 from components.train import input_pipeline as pipeline
+from components.train import recipe
 from components.train import trainer as train
 from tests.components.conftest import TRAIN_LABELS, tiny_image
 from tests.components.train.test_input_pipeline import corrupt_record
@@ -54,7 +55,7 @@ def _summary(process: subprocess.Popen) -> dict:
 @pytest.fixture(scope="module")
 def float32_run(small_spans_root, capsys_module):
     return capsys_module(small_spans_root, "--run-id", "f32", "--epochs", "2", "--precision", "float32",
-                         "--no-xla", "--profile-steps", "2,3")
+                         "--no-xla", "--profile-steps", "2,3", "--ema")
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +85,23 @@ def test_float32_run_writes_every_artifact(float32_run, small_spans_root):
     profiles = os.path.join(run_dir, "tensorboard", "plugins", "profile")
     assert os.listdir(profiles), "the profiled step range left no trace"
     assert not os.listdir(os.path.join(run_dir, "backup"))  # a finished run drops its backup
+    assert float32_run["batch_size"] == 8 and float32_run["exported_weights"] == "ema"
+    assert float32_run["schedule"]["kind"] == "cosine" and float32_run["schedule"]["warmup_steps"] == 2  # capped
+    assert float32_run["best_epoch"]["epoch"] in (1, 2)
+    assert "only 12 training steps" in float32_run["warnings"][0]
+
+
+def test_the_candidate_is_the_average_the_run_evaluated(float32_run, small_spans_root):
+    """The candidate scored on the eval split gives the summary's eval figures, which the last
+    epoch's validation measured on the moving average: the export is the weights evaluated."""
+    loaded = tf.saved_model.load(float32_run["model_dir"])
+    records = [r.numpy() for r in tf.data.TFRecordDataset(Root(small_spans_root).shards("eval")[0].uri, "GZIP")]
+    assert len(records) % 8 == 0  # validation saw each record once
+    labels = np.array([int(pipeline.parse(r)[1]) for r in records])
+    probabilities = loaded.signatures["examples"](examples=tf.constant(records))["probabilities"].numpy()
+    loss = -np.log(probabilities[np.arange(len(labels)), labels]).mean()
+    assert float32_run["eval"]["accuracy"] == pytest.approx((probabilities.argmax(1) == labels).mean(), abs=1e-6)
+    assert float32_run["eval"]["loss"] == pytest.approx(loss, rel=1e-4)
 
 
 def test_candidate_serves_image_bytes_and_examples(float32_run, small_spans_root):
@@ -113,11 +131,11 @@ def test_summary_is_the_last_line_and_a_finished_run_is_not_redone(float32_run, 
     assert "Traceback" not in err
 
 
-def test_mixed_bfloat16_trains_and_exports_float32(small_spans_root, capsys):
-    summary = _train(capsys, small_spans_root, "--run-id", "bf16", "--precision", "mixed_bfloat16",
-                     "--epochs", "1", "--steps-per-epoch", "3")
-    assert summary["precision"] == "mixed_bfloat16" and summary["total_steps"] == 3
-    assert np.isfinite(summary["train"]["loss"])
+def test_mixed_bfloat16_with_xla_learns_and_exports_float32(small_spans_root, capsys):
+    summary = _train(capsys, small_spans_root, "--run-id", "bf16", "--precision", "mixed_bfloat16", "--xla",
+                     "--epochs", "2", "--label-smoothing", "0.1")
+    assert (summary["precision"], summary["xla"], summary["total_steps"]) == ("mixed_bfloat16", True, 12)
+    assert summary["eval"]["accuracy"] > 0.5  # as float32 in the same steps; chance is 1/3
     reader = tf.train.load_checkpoint(os.path.join(summary["model_dir"], "variables", "variables"))
     dtypes = {dtype for name, dtype in reader.get_variable_to_dtype_map().items() if "layer" in name}
     assert dtypes == {tf.float32}
@@ -181,6 +199,10 @@ def test_killed_run_resumes_from_backup_with_the_same_step_count(small_spans_roo
     assert summary["resumed_from_step"] == 6  # the last backup before the kill at step 7
     assert summary["total_steps"] == 2 * 6
     assert len(summary["history"]["loss"]) == 1  # only the second epoch was left to run
+    # The schedule went on from step 6 of 12: its last step's rate, not a restart's.
+    schedule = recipe.WarmupCosine(summary["schedule"]["peak_learning_rate"], summary["schedule"]["warmup_steps"], 12)
+    assert summary["history"]["learning_rate"] == [pytest.approx(float(schedule(11)), rel=1e-5)]
+    assert summary["best_epoch"]["epoch"] == 2
 
 
 @pytest.fixture(scope="module")
@@ -245,3 +267,51 @@ def test_real_digits_generalize_to_the_eval_split(tmp_path, capsys):
     write_span(root, 1, splits, NAMES, {"train": 2, "eval": 1})
     summary = _train(capsys, root, "--run-id", "digits", "--epochs", "10", "--batch-size", "32", "--no-flip")
     assert max(summary["history"]["val_accuracy"]) > 0.5  # chance is 0.1
+
+
+def test_the_same_seed_gives_the_same_model(small_spans_root, capsys):
+    first, second = (_train(capsys, small_spans_root, "--run-id", f"seed-{n}", "--seed", "7", "--epochs", "1",
+                            "--steps-per-epoch", "3", "--no-xla", "--probe-steps", "0") for n in (1, 2))
+    assert first["seed"] == 7
+    assert first["eval"]["accuracy"] == pytest.approx(second["eval"]["accuracy"], abs=1e-3)
+    assert first["eval"]["loss"] == pytest.approx(second["eval"]["loss"], abs=1e-3)
+    assert first["history"]["loss"] == pytest.approx(second["history"]["loss"], abs=1e-3)
+
+
+def test_weights_from_a_file_start_the_run(small_spans_root, tmp_path, capsys):
+    """A control run (rate 0) from a weights file exports that file's weights: they were loaded."""
+    import tf_keras as keras
+
+    from components.train.models import build_model
+
+    keras.utils.set_random_seed(11)
+    start = build_model("small_cnn", len(TRAIN_LABELS), 32)
+    path = str(tmp_path / "small_cnn.h5")
+    start.save_weights(path)
+    summary = _train(capsys, small_spans_root, "--run-id", "from-file", "--weights", path, "--learning-rate", "0",
+                     "--epochs", "1", "--steps-per-epoch", "2", "--no-xla", "--probe-steps", "0")
+    exported = {v.name: v.numpy() for v in tf.saved_model.load(summary["model_dir"]).model.variables}
+    for variable in start.trainable_variables:
+        np.testing.assert_allclose(exported[variable.name], variable.numpy(), rtol=1e-6)  # EMA rounding
+    assert summary["warnings"] == []  # pretrained: a short run is fine
+
+    assert train.run(["--root", small_spans_root, "--weights", str(tmp_path / "missing.h5"), "--json"]) == 1
+    assert "no such local file" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
+
+
+def test_application_weights_file_as_keras_applications_writes_it(tmp_path):
+    import tf_keras as keras
+
+    from components.train.models import build_model
+
+    base = keras.applications.MobileNetV3Small(input_shape=(32, 32, 3), include_top=False, weights=None,
+                                               pooling="avg", include_preprocessing=True)
+    path = str(tmp_path / "weights_mobilenet_v3_small_notop.h5")
+    base.save_weights(path)
+    model = build_model("mobilenet_v3_small", 4, 32, weights=path)
+    loaded = model.get_layer(base.name).get_weights()
+    assert len(loaded) == len(base.get_weights())
+    for mine, theirs in zip(loaded, base.get_weights()):
+        np.testing.assert_array_equal(mine, theirs)
+    with pytest.raises(ValueError, match="does not fit this model"):
+        build_model("efficientnet_b0", 4, 32, weights=path)
