@@ -143,7 +143,7 @@ def _ingest(config: IngestConfig, pipeline_args: list[str], root: Root, started:
     removed = remove_debris(root)
 
     try:
-        listing = list_source(config.source, config.eval_fraction)
+        listing = list_source(config.source, config.eval_fraction, config.allow_outside_source)
     except (FileNotFoundError, ValueError) as error:
         raise IngestError(str(error)) from None
     known = identities(root.manifests())

@@ -169,3 +169,22 @@ def test_an_unwritable_root_is_one_clear_line(tmp_path, capsys):
     (tmp_path / "file").write_text("not a folder")
     code, summary = ingest(source, tmp_path / "file" / "root", *IN_MEMORY, capsys=capsys)
     assert code == 1 and "file" in summary["error"] and not summary["published"]
+
+
+def test_manifest_rows_outside_its_folder_are_dead_letters_unless_allowed(tmp_path, capsys):
+    source, root = tmp_path / "source", tmp_path / "root"
+    (source / "img").mkdir(parents=True)
+    for i in range(3):
+        (source / "img" / f"{i}.jpg").write_bytes(images.rgb_jpeg(seed=i))
+    (tmp_path / "elsewhere.jpg").write_bytes(images.rgb_jpeg(seed=9))
+    (source / "m.csv").write_text("img/0.jpg,cat\n./img/1.jpg,cat\nimg/../img/2.jpg,cat\nimg/0.jpg,cat\n"
+                                  "../elsewhere.jpg,cat\n")
+    code, summary = ingest(source / "m.csv", root, *IN_MEMORY, "--max-bad-fraction", "0.5", capsys=capsys)
+    assert code == 0 and summary["counts"]["train"] + summary["counts"]["eval"] == 3  # three spellings, one file
+    assert [(d["uri"], d["reason"]) for d in dead_letters(root, 1)] == [
+        (str(tmp_path / "elsewhere.jpg"), f"outside the manifest's folder {source}; --allow-outside-source reads it")]
+
+    code, summary = ingest(source / "m.csv", root, *IN_MEMORY, "--allow-outside-source", capsys=capsys)
+    assert code == 0 and summary["span"] == 2 and summary["new_sources"] == 1
+    manifest = read_json(os.path.join(summary["span_uri"], MANIFEST))
+    assert [s["uri"] for s in manifest["sources"]] == [str(tmp_path / "elsewhere.jpg")]

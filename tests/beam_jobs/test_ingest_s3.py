@@ -42,3 +42,20 @@ def test_ingest_from_and_into_a_bucket(s3_bucket, tmp_path, capsys):
 
     assert run([source, "--root", root, "--json"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["published"] is False
+
+
+def test_a_bucket_manifest_reads_only_its_own_folder(s3_bucket, capsys):
+    fs = fsspec.filesystem("s3")
+    fs.invalidate_cache()
+    fs.pipe_file(f"{s3_bucket}/photos/cat/0.jpg", images.rgb_jpeg())
+    fs.pipe_file(f"{s3_bucket}/private/key.jpg", images.rgb_jpeg(seed=1))
+    fs.pipe_file(f"{s3_bucket}/photos/m.csv", (
+        f"cat/0.jpg,cat\ns3://{s3_bucket}/photos/cat/./0.jpg,cat\n../private/key.jpg,cat\n"
+        f"s3://{s3_bucket}/private/key.jpg,cat\n/etc/hostname,cat\n").encode())
+    root = f"s3://{s3_bucket}/root"
+    assert run([f"s3://{s3_bucket}/photos/m.csv", "--root", root, "--json", "--max-bad-fraction", "1"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["counts"]["train"] + summary["counts"]["eval"] == 1
+    outside = f"outside the manifest's folder s3://{s3_bucket}/photos; --allow-outside-source reads it"
+    assert {(d["uri"], d["reason"]) for d in summary["dead_letters"]} == {
+        (f"s3://{s3_bucket}/private/key.jpg", outside), ("/etc/hostname", outside)}
