@@ -146,14 +146,15 @@ def _ingest(config: IngestConfig, pipeline_args: list[str], root: Root, started:
         listing = list_source(config.source, config.eval_fraction, config.allow_outside_source)
     except (FileNotFoundError, ValueError) as error:
         raise IngestError(str(error)) from None
-    known = identities(root.manifests())
+    manifests = root.manifests()
+    known = identities(manifests)
     fresh = [s for s in listing.sources if s.identity not in known]
     refused = [(s, reason) for s, reason in listing.rejected if s.identity not in known]
     if not fresh and not refused:
         return {"published": False, "span": None, "new_sources": 0, "removed_debris": removed,
                 "message": f"nothing new in {config.source}: every file is already in a published span"}
 
-    labels = extended_labels(root, fresh)
+    labels = extended_labels(root, manifests, fresh)
     staging = join(root.spans, f"{STAGING_PREFIX}{uuid.uuid4().hex[:12]}")
     try:
         chunks = stage_sources(staging, fresh, labels)
@@ -219,9 +220,20 @@ def remove_debris(root: Root) -> list[str]:
     return debris
 
 
-def extended_labels(root: Root, fresh: list[Source]) -> list[str]:
-    """labels.json with new class names appended: existing ids never change."""
-    labels = root.read_labels()
+def extended_labels(root: Root, manifests: list[SpanManifest], fresh: list[Source]) -> list[str]:
+    """The known labels with new class names appended: existing ids never change.
+
+    Known means labels.json and every published manifest's list together, so a lost or stale
+    labels.json cannot hand out an id twice; lists that give one id two names stop the job."""
+    labels, origin = root.read_labels(), root.labels
+    for manifest in manifests:
+        names, uri = manifest.labels, root.manifest(manifest.span)
+        for index, (mine, theirs) in enumerate(zip(labels, names)):
+            if mine != theirs:
+                raise IngestError(f"label id {index} is {mine!r} in {origin} but {theirs!r} in {uri}; "
+                                  "ids must never change: restore labels.json from the spans' manifests")
+        if len(names) > len(labels):
+            labels, origin = list(names), uri
     return labels + sorted({s.label for s in fresh} - set(labels))
 
 

@@ -188,3 +188,34 @@ def test_manifest_rows_outside_its_folder_are_dead_letters_unless_allowed(tmp_pa
     assert code == 0 and summary["span"] == 2 and summary["new_sources"] == 1
     manifest = read_json(os.path.join(summary["span_uri"], MANIFEST))
     assert [s["uri"] for s in manifest["sources"]] == [str(tmp_path / "elsewhere.jpg")]
+
+
+def test_a_lost_labels_file_keeps_every_label_id(tmp_path, capsys):
+    source, root = tmp_path / "source", tmp_path / "root"
+    for name in ("cat", "dog"):
+        (source / name).mkdir(parents=True)
+        (source / name / "0.jpg").write_bytes(images.rgb_jpeg())
+    assert ingest(source, root, *IN_MEMORY, capsys=capsys)[1]["span"] == 1
+    (root / "data" / "labels.json").unlink()
+    (source / "ant").mkdir()
+    (source / "ant" / "0.jpg").write_bytes(images.rgb_jpeg(seed=2))
+    code, summary = ingest(source, root, *IN_MEMORY, capsys=capsys)
+    assert code == 0 and summary["span"] == 2
+    assert read_json(str(root / "data" / "labels.json")) == ["cat", "dog", "ant"]
+    manifest = read_json(os.path.join(summary["span_uri"], MANIFEST))
+    assert [(r[schema.TEXT], r[schema.LABEL]) for r in records(root, manifest)] == [("ant", 2)]
+
+
+def test_labels_that_disagree_with_a_published_span_stop_ingest(tmp_path, capsys):
+    source, root = tmp_path / "source", tmp_path / "root"
+    for name in ("cat", "dog"):
+        (source / name).mkdir(parents=True)
+        (source / name / "0.jpg").write_bytes(images.rgb_jpeg())
+    assert ingest(source, root, *IN_MEMORY, capsys=capsys)[1]["span"] == 1
+    (root / "data" / "labels.json").write_text('["dog", "cat"]')
+    (source / "cat" / "1.jpg").write_bytes(images.rgb_jpeg(seed=1))
+    code, summary = ingest(source, root, *IN_MEMORY, capsys=capsys)
+    assert code == 1 and summary["error"] == (
+        f"label id 0 is 'dog' in {root}/data/labels.json but 'cat' in {Root(str(root)).manifest(1)}; "
+        "ids must never change: restore labels.json from the spans' manifests")
+    assert Root(str(root)).span_numbers() == [1]
