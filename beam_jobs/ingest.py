@@ -39,7 +39,7 @@ from components.contracts import program, schema
 from components.contracts.config import IngestConfig, from_arguments
 from components.contracts.files import filesystem, is_local, join, read_json, write_json, write_text
 from components.contracts.layout import Root, shard_name
-from components.contracts.results import SpanManifest
+from components.contracts.results import ResultError, SpanManifest
 
 CHUNK = 10_000  # sources per staged list file: keeps the job graph small on any runner
 STAGING_PREFIX = "_staging-"
@@ -399,7 +399,7 @@ def run(argv: list[str] | None = None) -> int:
         logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
     return program.main("stoke ingest", args.json,
                         lambda: ingest(from_arguments(IngestConfig, args), pipeline_args), _describe,
-                        errors=(IngestError, OSError), failed={"published": False})
+                        errors=(IngestError, ResultError, OSError), failed={"published": False})
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from components.contracts import program
 from components.contracts.config import TrainConfig, from_arguments
 from components.contracts.files import exists, join
 from components.contracts.layout import Root, RunDir, parse_spans
-from components.contracts.results import TrainMetrics
+from components.contracts.results import ResultError, TrainMetrics
 from components.train.gpu_sampler import GpuSampler
 
 # Fault drill: with this set to N, the process kills itself (SIGKILL, no cleanup) once N training
@@ -42,7 +42,7 @@ class TrainError(Exception):
 def run(argv: list[str] | None = None) -> int:
     args = program.arguments("stoke train", __doc__, TrainConfig).parse_args(argv)
     return program.main("stoke train", args.json, lambda: train(from_arguments(TrainConfig, args)),
-                        _describe, errors=(TrainError,))
+                        _describe, errors=(TrainError, ResultError))
 
 
 def _describe(summary: dict) -> str:

@@ -219,3 +219,18 @@ def test_labels_that_disagree_with_a_published_span_stop_ingest(tmp_path, capsys
         f"label id 0 is 'dog' in {root}/data/labels.json but 'cat' in {Root(str(root)).manifest(1)}; "
         "ids must never change: restore labels.json from the spans' manifests")
     assert Root(str(root)).span_numbers() == [1]
+
+
+def test_a_broken_span_manifest_is_one_line_naming_it(tmp_path, capsys):
+    source, root = tmp_path / "source", tmp_path / "root"
+    (source / "cat").mkdir(parents=True)
+    (source / "cat" / "0.jpg").write_bytes(images.rgb_jpeg())
+    assert ingest(source, root, *IN_MEMORY, capsys=capsys)[1]["span"] == 1
+    manifest = Root(str(root)).manifest(1)
+    with open(manifest, "w") as f:
+        f.write('{"span": 1,')  # cut short
+    assert run([str(source), "--root", str(root), "--json", *IN_MEMORY]) == 1
+    captured = capsys.readouterr()
+    error = json.loads(captured.out.strip().splitlines()[-1])["error"]
+    assert error.startswith(f"{manifest} is not JSON: ")
+    assert captured.err.strip() == f"stoke ingest: error: {error}"

@@ -245,3 +245,16 @@ def test_real_digits_generalize_to_the_eval_split(tmp_path, capsys):
     write_span(root, 1, splits, NAMES, {"train": 2, "eval": 1})
     summary = _train(capsys, root, "--run-id", "digits", "--epochs", "10", "--batch-size", "32", "--no-flip")
     assert max(summary["history"]["val_accuracy"]) > 0.5  # chance is 0.1
+
+
+def test_a_broken_span_manifest_is_one_line_naming_it(small_spans_root, tmp_path, capsys):
+    root = str(tmp_path / "root")
+    shutil.copytree(small_spans_root, root)
+    manifest = Root(root).manifest(1)
+    with open(manifest, "w") as f:
+        f.write('{"span": 1}')
+    assert train.run(["--root", root, *TINY, "--json"]) == 1
+    captured = capsys.readouterr()
+    error = json.loads(captured.out.strip().splitlines()[-1])["error"]
+    assert error.startswith(f"{manifest} is not a valid SpanManifest: ")
+    assert captured.err.strip() == f"stoke train: error: {error}"
