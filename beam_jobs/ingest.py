@@ -14,8 +14,6 @@ this job does not know (`--runner`, `--project`, `--flink_master`, ...) pass thr
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -37,8 +35,9 @@ from beam_jobs.shards import RollingShards
 from beam_jobs.sources import Source, identities, list_source
 from components.contracts import program, schema
 from components.contracts.config import IngestConfig, from_arguments
-from components.contracts.files import filesystem, is_local, join, read_json, write_json, write_text
+from components.contracts.files import filesystem, join, read_json, write_json, write_text
 from components.contracts.layout import Root, shard_name
+from components.contracts.lease import LeaseError, LeaseHeld, exclusive
 from components.contracts.results import ResultError, SpanManifest
 
 CHUNK = 10_000  # sources per staged list file: keeps the job graph small on any runner
@@ -134,11 +133,20 @@ def ingest(config: IngestConfig, pipeline_args: list[str]) -> dict:
     """Runs the whole job and returns its summary; raises IngestError when it cannot publish."""
     started = time.monotonic()
     root = Root(config.root)
-    with single_writer(root):
-        return _ingest(config, pipeline_args, root, started)
+    # One ingest at a time per ROOT: a second would pick the same span number and take the first's
+    # staging folder for debris. An flock locally; on a bucket, a lease object that lapses when its
+    # holder dies (components/contracts/lease.py).
+    try:
+        with exclusive(root.ingest_lock, "ingest") as lease:
+            return _ingest(config, pipeline_args, root, started, lease)
+    except LeaseHeld as error:
+        detail = f" ({error})" if error.holder else ""
+        raise IngestError(f"another ingest is writing into {root.uri}; run again when it has finished{detail}") from None
+    except LeaseError as error:
+        raise IngestError(f"{error}; nothing was published") from None
 
 
-def _ingest(config: IngestConfig, pipeline_args: list[str], root: Root, started: float) -> dict:
+def _ingest(config: IngestConfig, pipeline_args: list[str], root: Root, started: float, lease) -> dict:
     number = max(root.span_numbers(), default=0) + 1  # counted before debris goes: never reuse a name
     removed = remove_debris(root)
 
@@ -165,6 +173,7 @@ def _ingest(config: IngestConfig, pipeline_args: list[str], root: Root, started:
         dead = read_json(join(staging, "dead.json")) if fresh else []
         dead += [{"uri": s.uri, "reason": r, "size": s.size, "version": s.version} for s, r in refused]
         check(fresh, refused, shards, dead, config.max_bad_fraction)
+        lease.check()
         manifest = publish(root, number, staging, shards, dead, labels, fresh, refused, config)
     finally:
         _remove(staging)
@@ -185,26 +194,6 @@ def _ingest(config: IngestConfig, pipeline_args: list[str], root: Root, started:
         "dead_letter_uri": root.dead_letter(number),
         "removed_debris": removed,
     }
-
-
-@contextlib.contextmanager
-def single_writer(root: Root):
-    """One ingest at a time per ROOT: a second would take the first's staging folder for debris.
-
-    On a local disk, an flock held while the job runs (the kernel drops it when the job dies, so a
-    crash never leaves a stale lock). Object stores have no such lock: there the orchestrator's
-    one-run-at-a-time deployment keeps writers apart."""
-    fs, data = filesystem(root.data)
-    if not is_local(fs):
-        yield
-        return
-    fs.makedirs(data, exist_ok=True)
-    with open(os.path.join(data, ".ingest.lock"), "a") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise IngestError(f"another ingest is writing into {root.uri}; run again when it has finished") from None
-        yield
 
 
 def remove_debris(root: Root) -> list[str]:
