@@ -14,8 +14,6 @@ this job does not know (`--runner`, `--project`, `--flink_master`, ...) pass thr
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -37,9 +35,10 @@ from beam_jobs.shards import RollingShards
 from beam_jobs.sources import Source, identities, list_source
 from components.contracts import program, schema
 from components.contracts.config import IngestConfig, from_arguments
-from components.contracts.files import filesystem, is_local, join, read_json, write_json, write_text
+from components.contracts.files import filesystem, join, read_json, write_json, write_text
 from components.contracts.layout import Root, shard_name
-from components.contracts.results import SpanManifest
+from components.contracts.lease import LeaseError, LeaseHeld, exclusive
+from components.contracts.results import ResultError, SpanManifest
 
 CHUNK = 10_000  # sources per staged list file: keeps the job graph small on any runner
 STAGING_PREFIX = "_staging-"
@@ -134,26 +133,36 @@ def ingest(config: IngestConfig, pipeline_args: list[str]) -> dict:
     """Runs the whole job and returns its summary; raises IngestError when it cannot publish."""
     started = time.monotonic()
     root = Root(config.root)
-    with single_writer(root):
-        return _ingest(config, pipeline_args, root, started)
+    # One ingest at a time per ROOT: a second would pick the same span number and take the first's
+    # staging folder for debris. An flock locally; on a bucket, a lease object that lapses when its
+    # holder dies (components/contracts/lease.py).
+    try:
+        with exclusive(root.ingest_lock, "ingest") as lease:
+            return _ingest(config, pipeline_args, root, started, lease)
+    except LeaseHeld as error:
+        detail = f" ({error})" if error.holder else ""
+        raise IngestError(f"another ingest is writing into {root.uri}; run again when it has finished{detail}") from None
+    except LeaseError as error:
+        raise IngestError(f"{error}; nothing was published") from None
 
 
-def _ingest(config: IngestConfig, pipeline_args: list[str], root: Root, started: float) -> dict:
+def _ingest(config: IngestConfig, pipeline_args: list[str], root: Root, started: float, lease) -> dict:
     number = max(root.span_numbers(), default=0) + 1  # counted before debris goes: never reuse a name
     removed = remove_debris(root)
 
     try:
-        listing = list_source(config.source, config.eval_fraction)
+        listing = list_source(config.source, config.eval_fraction, config.allow_outside_source)
     except (FileNotFoundError, ValueError) as error:
         raise IngestError(str(error)) from None
-    known = identities(root.manifests())
+    manifests = root.manifests()
+    known = identities(manifests)
     fresh = [s for s in listing.sources if s.identity not in known]
     refused = [(s, reason) for s, reason in listing.rejected if s.identity not in known]
     if not fresh and not refused:
         return {"published": False, "span": None, "new_sources": 0, "removed_debris": removed,
                 "message": f"nothing new in {config.source}: every file is already in a published span"}
 
-    labels = extended_labels(root, fresh)
+    labels = extended_labels(root, manifests, fresh)
     staging = join(root.spans, f"{STAGING_PREFIX}{uuid.uuid4().hex[:12]}")
     try:
         chunks = stage_sources(staging, fresh, labels)
@@ -164,6 +173,7 @@ def _ingest(config: IngestConfig, pipeline_args: list[str], root: Root, started:
         dead = read_json(join(staging, "dead.json")) if fresh else []
         dead += [{"uri": s.uri, "reason": r, "size": s.size, "version": s.version} for s, r in refused]
         check(fresh, refused, shards, dead, config.max_bad_fraction)
+        lease.check()
         manifest = publish(root, number, staging, shards, dead, labels, fresh, refused, config)
     finally:
         _remove(staging)
@@ -186,26 +196,6 @@ def _ingest(config: IngestConfig, pipeline_args: list[str], root: Root, started:
     }
 
 
-@contextlib.contextmanager
-def single_writer(root: Root):
-    """One ingest at a time per ROOT: a second would take the first's staging folder for debris.
-
-    On a local disk, an flock held while the job runs (the kernel drops it when the job dies, so a
-    crash never leaves a stale lock). Object stores have no such lock: there the orchestrator's
-    one-run-at-a-time deployment keeps writers apart."""
-    fs, data = filesystem(root.data)
-    if not is_local(fs):
-        yield
-        return
-    fs.makedirs(data, exist_ok=True)
-    with open(os.path.join(data, ".ingest.lock"), "a") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise IngestError(f"another ingest is writing into {root.uri}; run again when it has finished") from None
-        yield
-
-
 def remove_debris(root: Root) -> list[str]:
     """Removes what a killed job left: staging folders and span folders without a manifest."""
     fs, spans = filesystem(root.spans)
@@ -219,9 +209,20 @@ def remove_debris(root: Root) -> list[str]:
     return debris
 
 
-def extended_labels(root: Root, fresh: list[Source]) -> list[str]:
-    """labels.json with new class names appended: existing ids never change."""
-    labels = root.read_labels()
+def extended_labels(root: Root, manifests: list[SpanManifest], fresh: list[Source]) -> list[str]:
+    """The known labels with new class names appended: existing ids never change.
+
+    Known means labels.json and every published manifest's list together, so a lost or stale
+    labels.json cannot hand out an id twice; lists that give one id two names stop the job."""
+    labels, origin = root.read_labels(), root.labels
+    for manifest in manifests:
+        names, uri = manifest.labels, root.manifest(manifest.span)
+        for index, (mine, theirs) in enumerate(zip(labels, names)):
+            if mine != theirs:
+                raise IngestError(f"label id {index} is {mine!r} in {origin} but {theirs!r} in {uri}; "
+                                  "ids must never change: restore labels.json from the spans' manifests")
+        if len(names) > len(labels):
+            labels, origin = list(names), uri
     return labels + sorted({s.label for s in fresh} - set(labels))
 
 
@@ -387,7 +388,7 @@ def run(argv: list[str] | None = None) -> int:
         logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
     return program.main("stoke ingest", args.json,
                         lambda: ingest(from_arguments(IngestConfig, args), pipeline_args), _describe,
-                        errors=(IngestError, OSError), failed={"published": False})
+                        errors=(IngestError, ResultError, OSError), failed={"published": False})
 
 
 if __name__ == "__main__":

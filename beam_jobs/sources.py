@@ -15,11 +15,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 from beam_jobs.images import EXTENSIONS
-from components.contracts.files import filesystem, join
+from components.contracts.files import filesystem, is_local, join
 from components.contracts.results import SpanManifest
 
 MANIFEST_SUFFIXES = (".csv", ".jsonl")
 SPLIT_NAMES = {"train": "train", "eval": "eval", "validation": "eval"}
+# The stores a manifest row may name, by the family each scheme belongs to; http://, ftp://,
+# memory:// and the rest of fsspec's schemes are never read on a manifest's say-so.
+STORES = {"file": "file", "local": "file", "s3": "s3", "s3a": "s3", "gs": "gs", "gcs": "gs"}
 
 
 @dataclass(frozen=True)
@@ -45,15 +48,17 @@ class Listing:
     rejected: list[tuple[Source, str]]  # files that cannot be ingested at all, with the reason
 
 
-def list_source(source: str, eval_fraction: float) -> Listing:
-    """Every image of SOURCE with its label and split; unusable entries with their reasons."""
+def list_source(source: str, eval_fraction: float, allow_outside: bool = False) -> Listing:
+    """Every image of SOURCE with its label and split; unusable entries with their reasons.
+
+    A manifest's rows name files under the manifest's own folder, unless `allow_outside`."""
     fs, path = filesystem(source)
     if not fs.exists(path):
         raise FileNotFoundError(f"source {source} does not exist")
     if fs.isdir(path):
         listing = _list_folder(fs, path)
     elif path.lower().endswith(MANIFEST_SUFFIXES):
-        listing = _list_manifest(fs, path)
+        listing = _list_manifest(fs, path, allow_outside)
     else:
         raise ValueError(f"source {source} is neither a folder nor a .csv/.jsonl manifest")
     sources = [s if s.split else _with_split(s, eval_fraction) for s in listing.sources]
@@ -97,7 +102,7 @@ def _list_folder(fs, base: str) -> Listing:
     return Listing(sources, rejected)
 
 
-def _list_manifest(fs, path: str) -> Listing:
+def _list_manifest(fs, path: str, allow_outside: bool) -> Listing:
     rows = _read_rows(fs, path)
     folder = posixpath.dirname(path)
     sources, rejected, seen = [], [], set()
@@ -107,9 +112,16 @@ def _list_manifest(fs, path: str) -> Listing:
         if not given:
             rejected.append((Source(f"{_uri(fs, path)}#row{number}", 0, ""), "manifest row has no uri"))
             continue
-        uri = given if "://" in given or given.startswith("/") else _uri(fs, join(folder, given))
+        try:
+            uri, key = resolve(fs, folder, given, allow_outside)
+        except ValueError as refused:
+            uri, reason = refused.args
+            if uri not in seen:
+                seen.add(uri)
+                rejected.append((Source(uri, 0, ""), reason))
+            continue
         if uri in seen:
-            continue  # listed twice: ingest it once
+            continue  # listed twice, maybe spelled differently: ingest it once
         seen.add(uri)
         label = (row.get("label") or "").strip()
         split = (row.get("split") or "").strip().lower()
@@ -118,15 +130,39 @@ def _list_manifest(fs, path: str) -> Listing:
         elif split and split not in SPLIT_NAMES:
             rejected.append((Source(uri, 0, ""), f"unknown split {split!r}; use train or eval"))
         else:
-            entries.append((uri, label, SPLIT_NAMES.get(split, ""), given))
+            entries.append((uri, label, SPLIT_NAMES.get(split, ""), key))
     with ThreadPoolExecutor(max_workers=16) as pool:  # one metadata request per file on object stores
         infos = list(pool.map(lambda e: _info(e[0]), entries))
-    for (uri, label, split, given), info in zip(entries, infos):
+    for (uri, label, split, key), info in zip(entries, infos):
         if info is None:
             rejected.append((Source(uri, 0, ""), "not found"))
         else:
-            sources.append(Source(uri, int(info["size"]), _version(info), label, split, key=given))
+            sources.append(Source(uri, int(info["size"]), _version(info), label, split, key=key))
     return Listing(sources, rejected)
+
+
+def resolve(fs, folder: str, given: str, allow_outside: bool) -> tuple[str, str]:
+    """A manifest row's file as (uri, split key), normalized so that every spelling of one path
+    (`a.png`, `./a.png`, `img/../a.png`, absolute) is one URI and one key: the path below the
+    manifest's folder. Raises ValueError(uri, reason) for a row that must not be read."""
+    scheme, has_scheme, _ = given.partition("://")
+    if has_scheme and scheme.lower() not in STORES:
+        raise ValueError(given, f"scheme {scheme.lower()}:// is not read: local paths, s3:// and gs:// only")
+    if has_scheme or given.startswith("/"):
+        target, path = filesystem(given)  # an absolute path is a local one, whatever the manifest's store
+    else:
+        target, path = fs, join(folder, given)
+    path = posixpath.normpath(path)
+    uri = _uri(target, path)
+    inside = _store(target) == _store(fs) and (path == folder or path.startswith(folder.rstrip("/") + "/"))
+    if not inside and not allow_outside:
+        raise ValueError(uri, f"outside the manifest's folder {_uri(fs, folder)}; --allow-outside-source reads it")
+    return uri, posixpath.relpath(path, folder) if _store(target) == _store(fs) else path
+
+
+def _store(fs) -> str:
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    return "file" if is_local(fs) else STORES.get(protocols[0], protocols[0])
 
 
 def _read_rows(fs, path: str) -> list[dict]:

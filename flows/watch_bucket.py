@@ -17,9 +17,11 @@ import time
 
 from prefect import flow, get_run_logger, task
 from prefect.events import emit_event
+from prefect.states import Failed
 
 from beam_jobs.sources import identities, list_source
 from components.contracts.layout import Root
+from components.contracts.results import ResultError
 from flows.parameters import DEMO_ROOT, DEMO_SOURCE
 
 EVENT = "stoke.data.arrived"
@@ -30,11 +32,18 @@ TRAIN_FLOW = "train"
 def watch_bucket(source: str = DEMO_SOURCE, root: str = DEMO_ROOT, settle_seconds: float = 15.0) -> dict:
     """Lists SOURCE twice, `settle_seconds` apart, and asks for one training run when new files have settled."""
     logger = get_run_logger()
-    first = new_files(source, root)
+    try:
+        first = new_files(source, root)
+    except ResultError as error:  # a broken span manifest: every stage would stop on it, so say which
+        logger.error("%s", error)
+        return Failed(message=str(error))
     if not first:
         return {"source": source, "new_files": 0, "emitted": False, "reason": "nothing new"}
     time.sleep(settle_seconds)
-    second = new_files(source, root)
+    try:
+        second = new_files(source, root)
+    except ResultError as error:
+        return Failed(message=str(error))
     if second != first:
         logger.info("%d new files, but the listing is still changing; waiting for the next poll", len(second))
         return {"source": source, "new_files": len(second), "emitted": False, "reason": "still changing"}
@@ -49,7 +58,7 @@ def watch_bucket(source: str = DEMO_SOURCE, root: str = DEMO_ROOT, settle_second
             "event_id": str(event.id) if event else None}
 
 
-@task(retries=3, retry_delay_seconds=[5, 15, 45])
+@task(retries=3, retry_delay_seconds=[5, 15, 45], retry_condition_fn=lambda task, run, state: not _broken(state))
 def new_files(source: str, root: str) -> list[str]:
     """URIs in SOURCE (with size and version) that no published span holds yet."""
     known = identities(Root(root).manifests())
@@ -83,6 +92,17 @@ def train_runs_in_flight(source: str) -> list[str]:
             if run.parameters.get("source", source) == source
             and not (run.state_type == StateType.SCHEDULED and run.expected_start_time
                      and run.expected_start_time > now)]
+
+
+def _broken(state) -> bool:
+    """A broken span manifest: retrying cannot mend the file."""
+    try:
+        state.result()
+    except ResultError:
+        return True
+    except Exception:
+        return False
+    return False
 
 
 def source_resource(source: str) -> dict[str, str]:

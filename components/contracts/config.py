@@ -51,6 +51,9 @@ class IngestConfig(BaseModel):
         0.05, ge=0.0, le=1.0, description="fail, publishing nothing, when more sources than this are bad"
     )
     compression: Literal["gzip", "zlib", "none"] = Field("gzip", description="codec of the shard files")
+    allow_outside_source: bool = Field(
+        False, description="let a manifest's rows name local paths, s3:// or gs:// files outside the manifest's "
+        "folder (otherwise they are dead letters)")
 
 
 def add_arguments(parser: argparse.ArgumentParser, model: type[BaseModel], positional=()) -> None:

@@ -3,6 +3,7 @@ text written whole, and which stores can rename atomically."""
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 
 import fsspec
@@ -29,14 +30,24 @@ def read_json(uri: str):
 
 
 def write_json(uri: str, value) -> None:
-    """Writes JSON in one request on object stores; locally through a temp file and a rename."""
+    """Writes JSON in one request on object stores; locally through a temp file and a rename, each
+    synced to the disk first, so that a power cut leaves the old file or the new one, never an empty one."""
     fs, path = filesystem(uri)
     data = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False).encode() + b"\n"
     if is_local(fs):
-        fs.makedirs(posixpath.dirname(path), exist_ok=True)
+        folder = posixpath.dirname(path)
+        fs.makedirs(folder, exist_ok=True)
         tmp = f"{path}.tmp"
-        fs.pipe_file(tmp, data)
-        fs.mv(tmp, path)
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        descriptor = os.open(folder, os.O_RDONLY)  # the rename is an entry in the folder: sync it too
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
     else:
         fs.pipe_file(path, data)
 

@@ -42,6 +42,11 @@ class Root:
         return join(self.data, LABELS)
 
     @property
+    def ingest_lock(self) -> str:
+        """The lock file (local) or lease object (bucket) that one ingest at a time holds."""
+        return join(self.data, ".ingest.lock")
+
+    @property
     def spans(self) -> str:
         return join(self.data, "spans")
 

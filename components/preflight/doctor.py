@@ -13,7 +13,7 @@ import sys
 from components.contracts import program
 from components.contracts.config import DoctorConfig, from_arguments
 from components.contracts.layout import Root
-from components.contracts.results import SpanManifest
+from components.contracts.results import ResultError, SpanManifest
 from components.preflight.checks import Check, Report
 from components.preflight.gpus import gpu_check, tensorflow_check
 from components.preflight.limits import cpu_check, memlock_check, open_files_check, shm_check
@@ -29,7 +29,7 @@ def run_checks(root: str, source: str | None = None, require_gpu: bool = False,
     paths = {"ROOT": local_root} if local_root else {}
     if source and local_path(source):
         paths["source"] = local_path(source)
-    manifests = _manifests(root)
+    manifests, broken = _manifests(root)
     checks = _guarded("disk health", disk_health, paths, mounts_text, sys_root, smartctl) if paths else [
         Check("disk health", "skip", f"ROOT {root} is not a local path; its store keeps its own disks")]
     checks.append(_guarded("read throughput", read_throughput, root, manifests, sample_mb, min_read_mbps))
@@ -39,6 +39,8 @@ def run_checks(root: str, source: str | None = None, require_gpu: bool = False,
     checks += [gpu, _guarded("TensorFlow GPUs", tensorflow_check, require_gpu, gpus),
                _guarded("CPU cores", cpu_check, gpus), _guarded("/dev/shm", shm_check, gpus),
                _guarded("memlock", memlock_check), _guarded("open files", open_files_check)]
+    if broken:
+        checks.append(broken)
     return Report(checks)
 
 
@@ -51,11 +53,15 @@ def _guarded(name: str, check, *args):
         return [found] if name == "disk health" else found
 
 
-def _manifests(root: str) -> list[SpanManifest]:
+def _manifests(root: str) -> tuple[list[SpanManifest], Check | None]:
+    """The published spans' manifests; a broken one fails the check, since every stage would stop on it."""
     try:
-        return Root(root).manifests()
+        return Root(root).manifests(), None
+    except ResultError as error:
+        return [], Check("span manifests", "fail", str(error),
+                         "restore the file from a backup")
     except (OSError, ValueError):
-        return []
+        return [], None
 
 
 def render(report: Report):

@@ -33,7 +33,7 @@ from components.contracts.config import (
 )
 from components.contracts.files import exists, join
 from components.contracts.layout import Root, RunDir, parse_spans
-from components.contracts.results import TrainMetrics
+from components.contracts.results import ResultError, TrainMetrics
 from components.train import profile
 from components.train.gpu_sampler import GpuSampler
 
@@ -49,7 +49,7 @@ class TrainError(Exception):
 def run(argv: list[str] | None = None) -> int:
     args = program.arguments("stoke train", __doc__, TrainConfig).parse_args(argv)
     return program.main("stoke train", args.json, lambda: train(from_arguments(TrainConfig, args)),
-                        _describe, errors=(TrainError,))
+                        _describe, errors=(TrainError, ResultError))
 
 
 def _describe(summary: dict) -> str:

@@ -169,3 +169,68 @@ def test_an_unwritable_root_is_one_clear_line(tmp_path, capsys):
     (tmp_path / "file").write_text("not a folder")
     code, summary = ingest(source, tmp_path / "file" / "root", *IN_MEMORY, capsys=capsys)
     assert code == 1 and "file" in summary["error"] and not summary["published"]
+
+
+def test_manifest_rows_outside_its_folder_are_dead_letters_unless_allowed(tmp_path, capsys):
+    source, root = tmp_path / "source", tmp_path / "root"
+    (source / "img").mkdir(parents=True)
+    for i in range(3):
+        (source / "img" / f"{i}.jpg").write_bytes(images.rgb_jpeg(seed=i))
+    (tmp_path / "elsewhere.jpg").write_bytes(images.rgb_jpeg(seed=9))
+    (source / "m.csv").write_text("img/0.jpg,cat\n./img/1.jpg,cat\nimg/../img/2.jpg,cat\nimg/0.jpg,cat\n"
+                                  "../elsewhere.jpg,cat\n")
+    code, summary = ingest(source / "m.csv", root, *IN_MEMORY, "--max-bad-fraction", "0.5", capsys=capsys)
+    assert code == 0 and summary["counts"]["train"] + summary["counts"]["eval"] == 3  # three spellings, one file
+    assert [(d["uri"], d["reason"]) for d in dead_letters(root, 1)] == [
+        (str(tmp_path / "elsewhere.jpg"), f"outside the manifest's folder {source}; --allow-outside-source reads it")]
+
+    code, summary = ingest(source / "m.csv", root, *IN_MEMORY, "--allow-outside-source", capsys=capsys)
+    assert code == 0 and summary["span"] == 2 and summary["new_sources"] == 1
+    manifest = read_json(os.path.join(summary["span_uri"], MANIFEST))
+    assert [s["uri"] for s in manifest["sources"]] == [str(tmp_path / "elsewhere.jpg")]
+
+
+def test_a_lost_labels_file_keeps_every_label_id(tmp_path, capsys):
+    source, root = tmp_path / "source", tmp_path / "root"
+    for name in ("cat", "dog"):
+        (source / name).mkdir(parents=True)
+        (source / name / "0.jpg").write_bytes(images.rgb_jpeg())
+    assert ingest(source, root, *IN_MEMORY, capsys=capsys)[1]["span"] == 1
+    (root / "data" / "labels.json").unlink()
+    (source / "ant").mkdir()
+    (source / "ant" / "0.jpg").write_bytes(images.rgb_jpeg(seed=2))
+    code, summary = ingest(source, root, *IN_MEMORY, capsys=capsys)
+    assert code == 0 and summary["span"] == 2
+    assert read_json(str(root / "data" / "labels.json")) == ["cat", "dog", "ant"]
+    manifest = read_json(os.path.join(summary["span_uri"], MANIFEST))
+    assert [(r[schema.TEXT], r[schema.LABEL]) for r in records(root, manifest)] == [("ant", 2)]
+
+
+def test_labels_that_disagree_with_a_published_span_stop_ingest(tmp_path, capsys):
+    source, root = tmp_path / "source", tmp_path / "root"
+    for name in ("cat", "dog"):
+        (source / name).mkdir(parents=True)
+        (source / name / "0.jpg").write_bytes(images.rgb_jpeg())
+    assert ingest(source, root, *IN_MEMORY, capsys=capsys)[1]["span"] == 1
+    (root / "data" / "labels.json").write_text('["dog", "cat"]')
+    (source / "cat" / "1.jpg").write_bytes(images.rgb_jpeg(seed=1))
+    code, summary = ingest(source, root, *IN_MEMORY, capsys=capsys)
+    assert code == 1 and summary["error"] == (
+        f"label id 0 is 'dog' in {root}/data/labels.json but 'cat' in {Root(str(root)).manifest(1)}; "
+        "ids must never change: restore labels.json from the spans' manifests")
+    assert Root(str(root)).span_numbers() == [1]
+
+
+def test_a_broken_span_manifest_is_one_line_naming_it(tmp_path, capsys):
+    source, root = tmp_path / "source", tmp_path / "root"
+    (source / "cat").mkdir(parents=True)
+    (source / "cat" / "0.jpg").write_bytes(images.rgb_jpeg())
+    assert ingest(source, root, *IN_MEMORY, capsys=capsys)[1]["span"] == 1
+    manifest = Root(str(root)).manifest(1)
+    with open(manifest, "w") as f:
+        f.write('{"span": 1,')  # cut short
+    assert run([str(source), "--root", str(root), "--json", *IN_MEMORY]) == 1
+    captured = capsys.readouterr()
+    error = json.loads(captured.out.strip().splitlines()[-1])["error"]
+    assert error.startswith(f"{manifest} is not JSON: ")
+    assert captured.err.strip() == f"stoke ingest: error: {error}"

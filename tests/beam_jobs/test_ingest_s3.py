@@ -1,5 +1,10 @@
 """The same ingest from, and into, an s3:// bucket served by moto on 127.0.0.1."""
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import fsspec
 import tensorflow as tf
@@ -42,3 +47,53 @@ def test_ingest_from_and_into_a_bucket(s3_bucket, tmp_path, capsys):
 
     assert run([source, "--root", root, "--json"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["published"] is False
+
+
+def test_a_bucket_manifest_reads_only_its_own_folder(s3_bucket, capsys):
+    fs = fsspec.filesystem("s3")
+    fs.invalidate_cache()
+    fs.pipe_file(f"{s3_bucket}/photos/cat/0.jpg", images.rgb_jpeg())
+    fs.pipe_file(f"{s3_bucket}/private/key.jpg", images.rgb_jpeg(seed=1))
+    fs.pipe_file(f"{s3_bucket}/photos/m.csv", (
+        f"cat/0.jpg,cat\ns3://{s3_bucket}/photos/cat/./0.jpg,cat\n../private/key.jpg,cat\n"
+        f"s3://{s3_bucket}/private/key.jpg,cat\n/etc/hostname,cat\n").encode())
+    root = f"s3://{s3_bucket}/root"
+    assert run([f"s3://{s3_bucket}/photos/m.csv", "--root", root, "--json", "--max-bad-fraction", "1"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["counts"]["train"] + summary["counts"]["eval"] == 1
+    outside = f"outside the manifest's folder s3://{s3_bucket}/photos; --allow-outside-source reads it"
+    assert {(d["uri"], d["reason"]) for d in summary["dead_letters"]} == {
+        (f"s3://{s3_bucket}/private/key.jpg", outside), ("/etc/hostname", outside)}
+
+
+def test_a_second_ingest_into_a_bucket_is_refused_while_the_first_runs(s3_bucket, tmp_path):
+    source, root = tmp_path / "source", f"s3://{s3_bucket}/root"
+    (source / "cat").mkdir(parents=True)
+    for i in range(3):
+        (source / "cat" / f"{i}.jpg").write_bytes(images.rgb_jpeg(seed=i))
+    os.mkfifo(source / "cat" / "stuck.jpg")  # a read that never ends: the first job holds the lease meanwhile
+    first = subprocess.Popen([sys.executable, "-m", "beam_jobs.ingest", str(source), "--root", root],
+                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    fs = fsspec.filesystem("s3")
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and first.poll() is None:
+            fs.invalidate_cache()
+            if fs.glob(f"{root}/data/spans/_staging-*/sources-*"):
+                break
+            time.sleep(0.1)
+        staging = fs.glob(f"{root}/data/spans/_staging-*")
+        assert len(staging) == 1, "the first job never staged its list"
+
+        # In a child with a timeout: an ingest that is not refused would wait on the FIFO too.
+        second = subprocess.run([sys.executable, "-m", "beam_jobs.ingest", str(source), "--root", root, "--json"],
+                                capture_output=True, text=True, timeout=60)
+        assert second.returncode == 1
+        error = json.loads(second.stdout.strip().splitlines()[-1])["error"]
+        assert error.startswith(f"another ingest is writing into {root}; run again when it has finished (")
+        assert f"pid {first.pid} holds {root}/data/.ingest.lock" in error
+        fs.invalidate_cache()
+        assert fs.glob(f"{root}/data/spans/_staging-*") == staging  # the first job's staging is untouched
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()

@@ -76,3 +76,42 @@ def test_identities_come_from_manifests():
                               counts={"train": 1, "eval": 0, "dead_letter": 0},
                               sources=[{"uri": "a", "size": 1, "version": "v"}])]
     assert identities(manifests) == {("a", 1, "v")}
+
+
+def test_manifest_rows_outside_its_folder_or_on_other_schemes_are_refused(tmp_path):
+    folder = tmp_path / "photos"
+    write(folder / "img" / "a.png")
+    write(tmp_path / "secret.png")  # beside the manifest's folder, not in it
+    rows = ["img/a.png", f"file://{folder}/img/a.png", "../secret.png", str(tmp_path / "secret.png"),
+            f"file://{tmp_path}/secret.png", "img/../../secret.png", "http://127.0.0.1:9/x.png",
+            "ftp://example.com/x.png"]
+    (folder / "m.csv").write_text("".join(f"{row},cat\n" for row in rows))
+
+    listing = list_source(str(folder / "m.csv"), eval_fraction=0.0)
+    assert [s.uri for s in listing.sources] == [str(folder / "img" / "a.png")]
+    outside = f"outside the manifest's folder {folder}; --allow-outside-source reads it"
+    assert {s.uri: r for s, r in listing.rejected} == {
+        str(tmp_path / "secret.png"): outside,
+        "http://127.0.0.1:9/x.png": "scheme http:// is not read: local paths, s3:// and gs:// only",
+        "ftp://example.com/x.png": "scheme ftp:// is not read: local paths, s3:// and gs:// only",
+    }
+    assert all(s.size == 0 and s.version == "" for s, _ in listing.rejected)  # refused rows are never read
+
+    allowed = list_source(str(folder / "m.csv"), eval_fraction=0.0, allow_outside=True)
+    assert [s.uri for s in allowed.sources] == [str(folder / "img" / "a.png"), str(tmp_path / "secret.png")]
+    assert {s.uri: r for s, r in allowed.rejected} == {
+        "http://127.0.0.1:9/x.png": "scheme http:// is not read: local paths, s3:// and gs:// only",
+        "ftp://example.com/x.png": "scheme ftp:// is not read: local paths, s3:// and gs:// only"}
+
+
+def test_spellings_of_one_path_are_one_source_with_one_split(tmp_path):
+    write(tmp_path / "a.png")
+    write(tmp_path / "img" / "b.png")
+    spellings = ["a.png", "./a.png", "img/../a.png", "img//../a.png", str(tmp_path / "a.png"), f"file://{tmp_path}/a.png",
+                 "img/./b.png", "./img/b.png"]
+    (tmp_path / "m.csv").write_text("".join(f"{s},cat\n" for s in spellings))
+    listing = list_source(str(tmp_path / "m.csv"), eval_fraction=0.5)
+    assert [(s.uri, s.key) for s in listing.sources] == [(str(tmp_path / "a.png"), "a.png"),
+                                                         (str(tmp_path / "img" / "b.png"), "img/b.png")]
+    assert [s.split for s in listing.sources] == [split_of("a.png", 0.5), split_of("img/b.png", 0.5)]
+    assert listing.rejected == []

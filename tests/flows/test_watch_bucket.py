@@ -103,3 +103,12 @@ def test_new_files_in_an_s3_bucket_are_one_event(s3_bucket, tmp_path):
     events = events_for(source)
     assert [e.payload for e in events] == [{"source": source, "new_files": 12}]
     assert events[0].resource.id == source_resource(source)["prefect.resource.id"]
+
+
+def test_a_broken_span_manifest_fails_the_poll_at_once_naming_it(digits, tmp_path):
+    root = str(tmp_path / "root")
+    manifest = layout.Root(root).manifest(1)
+    files.write_text(manifest, "{")
+    state = watch_bucket(source=digits, root=root, settle_seconds=0.2, return_state=True)
+    assert state.is_failed() and state.message.startswith(f"{manifest} is not JSON")
+    assert events_for(digits) == []

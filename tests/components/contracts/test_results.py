@@ -64,3 +64,24 @@ def test_the_manifest_written_by_ingest_is_what_readers_see(tmp_path):
     manifest = results.SpanManifest.read(str(WRITTEN / "_MANIFEST.json"))
     assert json.loads(json.dumps(manifest.to_json()))["counts"] == manifest.counts.to_json()
     assert {s.split for s in manifest.shards} <= {"train", "eval"}
+
+
+def test_write_json_reaches_the_disk_before_it_takes_the_name(tmp_path, monkeypatch):
+    """Rename without fsync can leave an empty file under the final name after a power cut."""
+    import os
+
+    from components.contracts import files
+
+    target = tmp_path / "sub" / "x.json"
+    synced = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        synced.append((os.readlink(f"/proc/self/fd/{fd}"), target.exists()))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    files.write_json(str(target), {"a": 1})
+    assert read_json(str(target)) == {"a": 1}
+    assert (str(target) + ".tmp", False) in synced  # the data, before the rename
+    assert (str(target.parent), True) in synced  # the folder, so the rename itself survives

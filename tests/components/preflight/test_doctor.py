@@ -457,3 +457,12 @@ def test_without_o_direct_the_cache_is_dropped_instead(tmp_path, monkeypatch):
     monkeypatch.delattr(os, "O_DIRECT")  # as on macOS, or a filesystem that refuses it
     check = storage.read_throughput(str(tmp_path), [], sample_mb=4)
     assert check.facts["method"] == "fadvise DONTNEED" and check.facts["bytes"] == 4 * 2**20
+
+
+def test_a_broken_span_manifest_is_a_failed_check_naming_it(tmp_path):
+    root = str(tmp_path)
+    manifest = layout.Root(root).manifest(1)
+    files.write_text(manifest, "not json")
+    report = doctor.run_checks(root, sample_mb=4)
+    [check] = [c for c in report.checks if c.name == "span manifests"]
+    assert check.status == "fail" and check.summary.startswith(f"{manifest} is not JSON")

@@ -315,3 +315,16 @@ def test_application_weights_file_as_keras_applications_writes_it(tmp_path):
         np.testing.assert_array_equal(mine, theirs)
     with pytest.raises(ValueError, match="does not fit this model"):
         build_model("efficientnet_b0", 4, 32, weights=path)
+
+
+def test_a_broken_span_manifest_is_one_line_naming_it(small_spans_root, tmp_path, capsys):
+    root = str(tmp_path / "root")
+    shutil.copytree(small_spans_root, root)
+    manifest = Root(root).manifest(1)
+    with open(manifest, "w") as f:
+        f.write('{"span": 1}')
+    assert train.run(["--root", root, *TINY, "--json"]) == 1
+    captured = capsys.readouterr()
+    error = json.loads(captured.out.strip().splitlines()[-1])["error"]
+    assert error.startswith(f"{manifest} is not a valid SpanManifest: ")
+    assert captured.err.strip() == f"stoke train: error: {error}"

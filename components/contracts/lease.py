@@ -1,0 +1,227 @@
+"""One writer at a time: an flock on a local disk, a lease object on a bucket, behind one interface.
+
+    with exclusive(uri, "ingest") as lease:
+        ...             # long work: a bucket lease renews itself in the background
+        lease.check()   # just before publishing: raises LeaseLost when another writer has taken over
+
+On a local disk the kernel holds the lock and drops it when the process dies, so it never expires.
+Object stores have no locks. There the lease is an object created only if absent (S3
+`If-None-Match: *`, GCS `ifGenerationMatch=0`) and rewritten every TTL/4 by its holder only if
+unchanged (S3 `If-Match: <ETag>`, GCS `ifGenerationMatch=<generation>`). Once it has gone TTL
+without renewal, the next writer takes it over with the same kind of conditional write, so a holder
+that died blocks the others for at most TTL. Its age is read on the store's clock on S3 (last
+modified against the response's Date), on the local clock against the object's update time on GCS.
+A holder that cannot renew for TTL/2 (a frozen VM, a store that is away) counts its lease as lost:
+`check()` refuses, and the work publishes nothing.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
+from typing import Iterator
+
+from components.contracts.files import filesystem, is_local
+
+TTL = 120.0  # seconds a lease outlives its last renewal
+
+
+class LeaseError(Exception):
+    """The lease cannot be taken or kept; the message says why."""
+
+
+class LeaseHeld(LeaseError):
+    """Another writer holds the lease; `holder` says who, when the store says so."""
+
+    def __init__(self, message: str, holder: str = ""):
+        super().__init__(message)
+        self.holder = holder
+
+
+class LeaseLost(LeaseError):
+    """The lease lapsed or passed to another writer while this one worked."""
+
+
+@contextlib.contextmanager
+def exclusive(uri: str, purpose: str, ttl: float = TTL) -> Iterator[_Flock | _ObjectLease]:
+    """Holds the lease at `uri` (a file or an object, created when absent) for the `with` block."""
+    fs, path = filesystem(uri)
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    if is_local(fs):
+        lease = _Flock(path)
+    elif protocol in ("s3", "s3a"):
+        lease = _ObjectLease(uri, _S3(fs, path), purpose, ttl)
+    elif protocol in ("gs", "gcs"):
+        lease = _ObjectLease(uri, _GCS(path), purpose, ttl)
+    else:
+        raise LeaseError(f"no lease on {protocol}:// ({uri}): use a local path, s3:// or gs://")
+    lease.acquire()
+    try:
+        yield lease
+    finally:
+        lease.release()
+
+
+class _Flock:
+    def __init__(self, path: str):
+        self.path = path
+
+    def acquire(self) -> None:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        self.file = open(self.path, "a")
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.file.close()
+            raise LeaseHeld(f"another process holds {self.path}") from None
+
+    def check(self) -> None:
+        """An flock cannot lapse while its process lives."""
+
+    def release(self) -> None:
+        self.file.close()
+
+
+class _ObjectLease:
+    def __init__(self, uri: str, store, purpose: str, ttl: float):
+        self.uri, self.store, self.ttl = uri, store, ttl
+        self.meta = {"holder": f"{socket.gethostname()} pid {os.getpid()}", "purpose": purpose, "ttl": str(ttl),
+                     "token": uuid.uuid4().hex}  # the token tells two holders on one host apart
+        self.body = json.dumps(self.meta).encode()
+        self.stop, self.lost = threading.Event(), ""
+
+    def acquire(self) -> None:
+        for _ in range(3):  # the lease may be released or taken by another between two requests
+            tag = self.store.create(self.body, self.meta)
+            if tag is None:
+                found = self.store.read()
+                if found is None:
+                    continue
+                meta, current, age = found
+                ttl = float(meta.get("ttl", self.ttl))
+                holder = meta.get("holder", "another writer")
+                if age < ttl:
+                    raise LeaseHeld(f"{holder} holds {self.uri}, renewed {age:.0f} s ago; it lapses {ttl:.0f} s "
+                                    "after the last renewal", holder)
+                tag = self.store.replace(self.body, self.meta, current)  # lapsed: take it over
+                if tag is None:
+                    continue
+            self.tag, self.renewed = tag, time.monotonic()
+            self.thread = threading.Thread(target=self._renew, name=f"lease {self.uri}", daemon=True)
+            self.thread.start()
+            return
+        raise LeaseHeld(f"{self.uri} changed hands while this writer tried to take it")
+
+    def _renew(self) -> None:
+        while not self.stop.wait(self.ttl / 4):
+            try:
+                tag = self.store.replace(self.body, self.meta, self.tag)
+            except Exception:  # the store is briefly away: try again; check() decides when it is too long
+                continue
+            if tag is None:
+                self.lost = "another writer took it over"
+                return
+            self.tag, self.renewed = tag, time.monotonic()
+
+    def check(self) -> None:
+        unrenewed = time.monotonic() - self.renewed
+        if self.lost or unrenewed > self.ttl / 2:
+            raise LeaseLost(f"lost the lease {self.uri}: {self.lost or f'not renewed for {unrenewed:.0f} s'}")
+
+    def release(self) -> None:
+        self.stop.set()
+        self.thread.join()
+        if not self.lost:
+            self.store.delete(self.tag)  # conditional: never removes a lease another writer took over
+
+
+class _S3:
+    """Conditional writes through s3fs's client, so the lease sees the credentials and endpoint the data does."""
+
+    def __init__(self, fs, path: str):
+        self.fs = fs
+        self.bucket, self.key, _ = fs.split_path(path)
+
+    def create(self, body: bytes, meta: dict) -> str | None:
+        return self._put(body, meta, IfNoneMatch="*")
+
+    def replace(self, body: bytes, meta: dict, tag: str) -> str | None:
+        return self._put(body, meta, IfMatch=tag)
+
+    def _put(self, body: bytes, meta: dict, **condition) -> str | None:
+        try:
+            return self.fs.call_s3("put_object", Bucket=self.bucket, Key=self.key, Body=body, Metadata=meta,
+                                   **condition)["ETag"]
+        except OSError as error:
+            if _refused(error):
+                return None
+            raise
+
+    def read(self) -> tuple[dict, str, float] | None:
+        try:
+            head = self.fs.call_s3("head_object", Bucket=self.bucket, Key=self.key)
+        except FileNotFoundError:
+            return None
+        now = parsedate_to_datetime(head["ResponseMetadata"]["HTTPHeaders"]["date"])
+        return head.get("Metadata", {}), head["ETag"], (now - head["LastModified"]).total_seconds()
+
+    def delete(self, tag: str) -> None:
+        try:
+            self.fs.call_s3("delete_object", Bucket=self.bucket, Key=self.key, IfMatch=tag)
+        except OSError as error:
+            if not _refused(error):
+                raise
+
+
+def _refused(error: OSError) -> bool:
+    """A condition that did not hold (412), a concurrent conditional write (409) or a missing object."""
+    if isinstance(error, (FileExistsError, FileNotFoundError)):
+        return True
+    response = getattr(error.__cause__, "response", None) or {}
+    return response.get("ResponseMetadata", {}).get("HTTPStatusCode") in (404, 409, 412)
+
+
+class _GCS:
+    """Generation preconditions through google-cloud-storage (installed with apache-beam[gcp])."""
+
+    def __init__(self, path: str):
+        from google.cloud import storage
+
+        bucket, _, self.name = path.partition("/")
+        self.bucket = storage.Client().bucket(bucket)
+
+    def create(self, body: bytes, meta: dict) -> str | None:
+        return self._upload(body, meta, 0)
+
+    def replace(self, body: bytes, meta: dict, tag: str) -> str | None:
+        return self._upload(body, meta, int(tag))
+
+    def _upload(self, body: bytes, meta: dict, generation: int) -> str | None:
+        from google.api_core.exceptions import NotFound, PreconditionFailed
+
+        blob = self.bucket.blob(self.name)
+        blob.metadata = meta
+        try:
+            blob.upload_from_string(body, content_type="application/json", if_generation_match=generation)
+        except (NotFound, PreconditionFailed):
+            return None
+        return str(blob.generation)
+
+    def read(self) -> tuple[dict, str, float] | None:
+        blob = self.bucket.get_blob(self.name)
+        if blob is None:
+            return None
+        return blob.metadata or {}, str(blob.generation), (datetime.now(timezone.utc) - blob.updated).total_seconds()
+
+    def delete(self, tag: str) -> None:
+        from google.api_core.exceptions import NotFound, PreconditionFailed
+
+        with contextlib.suppress(NotFound, PreconditionFailed):
+            self.bucket.blob(self.name).delete(if_generation_match=int(tag))

@@ -1,0 +1,77 @@
+"""One writer at a time, on a local disk (flock) and on an S3 bucket (a lease object, on moto)."""
+import threading
+import time
+
+import fsspec
+import pytest
+
+from components.contracts.lease import LeaseHeld, LeaseLost, exclusive
+
+
+def test_a_local_lock_admits_one_holder_at_a_time(tmp_path):
+    path = str(tmp_path / "data" / ".lock")
+    with exclusive(path, "test") as held:
+        with pytest.raises(LeaseHeld, match="another process holds"):
+            with exclusive(path, "test"):
+                pass
+        held.check()
+    with exclusive(path, "test"):
+        pass
+
+
+def test_two_writers_racing_for_a_bucket_lease_get_one_lease(s3_bucket):
+    uri = f"s3://{s3_bucket}/root/data/.lock"
+    start, inside, outcomes = threading.Barrier(2), threading.Event(), []
+
+    def writer():
+        start.wait()
+        try:
+            with exclusive(uri, "race"):
+                outcomes.append("held")
+                inside.wait(10)  # until the other has tried
+        except LeaseHeld as error:
+            outcomes.append(error.holder)
+            inside.set()
+
+    threads = [threading.Thread(target=writer) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(outcomes) == 2 and outcomes.count("held") == 1 and any("pid" in o for o in outcomes)
+    fs = fsspec.filesystem("s3")
+    fs.invalidate_cache()
+    assert not fs.exists(uri)  # released
+    with exclusive(uri, "after"):
+        pass
+
+
+def test_a_live_lease_is_renewed_and_a_dead_one_lapses(s3_bucket):
+    uri = f"s3://{s3_bucket}/lease"
+    with exclusive(uri, "long", ttl=3) as held:
+        time.sleep(4)  # longer than the TTL: only renewals keep it
+        with pytest.raises(LeaseHeld, match=r"holds .*it lapses 3 s after the last renewal"):
+            with exclusive(uri, "other"):
+                pass
+        held.check()
+
+    fs = fsspec.filesystem("s3")
+    fs.call_s3("put_object", Bucket=s3_bucket, Key="lease", Body=b"{}",  # as a writer that died left it
+               Metadata={"holder": "gone pid 1", "ttl": "1"})
+    with pytest.raises(LeaseHeld, match="gone pid 1"):
+        with exclusive(uri, "too soon"):
+            pass
+    time.sleep(2.1)
+    with exclusive(uri, "after the holder died") as held:
+        held.check()
+
+
+def test_a_holder_whose_lease_was_taken_over_learns_it_and_leaves_the_new_one(s3_bucket):
+    uri = f"s3://{s3_bucket}/lease"
+    fs = fsspec.filesystem("s3")
+    with exclusive(uri, "slow", ttl=1) as held:
+        fs.call_s3("put_object", Bucket=s3_bucket, Key="lease", Body=b"{}", Metadata={"holder": "next pid 2"})
+        time.sleep(0.6)  # two renewal periods
+        with pytest.raises(LeaseLost, match="another writer took it over"):
+            held.check()
+    assert fs.call_s3("head_object", Bucket=s3_bucket, Key="lease")["Metadata"] == {"holder": "next pid 2"}
