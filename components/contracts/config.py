@@ -50,7 +50,7 @@ class IngestConfig(BaseModel):
     shard_mb: float = Field(128.0, gt=0, description="target size of one shard file in MB")
     max_side: int = Field(
         512, ge=0, description="shrink images whose longer side is larger, once, on ingest (JPEG by DCT scaling); "
-        "0 keeps full size. 512 serves training at up to ~384 px; raise it for larger --image-size")
+        "0 keeps full size. 512 suits training at up to about 320 px; raise it for a larger --image-size")
     max_megapixels: float = Field(
         schema.MAX_MEGAPIXELS, gt=0, description="set aside images with more pixels than this, read from the header before "
         "decoding (a small file can declare a huge image)")

@@ -290,7 +290,8 @@ def stored_images(shards: list[Shard], image_size: int, sample: int = 256) -> di
     records = records.map(lambda r: tf.io.parse_single_example(r, {k: spec[k] for k in keys}))
     sides, decoded, jpegs = [], [], 0
     for features in records.as_numpy_iterator():
-        height, width, is_jpeg = int(features[schema.HEIGHT]), int(features[schema.WIDTH]), features[schema.FORMAT] == b"jpeg"
+        height, width = int(features[schema.HEIGHT]), int(features[schema.WIDTH])
+        is_jpeg = features[schema.FORMAT] == b"jpeg"
         ratio = max((r for r in JPEG_RATIOS if min(height, width) >= r * image_size), default=1) if is_jpeg else 1
         sides.append(min(height, width))
         decoded.append((height // ratio) * (width // ratio) * 3)

@@ -99,8 +99,8 @@ def train(config: TrainConfig) -> dict:
     stored = min((m.max_side for m in root.manifests(spans) if m.max_side), default=None)
     if stored and config.image_size > stored:
         print(f"stoke train: warning: --image-size {config.image_size} is larger than the spans hold (ingested "
-              f"with --max-side {stored}), so images are upsampled; ingest the source into a new ROOT with a larger --max-side",
-              file=sys.stderr, flush=True)
+              f"with --max-side {stored}), so images are upsampled; for sharper inputs, ingest the source into "
+              "a new ROOT with a larger --max-side", file=sys.stderr, flush=True)
     if exists(run.metrics):
         raise TrainError(f"run {run.run_id} already finished ({run.metrics}); choose a new --run-id")
 

@@ -80,7 +80,8 @@ def drafts(monkeypatch):
 
     def draft(self, mode, size):
         result = original(self, mode, size)
-        sizes.append(self.size)
+        if result is not None:  # None: too late, the image is already decoded
+            sizes.append(self.size)
         return result
 
     monkeypatch.setattr(JpegImageFile, "draft", draft)
