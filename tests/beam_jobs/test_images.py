@@ -88,12 +88,17 @@ def drafts(monkeypatch):
     return sizes
 
 
-@pytest.mark.parametrize("max_side, drafted", [(400, (400, 300)), (500, (800, 600)), (900, (1600, 1200))])
-def test_a_jpeg_beyond_the_limit_is_shrunk_through_dct_scaling(max_side, drafted, drafts):
+@pytest.mark.parametrize("max_side, drafted, stored", [
+    (400, (400, 300), (400, 300)),  # 1/4: exactly the limit
+    (480, (400, 300), (400, 300)),  # 1/4: within 80% of the limit, kept as decoded
+    (600, (800, 600), (600, 450)),  # 1/2, then resized down to the limit
+    (1300, (1600, 1200), (1300, 975)),  # no DCT scale covers 80% of it: full size, then resized
+])
+def test_a_jpeg_beyond_the_limit_is_shrunk_through_dct_scaling(max_side, drafted, stored, drafts):
     data = images.photo_jpeg(1600, 1200)
     result = normalize(data, max_side=max_side)
-    assert drafts == [drafted]  # libjpeg decoded at 1/4, 1/2, 1/1: the largest scale covering the limit
-    assert (result.width, result.height) == (max_side, max_side * 3 // 4) and result.reencoded
+    assert drafts == [drafted]  # the size libjpeg decoded at: the smallest DCT scale covering 80% of the limit
+    assert (result.width, result.height) == stored and result.reencoded
     shrunk = decode(result.encoded).astype(int)
     direct = np.asarray(Image.open(io.BytesIO(data)).resize((result.width, result.height), Image.BICUBIC))
     assert np.abs(shrunk - direct).mean() < 3
@@ -108,8 +113,8 @@ def test_within_the_limit_the_original_bytes_are_kept(drafts):
 
 
 def test_a_panorama_shrinks_as_much_as_a_photo(drafts):
-    result = normalize(images.photo_jpeg(2400, 300), max_side=600)
-    assert (result.width, result.height) == (600, 75) and drafts == [(600, 75)]
+    result = normalize(images.photo_jpeg(2400, 600), max_side=600)
+    assert (result.width, result.height) == (600, 150) and drafts == [(600, 150)]
 
 
 def test_an_image_over_the_pixel_cap_is_rejected_from_its_header():
