@@ -42,10 +42,10 @@ def main() -> int:
         source, root = Path(tmp) / "photos", os.path.join(tmp, "root")
         width, height = (int(v) for v in args.source_size.split("x"))
         (make_camera_photos if args.photos else make_photos)(source, args.images, width, height)
-        ingest = {} if args.max_side is None else {"max_side": args.max_side}
-        write_span(root, source, compression=args.compression, **ingest)
+        settings = {} if args.max_side is None else {"max_side": args.max_side}
+        write_span(root, source, compression=args.compression, **settings)
         runs = [_bench(source, root, args) for _ in range(args.repeats)]
-        inflate = gzip_cost(root, source, tmp, args) if args.compression == "gzip" else {}
+        inflate = gzip_cost(root, source, os.path.join(tmp, "root-none"), settings) if args.compression == "gzip" else {}
     keys = sorted(k for k in runs[0] if isinstance(runs[0][k], float))
     result = {k: sorted(r[k] for r in runs)[len(runs) // 2] for k in keys}
     result.update(inflate)
@@ -58,15 +58,14 @@ def main() -> int:
     return 0
 
 
-def gzip_cost(root: str, source: Path, tmp: str, args, rounds: int = 5) -> dict:
+def gzip_cost(root: str, source: Path, plain: str, settings: dict, rounds: int = 5) -> dict:
     """CPU ms per record to read the GZIP span against the same images ingested uncompressed, in
     alternating rounds (medians): what GZIP costs every epoch."""
     import tensorflow as tf
 
     from components.contracts.layout import Root
 
-    plain = os.path.join(tmp, "root-none")
-    write_span(plain, source, compression="none", **({} if args.max_side is None else {"max_side": args.max_side}))
+    write_span(plain, source, compression="none", **settings)
     spans = {"gzip": Root(root).shards("train"), "none": Root(plain).shards("train")}
     samples = {key: [] for key in spans}
     for _ in range(rounds):
@@ -77,7 +76,8 @@ def gzip_cost(root: str, source: Path, tmp: str, args, rounds: int = 5) -> dict:
                 count += 1
             samples[key].append(1000 * (time.process_time() - cpu) / count)
     ms = {key: sorted(values)[rounds // 2] for key, values in samples.items()}
-    record_bytes = sum(s.bytes for m in Root(plain).manifests() for s in m.shards) / args.images
+    entries = [entry for manifest in Root(plain).manifests() for entry in manifest.shards]
+    record_bytes = sum(e.bytes for e in entries) / sum(e.records for e in entries)
     return {"read_cpu_ms_per_image_gzip": ms["gzip"], "read_cpu_ms_per_image_none": ms["none"],
             "gzip_cpu_ms_per_image": ms["gzip"] - ms["none"], "record_kb": round(record_bytes / 1e3, 1)}
 
