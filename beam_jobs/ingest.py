@@ -30,7 +30,7 @@ from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions,
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.windowed_value import WindowedValue
 
-from beam_jobs.images import Rejected, normalize
+from beam_jobs.images import Limits, Rejected, normalize
 from beam_jobs.shards import RollingShards
 from beam_jobs.sources import Source, identities, list_source
 from components.contracts import program, schema
@@ -42,6 +42,7 @@ from components.contracts.results import ResultError, SpanManifest
 
 CHUNK = 10_000  # sources per staged list file: keeps the job graph small on any runner
 STAGING_PREFIX = "_staging-"
+MB = 1024 * 1024
 
 IMAGES = Metrics.counter("ingest", "images")
 REENCODED = Metrics.counter("ingest", "reencoded")
@@ -56,14 +57,11 @@ class IngestError(Exception):
 # ---------------------------------------------------------------- the Beam pipeline
 
 
-def to_example(source: dict, max_side: int | None) -> tuple[str, bytes]:
+def to_example(source: dict, limits: Limits | None = None) -> tuple[str, bytes]:
     """Reads, verifies and normalizes one source into (split, serialized tf.Example)."""
-    try:
-        with fsspec.open(source["uri"]) as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise Rejected("not found: removed after it was listed") from None
-    image = normalize(data, max_side)
+    limits = limits or Limits()
+    data = read_source(source, limits.max_bytes)
+    image = normalize(data, limits.max_side, limits.max_pixels)
     IMAGES.inc()
     BYTES_READ.inc(len(data))
     if image.reencoded:
@@ -72,6 +70,25 @@ def to_example(source: dict, max_side: int | None) -> tuple[str, bytes]:
         encoded=image.encoded, image_format=image.format, height=image.height, width=image.width,
         label=source["label_id"], text=source["label"], source=source["uri"],
     )
+
+
+def read_source(source: dict, max_bytes: int | None) -> bytes:
+    """The file's bytes. A file listed larger than `max_bytes` is never opened, and no more than
+    that is read of one that grew after it was listed."""
+    if max_bytes and source["size"] > max_bytes:
+        raise Rejected(_too_large(source["size"], max_bytes))
+    try:
+        with fsspec.open(source["uri"]) as f:
+            data = f.read(max_bytes + 1 if max_bytes else -1)
+    except FileNotFoundError:
+        raise Rejected("not found: removed after it was listed") from None
+    if max_bytes and len(data) > max_bytes:
+        raise Rejected(_too_large(len(data), max_bytes))
+    return data
+
+
+def _too_large(size: int, max_bytes: int) -> str:
+    return f"file too large: {size / MB:,.1f} MB, more than the limit of {max_bytes / MB:g} MB (--max-file-mb)"
 
 
 def dead_letter(failure) -> dict:
@@ -117,10 +134,12 @@ def build(pipeline, chunks: list[str], staging: str, config: IngestConfig) -> No
         | "ReadSources" >> beam.FlatMap(_read_json_lines)
         | "Spread" >> beam.Reshuffle()
     )
-    good, bad = sources | "Normalize" >> beam.Map(to_example, config.max_side).with_exception_handling(
+    limits = Limits(max_side=config.max_side, max_pixels=int(config.max_megapixels * 1e6),
+                    max_bytes=int(config.max_file_mb * MB))
+    good, bad = sources | "Normalize" >> beam.Map(to_example, limits).with_exception_handling(
         exc_class=Rejected
     )
-    max_bytes = int(config.shard_mb * 1024 * 1024)
+    max_bytes = int(config.shard_mb * MB)
     _ = (good | "WriteShards" >> beam.ParDo(WriteShards(staging, max_bytes, config.compression))
          | "GatherShards" >> Gather(join(staging, "shards.json")))
     _ = bad | "DeadLetter" >> beam.Map(dead_letter) | "GatherDeadLetters" >> Gather(join(staging, "dead.json"))
@@ -307,6 +326,7 @@ def publish(root, number, staging, shards, dead, labels, fresh, refused, config)
         sources=[{"uri": s.uri, "size": s.size, "version": s.version}
                  for s in fresh + [source for source, _ in refused]],
         settings=config.model_dump(exclude={"source", "root"}),
+        max_side=config.max_side or None,
     )
     manifest.write(root.manifest(number))
     return manifest

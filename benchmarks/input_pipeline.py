@@ -1,8 +1,10 @@
 """`stoke bench input SOURCE --root ROOT --image-size N`: is the input pipeline fast enough?
 
-Four rates in one run, in images per second to the end of each pipeline, at the same output size
+Five rates in one run, in images per second to the end of each pipeline, at the same output size
 and batch size, each timed after a warm-up batch:
   stoke                 components/train/input_pipeline.py over ROOT's spans (what training reads)
+  stoke_cached          the same with `--cache memory`, timed after one epoch has filled the cache
+                        (measured when the training split has at most CACHED_RECORDS records)
   keras_from_directory  keras.utils.image_dataset_from_directory(SOURCE): what users use instead
   naive                 the same records and decode, as one plain `map`: no parallelism, no prefetch
   limit                 one thread decoding and resizing in-memory images with Stoke's ops, x cores:
@@ -26,6 +28,7 @@ from components.contracts.layout import Root, parse_spans
 from components.train import input_pipeline as pipeline
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+CACHED_RECORDS = 20_000  # beyond this, filling the cache takes longer than the rest of the benchmark
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -50,8 +53,9 @@ def run(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(result, sort_keys=True), flush=True)
     else:
-        for key in ("stoke", "keras_from_directory", "naive", "limit"):
-            print(f"{key:>22}: {result[key + '_images_per_sec']:9.1f} images/s")
+        for key in ("stoke", "stoke_cached", "keras_from_directory", "naive", "limit"):
+            if key + "_images_per_sec" in result:
+                print(f"{key:>22}: {result[key + '_images_per_sec']:9.1f} images/s")
     return 0
 
 
@@ -60,19 +64,25 @@ def measure(source: str, root: str, *, image_size: int, batch_size: int, batches
     shards = Root(root).shards("train", spans)
     if not shards:
         raise ValueError(f"no published span under {Root(root).spans}; run `stoke ingest {source} --root {root}`")
+    records = sum(s.records for s in shards)
     pipelines = {
         "stoke": lambda: pipeline.make_dataset(shards, pipeline.PipelineOptions(
             image_size=image_size, batch_size=batch_size, training=True)),
+        "stoke_cached": lambda: pipeline.make_dataset(shards, pipeline.PipelineOptions(
+            image_size=image_size, batch_size=batch_size, training=True, cache="memory")),
         "keras_from_directory": lambda: keras_from_directory(source, image_size, batch_size),
         "naive": lambda: naive_dataset(shards, image_size, batch_size),
         "limit": lambda: single_thread_decode(source, image_size, batch_size),
     }
     # Rounds that time every pipeline in turn, keeping each one's median: a machine shared with
     # other work slows whichever pipeline runs at that moment, and alternation spreads that out.
+    if records > CACHED_RECORDS:
+        del pipelines["stoke_cached"]
+    warm_up = {"stoke_cached": records // batch_size + 1}  # one epoch fills the cache
     samples = {key: [] for key in pipelines}
     for _ in range(rounds):
         for key, make in pipelines.items():
-            samples[key].append(_rate(make(), batches, batch_size))
+            samples[key].append(_rate(make(), batches, batch_size, warm_up.get(key, 2)))
     rates = {key: _median([rate for rate, _ in values]) for key, values in samples.items()}
     cpu_ms = {key: _median([ms for _, ms in values]) for key, values in samples.items()}
     cores = os.cpu_count() or 1
@@ -85,21 +95,22 @@ def measure(source: str, root: str, *, image_size: int, batch_size: int, batches
         "stoke_vs_keras": rates["stoke"] / rates["keras_from_directory"],
         "stoke_vs_limit": rates["stoke"] / rates["limit"],
         "stoke_vs_naive": rates["stoke"] / rates["naive"],
+        "stoke_cached_vs_keras": rates["stoke_cached"] / rates["keras_from_directory"] if "stoke_cached" in rates else None,
         "cores": cores, "image_size": image_size, "batch_size": batch_size, "timed_batches": batches,
         "rounds": rounds,
-        "train_records": sum(s.records for s in shards),
+        "train_records": records,
     })
     return result
 
 
-def _rate(dataset: tf.data.Dataset, batches: int, batch_size: int) -> tuple[float, float]:
-    """(images/s, CPU ms per image) pulling `batches` batches after two warm-up batches.
+def _rate(dataset: tf.data.Dataset, batches: int, batch_size: int, warm_up: int = 2) -> tuple[float, float]:
+    """(images/s, CPU ms per image) pulling `batches` batches after `warm_up` batches.
 
     CPU time is the whole process's (every tf.data thread): unlike wall time, it hardly moves when
     other programs share the machine, so it compares the work each pipeline does per image."""
     iterator = iter(dataset.repeat())
-    next(iterator)
-    next(iterator)
+    for _ in range(warm_up):
+        next(iterator)
     cpu, start = time.process_time(), time.perf_counter()
     for _ in range(batches):
         next(iterator)

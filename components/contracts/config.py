@@ -13,6 +13,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from components.contracts import schema
+
 # The networks `stoke train` can fit (components/train/models.py builds each).
 ModelName = Literal["small_cnn", "mobilenet_v3_small", "efficientnet_b0", "resnet50"]
 MODEL_NAMES: tuple[str, ...] = typing.get_args(ModelName)
@@ -46,7 +48,13 @@ class IngestConfig(BaseModel):
     root: str = Field(description="artifact ROOT: local path or fsspec URI")
     eval_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="share of sources for eval, by path hash")
     shard_mb: float = Field(128.0, gt=0, description="target size of one shard file in MB")
-    max_side: int | None = Field(None, gt=0, description="shrink images whose longer side is larger")
+    max_side: int = Field(
+        512, ge=0, description="shrink images whose longer side is larger, once, on ingest (JPEG by DCT scaling); "
+        "0 keeps full size. 512 suits training at up to about 320 px; raise it for a larger --image-size")
+    max_megapixels: float = Field(
+        schema.MAX_MEGAPIXELS, gt=0, description="set aside images with more pixels than this, read from the header before "
+        "decoding (a small file can declare a huge image)")
+    max_file_mb: float = Field(64.0, gt=0, description="set aside source files larger than this, unread")
     max_bad_fraction: float = Field(
         0.05, ge=0.0, le=1.0, description="fail, publishing nothing, when more sources than this are bad"
     )

@@ -86,6 +86,7 @@ class SpanManifest(Result):
     shards: list[ShardEntry]
     sources: list[SourceEntry]
     settings: dict = {}  # the ingest settings, SOURCE and ROOT aside
+    max_side: int | None = None  # longest side of any image in the span; None: as large as they came
 
 
 # ---------------------------------------------------------------- a run: training
@@ -106,6 +107,14 @@ class InputProbe(Result):
     real_vs_synthetic: float | None = None
     input_wait_seconds: float | None = None
     input_bound: bool | None = None
+    # What the cheapest fix depends on: the training shards' codec, the run's --cache, and a
+    # sample of the stored records (components/train/input_pipeline.py: stored_images).
+    compression: str | None = None
+    cache: str | None = None
+    stored_short_side: int | None = None
+    jpeg_share: float | None = None
+    decoded_gb: float | None = None  # the training split decoded, as --cache would hold it
+    memory_gb: float | None = None
 
 
 class ProfilerVerdict(Result):

@@ -17,6 +17,10 @@ SOURCE = "image/source"
 
 SPLITS = ("train", "eval")
 
+# Images with more pixels are refused by ingest (its default) and by the serving signature, before
+# decoding: a 657 KB PNG can declare 13000x13000 pixels, 3 GB and seconds of CPU to decode.
+MAX_MEGAPIXELS = 50
+
 # The serving signature: encoded images in (TF Serving's REST API takes them as {"b64": ...}), and
 # each output with its dtype and rank. A second signature takes serialized tf.Examples, for TFMA.
 SERVING_SIGNATURE = "serving_default"

@@ -54,7 +54,7 @@ def build_report(run: RunDir, skipped: str | None = None, failed: str | None = N
             "input_images_per_sec": probe.input_images_per_sec,
             "model_images_per_sec": probe.model_images_per_sec_synthetic,
             "input_wait_seconds": probe.input_wait_seconds,
-            "verdict": _verdict(probe),
+            "verdict": _verdict(probe, train.image_size),
             "profiler": train.profiler.model_dump(mode="json") if train.profiler else None,
         }
     if validation is not None:
@@ -155,16 +155,38 @@ def _outcome(validation: Validation | None, push: dict | None, skipped, failed) 
     return "trained", "Trained; not validated or pushed."
 
 
-def _verdict(probe: InputProbe) -> str:
+def _verdict(probe: InputProbe, image_size: int | None = None) -> str:
     if probe.input_images_per_sec is None:
         return "not measured"
     rate, model = probe.input_images_per_sec, probe.model_images_per_sec_synthetic
     if model is None:
         return f"input pipeline alone: {_num(rate)} images/s"
     if probe.input_bound:
-        return (f"**input-bound**: the input pipeline delivers {_num(rate)} images/s, the model could take "
+        text = (f"**input-bound**: the input pipeline delivers {_num(rate)} images/s, the model could take "
                 f"{_num(model)}; the accelerator waited about {_num(probe.input_wait_seconds, 1)} s")
+        fix = cheapest_fix(probe, image_size)
+        return f"{text}. Cheapest fix: {fix}" if fix else text
     return f"not input-bound: input {_num(rate)} images/s against the model's {_num(model)} images/s"
+
+
+def cheapest_fix(probe: InputProbe, image_size: int | None) -> str | None:
+    """The cheapest change that makes the input faster, of those the probe's figures show: a training
+    flag before a new ingest, and one ingest for every setting it should change."""
+    if probe.cache is None and probe.decoded_gb is not None and probe.memory_gb \
+            and probe.decoded_gb < probe.memory_gb / 4:
+        return (f"train with `--cache memory`: the training split decoded is about {_num(probe.decoded_gb, 1)} GB, "
+                f"and later epochs then skip reading and decoding")
+    flags, reasons = [], []
+    if image_size and probe.stored_short_side and probe.stored_short_side > 2 * image_size:
+        flags.append(f"--max-side {max(512, 2 * image_size)}")
+        reasons.append(f"the spans store images with a {probe.stored_short_side} px shorter side for "
+                       f"{image_size} px training, and every epoch decodes them")
+    if probe.compression in ("gzip", "zlib") and (probe.jpeg_share or 0) > 0.5:
+        flags.append("--compression none")
+        reasons.append(f"{probe.compression.upper()} saves under 1% on JPEG bytes and every epoch inflates them")
+    if not flags:
+        return None
+    return f"ingest the source again into a new ROOT with `{' '.join(flags)}`: " + "; ".join(reasons)
 
 
 def _metrics_table(metrics: dict) -> list[str]:

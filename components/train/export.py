@@ -28,7 +28,8 @@ class ServingModule(tf.Module):
 
     def _predict(self, image_bytes):
         size = self.image_size
-        images = tf.map_fn(lambda b: input_pipeline.decode_eval(b, size), image_bytes,
+        max_pixels = int(schema.MAX_MEGAPIXELS * 1e6)
+        images = tf.map_fn(lambda b: input_pipeline.decode_eval(b, size, max_pixels), image_bytes,
                            fn_output_signature=tf.TensorSpec([size, size, 3], tf.uint8))
         probabilities = tf.nn.softmax(tf.cast(self.model(images, training=False), tf.float32), axis=-1)
         class_ids = tf.argmax(probabilities, axis=-1, output_type=tf.int64)

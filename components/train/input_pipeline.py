@@ -66,8 +66,61 @@ def resize(image, size: int):
     return tf.cast(tf.round(resized), tf.uint8)
 
 
-def decode_eval(encoded, size: int):
-    """The deterministic preprocessing of evaluation and serving: whole image to size x size uint8."""
+def header_pixels(encoded):
+    """width x height (int64) as JPEG, PNG, GIF, BMP and WebP headers declare them, without decoding
+    a pixel; 0 for bytes of no known format (which the decoders then refuse on their own)."""
+    head = tf.strings.substr(tf.strings.join([tf.strings.substr(encoded, 0, 32), b"\0" * 32]), 0, 32)
+    b = tf.cast(tf.io.decode_raw(head, tf.uint8), tf.int64)
+
+    def number(start, length, big_endian=False):
+        order = range(length) if big_endian else reversed(range(length))
+        value = tf.constant(0, tf.int64)
+        for i in order:
+            value = value * 256 + b[start + i]
+        return value
+
+    def starts(text, at=0):
+        return tf.equal(tf.strings.substr(head, at, len(text)), text)
+
+    chunk = tf.strings.substr(head, 12, 4)
+    # VP8L packs width-1 and height-1 into 14 bits each, from byte 21.
+    lossless = number(21, 4)
+    webp = tf.where(tf.equal(chunk, b"VP8X"), (number(24, 3) + 1) * (number(27, 3) + 1),
+                    tf.where(tf.equal(chunk, b"VP8L"), (lossless % 16384 + 1) * (lossless // 16384 % 16384 + 1),
+                             (number(26, 2) % 16384) * (number(28, 2) % 16384)))
+    bmp_height = number(22, 4)  # signed: negative when the rows are stored top-down
+    bmp_height = tf.where(bmp_height >= 2**31, 2**32 - bmp_height, bmp_height)
+    pixels = tf.constant(0, tf.int64)
+    for known, count in ((starts(b"\x89PNG"), number(16, 4, True) * number(20, 4, True)),
+                         (starts(b"GIF8"), number(6, 2) * number(8, 2)),
+                         (starts(b"BM"), number(18, 4) * bmp_height),
+                         (starts(b"RIFF") & starts(b"WEBP", 8), webp)):
+        pixels = tf.where(known, count, pixels)
+
+    def jpeg():
+        return tf.cast(tf.reduce_prod(tf.io.extract_jpeg_shape(encoded)[:2]), tf.int64)
+
+    return tf.cond(tf.io.is_jpeg(encoded), jpeg, lambda: pixels)
+
+
+def refuse_oversized(encoded, max_pixels: int):
+    """`encoded`, once its header says it holds at most `max_pixels`: a few hundred bytes can declare
+    a 13000x13000 image whose decoding takes gigabytes, so the check comes before any decoding."""
+    pixels = header_pixels(encoded)
+    check = tf.debugging.assert_less_equal(
+        pixels, tf.constant(max_pixels, tf.int64),
+        message=f"image refused: its header declares more than {max_pixels / 1e6:g} megapixels")
+    with tf.control_dependencies([check]):
+        return tf.identity(encoded)
+
+
+def decode_eval(encoded, size: int, max_pixels: int | None = None):
+    """The deterministic preprocessing of evaluation and serving: whole image to size x size uint8.
+
+    With `max_pixels` (serving), larger images are refused before decoding; the spans' records
+    were checked on ingest."""
+    if max_pixels:
+        encoded = refuse_oversized(encoded, max_pixels)
     image = tf.cond(tf.io.is_jpeg(encoded),
                     lambda: _decode_jpeg(encoded, size),
                     lambda: _decode_other(encoded))
@@ -249,6 +302,30 @@ def _physical_memory() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         return 8 << 30
+
+
+# ---------------------------------------------------------------- what the spans hold
+
+def stored_images(shards: list[Shard], image_size: int, sample: int = 256) -> dict:
+    """From the first records of one shard: the median shorter side stored, the share of JPEGs and
+    the size of the whole split decoded as `--cache` holds it (JPEG at its DCT ratio), in GB."""
+    spec = schema.feature_spec()
+    keys = (schema.HEIGHT, schema.WIDTH, schema.FORMAT)
+    records = tf.data.TFRecordDataset(shards[0].uri, compression_type=shards[0].compression).take(sample)
+    records = records.map(lambda r: tf.io.parse_single_example(r, {k: spec[k] for k in keys}))
+    sides, decoded, jpegs = [], [], 0
+    for features in records.as_numpy_iterator():
+        height, width = int(features[schema.HEIGHT]), int(features[schema.WIDTH])
+        is_jpeg = features[schema.FORMAT] == b"jpeg"
+        ratio = max((r for r in JPEG_RATIOS if min(height, width) >= r * image_size), default=1) if is_jpeg else 1
+        sides.append(min(height, width))
+        decoded.append((height // ratio) * (width // ratio) * 3)
+        jpegs += is_jpeg
+    if not sides:
+        return {}
+    records_total = sum(s.records for s in shards)
+    return {"stored_short_side": sorted(sides)[len(sides) // 2], "jpeg_share": jpegs / len(sides),
+            "decoded_gb": records_total * sum(decoded) / len(decoded) / 1e9, "memory_gb": _physical_memory() / 1e9}
 
 
 # ---------------------------------------------------------------- corrupt shards

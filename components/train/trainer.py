@@ -106,6 +106,11 @@ def train(config: TrainConfig) -> dict:
         raise TrainError(f"no published span with training records under {root.spans}"
                          + (f" among spans {config.spans}" if spans else "") + "; run `stoke ingest` first")
     labels = root.label_names(spans)
+    stored = min((m.max_side for m in root.manifests(spans) if m.max_side), default=None)
+    if stored and config.image_size > stored:
+        print(f"stoke train: warning: --image-size {config.image_size} is larger than the spans hold (ingested "
+              f"with --max-side {stored}), so images are upsampled; for sharper inputs, ingest the source into "
+              "a new ROOT with a larger --max-side", file=sys.stderr, flush=True)
     if exists(run.metrics):
         raise TrainError(f"run {run.run_id} already finished ({run.metrics}); choose a new --run-id")
 
@@ -296,6 +301,9 @@ def input_probe(model, strategy, shards, config: TrainConfig, global_batch: int,
         "real_vs_synthetic": synthetic_step / real_step_seconds if real_step_seconds and synthetic_step else None,
         "input_wait_seconds": waited,
         "input_bound": bool(model_rate and input_rate < model_rate),
+        "compression": shards[0].compression.lower() or "none",
+        "cache": config.cache,
+        **pipeline.stored_images(shards, config.image_size),
     }
 
 

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import io
+import struct
+import zlib
 
 import numpy as np
 from PIL import Image
@@ -82,6 +84,22 @@ def rotated_jpeg() -> bytes:
     exif = Image.Exif()
     exif[0x0112] = 6  # rotate 90 degrees clockwise when shown
     return encode(Image.fromarray(pixels()), "JPEG", exif=exif)
+
+
+def photo_jpeg(width: int, height: int) -> bytes:
+    """A smooth photo-like JPEG: gradients a resize keeps, so shrunk copies can be compared."""
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    channels = [np.sin(x / width * 6.3), np.cos(y / height * 4.0), np.sin((x + y) / (width + height) * 9.0)]
+    return encode(Image.fromarray(((np.stack(channels, -1) + 1) * 127).astype(np.uint8)), "JPEG", quality=90)
+
+
+def png_declaring(width: int, height: int) -> bytes:
+    """A PNG whose header declares width x height over a few bytes of pixel data: how a
+    decompression bomb looks before its pixels are inflated."""
+    data = bytearray(rgb_png())
+    data[16:24] = struct.pack(">II", width, height)
+    data[29:33] = struct.pack(">I", zlib.crc32(bytes(data[12:29])))  # IHDR's CRC covers type and data
+    return bytes(data)
 
 
 def truncated_jpeg() -> bytes:

@@ -1,6 +1,10 @@
+import io
+
 import numpy as np
 import pytest
 import tensorflow as tf
+from PIL import Image
+from PIL.JpegImagePlugin import JpegImageFile
 
 from beam_jobs.images import Rejected, normalize
 from tests.beam_jobs import images
@@ -67,6 +71,61 @@ def test_max_side_shrinks_only_large_images():
     assert decode(big.encoded).shape == (48, 64, 3)
     small = normalize(images.rgb_jpeg(), max_side=64)
     assert not small.reencoded
+
+
+@pytest.fixture
+def drafts(monkeypatch):
+    """The size each JPEG decodes at after Image.draft: smaller than stored means DCT scaling."""
+    sizes, original = [], JpegImageFile.draft
+
+    def draft(self, mode, size):
+        result = original(self, mode, size)
+        if result is not None:  # None: too late, the image is already decoded
+            sizes.append(self.size)
+        return result
+
+    monkeypatch.setattr(JpegImageFile, "draft", draft)
+    return sizes
+
+
+@pytest.mark.parametrize("max_side, drafted, stored", [
+    (400, (400, 300), (400, 300)),  # 1/4: exactly the limit
+    (480, (400, 300), (400, 300)),  # 1/4: within 80% of the limit, kept as decoded
+    (600, (800, 600), (600, 450)),  # 1/2, then resized down to the limit
+    (1300, (1600, 1200), (1300, 975)),  # no DCT scale covers 80% of it: full size, then resized
+])
+def test_a_jpeg_beyond_the_limit_is_shrunk_through_dct_scaling(max_side, drafted, stored, drafts):
+    data = images.photo_jpeg(1600, 1200)
+    result = normalize(data, max_side=max_side)
+    assert drafts == [drafted]  # the size libjpeg decoded at: the smallest DCT scale covering 80% of the limit
+    assert (result.width, result.height) == stored and result.reencoded
+    shrunk = decode(result.encoded).astype(int)
+    direct = np.asarray(Image.open(io.BytesIO(data)).resize((result.width, result.height), Image.BICUBIC))
+    assert np.abs(shrunk - direct).mean() < 3
+
+
+def test_within_the_limit_the_original_bytes_are_kept(drafts):
+    data = images.photo_jpeg(640, 480)
+    for max_side in (640, 2048, 0, None):
+        result = normalize(data, max_side=max_side)
+        assert result.encoded == data and not result.reencoded and (result.width, result.height) == (640, 480)
+    assert drafts == [(80, 60)] * 4  # verification only: every coefficient read, at 1/8 scale
+
+
+def test_a_panorama_shrinks_as_much_as_a_photo(drafts):
+    result = normalize(images.photo_jpeg(2400, 600), max_side=600)
+    assert (result.width, result.height) == (600, 150) and drafts == [(600, 150)]
+
+
+def test_an_image_over_the_pixel_cap_is_rejected_from_its_header():
+    with pytest.raises(Rejected) as caught:
+        normalize(images.png_declaring(13000, 13000), max_pixels=50_000_000)
+    # From the header alone: decoding the few bytes of pixel data would have said "truncated".
+    assert str(caught.value).startswith("too many pixels to decode safely: 13000x13000 is 169 MP")
+    huge = images.encode(Image.new("1", (3000, 2000)), "PNG")  # a real 6 MP image in a few KB
+    with pytest.raises(Rejected, match="3000x2000 is 6 MP, more than the limit of 5 MP"):
+        normalize(huge, max_pixels=5_000_000)
+    assert normalize(huge, max_pixels=6_000_000).width == 3000
 
 
 @pytest.mark.parametrize("name, reason", [

@@ -72,6 +72,24 @@ def test_awkward_and_broken_files_end_in_a_span_or_dead_letter_exactly_once(awkw
     assert os.listdir(root / "data" / "spans") == ["span-00001"]  # no staging left behind
 
 
+def test_limits_shrink_large_photos_set_bombs_aside_and_are_recorded(tmp_path, capsys):
+    source = tmp_path / "source"
+    (source / "cat").mkdir(parents=True)
+    (source / "cat" / "large.jpg").write_bytes(images.photo_jpeg(320, 240))
+    (source / "cat" / "small.jpg").write_bytes(images.rgb_jpeg())
+    (source / "cat" / "bomb.png").write_bytes(images.png_declaring(13000, 13000))
+    code, summary = ingest(source, tmp_path / "root", "--max-side", "64", "--max-megapixels", "1",
+                           "--max-bad-fraction", "0.5", *IN_MEMORY, capsys=capsys)
+    assert code == 0
+    manifest = read_json(os.path.join(summary["span_uri"], MANIFEST))
+    assert manifest["max_side"] == 64 and manifest["settings"]["max_megapixels"] == 1
+    sizes = {os.path.basename(r[schema.SOURCE]): (r[schema.WIDTH], r[schema.HEIGHT])
+             for r in records(tmp_path / "root", manifest)}
+    assert sizes == {"large.jpg": (64, 48), "small.jpg": (32, 24)}
+    [bomb] = dead_letters(tmp_path / "root", 1)
+    assert bomb["reason"].startswith("too many pixels to decode safely: 13000x13000")
+
+
 def test_a_rerun_publishes_nothing_and_new_files_make_a_new_span(tmp_path, capsys):
     source, root = tmp_path / "source", tmp_path / "root"
     (source / "cat").mkdir(parents=True)

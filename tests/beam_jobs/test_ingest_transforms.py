@@ -1,12 +1,13 @@
 """Each transform of the ingest job under Beam's TestPipeline."""
 
 import apache_beam as beam
+import pytest
 import tensorflow as tf
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from beam_jobs.images import Rejected
-from beam_jobs.ingest import Gather, WriteShards, dead_letter, to_example
+from beam_jobs.ingest import Gather, WriteShards, dead_letter, read_source, to_example
 from components.contracts import schema
 from components.contracts.files import read_json
 from tests.beam_jobs import images
@@ -31,6 +32,17 @@ def test_normalize_splits_good_records_from_dead_letters(tmp_path):
         reasons = bad | beam.Map(dead_letter) | beam.Map(lambda d: (d["uri"].rsplit("/", 1)[-1], d["reason"][:20]))
         assert_that(reasons, equal_to([("bad.jpg", "truncated or corrupt"), ("gone.jpg", "not found: removed a")]),
                     label="bad")
+
+
+def test_a_file_over_the_size_cap_is_refused_unopened_and_read_no_further_than_the_cap(tmp_path):
+    listed_large = {"uri": str(tmp_path / "never-opened.jpg"), "size": 100 << 20}
+    with pytest.raises(Rejected, match=r"^file too large: 100.0 MB, more than the limit of 64 MB"):
+        read_source(listed_large, 64 << 20)  # "not found" would mean it was opened
+    grown = tmp_path / "grown.jpg"
+    grown.write_bytes(images.rgb_jpeg() + b"\0" * (3 << 20))  # listed small, then it grew
+    with pytest.raises(Rejected, match="file too large"):
+        read_source({"uri": str(grown), "size": 1000}, 2 << 20)
+    assert read_source({"uri": str(grown), "size": 1000}, None) == grown.read_bytes()
 
 
 def test_write_shards_and_gather(tmp_path):

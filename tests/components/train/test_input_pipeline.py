@@ -221,3 +221,43 @@ def test_bench_input_reports_every_rate(tmp_path, capsys):
 
     assert bench_input.run([str(tmp_path / "source"), "--root", str(tmp_path / "empty"), "--json"]) == 1
     assert "stoke ingest" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
+
+
+# ---------------------------------------------------------------- oversized images (serving)
+
+def _encoded(fmt: str, width: int, height: int, **options) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (200, 30, 60)).save(buffer, format=fmt, **options)
+    return buffer.getvalue()
+
+
+FORMATS = {"jpeg": ("JPEG", {}), "png": ("PNG", {}), "gif": ("GIF", {}), "bmp": ("BMP", {}),
+           "webp-lossy": ("WEBP", {}), "webp-lossless": ("WEBP", {"lossless": True})}
+
+
+def _png_declaring(width: int, height: int) -> bytes:
+    from tests.beam_jobs.images import png_declaring
+    return png_declaring(width, height)
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_header_pixels_reads_each_format_without_decoding(name):
+    fmt, options = FORMATS[name]
+    encoded = _encoded(fmt, 300, 70, **options)
+    assert int(pipeline.header_pixels(tf.constant(encoded))) == 300 * 70  # eager
+    in_data = tf.data.Dataset.from_tensors(encoded).map(pipeline.header_pixels)
+    assert int(next(iter(in_data))) == 300 * 70  # inside tf.data
+    assert int(pipeline.header_pixels(tf.constant(b"not an image"))) == 0
+
+
+def test_serving_decode_refuses_images_over_the_cap_before_decoding():
+    bomb = tf.constant(_png_declaring(13000, 13000))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="more than 50 megapixels"):
+        pipeline.decode_eval(bomb, 32, max_pixels=50_000_000)  # eager: 507 MB of pixels never allocated
+    dataset = tf.data.Dataset.from_tensors(bomb).map(lambda b: pipeline.decode_eval(b, 32, max_pixels=50_000_000))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="more than 50 megapixels"):
+        next(iter(dataset))
+    wide = tf.constant(_encoded("JPEG", 1200, 100))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="more than 0.1 megapixels"):
+        pipeline.decode_eval(wide, 32, max_pixels=100_000)
+    assert pipeline.decode_eval(wide, 32, max_pixels=120_000).shape == (32, 32, 3)

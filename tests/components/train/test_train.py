@@ -21,7 +21,7 @@ from components.contracts.layout import Root
 from components.train import input_pipeline as pipeline
 from components.train import recipe
 from components.train import trainer as train
-from tests.components.conftest import TRAIN_LABELS, tiny_image
+from tests.components.conftest import TRAIN_LABELS, tiny_image, tiny_records, write_span
 from tests.components.train.test_input_pipeline import corrupt_record
 
 TINY = ["--image-size", "32", "--batch-size", "8", "--probe-steps", "2", "--profile-steps", "none"]
@@ -122,6 +122,30 @@ def test_candidate_serves_image_bytes_and_examples(float32_run, small_spans_root
     by_bytes = serve(image_bytes=tf.constant(encoded))
     np.testing.assert_allclose(by_example["probabilities"], by_bytes["probabilities"], rtol=1e-5)
     assert "XlaLaunch" not in str(loaded.signatures["serving_default"].graph.as_graph_def())
+
+
+def test_the_probe_describes_what_the_spans_hold(float32_run):
+    probe = float32_run["input"]
+    assert probe["compression"] == "gzip" and probe["cache"] is None
+    assert probe["stored_short_side"] == 32 and 0.5 < probe["jpeg_share"] < 1  # tiny_records: 3 of 4 JPEG
+    assert probe["decoded_gb"] == pytest.approx(48 * 32 * 40 * 3 / 1e9) and probe["memory_gb"] > 0
+
+
+def test_candidate_refuses_an_image_declaring_too_many_pixels(float32_run):
+    from tests.beam_jobs.images import png_declaring
+
+    serve = tf.saved_model.load(float32_run["model_dir"]).signatures["serving_default"]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="more than 50 megapixels"):
+        serve(image_bytes=tf.constant([tiny_image(0, 1), png_declaring(13000, 13000)]))
+
+
+def test_a_larger_image_size_than_the_spans_hold_is_warned_about(tmp_path, capsys):
+    root = str(tmp_path / "root")
+    write_span(root, 1, {"train": tiny_records(8)}, TRAIN_LABELS, {"train": 1})
+    manifest = Root(root).manifests()[0]
+    manifest.model_copy(update={"max_side": 24}).write(Root(root).manifest(1))
+    assert train.run(["--root", root, *TINY, "--run-id", "upsampled", "--epochs", "1", "--probe-steps", "0"]) == 0
+    assert "--image-size 32 is larger than the spans hold (ingested with --max-side 24)" in capsys.readouterr().err
 
 
 def test_summary_is_the_last_line_and_a_finished_run_is_not_redone(float32_run, small_spans_root, capsys):

@@ -1,0 +1,32 @@
+"""The report's "input-bound?" line names the cheapest fix the probe's figures show."""
+from components.contracts.results import InputProbe
+from components.report.report import _verdict
+
+BOUND = {"input_images_per_sec": 150.0, "model_images_per_sec_synthetic": 900.0, "input_wait_seconds": 12.0,
+         "input_bound": True, "compression": "gzip", "cache": None, "stored_short_side": 1500,
+         "jpeg_share": 1.0, "decoded_gb": 40.0, "memory_gb": 24.0}
+
+
+def verdict(image_size=224, **changes) -> str:
+    return _verdict(InputProbe(**{**BOUND, **changes}), image_size)
+
+
+def test_a_cache_comes_first_when_the_decoded_split_fits_in_memory():
+    assert "Cheapest fix: train with `--cache memory`: the training split decoded is about 2.0 GB" in verdict(
+        decoded_gb=2.0)
+    assert "--cache" not in verdict(decoded_gb=2.0, cache="memory")
+
+
+def test_one_new_ingest_for_spans_stored_larger_than_needed_and_gzip_on_jpeg():
+    text = verdict()
+    assert "Cheapest fix: ingest the source again into a new ROOT with `--max-side 512 --compression none`" in text
+    assert "1500 px shorter side for 224 px training" in text and "GZIP saves under 1% on JPEG" in text
+    assert "`--max-side 768`" in verdict(image_size=384, compression="none")
+    assert "--max-side" not in verdict(stored_short_side=384)
+    assert "--compression" not in verdict(jpeg_share=0.0)
+
+
+def test_no_fix_named_when_none_applies_or_not_input_bound():
+    assert verdict(stored_short_side=384, compression="none").endswith("waited about 12.0 s")
+    assert verdict(input_bound=False).startswith("not input-bound")
+    assert _verdict(InputProbe(**{**BOUND, "stored_short_side": None, "compression": None}))  # older metrics.json
