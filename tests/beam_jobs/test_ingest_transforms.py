@@ -7,7 +7,7 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from beam_jobs.images import Rejected
-from beam_jobs.ingest import Gather, WriteShards, dead_letter, read_source, to_example
+from beam_jobs.pipeline import Gather, WriteShards, dead_letter, read_source, to_example
 from components.contracts import schema
 from components.contracts.files import read_json
 from tests.beam_jobs import images
