@@ -1,10 +1,12 @@
 """One writer at a time: an flock on a local disk, a lease object on a bucket, behind one interface.
 
-    with exclusive(uri, "ingest") as lease:
+    with exclusive(uri, "ingest", wait=60) as lease:   # waits up to 60 s for a live holder, then LeaseHeld
         ...             # long work: a bucket lease renews itself in the background
         lease.check()   # just before publishing: raises LeaseLost when another writer has taken over
 
-On a local disk the kernel holds the lock and drops it when the process dies, so it never expires.
+Both name their holder (purpose, pid, host), so a refusal can say who to wait for. On a local disk
+the kernel holds the lock and drops it when the process dies, so it never expires; the file records
+who holds it.
 Object stores have no locks. There the lease is an object created only if absent (S3
 `If-None-Match: *`, GCS `ifGenerationMatch=0`) and rewritten every TTL/4 by its holder only if
 unchanged (S3 `If-Match: <ETag>`, GCS `ifGenerationMatch=<generation>`). Once it has gone TTL
@@ -31,6 +33,7 @@ from typing import Iterator
 from components.contracts.files import filesystem, is_local
 
 TTL = 120.0  # seconds a lease outlives its last renewal
+POLL = 0.25  # seconds between tries while waiting for a holder
 
 
 class LeaseError(Exception):
@@ -50,49 +53,79 @@ class LeaseLost(LeaseError):
 
 
 @contextlib.contextmanager
-def exclusive(uri: str, purpose: str, ttl: float = TTL) -> Iterator[_Flock | _ObjectLease]:
-    """Holds the lease at `uri` (a file or an object, created when absent) for the `with` block."""
+def exclusive(uri: str, purpose: str, ttl: float = TTL, wait: float = 0.0) -> Iterator[_Flock | _ObjectLease]:
+    """Holds the lease at `uri` (a file or an object, created when absent) for the `with` block,
+    waiting up to `wait` seconds for a live holder to finish."""
     fs, path = filesystem(uri)
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
     if is_local(fs):
-        lease = _Flock(path)
+        lease = _Flock(path, purpose)
     elif protocol in ("s3", "s3a"):
         lease = _ObjectLease(uri, _S3(fs, path), purpose, ttl)
     elif protocol in ("gs", "gcs"):
         lease = _ObjectLease(uri, _GCS(path), purpose, ttl)
     else:
         raise LeaseError(f"no lease on {protocol}:// ({uri}): use a local path, s3:// or gs://")
-    lease.acquire()
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            lease.acquire()
+            break
+        except LeaseHeld:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(POLL)
     try:
         yield lease
     finally:
         lease.release()
 
 
+def _identity(purpose: str) -> dict:
+    return {"holder": f"pid {os.getpid()} on {socket.gethostname()}", "purpose": purpose}
+
+
+def _who(meta: dict) -> str:
+    """A holder's record as 'push (pid 12 on host-a)'; '' when it names nobody."""
+    holder, purpose = meta.get("holder", ""), meta.get("purpose", "")
+    return f"{purpose} ({holder})" if holder and purpose else holder
+
+
 class _Flock:
-    def __init__(self, path: str):
-        self.path = path
+    def __init__(self, path: str, purpose: str):
+        self.path, self.record = path, json.dumps(_identity(purpose)).encode()
 
     def acquire(self) -> None:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        self.file = open(self.path, "a")
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            self.file.close()
-            raise LeaseHeld(f"another process holds {self.path}") from None
+            os.close(self.fd)
+            holder = _who(self._read())
+            raise LeaseHeld(f"{holder or 'another process'} holds {self.path}", holder) from None
+        os.ftruncate(self.fd, 0)  # the file outlives its holders: it names the current one only
+        os.pwrite(self.fd, self.record, 0)
+
+    def _read(self) -> dict:
+        try:
+            with open(self.path, "rb") as f:
+                record = json.loads(f.read())
+        except (OSError, ValueError):  # written by hand, or read between truncate and write
+            return {}
+        return record if isinstance(record, dict) else {}
 
     def check(self) -> None:
         """An flock cannot lapse while its process lives."""
 
     def release(self) -> None:
-        self.file.close()
+        os.close(self.fd)  # drops the lock
 
 
 class _ObjectLease:
     def __init__(self, uri: str, store, purpose: str, ttl: float):
         self.uri, self.store, self.ttl = uri, store, ttl
-        self.meta = {"holder": f"{socket.gethostname()} pid {os.getpid()}", "purpose": purpose, "ttl": str(ttl),
+        self.meta = {**_identity(purpose), "ttl": str(ttl),
                      "token": uuid.uuid4().hex}  # the token tells two holders on one host apart
         self.body = json.dumps(self.meta).encode()
         self.stop, self.lost = threading.Event(), ""
@@ -106,7 +139,7 @@ class _ObjectLease:
                     continue
                 meta, current, age = found
                 ttl = float(meta.get("ttl", self.ttl))
-                holder = meta.get("holder", "another writer")
+                holder = _who(meta) or "another writer"
                 if age < ttl:
                     raise LeaseHeld(f"{holder} holds {self.uri}, renewed {age:.0f} s ago; it lapses {ttl:.0f} s "
                                     "after the last renewal", holder)

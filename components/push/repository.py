@@ -9,7 +9,8 @@ folder `.push-<version>`; on object stores, creating the lineage file only if ab
 pushes never share a number or nest one model inside another.
 Versions taken out are never deleted by rollback: they are moved to `rolled-back-<version>`.
 Retention deletes old versions (saved_model.pb first) but keeps their lineage in `_retired/<version>.json`.
-Whatever changes the repository runs inside `lock()` (components/push/lock.py).
+Whatever changes the repository runs inside `lock()`: the lease ingest also uses
+(components/contracts/lease.py), an flock on a local disk and a self-renewing lease object on a bucket.
 """
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ import time
 from components.contracts.config import MODEL_NAME_PATTERN
 from components.contracts.files import filesystem, is_local, join, read_json, write_json
 from components.contracts.layout import Root
+from components.contracts.lease import TTL, LeaseError, LeaseHeld, LeaseLost, exclusive
 from components.contracts.results import Lineage
-from components.push import lock as locks
 
 SAVED_MODEL = "saved_model.pb"
 ASSETS_EXTRA = "assets.extra"
@@ -33,6 +34,7 @@ ROLLED_BACK_PREFIX = "rolled-back-"
 RETIRED = "_retired"
 TEMP_PREFIX = ".push-"
 LOCK_FILE = ".lock"
+WAIT_ENV = "STOKE_LOCK_WAIT_SECONDS"  # how long lock() waits for another holder (default 300)
 # Fault drill: with this set to N, the push process kills itself (SIGKILL) after copying N files,
 # the way a preempted machine stops mid-copy.
 KILL_AFTER_FILES_ENV = "STOKE_KILL_AFTER_FILES"
@@ -59,18 +61,24 @@ class Repository:
         self._held = None  # the lock while this object holds it
 
     @contextlib.contextmanager
-    def lock(self, operation: str, wait: float | None = None):
+    def lock(self, operation: str, wait: float | None = None, ttl: float = TTL):
         """Holds the repository's lock for the `with` block; refuses with a RepositoryError naming the
-        holder when another process keeps it longer than `wait` seconds (default: $STOKE_LOCK_WAIT_SECONDS or 300)."""
+        holder when another process keeps it longer than `wait` seconds (default: $STOKE_LOCK_WAIT_SECONDS
+        or 300). On a bucket the lease lapses `ttl` seconds after its holder last renewed it."""
+        if wait is None:
+            wait = float(os.environ.get(WAIT_ENV, "300"))
         try:
-            with locks.hold(join(self.uri, LOCK_FILE), operation, wait) as held:
+            with exclusive(join(self.uri, LOCK_FILE), operation, ttl=ttl, wait=wait) as held:
                 self._held = held
                 try:
                     yield self
                 finally:
                     self._held = None
-        except locks.Busy as busy:
-            raise RepositoryError(f"{operation} of {self.name}: {busy}") from None
+        except LeaseHeld as busy:
+            raise RepositoryError(f"{operation} of {self.name}: {busy}; waited {wait:g} s, "
+                                  "try again when it has finished") from None
+        except LeaseError as error:
+            raise RepositoryError(f"{operation} of {self.name}: {error}") from None
 
     def _locked(self, what: str) -> None:
         if self._held is None:
@@ -182,7 +190,7 @@ class Repository:
                 self._write(posixpath.join(target, name), data)
             for count, rel in enumerate(relative, start=1):
                 if rel == SAVED_MODEL and self._held is not None:
-                    self._held.verify()  # a lease that expired mid-copy must not publish
+                    self._held.check()  # a lease lost mid-copy must not publish
                 dest = posixpath.join(target, rel)
                 self.fs.makedirs(posixpath.dirname(dest), exist_ok=True)
                 if src_fs is self.fs or type(src_fs) is type(self.fs):
@@ -196,9 +204,9 @@ class Repository:
                     os.rename(target, final)  # onto an existing version it fails; it never nests
                 except OSError:
                     raise taken from None
-        except locks.Busy as lost:
+        except LeaseLost as lost:
             self.fs.rm(target, recursive=True)
-            raise RepositoryError(str(lost)) from None
+            raise RepositoryError(f"{lost}: stopping before anything becomes visible to TF Serving") from None
         except BaseException:
             if self.fs.exists(target):
                 self.fs.rm(target, recursive=True)

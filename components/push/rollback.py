@@ -3,7 +3,7 @@
 The version folder is renamed to `rolled-back-<version>` (never deleted), so TF Serving, which
 only loads integer names, falls back to the previous version; the reason and time go into the
 version's lineage, and ROOT/serving is rendered again without it, all under the repository's
-lock (components/push/lock.py). The only version is never removed: a server with nothing to serve is worse than the model it had.
+lock (Repository.lock()). The only version is never removed: a server with nothing to serve is worse than the model it had.
 """
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The same ingest from, and into, an s3:// bucket served by moto on 127.0.0.1."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -91,7 +92,7 @@ def test_a_second_ingest_into_a_bucket_is_refused_while_the_first_runs(s3_bucket
         assert second.returncode == 1
         error = json.loads(second.stdout.strip().splitlines()[-1])["error"]
         assert error.startswith(f"another ingest is writing into {root}; run again when it has finished (")
-        assert f"pid {first.pid} holds {root}/data/.ingest.lock" in error
+        assert re.search(rf"ingest \(pid {first.pid} on [^)]+\) holds {root}/data/\.ingest\.lock", error), error
         fs.invalidate_cache()
         assert fs.glob(f"{root}/data/spans/_staging-*") == staging  # the first job's staging is untouched
     finally:

@@ -1,4 +1,6 @@
 """One writer at a time, on a local disk (flock) and on an S3 bucket (a lease object, on moto)."""
+import os
+import re
 import threading
 import time
 
@@ -8,15 +10,36 @@ import pytest
 from components.contracts.lease import LeaseHeld, LeaseLost, exclusive
 
 
-def test_a_local_lock_admits_one_holder_at_a_time(tmp_path):
+def test_a_local_lock_admits_one_holder_at_a_time_and_names_it(tmp_path):
     path = str(tmp_path / "data" / ".lock")
     with exclusive(path, "test") as held:
-        with pytest.raises(LeaseHeld, match="another process holds"):
-            with exclusive(path, "test"):
+        with pytest.raises(LeaseHeld, match=rf"^test \(pid {os.getpid()} on [^)]+\) holds {re.escape(path)}$"):
+            with exclusive(path, "other"):
                 pass
         held.check()
     with exclusive(path, "test"):
         pass
+
+
+def test_a_writer_waits_for_the_holder_up_to_its_deadline(tmp_path):
+    path = str(tmp_path / ".lock")
+    inside, done = threading.Event(), threading.Event()
+
+    def holder():
+        with exclusive(path, "first"):
+            inside.set()
+            done.wait(10)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    inside.wait(10)
+    with pytest.raises(LeaseHeld, match="first"):
+        with exclusive(path, "impatient", wait=0.3):
+            pass
+    threading.Timer(0.5, done.set).start()
+    with exclusive(path, "patient", wait=30):  # gets it once the holder lets go
+        assert done.is_set()
+    thread.join()
 
 
 def test_two_writers_racing_for_a_bucket_lease_get_one_lease(s3_bucket):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -64,11 +66,12 @@ def test_retention_takes_saved_model_out_before_deleting(tmp_path):
 
 
 # A child process that waits for the start signal (a file), then publishes version 7 or holds the
-# lock for a while: two of them started together race for real.
+# lock for `hold` seconds: two of them started together race for real. "push-then-publish" holds the
+# lock (its bucket lease lapsing `ttl` s after its last renewal) and publishes when the file go.publish appears.
 RACER = textwrap.dedent("""
     import os, sys, time
     from components.push.repository import Repository, RepositoryError
-    root, go, action, extra = sys.argv[1:5]
+    root, go, action, extra, hold, ttl = sys.argv[1:7]
     repo = Repository(root, "stoke")
     while not os.path.exists(go):
         time.sleep(0.001)
@@ -76,11 +79,16 @@ RACER = textwrap.dedent("""
         if action == "publish":
             repo.publish(extra, 7, {"assets.extra/stoke_lineage.json": b"{}"})
         else:
-            with repo.lock(action, wait=0):
-                if extra:
+            with repo.lock(action.split("-")[0], wait=0, ttl=float(ttl)):
+                if extra and action == "push":
                     os.mkdir(os.path.join(repo.path, extra))
                 print("held", flush=True)
-                time.sleep(60 if extra else 1.5)
+                if action == "push-then-publish":
+                    while not os.path.exists(go + ".publish"):
+                        time.sleep(0.01)
+                    repo.publish(extra, 7, {"assets.extra/stoke_lineage.json": b"{}"})
+                else:
+                    time.sleep(float(hold))
         print("done", flush=True)
     except RepositoryError as error:
         print(error, flush=True)
@@ -88,8 +96,8 @@ RACER = textwrap.dedent("""
 """)
 
 
-def start(tmp_path, root: str, action: str, extra: str = "") -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", RACER, root, str(tmp_path / "go"), action, extra],
+def start(tmp_path, root: str, action: str, extra: str = "", hold: float = 1.5, ttl: float = 120) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", RACER, root, str(tmp_path / "go"), action, extra, str(hold), str(ttl)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -118,11 +126,12 @@ def test_two_publishes_of_one_version_never_nest(tmp_path):
 def test_local_lock_names_its_holder_and_dies_with_it(tmp_path):
     root = str(tmp_path / "root")
     (tmp_path / "go").write_text("go")
-    holder = start(tmp_path, root, "push", ".push-200")  # a live push with its temp folder
+    holder = start(tmp_path, root, "push", ".push-200", hold=60)  # a live push with its temp folder
     assert holder.stdout.readline().strip() == "held"
     repo = Repository(root, "stoke")
     try:
-        with pytest.raises(RepositoryError, match=rf"rollback of stoke: .* locked by push \(pid {holder.pid} "):
+        with pytest.raises(RepositoryError, match=rf"^rollback of stoke: push \(pid {holder.pid} on [^)]+\) holds "
+                                                  rf"{re.escape(repo.path)}/\.lock; waited 0\.5 s, try again"):
             with repo.lock("rollback", wait=0.5):
                 pass
         assert os.path.isdir(os.path.join(repo.path, ".push-200"))
@@ -142,11 +151,11 @@ def test_rollback_waits_for_a_live_push_and_spares_its_temp_folder(tmp_path, mon
     for version in (101, 102):
         repo.publish(source, version, {"assets.extra/stoke_lineage.json": lineage_bytes(version)})
     (tmp_path / "go").write_text("go")
-    holder = start(tmp_path, root, "push", ".push-200")
+    holder = start(tmp_path, root, "push", ".push-200", hold=60)
     assert holder.stdout.readline().strip() == "held"
     monkeypatch.setenv("STOKE_LOCK_WAIT_SECONDS", "0.5")
     try:
-        with pytest.raises(RepositoryError, match="locked by push"):
+        with pytest.raises(RepositoryError, match=r"push \(pid .*waited 0\.5 s"):
             rollback.rollback(root, "stoke", reason="bad canary")
     finally:
         holder.kill()
@@ -171,40 +180,58 @@ def test_bucket_lease_admits_one_holder_at_a_time(s3_bucket, tmp_path):
     root = f"s3://{s3_bucket}/root"
     outcomes = race(tmp_path, root, "push")
     assert [code for code, _ in outcomes] == [0, 3], outcomes
-    assert "leased by push (pid" in outcomes[1][1] and ".lock" in outcomes[1][1]
+    assert re.search(rf"push \(pid \d+ on [^)]+\) holds {root}/models/stoke/\.lock", outcomes[1][1]), outcomes
     assert not fsspec.filesystem("s3").exists(f"{s3_bucket}/root/models/stoke/.lock")  # released
 
 
-def _lease(host: str, expires_in: float) -> bytes:
-    return json.dumps({"token": "theirs", "operation": "push", "host": host, "pid": 4242,
-                       "acquired_at": "2026-01-01T00:00:00Z", "expires": time.time() + expires_in,
-                       "expires_at": "then"}).encode()
-
-
-def test_bucket_lease_of_a_live_holder_is_named_and_an_expired_one_taken_over(s3_bucket):
+def test_bucket_lease_of_a_live_holder_is_named_and_a_killed_ones_taken_over(s3_bucket, tmp_path):
     import fsspec
 
+    root = f"s3://{s3_bucket}/root"
+    (tmp_path / "go").write_text("go")
+    holder = start(tmp_path, root, "push", hold=60, ttl=2)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        repo = Repository(root, "stoke")
+        with pytest.raises(RepositoryError, match=rf"^rollback of stoke: push \(pid {holder.pid} on [^)]+\) holds "
+                                                  rf"{root}/models/stoke/\.lock, renewed \d+ s ago; it lapses 2 s "
+                                                  r"after the last renewal; waited 0\.3 s"):
+            with repo.lock("rollback", wait=0.3):
+                pass
+    finally:
+        holder.kill()  # its lease stays behind, unrenewed
+        holder.wait()
     fs = fsspec.filesystem("s3")
-    lease = f"{s3_bucket}/root/models/stoke/.lock"
-    repo = Repository(f"s3://{s3_bucket}/root", "stoke")
-    fs.pipe_file(lease, _lease("elsewhere", 600))
-    with pytest.raises(RepositoryError, match=r"leased by push \(pid 4242 on elsewhere.* or delete s3://"):
-        with repo.lock("push", wait=0.3):
-            pass
-    fs.pipe_file(lease, _lease("elsewhere", -1))  # its holder stopped renewing long ago
-    with repo.lock("push", wait=0):
-        assert json.loads(fs.cat_file(lease))["pid"] == os.getpid()
-    assert not fs.exists(lease)
+    with repo.lock("rollback", wait=30):  # waits for the dead holder's lease to lapse, then takes it over
+        meta = fs.call_s3("head_object", Bucket=s3_bucket, Key="root/models/stoke/.lock")["Metadata"]
+        assert meta["purpose"] == "rollback" and meta["holder"].startswith(f"pid {os.getpid()} on ")
+    fs.invalidate_cache()
+    assert not fs.exists(f"{s3_bucket}/root/models/stoke/.lock")
 
 
 def test_bucket_push_that_lost_its_lease_publishes_nothing(s3_bucket, tmp_path):
+    """A push frozen past its lease (a paused VM) is taken over; when it wakes, it must not publish."""
     import fsspec
 
-    fs = fsspec.filesystem("s3")
     source = fake_model(tmp_path / "model")
-    repo = Repository(f"s3://{s3_bucket}/root", "stoke")
-    with pytest.raises(RepositoryError, match="expired or was taken over"):
-        with repo.lock("push", wait=0):
-            fs.pipe_file(f"{s3_bucket}/root/models/stoke/.lock", _lease("elsewhere", 600))  # taken over
-            repo.publish(source, 7, {"assets.extra/stoke_lineage.json": b"{}"})
+    root = f"s3://{s3_bucket}/root"
+    (tmp_path / "go").write_text("go")
+    frozen = start(tmp_path, root, "push-then-publish", source, ttl=1)
+    try:
+        assert frozen.stdout.readline().strip() == "held"
+        os.kill(frozen.pid, signal.SIGSTOP)
+        repo = Repository(root, "stoke")
+        with repo.lock("push", wait=30):  # taken over once the frozen holder's lease lapsed
+            os.kill(frozen.pid, signal.SIGCONT)
+            (tmp_path / "go.publish").write_text("go")
+            output = frozen.communicate(timeout=60)[0]
+            assert frozen.returncode == 3 and "lost the lease" in output, output
+            assert "stopping before anything becomes visible" in output
+            meta = repo.fs.call_s3("head_object", Bucket=s3_bucket, Key="root/models/stoke/.lock")["Metadata"]
+            assert meta["purpose"] == "push" and meta["holder"].startswith(f"pid {os.getpid()} on ")  # left alone
+    finally:
+        frozen.kill()
+        frozen.wait()
+    fs = fsspec.filesystem("s3")
+    fs.invalidate_cache()
     assert repo.versions() == [] and not fs.exists(f"{s3_bucket}/root/models/stoke/7")
