@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from prefect import get_client
@@ -20,6 +19,7 @@ from components.push.repository import Repository
 from flows.deployments import build_deployments
 from flows.watch_bucket import EVENT, source_resource
 from tests.flows.conftest import TINY_BEAM, TINY_MODEL
+from tests.waiting import wait_for
 
 TRIGGER = "train when data arrives"
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
@@ -104,12 +104,3 @@ def _final_run(client, deployment_id):
     done = [r for r in runs if r.state and r.state.type.value in FINAL]
     return done[0] if done else None
 
-
-def wait_for(probe, what: str, seconds: float = 60):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.5)
-    pytest.fail(f"gave up waiting for {what}")

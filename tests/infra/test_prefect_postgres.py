@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 
 import pytest
@@ -23,6 +22,7 @@ from components.contracts import processes
 from components.push.repository import Repository
 from flows.demo import write_digits
 from tests.flows.conftest import TINY_BEAM, TINY_MODEL
+from tests.waiting import wait_for
 
 BIN = os.path.dirname(sys.executable)
 # Small but real, as in tests/flows: 40 digits, one short epoch, the Beam job in one process.
@@ -151,12 +151,3 @@ def _final(api_url: str, flow_run_id):
         run = client.read_flow_run(flow_run_id)
     return run if run.state.is_final() else None
 
-
-def wait_for(probe, what: str, seconds: float):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.5)
-    pytest.fail(f"gave up waiting for {what}")
