@@ -26,11 +26,11 @@ from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions,
 
 from beam_jobs.pipeline import build
 from beam_jobs.sources import Source, identities, list_source
+from components.common.files import filesystem, join, read_json, write_json, write_text
+from components.common.lease import LeaseError, LeaseHeld, exclusive
 from components.contracts import program, schema
 from components.contracts.config import IngestConfig, from_arguments
-from components.contracts.files import filesystem, join, read_json, write_json, write_text
 from components.contracts.layout import Root, shard_name
-from components.contracts.lease import LeaseError, LeaseHeld, exclusive
 from components.contracts.results import ResultError, SpanManifest
 
 CHUNK = 10_000  # sources per staged list file: keeps the job graph small on any runner
@@ -47,7 +47,7 @@ def ingest(config: IngestConfig, pipeline_args: list[str]) -> dict:
     root = Root(config.root)
     # One ingest at a time per ROOT: a second would pick the same span number and take the first's
     # staging folder for debris. An flock locally; on a bucket, a lease object that lapses when its
-    # holder dies (components/contracts/lease.py).
+    # holder dies (components/common/lease.py).
     try:
         with exclusive(root.ingest_lock, "ingest") as lease:
             return _ingest(config, pipeline_args, root, started, lease)

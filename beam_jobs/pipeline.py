@@ -16,9 +16,9 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_jobs.images import Limits, Rejected, normalize
 from beam_jobs.shards import RollingShards
+from components.common.files import join, write_json
 from components.contracts import schema
 from components.contracts.config import IngestConfig
-from components.contracts.files import join, write_json
 
 MB = 1024 * 1024
 

@@ -1,7 +1,7 @@
 """TFRecord files written through fsspec, so one writer serves local folders, s3:// and gs://.
 
 TensorFlow's own writer cannot reach S3 without tensorflow-io, and importing TensorFlow in every
-Beam worker costs seconds and memory; records are framed by components/contracts/tfrecord.py.
+Beam worker costs seconds and memory; records are framed by components/common/tfrecord.py.
 
 Compression goes through ISA-L, which writes the same DEFLATE streams as zlib. On JPEG bytes,
 which are entropy-coded already, zlib spends about half of an image's ingest time to save under 1%;
@@ -14,8 +14,8 @@ import uuid
 import fsspec
 from isal import isal_zlib
 
-from components.contracts.files import join
-from components.contracts.tfrecord import frame
+from components.common.files import join
+from components.common.tfrecord import frame
 
 WINDOW_BITS = {"gzip": 16 + 15, "zlib": 15}  # 16+ asks for the gzip header and trailer
 

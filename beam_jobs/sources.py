@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 from beam_jobs.images import EXTENSIONS
-from components.contracts.files import filesystem, is_local, join
+from components.common.files import filesystem, is_local, join
 from components.contracts.results import SpanManifest
 
 MANIFEST_SUFFIXES = (".csv", ".jsonl")

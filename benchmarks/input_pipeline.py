@@ -23,7 +23,7 @@ import time
 
 import tensorflow as tf
 
-from components.contracts.files import filesystem
+from components.common.files import filesystem
 from components.contracts.layout import Root, parse_spans
 from components.train import input_pipeline as pipeline
 

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 
-from components.contracts.files import exists
+from components.common.files import exists
 from components.contracts.layout import Root
 from components.contracts.results import TrainMetrics, Validation
 from flows.parameters import DEMO_EPOCHS

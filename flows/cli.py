@@ -16,7 +16,7 @@ import sys
 PROGRAMS = {
     "ingest": ("beam_jobs.ingest", "new images to a new span of GZIP TFRecords (Beam)"),
     "train": ("components.train", "published spans to a candidate SavedModel"),
-    "validate": ("components.validate", "TFMA gate against thresholds and the served model"),
+    "validate": ("components.gate", "TFMA gate against thresholds and the served model"),
     "push": ("components.push", "a blessed candidate to a new version in the model repository"),
     "rollback": ("components.push.rollback", "take the newest served version out of the repository"),
     "lineage": ("components.push.lineage", "where a served version came from"),

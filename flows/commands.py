@@ -18,9 +18,9 @@ import time
 import urllib.parse
 import urllib.request
 
-from components.contracts import processes
+from components.common import processes
+from components.common.files import exists, read_json
 from components.contracts.config import add_arguments, from_arguments
-from components.contracts.files import exists, read_json
 from components.contracts.layout import Root
 from flows import parameters as p
 

@@ -10,7 +10,7 @@ import io
 import numpy as np
 from PIL import Image
 
-from components.contracts.files import filesystem, join
+from components.common.files import filesystem, join
 
 NAMES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 

@@ -20,7 +20,7 @@ from typing import Callable
 
 from pydantic import BaseModel
 
-from components.contracts import processes
+from components.common import processes
 from components.contracts.program import printable
 
 # After SIGTERM a stage gets this long to save what it can (the trainer's backup) before SIGKILL.

@@ -4,7 +4,7 @@
     2 ingest     beam_jobs.ingest       new files -> a new span of GZIP TFRecords (retried: it is exactly-once)
     3 train      components.train       all published spans -> candidate SavedModel (tag `gpu`; never retried:
                                         a rerun of the same run id resumes from its backup instead)
-    4 validate   components.validate    TFMA against thresholds and the served baseline -> blessed or not
+    4 validate   components.gate    TFMA against thresholds and the served baseline -> blessed or not
     5 push       components.push        blessed only: a new integer version in the model repository
     6 report     components.report      report.md, report.json and plots in the run folder + Prefect artifacts
 
@@ -20,7 +20,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.runtime import flow_run
 
-from components.contracts.files import exists, filesystem, write_json
+from components.common.files import exists, filesystem, write_json
 from components.contracts.layout import Root, RunDir
 from components.contracts.results import TrainMetrics
 from flows.parameters import (
@@ -134,7 +134,7 @@ def train_model(root: str, epochs: int, settings: ModelSettings, run: RunDir, ti
 @task(name="validate", tags=[GPU_TAG], retries=1, retry_delay_seconds=30, retry_condition_fn=unless_timed_out)
 def validate_model(root: str, model_name: str, settings: GateSettings, run: RunDir, timeout_minutes: float) -> dict:
     """Gates the candidate with TFMA: thresholds, and not worse than the served model."""
-    summary = run_program("validate", "components.validate", ["--root", root, "--run-id", run.run_id,
+    summary = run_program("validate", "components.gate", ["--root", root, "--run-id", run.run_id,
                           "--model-name", model_name, *to_arguments(settings)], run, timeout_minutes)
     reasons = "; ".join(summary["reasons"])
     if summary["blessed"]:
@@ -190,7 +190,7 @@ def ensure_gpu_limit() -> None:
 
 def served_versions(root: str, model_name: str) -> list[int]:
     """Complete integer versions in the model repository: what TF Serving would load."""
-    from components.push.repository import Repository
+    from components.common.repository import Repository
 
     return Repository(root, model_name).versions()
 

@@ -11,8 +11,8 @@ import dataclasses
 import posixpath
 import re
 
+from components.common.files import filesystem, join, read_json
 from components.contracts.config import check_run_id
-from components.contracts.files import filesystem, join, read_json
 from components.contracts.results import SpanManifest
 
 MANIFEST = "_MANIFEST.json"

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from components.contracts.files import read_json, write_json
+from components.common.files import read_json, write_json
 
 
 class ResultError(ValueError):
@@ -247,7 +247,7 @@ class Validation(Result):
     shared_classes: SharedClasses | None = None  # set when compared on the classes both know
     served_version: int | None  # the newest served version when validated
     thresholds: Thresholds
-    serving_check: dict  # components/validate/serving_check.py's report
+    serving_check: dict  # components/gate/serving_check.py's report
     labels: list[str]
     spans: list[int]
     tfma_uri: str

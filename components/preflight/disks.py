@@ -14,7 +14,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
-from components.contracts import processes
+from components.common import processes
 
 # Disks that have no SMART to read: virtio, Xen, loop files, compressed RAM, network block devices.
 VIRTUAL_PREFIXES = ("vd", "xvd", "loop", "zram", "ram", "nbd", "rbd")

@@ -9,7 +9,7 @@ import tempfile
 import time
 from collections import defaultdict
 
-from components.contracts.files import filesystem, join, read_json
+from components.common.files import filesystem, join, read_json
 from components.contracts.layout import METRICS, Root
 from components.contracts.results import SpanManifest
 from components.preflight import disks

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import sys
 
+from components.common.repository import Repository, RepositoryError
 from components.contracts import program
 from components.contracts.results import ResultError
-from components.push.repository import Repository, RepositoryError
 
 
 def lineage(root: str, model_name: str = "stoke", version: int | None = None) -> dict:

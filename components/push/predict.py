@@ -7,81 +7,14 @@ Serving model URL such as http://host:8501/v1/models/stoke (optionally .../versi
 """
 from __future__ import annotations
 
-import base64
-import http.client
 import io
-import json
 import posixpath
 import sys
-import urllib.error
-import urllib.request
 
+from components.common.files import filesystem
+from components.common.serving import PredictError, rest_predict
 from components.contracts import program
-from components.contracts.files import filesystem
 from components.contracts.schema import SERVING_INPUT, SERVING_SIGNATURE
-
-
-class PredictError(Exception):
-    """A refusal with a message for the user."""
-
-
-def rest_body(images: list[bytes], signature: str = SERVING_SIGNATURE) -> dict:
-    """The JSON body of TF Serving's predict API: one instance per image, bytes as {"b64": ...}."""
-    return {"signature_name": signature,
-            "instances": [{SERVING_INPUT: {"b64": base64.b64encode(image).decode("ascii")}} for image in images]}
-
-
-# A predict answer holds a few numbers per class and image; anything near this is not one.
-MAX_ANSWER_BYTES = 32 << 20
-
-
-def rest_predict(url: str, images: list[bytes], timeout: float = 60.0) -> list[dict]:
-    """POSTs to `<model url>:predict` and returns one dict per image (TF Serving's row format)."""
-    request = urllib.request.Request(url.rstrip("/") + ":predict", data=json.dumps(rest_body(images)).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            content_type = response.headers.get_content_type()
-            data = response.read(MAX_ANSWER_BYTES + 1)
-    except urllib.error.HTTPError as exc:
-        detail = _snippet(exc.read(64 << 10))
-        try:
-            detail = str(json.loads(detail).get("error", detail))
-        except (ValueError, AttributeError):
-            pass
-        raise PredictError(f"{url} answered {exc.code}: {_snippet(detail.encode())}") from None
-    except http.client.HTTPException as exc:
-        raise PredictError(f"{url} sent something that is not an HTTP answer ({type(exc).__name__})") from None
-    except (urllib.error.URLError, OSError) as exc:
-        raise PredictError(f"cannot reach {url}: {getattr(exc, 'reason', exc)}") from None
-    if len(data) > MAX_ANSWER_BYTES:
-        raise PredictError(f"{url} answered more than {MAX_ANSWER_BYTES >> 20} MB, larger than any predict answer "
-                           "for these images; is it a TF Serving model URL?")
-    try:
-        answer = json.loads(data)
-    except ValueError:
-        raise PredictError(f"{url} answered something that is not JSON ({content_type}): {_snippet(data)}") from None
-    predictions = answer.get("predictions") if isinstance(answer, dict) else None
-    if not isinstance(predictions, list) or len(predictions) != len(images):
-        raise PredictError(f"{url} answered without one prediction per image: {_snippet(data)}")
-    for row in predictions:
-        if not _is_row(row):
-            raise PredictError(f"{url} answered predictions in an unexpected form (want probabilities, class_ids "
-                               f"and labels per image): {_snippet(json.dumps(row).encode())}")
-    return predictions
-
-
-def _is_row(row) -> bool:
-    """One image's prediction as the serving signature writes it."""
-    return (isinstance(row, dict) and isinstance(row.get("probabilities"), list) and row["probabilities"]
-            and all(isinstance(p, (int, float)) for p in row["probabilities"])
-            and isinstance(row.get("class_ids"), int) and isinstance(row.get("labels"), str))
-
-
-def _snippet(data: bytes, limit: int = 200) -> str:
-    """The start of an answer, printable on one line."""
-    text = data[:limit].decode(errors="replace")
-    return "".join(c if c.isprintable() else " " for c in text) + ("..." if len(data) > limit else "")
 
 
 def check_image(name: str, data: bytes) -> None:

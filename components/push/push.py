@@ -8,7 +8,7 @@ pushed.json after; a version whose lineage names the run counts as pushed, so a 
 between the two is finished by the next attempt instead of repeated. The
 version folder gets the candidate, `assets.extra/tf_serving_warmup_requests` (the requests
 validation replayed) and `assets.extra/stoke_lineage.json`; it appears atomically
-(components/push/repository.py). Then retention keeps the newest --keep versions and ROOT/serving
+(components/common/repository.py). Then retention keeps the newest --keep versions and ROOT/serving
 is rendered again; the image is built when a container engine answers.
 """
 from __future__ import annotations
@@ -18,9 +18,11 @@ import hashlib
 import json
 import subprocess
 
-from components.contracts import processes, program
+from components.common import processes
+from components.common.files import exists, filesystem, remove
+from components.common.repository import ASSETS_EXTRA, LINEAGE_FILE, Repository, RepositoryError
+from components.contracts import program
 from components.contracts.config import PushConfig, from_arguments
-from components.contracts.files import exists, filesystem, remove
 from components.contracts.layout import WARMUP_FILE, Root, RunDir
 from components.contracts.results import (
     Blessing,
@@ -34,7 +36,6 @@ from components.contracts.results import (
     TrainMetrics,
     Validation,
 )
-from components.push.repository import ASSETS_EXTRA, LINEAGE_FILE, Repository, RepositoryError
 from components.push.serving_image import ServingError
 
 

@@ -10,22 +10,16 @@ from __future__ import annotations
 import posixpath
 import re
 import shlex
-import shutil
 import string
 import subprocess
 from importlib import resources
 
-from components.contracts import processes
-from components.contracts.files import filesystem, is_local, join, write_json
+from components.common import processes
+from components.common.files import filesystem, is_local, join, write_json
+from components.common.repository import SAVED_MODEL, Repository
+from components.common.serving import SERVING_IMAGE, SERVING_VERSION, docker_engine
 from components.contracts.layout import Root
-from components.push.repository import SAVED_MODEL, Repository
 
-# tensorflow/serving releases follow TensorFlow's; 2.21.0 is the newest tag found (Docker Hub
-# tensorflow/serving, also named by TF Serving's release PRs up to 2.20.0 and used as
-# `FROM tensorflow/serving:2.21.0` / `2.21.0-gpu` in published deployment guides) and matches the
-# TensorFlow 2.21 that trains Stoke's models. Raise it together with TensorFlow.
-SERVING_VERSION = "2.21.0"
-SERVING_IMAGE = "tensorflow/serving"
 METRICS_PATH = "/monitoring/prometheus/metrics"
 GRPC_PORT = 8500
 REST_PORT = 8501
@@ -53,7 +47,7 @@ def check_server_version(trained_tf: str, serving_version: str = SERVING_VERSION
     """Refuses a server older than the TensorFlow that wrote the model (major.minor)."""
     if version_tuple(serving_version)[:2] < version_tuple(trained_tf)[:2]:
         raise ServingError(f"the model was written by TensorFlow {trained_tf}, newer than "
-                           f"{SERVING_IMAGE}:{serving_version}; raise SERVING_VERSION in components/push/serving_image.py")
+                           f"{SERVING_IMAGE}:{serving_version}; raise SERVING_VERSION in components/common/serving.py")
 
 
 def saved_model_tf_version(model_uri: str) -> str:
@@ -173,13 +167,3 @@ def build_image(serving_uri: str, command: str) -> dict:
     if result.returncode != 0:
         return {"built": False, "reason": f"docker build failed: {result.stderr.strip()[-300:]}"}
     return {"built": True}
-
-
-def docker_engine() -> bool:
-    """True when a container engine answers (the docker CLI alone is not enough)."""
-    if not shutil.which("docker"):
-        return False
-    try:
-        return processes.run(["docker", "info"], timeout=20).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False

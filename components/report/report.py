@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import os
 
-from components.contracts.files import exists, read_json, write_json, write_text
+from components.common import plots as draw
+from components.common.files import exists, read_json, write_json, write_text
 from components.contracts.layout import RunDir
 from components.contracts.program import printable
 from components.contracts.results import InputProbe, Result, TrainMetrics, Validation
-from components.report import plots as draw
 
 STAGES = ("preflight", "ingest", "train", "validate", "push")
 

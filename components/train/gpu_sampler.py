@@ -18,7 +18,7 @@ import statistics
 import threading
 import time
 
-from components.preflight.gpus import nvml_session, query
+from components.common.nvml import nvml_session, query
 
 log = logging.getLogger(__name__)
 

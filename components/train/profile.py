@@ -14,7 +14,7 @@ import json
 import re
 import sys
 
-from components.contracts.files import filesystem, is_local
+from components.common.files import filesystem, is_local
 from components.contracts.results import ProfilerVerdict
 
 TOOL = "input_pipeline_analyzer"

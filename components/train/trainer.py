@@ -23,6 +23,7 @@ import time
 import tensorflow as tf
 import tf_keras as keras
 
+from components.common.files import exists, join
 from components.contracts import program
 from components.contracts.config import (
     DEFAULT_BATCH,
@@ -31,7 +32,6 @@ from components.contracts.config import (
     TrainConfig,
     from_arguments,
 )
-from components.contracts.files import exists, join
 from components.contracts.layout import Root, RunDir, parse_spans
 from components.contracts.results import ResultError, TrainMetrics
 from components.train import profile
@@ -324,7 +324,7 @@ def _last(history: dict, key: str):
 
 
 def _plot_curves(history: dict, uri: str) -> None:
-    from components.report import plots
+    from components.common import plots
 
     fig, axes = plots.pyplot().subplots(1, 2, figsize=(10, 4))
     for ax, metric in zip(axes, ("loss", "accuracy")):

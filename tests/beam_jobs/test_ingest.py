@@ -10,8 +10,8 @@ import numpy as np
 import tensorflow as tf
 
 from beam_jobs.ingest import run
+from components.common.files import join, read_json
 from components.contracts import schema
-from components.contracts.files import join, read_json
 from components.contracts.layout import DEAD_LETTER, MANIFEST, TF_COMPRESSION, Root
 from tests.beam_jobs import images
 

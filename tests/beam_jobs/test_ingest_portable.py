@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 from beam_jobs.ingest import run
-from components.contracts import processes
+from components.common import processes
 from components.contracts.layout import DEAD_LETTER, MANIFEST
 from tests.beam_jobs import images
 

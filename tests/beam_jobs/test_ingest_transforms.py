@@ -8,8 +8,8 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from beam_jobs.images import Rejected
 from beam_jobs.pipeline import Gather, WriteShards, dead_letter, read_source, to_example
+from components.common.files import read_json
 from components.contracts import schema
-from components.contracts.files import read_json
 from tests.beam_jobs import images
 
 

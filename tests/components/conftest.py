@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from components.contracts import files, layout, schema
+from components.common import files
+from components.contracts import layout, schema
 from components.contracts.results import SpanManifest
 
 TRAIN_LABELS = ["red", "green", "blue"]

@@ -5,7 +5,7 @@
 3. `mixed`: trained under mixed_bfloat16 -> blessed -> pushed as a newer version.
 
 Spans are written the way the ingest job publishes them (tests/components/conftest.py); the runs
-use the real components.train, components.validate and components.push in this process.
+use the real components.train, components.gate and components.push in this process.
 Tests that change the repository work on a copy (`copy_root`).
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ def train_run(root: str, run_id: str, *extra: str) -> dict:
 
 
 def validate_run(root: str, run_id: str, *extra: str) -> tuple[int, dict]:
-    from components.validate import gate as validate
+    from components.gate import gate as validate
 
     return _last_json(validate.run, ["--root", root, "--run-id", run_id, "--json", *extra])
 

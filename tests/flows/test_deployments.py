@@ -15,7 +15,7 @@ from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 from prefect.events import emit_event
 from prefect.settings import PREFECT_API_URL
 
-from components.push.repository import Repository
+from components.common.repository import Repository
 from flows.deployments import build_deployments
 from flows.watch_bucket import EVENT, source_resource
 from tests.flows.conftest import TINY_BEAM, TINY_MODEL

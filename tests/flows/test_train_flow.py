@@ -7,9 +7,9 @@ import os
 from prefect import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-from components.contracts.files import read_json
+from components.common.files import read_json
+from components.common.repository import Repository
 from components.contracts.layout import Root
-from components.push.repository import Repository
 from flows.parameters import DoctorSettings, Timeouts
 from flows.train import GPU_TAG, train
 from tests.flows.conftest import TINY_BEAM

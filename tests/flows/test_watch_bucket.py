@@ -14,7 +14,8 @@ from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFi
 from prefect.states import Cancelled, Running
 
 from beam_jobs.sources import list_source
-from components.contracts import files, layout
+from components.common import files
+from components.contracts import layout
 from flows.demo import write_digits
 from flows.train import train
 from flows.watch_bucket import EVENT, source_resource, watch_bucket

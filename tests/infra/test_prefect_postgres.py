@@ -18,8 +18,8 @@ import urllib.request
 
 import pytest
 
-from components.contracts import processes
-from components.push.repository import Repository
+from components.common import processes
+from components.common.repository import Repository
 from flows.demo import write_digits
 from tests.flows.conftest import TINY_BEAM, TINY_MODEL
 from tests.waiting import wait_for

@@ -1,8 +1,8 @@
 """What stage programs print: names are escaped before they reach a terminal or a report."""
 import json
 
+from components.common.files import write_json
 from components.contracts import program
-from components.contracts.files import write_json
 from components.contracts.layout import Root
 from components.report.report import write_report
 

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from components.common.files import read_json, write_json
 from components.contracts import results
-from components.contracts.files import read_json, write_json
 from components.contracts.layout import Root
 from components.report.report import build_report
 
@@ -76,7 +76,7 @@ def test_write_json_reaches_the_disk_before_it_takes_the_name(tmp_path, monkeypa
     """Rename without fsync can leave an empty file under the final name after a power cut."""
     import os
 
-    from components.contracts import files
+    from components.common import files
 
     target = tmp_path / "sub" / "x.json"
     synced = []

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from components.contracts import files, layout, schema
+from components.common import files
+from components.contracts import layout, schema
 from components.contracts.config import DoctorConfig
 from components.contracts.results import SpanManifest
 from components.preflight import disks, doctor, gpus, limits, storage

@@ -12,8 +12,8 @@ import threading
 
 import pytest
 
+from components.common.repository import KILL_AFTER_FILES_ENV, Repository
 from components.push import lineage, predict, rollback
-from components.push.repository import KILL_AFTER_FILES_ENV, Repository
 from tests.components.conftest import tiny_image
 from tests.components.gate_runs import copy_root, gate_scenario, listing, push_run, validate_run
 

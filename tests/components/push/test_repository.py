@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from components.push.repository import Repository, RepositoryError
+from components.common.repository import Repository, RepositoryError
 
 _REMOVALS: list = []  # the audit hook below is installed once per process and records only when a test asks
 
@@ -70,7 +70,7 @@ def test_retention_takes_saved_model_out_before_deleting(tmp_path):
 # lock (its bucket lease lapsing `ttl` s after its last renewal) and publishes when the file go.publish appears.
 RACER = textwrap.dedent("""
     import os, sys, time
-    from components.push.repository import Repository, RepositoryError
+    from components.common.repository import Repository, RepositoryError
     root, go, action, extra, hold, ttl = sys.argv[1:7]
     repo = Repository(root, "stoke")
     while not os.path.exists(go):

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from components.preflight.gpus import nvml_session
-from components.report.plots import gpu_use as plot
+from components.common.nvml import nvml_session
+from components.common.plots import gpu_use as plot
 from components.train.gpu_sampler import GpuSampler
 from tests.components import fake_nvml
 

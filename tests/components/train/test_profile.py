@@ -15,8 +15,8 @@ import urllib.request
 
 import pytest
 
-from components.contracts import processes
-from components.contracts.files import write_json
+from components.common import processes
+from components.common.files import write_json
 from components.contracts.layout import Root
 from components.contracts.results import TrainMetrics
 from components.report.report import write_report

@@ -30,7 +30,7 @@ from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
 from typing import Iterator
 
-from components.contracts.files import filesystem, is_local
+from components.common.files import filesystem, is_local
 
 TTL = 120.0  # seconds a lease outlives its last renewal
 POLL = 0.25  # seconds between tries while waiting for a holder

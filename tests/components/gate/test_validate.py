@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from components.push.repository import Repository
-from components.validate.warmup import read_prediction_logs, request_images
+from components.common.repository import Repository
+from components.gate.warmup import read_prediction_logs, request_images
 from tests.components.conftest import TRAIN_LABELS, tiny_records, write_span
 from tests.components.gate_runs import copy_root, gate_scenario, train_run, validate_run
 
@@ -122,7 +122,7 @@ def test_added_classes_are_compared_on_the_classes_both_know(trained_runs, tmp_p
 
 
 def test_bad_arguments_are_one_line_errors(trained_runs, capsys):
-    from components.validate import gate as validate
+    from components.gate import gate as validate
 
     assert validate.run(["--root", trained_runs["root"], "--run-id", "missing", "--json"]) == 1
     assert "training did not finish" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]

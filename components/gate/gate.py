@@ -1,4 +1,4 @@
-"""`python -m components.validate --root ROOT --run-id ID`: the gate between training and serving.
+"""`python -m components.gate --root ROOT --run-id ID`: the gate between training and serving.
 
 TensorFlow Model Analysis evaluates the candidate on the eval split of the spans it trained on,
 through its tf.Example signature: accuracy, top-k accuracy, accuracy per class (a slice per label)
@@ -24,14 +24,14 @@ import subprocess
 import sys
 import tempfile
 
-from components.contracts import processes, program, schema
+from components.common import plots, processes
+from components.common.files import exists, filesystem, is_local, join, remove, write_text
+from components.common.repository import SAVED_MODEL, Repository, RepositoryError
+from components.contracts import program, schema
 from components.contracts.config import ValidateConfig, from_arguments
-from components.contracts.files import exists, filesystem, is_local, join, remove, write_text
 from components.contracts.layout import Root
 from components.contracts.results import ResultError, TrainMetrics, Validation
-from components.push.repository import SAVED_MODEL, Repository, RepositoryError
-from components.report import plots
-from components.validate.tfma import eval_config_for, label_name, read_tfma, run_tfma
+from components.gate.tfma import eval_config_for, label_name, read_tfma, run_tfma
 
 # Loading the model, replaying the warm-up and, when there is one, starting the real server.
 SERVING_CHECK_SECONDS = 15 * 60
@@ -246,7 +246,7 @@ def _tf_readable(uri: str, scratch: str, name: str) -> str:
 
 
 def _write_warmup(uri: str, images: list[bytes], model_name: str) -> None:
-    from components.validate import warmup
+    from components.gate import warmup
 
     fs, path = filesystem(uri)
     fs.makedirs(posixpath.dirname(path), exist_ok=True)
@@ -255,14 +255,14 @@ def _write_warmup(uri: str, images: list[bytes], model_name: str) -> None:
 
 
 def serving_check(model_dir: str, warmup_path: str, model_name: str) -> dict:
-    """Runs components.validate.serving_check in a fresh process: nothing of this process's state helps it."""
-    from components.push.serving_image import SERVING_IMAGE, SERVING_VERSION
+    """Runs components.gate.serving_check in a fresh process: nothing of this process's state helps it."""
+    from components.common.serving import SERVING_IMAGE, SERVING_VERSION
 
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
     env.pop("TF_USE_LEGACY_KERAS", None)
     try:
         result = processes.run(
-            [sys.executable, "-m", "components.validate.serving_check", model_dir, "--warmup", warmup_path,
+            [sys.executable, "-m", "components.gate.serving_check", model_dir, "--warmup", warmup_path,
              "--model-name", model_name, "--serving-image", f"{SERVING_IMAGE}:{SERVING_VERSION}"],
             timeout=SERVING_CHECK_SECONDS, env=env)
         lines = result.stdout.strip().splitlines()

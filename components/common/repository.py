@@ -10,7 +10,7 @@ pushes never share a number or nest one model inside another.
 Versions taken out are never deleted by rollback: they are moved to `rolled-back-<version>`.
 Retention deletes old versions (saved_model.pb first) but keeps their lineage in `_retired/<version>.json`.
 Whatever changes the repository runs inside `lock()`: the lease ingest also uses
-(components/contracts/lease.py), an flock on a local disk and a self-renewing lease object on a bucket.
+(components/common/lease.py), an flock on a local disk and a self-renewing lease object on a bucket.
 """
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ import re
 import signal
 import time
 
+from components.common.files import filesystem, is_local, join, read_json, write_json
+from components.common.lease import TTL, LeaseError, LeaseHeld, LeaseLost, exclusive
 from components.contracts.config import MODEL_NAME_PATTERN
-from components.contracts.files import filesystem, is_local, join, read_json, write_json
 from components.contracts.layout import Root
-from components.contracts.lease import TTL, LeaseError, LeaseHeld, LeaseLost, exclusive
 from components.contracts.results import Lineage
 
 SAVED_MODEL = "saved_model.pb"

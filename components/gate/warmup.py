@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 import tempfile
 
-from components.contracts.files import filesystem
+from components.common.files import filesystem
+from components.common.tfrecord import frame
 from components.contracts.schema import SERVING_INPUT, SERVING_SIGNATURE
-from components.contracts.tfrecord import frame
 
 # TF Serving reads at most this many warm-up records.
 MAX_RECORDS = 1000

@@ -1,4 +1,4 @@
-"""`python -m components.validate.serving_check MODEL_DIR --warmup FILE`: the serving contract, checked the
+"""`python -m components.gate.serving_check MODEL_DIR --warmup FILE`: the serving contract, checked the
 way TF Serving meets the model: a fresh process that knows nothing of the training code loads the
 SavedModel's `serve` tag, replays the warm-up requests through `serving_default` and checks names,
 dtypes, shapes, finite probabilities summing to 1, and latency at batch 1 and 32.
@@ -20,11 +20,10 @@ import tempfile
 import time
 import urllib.request
 
-from components.contracts import processes
+from components.common import processes
+from components.common.serving import PredictError, docker_engine, rest_predict
 from components.contracts.schema import SERVING_INPUT, SERVING_OUTPUTS, SERVING_SIGNATURE
-from components.push.predict import PredictError, rest_predict
-from components.push.serving_image import docker_engine
-from components.validate import warmup
+from components.gate import warmup
 
 LATENCY_BATCHES = (1, 32)
 LATENCY_REPEATS = 10

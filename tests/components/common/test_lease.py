@@ -7,7 +7,7 @@ import time
 import fsspec
 import pytest
 
-from components.contracts.lease import LeaseHeld, LeaseLost, exclusive
+from components.common.lease import LeaseHeld, LeaseLost, exclusive
 
 
 def test_a_local_lock_admits_one_holder_at_a_time_and_names_it(tmp_path):

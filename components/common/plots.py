@@ -4,7 +4,7 @@ from __future__ import annotations
 import io
 import posixpath
 
-from components.contracts.files import filesystem
+from components.common.files import filesystem
 
 
 def pyplot():

@@ -1,0 +1,5 @@
+import sys
+
+from components.gate.gate import run
+
+sys.exit(run())

@@ -1,2 +1,0 @@
-"""The gate (`python -m components.validate`, `stoke validate`): TFMA against thresholds and the
-served model, a serving check in a fresh process, and BLESSED or NOT_BLESSED with reasons."""

@@ -1,5 +1,0 @@
-import sys
-
-from components.validate.gate import run
-
-sys.exit(run())
