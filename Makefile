@@ -20,7 +20,7 @@ install: .venv/.installed
 # The whole pipeline once on the demo digits (the train flow, ephemeral Prefect): a couple of minutes on 2 cores.
 run: install
 	$(STOKE) demo $(DEMO)
-	$(STOKE) run $(DEMO) --root $(ROOT)
+	$(STOKE) run $(DEMO) --root $(ROOT) --preset demo
 
 # Lint first (ruff, configured in pyproject.toml); pytest exits 5 when it collects no tests, which
 # is not a failure of the code.

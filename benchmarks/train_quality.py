@@ -18,9 +18,9 @@ import sys
 import tempfile
 
 from components.common.files import exists
+from components.contracts.config import PRESETS
 from components.contracts.layout import Root
 from components.contracts.results import TrainMetrics, Validation
-from flows.parameters import DEMO_EPOCHS
 
 TARGET = {"min_pushed_accuracy": 0.90, "max_below_best_epoch": 0.02}
 
@@ -28,7 +28,7 @@ TARGET = {"min_pushed_accuracy": 0.90, "max_below_best_epoch": 0.02}
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", default="1,2,3")
-    parser.add_argument("--epochs", type=int, default=DEMO_EPOCHS)
+    parser.add_argument("--epochs", type=int, default=PRESETS["demo"]["epochs"])
     parser.add_argument("extra", nargs="*", help="more `stoke run` options, after --")
     args = parser.parse_args()
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PREFECT_SERVER_ANALYTICS_ENABLED="false")
@@ -42,7 +42,7 @@ def main() -> int:
             root = Root(os.path.join(tmp, f"root-{seed}"))
             run = root.run(f"seed-{seed}")
             out = subprocess.run([sys.executable, "-m", "flows.cli", "run", digits, "--root", root.uri,
-                                  "--run-id", run.run_id, "--epochs", str(args.epochs), "--seed", str(seed),
+                                  "--run-id", run.run_id, "--preset", "demo", "--epochs", str(args.epochs), "--seed", str(seed),
                                   "--no-preflight", "--json", *args.extra], capture_output=True, text=True, env=env)
             if out.returncode:
                 sys.exit(f"stoke run (seed {seed}) failed:\n{out.stderr[-3000:]}")

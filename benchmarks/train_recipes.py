@@ -36,8 +36,8 @@ VARIANTS = {
     "bfloat16_xla": ["--precision", "mixed_bfloat16", "--xla"],
 }
 DATASETS = {
-    "digits": ["--image-size", "32", "--batch-size", "32", "--epochs", "8", "--no-flip"],
-    "textures": ["--image-size", "64", "--epochs", "12"],
+    "digits": ["--preset", "demo"],
+    "textures": ["--model", "small_cnn", "--image-size", "64", "--epochs", "12", "--flip"],
 }
 
 

@@ -12,18 +12,23 @@ import os
 import subprocess
 import sys
 
+from components.contracts.stages import STAGES, stage
+
 # Commands that are whole programs of their own: `stoke ingest ...` is `python -m beam_jobs.ingest ...`.
-PROGRAMS = {
-    "ingest": ("beam_jobs.ingest", "new images to a new span of GZIP TFRecords (Beam)"),
-    "train": ("components.train", "published spans to a candidate SavedModel"),
-    "validate": ("components.gate", "TFMA gate against thresholds and the served model"),
-    "push": ("components.push", "a blessed candidate to a new version in the model repository"),
+# Every stage of the registry is one, under its name; these are the others.
+TOOLS = {
     "rollback": ("components.push.rollback", "take the newest served version out of the repository"),
     "lineage": ("components.push.lineage", "where a served version came from"),
     "predict": ("components.push.predict", "labels and probabilities from a model folder or TF Serving"),
-    "doctor": ("components.preflight", "preflight: disks, read speed, GPUs, /dev/shm, limits"),
     "deploy": ("flows.work_pools", "register the deployments to a process, Docker or Kubernetes work pool"),
 }
+
+
+def programs() -> dict[str, tuple[str, str]]:
+    """Command name -> (module, one-line help): the registry's stages, then the tools."""
+    return {**{s.name: (s.program, s.summary) for s in STAGES}, **TOOLS}
+
+
 # `stoke bench <what> ...` is the benchmark program `python -m <module> ...`.
 BENCHES = {
     "input": "benchmarks.input_pipeline",
@@ -32,8 +37,13 @@ BENCHES = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in PROGRAMS:
-        return run_program(PROGRAMS[argv[0]][0], argv[1:])
+    if argv and argv[0] not in programs() and any(argv[0] in s.aliases for s in STAGES):
+        renamed = stage(argv[0]).name
+        print(f"stoke: `stoke {argv[0]}` is now `stoke {renamed}`; the old name goes in the next release",
+              file=sys.stderr, flush=True)
+        argv[0] = renamed
+    if argv and argv[0] in programs():
+        return run_program(programs()[argv[0]][0], argv[1:])
     if len(argv) > 1 and argv[0] == "bench" and argv[1] in BENCHES:
         return run_program(BENCHES[argv[1]], argv[2:])
     parser = _parser()
@@ -62,14 +72,14 @@ def emit(summary: dict, as_json: bool, text: str) -> None:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stoke", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
-    for name, (_, summary) in PROGRAMS.items():
+    for name, (_, summary) in programs().items():
         commands.add_parser(name, help=summary)
     bench = commands.add_parser("bench", help="measure a part of the pipeline: " + ", ".join(BENCHES))
     bench.add_argument("what", choices=sorted(BENCHES), help="see `stoke bench <what> --help`")
 
     from flows import commands as flow_commands
 
-    run = commands.add_parser("run", help="the train flow once, here: preflight, ingest, train, validate, push, report")
+    run = commands.add_parser("run", help="the train flow once, here: " + ", ".join(s.name for s in STAGES))
     flow_commands.add_run_arguments(run)
     run.set_defaults(handler=flow_commands.run)
     up = commands.add_parser("up", help="a local Prefect server serving train/nightly and watch-bucket/poll until Ctrl-C")

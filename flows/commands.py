@@ -21,7 +21,7 @@ import urllib.request
 from components.common import processes
 from components.common.files import exists, read_json
 from components.contracts.config import add_arguments, from_arguments
-from components.contracts.layout import Root
+from components.contracts.layout import Root, new_run_id
 from flows import parameters as p
 
 SERVER_START_SECONDS = 120
@@ -31,24 +31,17 @@ AUTH_ENV = "PREFECT_SERVER_API_AUTH_STRING"  # Prefect's own setting: basic auth
 
 # ---------------------------------------------------------------- stoke run
 
-# Option groups of `stoke run`: one per flow parameter model, each field an option.
-RUN_GROUPS = {"model": p.ModelSettings, "gate": p.GateSettings, "push": p.PushSettings,
-              "ingest": p.IngestSettings, "doctor": p.DoctorSettings}
-
-
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", help="raw images: folder of class subfolders or a CSV/JSONL manifest (local or fsspec URI)")
     parser.add_argument("--root", required=True, help="artifact ROOT: local path or fsspec URI")
-    parser.add_argument("--epochs", type=int, default=p.DEMO_EPOCHS,
-                        help=f"passes over the training split (default: {p.DEMO_EPOCHS})")
     parser.add_argument("--run-id", default=None, help="run folder under ROOT/runs; the same id resumes a stopped run")
     parser.add_argument("--model-name", default="stoke", help="model in ROOT/models (default: stoke)")
-    parser.add_argument("--no-preflight", dest="preflight", action="store_false", help="skip the preflight checks")
+    parser.add_argument("--no-preflight", dest="run_preflight", action="store_false", help="skip the preflight checks")
     parser.add_argument("--skip-unchanged", action="store_true",
                         help="end early, training nothing, when SOURCE holds nothing new and a model is served "
                              "(what the scheduled and event-triggered runs do)")
     parser.add_argument("--json", action="store_true", help="print the run summary as JSON last")
-    for name, model in RUN_GROUPS.items():
+    for name, model in p.SETTINGS.items():
         add_arguments(parser.add_argument_group(f"{name} ({model.__doc__.splitlines()[0]})"), model)
 
 
@@ -57,16 +50,17 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from flows.train import train
 
-    run_id = args.run_id or time.strftime("run-%Y%m%d-%H%M%S")
+    run_id = args.run_id or new_run_id()
     try:
         Root(args.root).run(run_id)
     except ValueError as error:
         print(f"stoke run: error: --run-id: {error}", file=sys.stderr, flush=True)
         return 2
-    settings = {name: from_arguments(model, args) for name, model in RUN_GROUPS.items()}
-    state = train(source=args.source, root=args.root, epochs=args.epochs, run_id=run_id,
-                  model_name=args.model_name, preflight=args.preflight, skip_unchanged=args.skip_unchanged,
-                  return_state=True, **settings)
+    settings = {name: from_arguments(model, args) for name, model in p.SETTINGS.items()}
+    if not args.run_preflight:
+        settings["preflight"] = None
+    state = train(source=args.source, root=args.root, run_id=run_id, model_name=args.model_name,
+                  skip_unchanged=args.skip_unchanged, return_state=True, **settings)
     if state.is_completed():
         summary = state.result()
     else:

@@ -6,7 +6,7 @@
     watch-bucket/poll   the `watch-bucket` flow every --poll-seconds; a poll still running when the
                         next is due makes the next one a no-op (CANCEL_NEW): polls never pile up
 
-`prefect deployment run train/nightly` starts one by hand, with `-p epochs=20` and the like.
+`prefect deployment run train/nightly` starts one by hand, with `-p train='{"epochs": 20}'` and the like.
 """
 from __future__ import annotations
 

@@ -4,10 +4,11 @@
     2 ingest     beam_jobs.ingest       new files -> a new span of GZIP TFRecords (retried: it is exactly-once)
     3 train      components.train       all published spans -> candidate SavedModel (tag `gpu`; never retried:
                                         a rerun of the same run id resumes from its backup instead)
-    4 validate   components.gate    TFMA against thresholds and the served baseline -> blessed or not
+    4 gate       components.gate        TFMA against thresholds and the served baseline -> blessed or not
     5 push       components.push        blessed only: a new integer version in the model repository
     6 report     components.report      report.md, report.json and plots in the run folder + Prefect artifacts
 
+The stages, their programs, settings, results and timeouts are components/contracts/stages.py's.
 Stages hand each other URIs under ROOT, never objects: each writes its summary to
 ROOT/runs/<run-id>/summaries/<stage>.json, and the report is built from the run folder alone.
 A refused model is a normal outcome: the flow completes and the report says why.
@@ -21,19 +22,19 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from prefect.runtime import flow_run
 
 from components.common.files import exists, filesystem, write_json
-from components.contracts.layout import Root, RunDir
+from components.contracts.layout import Root, RunDir, new_run_id
 from components.contracts.results import TrainMetrics
+from components.contracts.stages import Stage, stage
 from flows.parameters import (
-    DEMO_EPOCHS,
     DEMO_ROOT,
     DEMO_SOURCE,
     BeamArgs,
-    DoctorSettings,
     GateSettings,
     IngestSettings,
-    ModelSettings,
+    PreflightSettings,
     PushSettings,
     Timeouts,
+    TrainSettings,
     check_beam_args,
     deployment_beam_args,
 )
@@ -49,40 +50,38 @@ def unless_timed_out(task, task_run, state) -> bool:
     return not (isinstance(error, StageError) and error.timed_out)
 
 
-@flow(name="train", description="preflight -> ingest -> train -> validate -> push -> report")
+@flow(name="train", description="preflight -> ingest -> train -> gate -> push -> report")
 def train(
     source: str = DEMO_SOURCE,
     root: str = DEMO_ROOT,
-    epochs: int = DEMO_EPOCHS,
-    model: ModelSettings = ModelSettings(),
-    gate: GateSettings = GateSettings(),
-    push: PushSettings = PushSettings(),
+    preflight: PreflightSettings | None = PreflightSettings(),
     ingest: IngestSettings = IngestSettings(),
     beam_args: BeamArgs = [],
+    train: TrainSettings = TrainSettings(),
+    gate: GateSettings = GateSettings(),
+    push: PushSettings = PushSettings(),
     model_name: str = "stoke",
-    preflight: bool = True,
-    doctor: DoctorSettings = DoctorSettings(),
     skip_unchanged: bool = True,
     run_id: str | None = None,
     timeouts: Timeouts = Timeouts(),
 ) -> dict:
-    """Turns what is new in SOURCE into a span, trains on every span, and pushes a blessed model."""
-    run_id = run_id or new_run_id()
-    run = Root(root).run(run_id)
-    get_run_logger().info("run %s: %s -> %s", run_id, source, run.uri)
+    """Turns what is new in SOURCE into a span, trains on every span, and pushes a blessed model.
+    `preflight: null` skips the machine checks."""
+    run = Root(root).run(run_id or flow_run_id())
+    get_run_logger().info("run %s: %s -> %s", run.run_id, source, run.uri)
     ensure_gpu_limit()
     try:
-        if preflight:
-            check_machine(source, root, doctor, run)                            # 1
-        ingested = ingest_span(source, root, ingest, beam_args, run, timeouts.ingest)  # 2
+        if preflight is not None:
+            check_machine(source, root, preflight, run, timeouts.preflight)                   # 1
+        ingested = ingest_span(source, root, ingest, beam_args, run, timeouts.ingest)         # 2
         if skip_unchanged and not ingested["published"] and served_versions(root, model_name):
-            return write_report(run, skipped=f"{ingested.get('message', 'nothing new')}; "
+            return write_report(run, skipped=f"{ingested.get('message') or 'nothing new'}; "
                                 f"model {model_name} is already served, so nothing was trained")
-        train_model(root, epochs, model, run, timeouts.train)                       # 3
-        validation = validate_model(root, model_name, gate, run, timeouts.validation)  # 4
-        if validation["blessed"]:
-            push_model(root, model_name, push, run, timeouts.push)                  # 5
-        return write_report(run)                                                    # 6
+        train_model(root, train, run, timeouts.train)                                         # 3
+        verdict = gate_model(root, model_name, gate, run, timeouts.gate)                      # 4
+        if verdict["blessed"]:
+            push_model(root, model_name, push, run, timeouts.push)                            # 5
+        return write_report(run)                                                              # 6
     except Exception as error:
         write_report(run, failed=str(error), return_state=True)  # never hides the cause
         raise
@@ -91,22 +90,19 @@ def train(
 # ---------------------------------------------------------------- stages
 
 
-@task(name="preflight")  # no retries: the checks never raise, and a failed check fails again
-def check_machine(source: str, root: str, settings: DoctorSettings, run: RunDir) -> dict:
+@task(name="preflight")  # no retries: a failed check fails again
+def check_machine(source: str, root: str, settings: PreflightSettings, run: RunDir, timeout_minutes: float) -> dict:
     """Checks disks, read speed, GPUs, /dev/shm and limits; stops the run on a failed check."""
-    from components.preflight.doctor import run_checks
-
-    report = run_checks(root, source=source, require_gpu=settings.require_gpu,
-                        min_read_mbps=settings.min_read_mbps, sample_mb=settings.sample_mb)
-    summary = report.to_dict()
-    save_summary(run, "preflight", summary)
-    logger = get_run_logger()
-    for check in report.checks:
-        logger.log(30 if check.status in ("warn", "fail") else 20, "preflight %s %s: %s%s", check.status,
-                   check.name, check.summary, f" (fix: {check.fix})" if check.fix else "")
-    if report.failed:
-        raise PreflightFailed(f"preflight: {report.failure_line()}; fix it or run with preflight=False "
-                              "(`stoke run --no-preflight`)")
+    argv = ["--root", root, "--source", source, *to_arguments(settings)]
+    try:
+        summary = run_program(stage("preflight"), argv, run, timeout_minutes)
+    except StageError as error:
+        if error.summary is None:
+            raise
+        save_summary(run, "preflight", error.summary)
+        _log_checks(error.summary)
+        raise PreflightFailed(f"{error}; fix it or run with preflight=None (`stoke run --no-preflight`)") from None
+    _log_checks(summary)
     return summary
 
 
@@ -115,27 +111,27 @@ def ingest_span(source: str, root: str, settings: IngestSettings, beam_args: lis
                 timeout_minutes: float) -> dict:
     """Publishes what SOURCE holds beyond the published spans as a new span (or says nothing is new)."""
     with Progress("ingest", INGEST_PROGRESS) as progress:
-        return run_program("ingest", "beam_jobs.ingest", ingest_arguments(source, root, settings, beam_args),
-                           run, timeout_minutes, progress)
+        return run_program(stage("ingest"), ingest_arguments(source, root, settings, beam_args), run,
+                           timeout_minutes, progress)
 
 
 @task(name="train", tags=[GPU_TAG], retries=0)
-def train_model(root: str, epochs: int, settings: ModelSettings, run: RunDir, timeout_minutes: float) -> dict:
+def train_model(root: str, settings: TrainSettings, run: RunDir, timeout_minutes: float) -> dict:
     """Trains on every published span into ROOT/runs/<run-id>/candidate."""
     if exists(run.metrics):  # a retried flow run: this run's training already finished
         summary = TrainMetrics.read(run.metrics).to_json()
         save_summary(run, "train", summary)
         return summary
     with Progress("train", EPOCH_PROGRESS) as progress:
-        return run_program("train", "components.train", ["--root", root, "--run-id", run.run_id,
-                           "--epochs", str(epochs), *to_arguments(settings)], run, timeout_minutes, progress)
+        return run_program(stage("train"), ["--root", root, "--run-id", run.run_id, *to_arguments(settings)], run,
+                           timeout_minutes, progress)
 
 
-@task(name="validate", tags=[GPU_TAG], retries=1, retry_delay_seconds=30, retry_condition_fn=unless_timed_out)
-def validate_model(root: str, model_name: str, settings: GateSettings, run: RunDir, timeout_minutes: float) -> dict:
+@task(name="gate", tags=[GPU_TAG], retries=1, retry_delay_seconds=30, retry_condition_fn=unless_timed_out)
+def gate_model(root: str, model_name: str, settings: GateSettings, run: RunDir, timeout_minutes: float) -> dict:
     """Gates the candidate with TFMA: thresholds, and not worse than the served model."""
-    summary = run_program("validate", "components.gate", ["--root", root, "--run-id", run.run_id,
-                          "--model-name", model_name, *to_arguments(settings)], run, timeout_minutes)
+    summary = run_program(stage("gate"), ["--root", root, "--run-id", run.run_id, "--model-name", model_name,
+                                          *to_arguments(settings)], run, timeout_minutes)
     reasons = "; ".join(summary["reasons"])
     if summary["blessed"]:
         get_run_logger().info("blessed: %s", reasons or "all checks passed")
@@ -147,8 +143,8 @@ def validate_model(root: str, model_name: str, settings: GateSettings, run: RunD
 @task(name="push", retries=1, retry_delay_seconds=30, retry_condition_fn=unless_timed_out)
 def push_model(root: str, model_name: str, settings: PushSettings, run: RunDir, timeout_minutes: float) -> dict:
     """Pushes the blessed candidate as a new integer version of the served model."""
-    return run_program("push", "components.push", ["--root", root, "--run-id", run.run_id,
-                       "--model-name", model_name, *to_arguments(settings)], run, timeout_minutes)
+    return run_program(stage("push"), ["--root", root, "--run-id", run.run_id, "--model-name", model_name,
+                                       *to_arguments(settings)], run, timeout_minutes)
 
 
 @task(name="report", retries=1)
@@ -169,11 +165,16 @@ class PreflightFailed(RuntimeError):
     pass
 
 
-def new_run_id() -> str:
-    """Start time plus the flow run's name: a retry of the same flow run keeps it, so training resumes."""
-    start = flow_run.scheduled_start_time
-    name = flow_run.name or "local"
-    return f"{start:%Y%m%d-%H%M%S}-{name}"
+def flow_run_id() -> str:
+    """The flow run's start and name: a retry of the same flow run keeps it, so training resumes."""
+    return new_run_id(flow_run.scheduled_start_time, flow_run.name or "local")
+
+
+def _log_checks(summary: dict) -> None:
+    logger = get_run_logger()
+    for check in summary["checks"]:
+        logger.log(30 if check["status"] in ("warn", "fail") else 20, "preflight %s %s: %s%s", check["status"],
+                   check["name"], check["summary"], f" (fix: {check['fix']})" if check["fix"] else "")
 
 
 def ensure_gpu_limit() -> None:
@@ -200,18 +201,19 @@ def ingest_arguments(source: str, root: str, settings: IngestSettings, beam_args
     return [source, "--root", root, *to_arguments(settings), *deployment_beam_args(), *check_beam_args(beam_args)]
 
 
-def run_program(stage: str, module: str, argv: list[str], run: RunDir, timeout_minutes: float,
+def run_program(of: Stage, argv: list[str], run: RunDir, timeout_minutes: float,
                 progress: Progress | None = None) -> dict:
-    """Runs a stage program (`python -m module argv --json`) and keeps its summary in the run folder."""
-    summary = run_stage(stage, module, [*argv, "--json"], timeout=timeout_minutes * 60, logger=get_run_logger(),
-                        progress=progress)
-    save_summary(run, stage, summary)
+    """Runs a stage's program (`python -m module argv --json`) and keeps its summary in the run folder,
+    checked against the stage's result model."""
+    summary = run_stage(of.name, of.program, [*argv, "--json"], timeout=timeout_minutes * 60,
+                        logger=get_run_logger(), progress=progress)
+    of.result.check(summary, f"the summary of {of.program}")
+    save_summary(run, of.name, summary)
     return summary
 
 
 def save_summary(run: RunDir, stage: str, summary: dict) -> None:
     write_json(run.summary(stage), summary)
-
 
 
 def with_inline_plots(markdown: str, plots: dict) -> str:

@@ -135,8 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", required=True, help="artifact ROOT as the flow-run containers see it")
     parser.add_argument("--poll-seconds", type=float, default=60, help="how often watch-bucket lists SOURCE")
     parser.add_argument("--parameters", type=json.loads, default=None,
-                        help="default parameters of train/nightly as JSON, e.g. '{\"epochs\": 30}'; "
-                             "a run or an arrival event overrides them one by one")
+                        help="default parameters of train/nightly as JSON, e.g. '{\"train\": {\"epochs\": 30}}'; "
+                             "a run or an arrival event overrides them key by key (a stage group as a whole)")
     parser.add_argument("--base-job-template", default=None,
                         help="JSON base job template for a new pool (e.g. infra/prefect/kubernetes-job-template.json)")
     parser.add_argument("--beam-args-file", default=None,

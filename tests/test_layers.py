@@ -1,12 +1,20 @@
 """The house rules of the code, checked on its imports: arrows point one way (flows -> stages and
 beam_jobs -> common -> contracts), stages never import each other, and only flows know Prefect."""
 import ast
+import importlib.util
 import pathlib
 
 import pytest
 
+from components.contracts import stages
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
-STAGES = ("preflight", "train", "gate", "push", "report")
+BELOW_STAGES = ("contracts", "common")
+
+
+def stage_packages() -> tuple[str, ...]:
+    """The packages under components/ that the stage registry names."""
+    return tuple(s.package for s in stages.STAGES if s.package)
 
 
 def imports(folder: str) -> dict[str, set[str]]:
@@ -25,10 +33,14 @@ def imports(folder: str) -> dict[str, set[str]]:
 
 
 def owner(name: str) -> str | None:
-    """The part of Stoke a module belongs to: 'contracts', a stage, 'beam_jobs', 'flows' or 'benchmarks'."""
+    """The part of Stoke a module belongs to: 'contracts', 'common', a stage's package, 'beam_jobs',
+    'flows' or 'benchmarks'; a package under components/ that the registry does not know is its own
+    part, named 'unregistered:<name>', so no import goes unchecked."""
     parts = name.split(".")
-    if parts[0] == "components" and len(parts) > 1 and parts[1] in ("contracts", "common", *STAGES):
-        return parts[1]
+    if parts[0] == "components" and len(parts) > 1:
+        if parts[1] in (*BELOW_STAGES, *stage_packages()):
+            return parts[1]
+        return f"unregistered:{parts[1]}" if (REPO / "components" / parts[1]).is_dir() else None
     return parts[0] if parts[0] in ("beam_jobs", "flows", "benchmarks") else None
 
 
@@ -57,8 +69,8 @@ def test_common_and_beam_jobs_stand_on_contracts_only():
 
 def test_stages_are_siblings():
     graph = uses()
-    for stage in STAGES:
-        assert graph.get(stage, set()) <= {"contracts", "common"}, stage
+    for package in stage_packages():
+        assert graph.get(package, set()) <= set(BELOW_STAGES), package
 
 
 @pytest.mark.parametrize("folder", ["components", "beam_jobs"])
@@ -67,6 +79,17 @@ def test_only_flows_know_prefect(folder):
     assert offenders == []
 
 
-def test_every_stage_is_a_program():
-    for stage in STAGES:
-        assert (REPO / "components" / stage / "__main__.py").exists(), stage
+def test_every_package_under_components_is_a_registered_stage_program():
+    packages = {p.name for p in (REPO / "components").iterdir() if (p / "__init__.py").exists()}
+    assert packages - set(BELOW_STAGES) == set(stage_packages()), "register the stage in components/contracts/stages.py"
+    for s in stages.STAGES:
+        assert importlib.util.find_spec(s.program) is not None, s.program
+        if s.package:
+            assert (REPO / "components" / s.package / "__main__.py").exists(), s.name
+
+
+def test_an_unregistered_package_is_its_own_part_and_fails_the_sibling_rule(monkeypatch):
+    monkeypatch.setattr(stages, "STAGES", tuple(s for s in stages.STAGES if s.name != "push"))
+    assert owner("components.push.push") == "unregistered:push"
+    with pytest.raises(AssertionError):
+        test_every_package_under_components_is_a_registered_stage_program()

@@ -8,6 +8,7 @@ of one run. No other module spells these names.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import posixpath
 import re
 
@@ -179,6 +180,13 @@ def parse_spans(text: str | None) -> list[int] | None:
             raise ValueError(f"bad span range {part.strip()!r}")
         numbers.update(range(low, high + 1))
     return sorted(numbers)
+
+
+def new_run_id(started: datetime.datetime | None = None, name: str | None = None) -> str:
+    """`run-20261201-021500[-name]`: the start in UTC, sortable, plus what started it (a flow run's
+    name) so two runs started in the same second stay apart."""
+    started = (started or datetime.datetime.now(datetime.timezone.utc)).astimezone(datetime.timezone.utc)
+    return check_run_id(f"run-{started:%Y%m%d-%H%M%S}" + (f"-{name}" if name else ""))
 
 
 def span_name(number: int) -> str:

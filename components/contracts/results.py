@@ -334,3 +334,20 @@ class Lineage(Result):
     code_version: dict
     rolled_back: RolledBack | None = None
     retired_at: str | None = None
+
+
+# ---------------------------------------------------------------- PLACEHOLDER until the typed summaries land
+class PreflightSummary(Result):
+    model_config = ConfigDict(extra="allow")
+
+
+class IngestSummary(Result):
+    model_config = ConfigDict(extra="allow")
+
+
+class PushSummary(Result):
+    model_config = ConfigDict(extra="allow")
+
+
+class RunReport(Result):
+    model_config = ConfigDict(extra="allow")

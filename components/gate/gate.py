@@ -28,7 +28,7 @@ from components.common import plots, processes
 from components.common.files import exists, filesystem, is_local, join, remove, write_text
 from components.common.repository import SAVED_MODEL, Repository, RepositoryError
 from components.contracts import program, schema
-from components.contracts.config import ValidateConfig, from_arguments
+from components.contracts.config import GateConfig, from_arguments
 from components.contracts.layout import Root
 from components.contracts.results import ResultError, TrainMetrics, Validation
 from components.gate.tfma import eval_config_for, label_name, read_tfma, run_tfma
@@ -42,8 +42,8 @@ class ValidateError(Exception):
 
 
 def run(argv: list[str] | None = None) -> int:
-    args = program.arguments("stoke validate", __doc__, ValidateConfig).parse_args(argv)
-    return program.main("stoke validate", args.json, lambda: validate(from_arguments(ValidateConfig, args)),
+    args = program.arguments("stoke gate", __doc__, GateConfig).parse_args(argv)
+    return program.main("stoke gate", args.json, lambda: validate(from_arguments(GateConfig, args)),
                         _describe, errors=(ValidateError, RepositoryError, ResultError))
 
 
@@ -54,7 +54,7 @@ def _describe(summary: dict) -> str:
 
 
 
-def validate(config: ValidateConfig) -> dict:
+def validate(config: GateConfig) -> dict:
 
     root = Root(config.root)
     run = root.run(config.run_id)

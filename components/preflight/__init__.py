@@ -1,2 +1,2 @@
-"""Preflight (`python -m components.preflight`, `stoke doctor`): disks, read speed, free space,
+"""Preflight (`python -m components.preflight`, `stoke preflight`): disks, read speed, free space,
 GPUs, /dev/shm and process limits, checked before any GPU hour is spent."""

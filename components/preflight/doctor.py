@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 
 from components.contracts import program
-from components.contracts.config import DoctorConfig, from_arguments
+from components.contracts.config import PreflightConfig, from_arguments
 from components.contracts.layout import Root
 from components.contracts.results import ResultError, SpanManifest
 from components.preflight.checks import Check, Report
@@ -70,7 +70,7 @@ def render(report: Report):
     from rich.table import Table
 
     colour = {"ok": "green", "skip": "dim", "warn": "yellow", "fail": "bold red"}
-    table = Table(title="stoke doctor", show_lines=False)
+    table = Table(title="stoke preflight", show_lines=False)
     for column in ("check", "status", "finding", "fix"):
         table.add_column(column, overflow="fold")
     for c in report.checks:
@@ -80,12 +80,12 @@ def render(report: Report):
 
 
 def run(argv: list[str] | None = None) -> int:
-    """`stoke doctor`: the table on a terminal (the report as JSON with --json); exit 1 on a failed check."""
-    args = program.arguments("stoke doctor", __doc__, DoctorConfig).parse_args(argv)
+    """`stoke preflight`: the table on a terminal (the report as JSON with --json); exit 1 on a failed check."""
+    args = program.arguments("stoke preflight", __doc__, PreflightConfig).parse_args(argv)
     done: list[Report] = []
 
     def work() -> dict:
-        config = from_arguments(DoctorConfig, args)
+        config = from_arguments(PreflightConfig, args)
         done.append(run_checks(config.root, source=config.source, require_gpu=config.require_gpu,
                                min_read_mbps=config.min_read_mbps, sample_mb=config.sample_mb))
         return done[0].to_dict()
@@ -94,10 +94,10 @@ def run(argv: list[str] | None = None) -> int:
         from rich.console import Console
 
         Console().print(render(done[0]))
-        return f"doctor: {summary['status']} ({len(done[0].warnings)} warnings)"
+        return f"preflight: {summary['status']} ({len(done[0].warnings)} warnings)"
 
-    code = program.main("stoke doctor", args.json, work, describe)
+    code = program.main("stoke preflight", args.json, work, describe)
     if code == 0 and done[0].failed:
-        print(f"stoke doctor: {done[0].failure_line()}", file=sys.stderr, flush=True)
+        print(f"stoke preflight: {done[0].failure_line()}", file=sys.stderr, flush=True)
         return program.FAILED
     return code

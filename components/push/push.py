@@ -69,7 +69,7 @@ def push(config: PushConfig) -> dict:
     run = root.run(config.run_id)
     repo = Repository(root, config.model_name)
     if not exists(run.blessed):
-        why = "it was not validated (run `stoke validate` first)"
+        why = "it was not validated (run `stoke gate` first)"
         if exists(run.not_blessed):
             why = "validation refused it: " + "; ".join(Validation.read(run.validation).reasons)
         raise PushError(f"run {config.run_id} is not blessed: {why}")
@@ -100,7 +100,7 @@ def _publish(config: PushConfig, root: Root, run: RunDir, repo: Repository, vali
     newest = repo.newest()
     if newest != validation.served_version:
         raise PushError(f"run {config.run_id} was validated while version {validation.served_version} "
-                        f"was the newest served; now it is {newest}. Run `stoke validate` again")
+                        f"was the newest served; now it is {newest}. Run `stoke gate` again")
 
     candidate = run.candidate
     trained_tf = serving.saved_model_tf_version(candidate)

@@ -49,7 +49,7 @@ class TrainError(Exception):
 
 def run(argv: list[str] | None = None) -> int:
     args = program.arguments("stoke train", __doc__, TrainConfig).parse_args(argv)
-    return program.main("stoke train", args.json, lambda: train(from_arguments(TrainConfig, args)),
+    return program.main("stoke train", args.json, lambda: train(from_arguments(TrainConfig, args).resolved()),
                         _describe, errors=(TrainError, ResultError))
 
 

@@ -25,7 +25,7 @@ def test_a_run_may_size_its_runner():
 
 def test_the_flow_refuses_a_command_in_its_parameters_before_anything_runs(tmp_path):
     marker = tmp_path / "ran"
-    state = train(source=str(tmp_path / "images"), root=str(tmp_path / "root"), preflight=False, run_id="r1",
+    state = train(source=str(tmp_path / "images"), root=str(tmp_path / "root"), preflight=None, run_id="r1",
                   beam_args=[a.format(marker=marker) for a in SHELL], return_state=True)
     assert state.is_failed() and "not an option a run may set" in str(state.result(raise_on_failure=False))
     assert not marker.exists() and not (tmp_path / "root").exists()

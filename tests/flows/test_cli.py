@@ -45,7 +45,7 @@ def test_run_refuses_a_run_id_that_leaves_runs_before_writing_anything(tmp_path)
 def test_the_flow_refuses_a_run_id_that_leaves_runs(tmp_path):
     from flows.train import train
 
-    state = train(source=str(tmp_path), root=str(tmp_path / "root"), run_id="../x", preflight=False,
+    state = train(source=str(tmp_path), root=str(tmp_path / "root"), run_id="../x", preflight=None,
                   return_state=True)
     assert state.is_failed() and "bad run id" in str(state.result(raise_on_failure=False))
     assert sorted(p.name for p in tmp_path.iterdir()) == []

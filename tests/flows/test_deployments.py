@@ -65,7 +65,7 @@ def test_schedule_trigger_and_queue_are_registered(client, tmp_path):
 
 def test_an_arrival_event_runs_train_nightly_and_a_refused_model_completes(client, pushed_run):
     # The deployment's own default source is elsewhere: the run must take the event's.
-    parameters = {"preflight": False, "skip_unchanged": False, "epochs": 1, "model": TINY_MODEL,
+    parameters = {"preflight": None, "skip_unchanged": False, "train": TINY_MODEL,
                   "gate": {"min_accuracy": 1.0, "max_regression": 0.0}, "push": {"build_image": False},
                   "beam_args": TINY_BEAM}
     code = ("import json, sys; from flows.deployments import serve_deployments; "

@@ -10,7 +10,7 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from components.common.files import read_json
 from components.common.repository import Repository
 from components.contracts.layout import Root
-from flows.parameters import DoctorSettings, Timeouts
+from flows.parameters import PreflightSettings, Timeouts
 from flows.train import GPU_TAG, train
 from tests.flows.conftest import TINY_BEAM
 
@@ -26,7 +26,7 @@ def test_end_to_end_a_blessed_model_is_pushed_and_reported(pushed_run):
     assert os.path.exists(os.path.join(pushed_run["root"], "models", "stoke", str(version), "saved_model.pb"))
 
     # Every stage left its summary; the report is built from them and says the same as the flow.
-    for stage in ("preflight", "ingest", "train", "validate", "push"):
+    for stage in ("preflight", "ingest", "train", "gate", "push"):
         assert os.path.exists(run.summary(stage)), stage
     report = read_json(run.report_json)
     assert report["status"] == summary["status"] == "pushed"
@@ -49,7 +49,7 @@ def test_training_holds_the_gpu_limit_and_the_run_leaves_artifacts(pushed_run):
         tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
         artifacts = client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
     tags = {task.name.rsplit("-", 1)[0]: set(task.tags) for task in tasks}
-    assert GPU_TAG in tags["train"] and GPU_TAG in tags["validate"] and GPU_TAG not in tags["ingest"]
+    assert GPU_TAG in tags["train"] and GPU_TAG in tags["gate"] and GPU_TAG not in tags["ingest"]
     report = [a for a in artifacts if a.key == "report-first"]
     assert report and "## Push" in report[0].data and "data:image/png;base64," in report[0].data
     progress = [a for a in artifacts if a.type == "progress"]
@@ -57,7 +57,7 @@ def test_training_holds_the_gpu_limit_and_the_run_leaves_artifacts(pushed_run):
 
 
 def test_nothing_new_with_a_served_model_ends_early_without_training(pushed_run):
-    state = train(source=pushed_run["source"], root=pushed_run["root"], preflight=False, beam_args=TINY_BEAM,
+    state = train(source=pushed_run["source"], root=pushed_run["root"], preflight=None, beam_args=TINY_BEAM,
                   run_id="nothing-new", return_state=True)
     assert state.is_completed(), state.message
     summary = state.result()
@@ -70,7 +70,7 @@ def test_nothing_new_with_a_served_model_ends_early_without_training(pushed_run)
 
 def test_a_failed_preflight_check_stops_the_run_before_ingest(digits, tmp_path):
     root = str(tmp_path / "root")
-    state = train(source=digits, root=root, doctor=DoctorSettings(min_read_mbps=1e9, sample_mb=16),
+    state = train(source=digits, root=root, preflight=PreflightSettings(min_read_mbps=1e9, sample_mb=16),
                   run_id="slow-disk", return_state=True)
     assert state.is_failed()
     run = Root(root).run("slow-disk")
@@ -81,7 +81,7 @@ def test_a_failed_preflight_check_stops_the_run_before_ingest(digits, tmp_path):
 
 
 def test_a_stage_that_times_out_is_stopped_and_not_retried(digits, tmp_path):
-    state = train(source=digits, root=str(tmp_path / "root"), preflight=False, beam_args=TINY_BEAM,
+    state = train(source=digits, root=str(tmp_path / "root"), preflight=None, beam_args=TINY_BEAM,
                   timeouts=Timeouts(ingest=0.02), run_id="too-slow", return_state=True)
     assert state.is_failed() and "ingest timed out after 1 s" in state.message
     with get_client(sync_client=True) as client:

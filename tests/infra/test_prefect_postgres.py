@@ -26,7 +26,7 @@ from tests.waiting import wait_for
 
 BIN = os.path.dirname(sys.executable)
 # Small but real, as in tests/flows: 40 digits, one short epoch, the Beam job in one process.
-PARAMETERS = {"epochs": 1, "model": TINY_MODEL, "preflight": False, "gate": {"min_accuracy": 0.0},
+PARAMETERS = {"train": TINY_MODEL, "preflight": None, "gate": {"min_accuracy": 0.0},
               "push": {"build_image": False}, "beam_args": TINY_BEAM}
 
 

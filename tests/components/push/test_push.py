@@ -110,7 +110,7 @@ def test_two_pushes_at_once_take_turns(trained_runs, tmp_path):
     pushed = [summary for code, summary in results if code == 0 and summary["pushed"]]
     refused = [summary for code, summary in results if code == 1]
     assert len(pushed) == 1 and len(refused) == 1, results
-    assert "Run `stoke validate` again" in refused[0]["error"]
+    assert "Run `stoke gate` again" in refused[0]["error"]
     repo = Repository(root, "stoke")
     assert repo.versions() == [trained_runs["push"]["good"][1]["version"], pushed[0]["version"]]
     assert "saved_model.pb" in os.listdir(pushed[0]["model_uri"])

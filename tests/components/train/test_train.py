@@ -24,7 +24,7 @@ from components.train import trainer as train
 from tests.components.conftest import TRAIN_LABELS, tiny_image, tiny_records, write_span
 from tests.components.train.test_input_pipeline import corrupt_record
 
-TINY = ["--image-size", "32", "--batch-size", "8", "--probe-steps", "2", "--profile-steps", "none"]
+TINY = ["--model", "small_cnn", "--image-size", "32", "--batch-size", "8", "--probe-steps", "2", "--profile-steps", "none"]
 
 
 def _train(capsys, root, *args) -> dict:

@@ -12,11 +12,11 @@ from PIL import Image
 
 from components.common import files
 from components.contracts import layout, schema
-from components.contracts.config import DoctorConfig
+from components.contracts.config import PreflightConfig
 from components.contracts.results import SpanManifest
 from components.preflight import disks, doctor, gpus, limits, storage
 from flows import cli
-from flows.parameters import DoctorSettings
+from flows.parameters import PreflightSettings
 from tests.components import fake_nvml
 
 FIXTURES = Path(__file__).parent / "fixtures" / "smartctl"
@@ -409,22 +409,27 @@ def test_docker_default_shm_fails_only_with_gpus(monkeypatch):
 
 def test_cli_json_and_exit_codes(span_root, capfd):
     root, _ = span_root
-    assert cli.main(["doctor", "--root", root, "--json", "--sample-mb", "4"]) == 0
+    assert cli.main(["preflight", "--root", root, "--json", "--sample-mb", "4"]) == 0
     out = capfd.readouterr().out.strip().splitlines()
     summary = json.loads(out[-1])
     assert summary["failed"] == [] and any(c["name"] == "GPU" for c in summary["checks"])
 
-    assert cli.main(["doctor", "--root", root, "--sample-mb", "4", "--require-gpu"]) == 1
+    assert cli.main(["preflight", "--root", root, "--sample-mb", "4", "--require-gpu"]) == 1
     captured = capfd.readouterr()
-    assert "stoke doctor" in captured.out  # the table
+    assert "stoke preflight" in captured.out  # the table
     error = captured.err.strip().splitlines()[-1]
-    assert error.startswith("stoke doctor: GPU failed: no GPU")
+    assert error.startswith("stoke preflight: GPU failed: no GPU")
+
+
+def test_the_old_command_name_still_runs_and_says_the_new_one(span_root, capfd):
+    assert cli.main(["doctor", "--root", span_root[0], "--json", "--sample-mb", "4"]) == 0
+    assert "`stoke doctor` is now `stoke preflight`" in capfd.readouterr().err
 
 
 def test_the_command_and_the_flow_share_the_settings(span_root, capfd):
-    assert cli.main(["doctor", "--root", span_root[0], "--sample-mb", "0"]) == 2
+    assert cli.main(["preflight", "--root", span_root[0], "--sample-mb", "0"]) == 2
     assert "--sample-mb: Input should be greater than 0" in capfd.readouterr().err
-    assert DoctorSettings().sample_mb == DoctorConfig(root="/r").sample_mb
+    assert PreflightSettings().sample_mb == PreflightConfig(root="/r").sample_mb
 
 
 def test_bucket_root_reads_over_the_network_and_skips_local_checks(span_root, s3_bucket):

@@ -1,4 +1,4 @@
-"""`stoke validate`: TFMA metrics, the blessing and its plain-word reasons, the serving contract check."""
+"""`stoke gate`: TFMA metrics, the blessing and its plain-word reasons, the serving contract check."""
 from __future__ import annotations
 
 import io
