@@ -16,6 +16,7 @@ NOT_BLESSED last. Exit 0 either way: a refused model is a normal outcome.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import datetime
 import json
 import os
@@ -23,13 +24,14 @@ import posixpath
 import subprocess
 import sys
 import tempfile
+from typing import NamedTuple
 
 from components.common import plots, processes
 from components.common.files import exists, filesystem, is_local, join, remove, write_text
 from components.common.repository import SAVED_MODEL, Repository, RepositoryError
 from components.contracts import program, schema
 from components.contracts.config import GateConfig, from_arguments
-from components.contracts.layout import Root
+from components.contracts.layout import Root, RunDir, Shard
 from components.contracts.results import ResultError, TrainMetrics, Validation
 from components.gate.tfma import eval_config_for, label_name, read_tfma, run_tfma
 
@@ -37,14 +39,14 @@ from components.gate.tfma import eval_config_for, label_name, read_tfma, run_tfm
 SERVING_CHECK_SECONDS = 15 * 60
 
 
-class ValidateError(Exception):
+class GateError(Exception):
     """A refusal with a message for the user (no traceback)."""
 
 
 def run(argv: list[str] | None = None) -> int:
     args = program.arguments("stoke gate", __doc__, GateConfig).parse_args(argv)
-    return program.main("stoke gate", args.json, lambda: validate(from_arguments(GateConfig, args)),
-                        _describe, errors=(ValidateError, RepositoryError, ResultError))
+    return program.main("stoke gate", args.json, lambda: gate(from_arguments(GateConfig, args)),
+                        _describe, errors=(GateError, RepositoryError, ResultError))
 
 
 def _describe(summary: dict) -> str:
@@ -53,129 +55,194 @@ def _describe(summary: dict) -> str:
             + "".join(f"\n  - {reason}" for reason in summary["reasons"] + summary["notes"]))
 
 
+@dataclasses.dataclass(frozen=True)
+class Floor:
+    """The accuracy a candidate must reach: --min-accuracy, or more than the most common class's share."""
+    value: float
+    inclusive: bool  # --min-accuracy is met at equality; the majority share must be beaten
+    source: str
+    majority_label: str | None  # the most common class when it sets the floor, else None
 
-def validate(config: GateConfig) -> dict:
 
+@dataclasses.dataclass(frozen=True)
+class Served:
+    """The newest served version and how the candidate is compared with it."""
+    version: int | None
+    uri: str | None  # None when the candidate is not compared with it
+    shared: list[str] | None  # the classes compared on, when the candidate added some
+    notes: list[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class GateInputs:
+    """What the gate reads before evaluating: the run, its eval records, the floor and the baseline."""
+    run: RunDir
+    candidate: str
+    labels: list[str]
+    spans: list[int]
+    shards: list[Shard]
+    counts: collections.Counter  # eval records per label id
+    warm_images: list[bytes]
+    majority_rate: float
+    floor: Floor
+    served: Served
+    top_k: int
+
+
+class Decision(NamedTuple):
+    """The verdict and its grounds, as validation.json reports them."""
+    blessed: bool
+    reasons: list[str]
+    notes: list[str]  # what the decision adds to the notes of the baseline resolution
+    shared_classes: dict | None
+
+
+def gate(config: GateConfig) -> dict:
+    """Gathers the inputs, evaluates, decides and writes; returns validation.json's content."""
+    inputs = gather(config)
+    results, serving = evaluate(config, inputs)
+    metrics = dict(results["candidate"], majority_class_rate=inputs.majority_rate,
+                   eval_label_counts={label_name(inputs.labels, k): v for k, v in sorted(inputs.counts.items())})
+    decision = decide(metrics, results.get("baseline"), inputs.served.version, inputs.served.shared, inputs.floor,
+                      config.max_regression, serving, results["validation_ok"], results["validation_failures"])
+    return write(config, inputs, metrics, results, serving, decision)
+
+
+def gather(config: GateConfig) -> GateInputs:
+    """The run's metrics.json and candidate, its eval records, the accuracy floor and the baseline."""
     root = Root(config.root)
     run = root.run(config.run_id)
     if not exists(run.metrics):
-        raise ValidateError(f"run {config.run_id} has no {run.metrics}: training did not finish there "
+        raise GateError(f"run {config.run_id} has no {run.metrics}: training did not finish there "
                             "(check --run-id and --root)")
     trained = TrainMetrics.read(run.metrics)
     candidate = run.candidate
     if not exists(join(candidate, SAVED_MODEL)):
-        raise ValidateError(f"run {config.run_id} has no candidate SavedModel at {candidate}")
+        raise GateError(f"run {config.run_id} has no candidate SavedModel at {candidate}")
     labels, spans = trained.labels, trained.spans
     shards = root.shards("eval", spans)
     if not sum(s.records for s in shards):
-        raise ValidateError(f"spans {spans} of run {config.run_id} have no eval records to validate on")
+        raise GateError(f"spans {spans} of run {config.run_id} have no eval records to validate on")
 
     counts, warm_images = _scan_eval(shards, config.warmup_images)
-    total = sum(counts.values())
     majority_id, majority_count = counts.most_common(1)[0]
-    majority_rate = majority_count / total
-    if config.min_accuracy is not None:
-        floor, floor_inclusive = config.min_accuracy, True
-        floor_source = "--min-accuracy"
-    else:
-        floor, floor_inclusive = majority_rate, False
-        floor_source = (f"must beat {majority_rate:.4f}, the share of the most common class "
-                        f"({label_name(labels, majority_id)}) in the eval split")
+    majority_rate = majority_count / sum(counts.values())
+    return GateInputs(run=run, candidate=candidate, labels=labels, spans=spans, shards=shards, counts=counts,
+                      warm_images=warm_images, majority_rate=majority_rate,
+                      floor=_floor(config.min_accuracy, majority_rate, label_name(labels, majority_id)),
+                      served=_served(Repository(root, config.model_name), labels),
+                      top_k=min(config.top_k, len(labels)))
 
-    repo = Repository(root, config.model_name)
-    baseline_version = repo.newest()
-    notes: list[str] = []
-    baseline_uri = None
-    shared: list[str] | None = None  # the classes compared on, when the candidate added some
-    if baseline_version is not None:
-        lineage = repo.lineage(baseline_version)
-        served_labels = list(lineage.labels) if lineage else None
-        if served_labels is None or served_labels == list(labels):
-            baseline_uri = repo.version_uri(baseline_version)
-        elif 0 < len(served_labels) < len(labels) and list(labels[:len(served_labels)]) == served_labels:
-            shared, baseline_uri = served_labels, repo.version_uri(baseline_version)
-            notes.append(f"the label set grew (served version {baseline_version} knows {len(shared)} classes, the "
-                         f"candidate added {', '.join(labels[len(shared):])}): compared on the {len(shared)} "
-                         "classes both know")
+
+def _floor(min_accuracy: float | None, majority_rate: float, majority_label: str) -> Floor:
+    """--min-accuracy when given; otherwise a model that learned nothing must never pass."""
+    if min_accuracy is not None:
+        return Floor(min_accuracy, True, "--min-accuracy", None)
+    return Floor(majority_rate, False, f"must beat {majority_rate:.4f}, the share of the most common class "
+                                       f"({majority_label}) in the eval split", majority_label)
+
+
+def _served(repo: Repository, labels: list[str]) -> Served:
+    """The served version to compare with: on every class, on the classes both know, or not at all."""
+    version = repo.newest()
+    if version is None:
+        return Served(None, None, None, ["no served version yet: only the accuracy floor applies"])
+    lineage = repo.lineage(version)
+    served_labels = list(lineage.labels) if lineage else None
+    if served_labels is None or served_labels == list(labels):
+        return Served(version, repo.version_uri(version), None, [])
+    if 0 < len(served_labels) < len(labels) and list(labels[:len(served_labels)]) == served_labels:
+        return Served(version, repo.version_uri(version), served_labels, [
+            f"the label set grew (served version {version} knows {len(served_labels)} classes, the "
+            f"candidate added {', '.join(labels[len(served_labels):])}): compared on the {len(served_labels)} "
+            "classes both know"])
+    return Served(version, None, None, [
+        f"baseline comparison skipped: the label set changed (served version {version} "
+        f"has {len(served_labels)} labels, the candidate {len(labels)}); only the accuracy floor applies"])
+
+
+def evaluate(config: GateConfig, inputs: GateInputs) -> tuple[dict, dict]:
+    """TFMA's results (candidate, and baseline when compared) and the serving check's report."""
+    floor, served, run = inputs.floor, inputs.served, inputs.run
+    with tempfile.TemporaryDirectory(prefix="stoke-gate-") as scratch:
+        eval_config = eval_config_for(floor.value + (0.0 if floor.inclusive else 1e-9), config.max_regression,
+                                      inputs.top_k, with_baseline=served.uri is not None,
+                                      overall_change=served.shared is None)
+        models = {"candidate": _tf_readable(inputs.candidate, scratch, "candidate")}
+        if served.uri:
+            models["baseline"] = _tf_readable(served.uri, scratch, "baseline")
+        run_tfma(eval_config, models, inputs.shards, run.tfma)
+        results = read_tfma(run.tfma, inputs.labels, inputs.top_k)
+
+        _write_warmup(run.warmup, inputs.warm_images, config.model_name)
+        serving = serving_check(models["candidate"], _tf_readable(run.warmup, scratch, "warmup"), config.model_name)
+    return results, serving
+
+
+def decide(candidate: dict, baseline: dict | None, served_version: int | None, shared: list[str] | None,
+           floor: Floor, max_regression: float, serving: dict, validation_ok: bool,
+           validation_failures: list[str]) -> Decision:
+    """Blessed or not, and why, from the metrics alone: no file, no model, no TFMA."""
+    reasons, notes = [], []
+    accuracy = candidate["accuracy"]
+    if accuracy < floor.value or (not floor.inclusive and accuracy <= floor.value):
+        if floor.majority_label is None:
+            reasons.append(f"accuracy {accuracy:.4f} is below the required {floor.value:.4f} (--min-accuracy)")
         else:
-            notes.append(f"baseline comparison skipped: the label set changed (served version {baseline_version} "
-                         f"has {len(served_labels)} labels, the candidate {len(labels)}); only the accuracy floor applies")
-    else:
-        notes.append("no served version yet: only the accuracy floor applies")
-
-    top_k = min(config.top_k, len(labels))
-    tfma_uri = run.tfma
-    with tempfile.TemporaryDirectory(prefix="stoke-validate-") as scratch:
-        eval_config = eval_config_for(floor + (0.0 if floor_inclusive else 1e-9), config.max_regression,
-                                      top_k, with_baseline=baseline_uri is not None, overall_change=shared is None)
-        models = {"candidate": _tf_readable(candidate, scratch, "candidate")}
-        if baseline_uri:
-            models["baseline"] = _tf_readable(baseline_uri, scratch, "baseline")
-        run_tfma(eval_config, models, shards, tfma_uri)
-        results = read_tfma(tfma_uri, labels, top_k)
-
-        warmup_uri = run.warmup
-        _write_warmup(warmup_uri, warm_images, config.model_name)
-        serving = serving_check(models["candidate"], _tf_readable(warmup_uri, scratch, "warmup"), config.model_name)
-
-    metrics = results["candidate"]
-    metrics["majority_class_rate"] = majority_rate
-    metrics["eval_label_counts"] = {label_name(labels, k): v for k, v in sorted(counts.items())}
-    baseline = results.get("baseline")
-    reasons = []
-    accuracy = metrics["accuracy"]
-    if accuracy < floor or (not floor_inclusive and accuracy <= floor):
-        if config.min_accuracy is not None:
-            reasons.append(f"accuracy {accuracy:.4f} is below the required {floor:.4f} (--min-accuracy)")
-        else:
-            reasons.append(f"accuracy {accuracy:.4f} does not beat {floor:.4f}, what always answering the most "
-                           f"common class ({label_name(labels, majority_id)}) scores on the eval split")
-    shared_classes = shared_comparison(metrics, baseline, shared) if baseline is not None and shared else None
+            reasons.append(f"accuracy {accuracy:.4f} does not beat {floor.value:.4f}, what always answering the most "
+                           f"common class ({floor.majority_label}) scores on the eval split")
+    shared_classes = shared_comparison(candidate, baseline, shared) if baseline is not None and shared else None
     if shared_classes is not None:
         drop = shared_classes["baseline_accuracy"] - shared_classes["accuracy"]
-        if drop > config.max_regression + 1e-9:
+        if drop > max_regression + 1e-9:
             reasons.append(f"on the {len(shared)} classes both models know, accuracy {shared_classes['accuracy']:.4f} "
-                           f"is {drop:.4f} below the served version {baseline_version} "
-                           f"({shared_classes['baseline_accuracy']:.4f}); allowed regression {config.max_regression}")
+                           f"is {drop:.4f} below the served version {served_version} "
+                           f"({shared_classes['baseline_accuracy']:.4f}); allowed regression {max_regression}")
         notes.append("per class, candidate vs served: " + ", ".join(
             f"{name} {value:.4f} vs {shared_classes['baseline_per_class_accuracy'][name]:.4f}"
             for name, value in shared_classes["per_class_accuracy"].items()))
     elif baseline is not None:
         drop = baseline["accuracy"] - accuracy
-        if drop > config.max_regression + 1e-9:
-            reasons.append(f"accuracy {accuracy:.4f} is {drop:.4f} below the served version {baseline_version} "
-                           f"({baseline['accuracy']:.4f}); allowed regression {config.max_regression}")
+        if drop > max_regression + 1e-9:
+            reasons.append(f"accuracy {accuracy:.4f} is {drop:.4f} below the served version {served_version} "
+                           f"({baseline['accuracy']:.4f}); allowed regression {max_regression}")
     reasons += [f"serving check: {problem}" for problem in serving["problems"]]
-    if not results["validation_ok"] and not reasons:
-        reasons.append("TFMA's validation failed: " + "; ".join(results["validation_failures"]))
+    if not validation_ok and not reasons:
+        reasons.append("TFMA's validation failed: " + "; ".join(validation_failures))
     if serving.get("real_server", {}).get("status") == "skipped":
         notes.append(f"real TF Serving check skipped: {serving['real_server']['reason']}")
+    return Decision(not reasons, reasons, notes, shared_classes)
 
+
+def write(config: GateConfig, inputs: GateInputs, metrics: dict, results: dict, serving: dict,
+          decision: Decision) -> dict:
+    """validation.json, the confusion matrix and, last, the BLESSED or NOT_BLESSED marker."""
+    run, floor, served = inputs.run, inputs.floor, inputs.served
+    baseline = results.get("baseline")
     plot_uri = run.confusion_matrix
-    plots.confusion_matrix(metrics["confusion_matrix"], labels, plot_uri,
-                   title=f"{config.run_id}: accuracy {accuracy:.3f}")
-    blessed = not reasons
+    plots.confusion_matrix(metrics["confusion_matrix"], inputs.labels, plot_uri,
+                   title=f"{config.run_id}: accuracy {metrics['accuracy']:.3f}")
     validation = Validation.model_validate({
         "run_id": config.run_id,
         "model_name": config.model_name,
-        "blessed": blessed,
-        "reasons": reasons,
-        "notes": notes,
+        "blessed": decision.blessed,
+        "reasons": decision.reasons,
+        "notes": served.notes + decision.notes,
         "metrics": metrics,
         "baseline": baseline,
-        "baseline_version": baseline_version if baseline is not None else None,
-        "shared_classes": shared_classes,
-        "served_version": baseline_version,
-        "thresholds": {"min_accuracy": floor, "min_accuracy_inclusive": floor_inclusive,
-                       "min_accuracy_source": floor_source, "max_regression": config.max_regression,
-                       "compared_to_baseline": baseline is not None, "top_k": top_k},
+        "baseline_version": served.version if baseline is not None else None,
+        "shared_classes": decision.shared_classes,
+        "served_version": served.version,
+        "thresholds": {"min_accuracy": floor.value, "min_accuracy_inclusive": floor.inclusive,
+                       "min_accuracy_source": floor.source, "max_regression": config.max_regression,
+                       "compared_to_baseline": baseline is not None, "top_k": inputs.top_k},
         "serving_check": serving,
-        "labels": labels,
-        "spans": spans,
-        "tfma_uri": tfma_uri,
+        "labels": inputs.labels,
+        "spans": inputs.spans,
+        "tfma_uri": run.tfma,
         "tfma_validation_ok": results["validation_ok"],
         "confusion_matrix_uri": plot_uri,
-        "warmup_uri": warmup_uri,
+        "warmup_uri": run.warmup,
         "validation_uri": run.validation,
         "validated_at": _now(),
     })
@@ -184,7 +251,7 @@ def validate(config: GateConfig) -> dict:
         if exists(marker):
             remove(marker)
     # The marker last: its presence means validation.json beside it is complete.
-    write_text(run.blessed if blessed else run.not_blessed, "\n".join(reasons or ["blessed"]) + "\n")
+    write_text(run.blessed if decision.blessed else run.not_blessed, "\n".join(decision.reasons or ["blessed"]) + "\n")
     return validation.to_json()
 
 

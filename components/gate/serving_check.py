@@ -30,30 +30,13 @@ LATENCY_REPEATS = 10
 
 
 def check(model_dir: str, warmup_uri: str, model_name: str, serving_image: str | None = None) -> dict:
-    import numpy as np
     import tensorflow as tf
 
     problems: list[str] = []
     report: dict = {"model_dir": model_dir, "problems": problems}
     loaded = tf.saved_model.load(model_dir, tags=["serve"])
     signature = loaded.signatures.get(SERVING_SIGNATURE)
-    if signature is None:
-        problems.append(f"the SavedModel has no {SERVING_SIGNATURE} signature")
-        return _finish(report)
-    inputs = signature.structured_input_signature[1]
-    spec = inputs.get(SERVING_INPUT)
-    if spec is None or spec.dtype != tf.string or spec.shape.rank != 1 or len(inputs) != 1:
-        problems.append(f"{SERVING_SIGNATURE} must take one input {SERVING_INPUT!r} (string [N]), "
-                        f"takes {dict((k, (v.dtype.name, v.shape.as_list())) for k, v in inputs.items())}")
-        return _finish(report)
-    outputs = signature.structured_outputs
-    report["signature"] = {name: {"dtype": t.dtype.name, "shape": t.shape.as_list()} for name, t in outputs.items()}
-    for name, (dtype, rank) in SERVING_OUTPUTS.items():
-        if name not in outputs:
-            problems.append(f"{SERVING_SIGNATURE} has no output {name!r}")
-        elif outputs[name].dtype.name != dtype or outputs[name].shape.rank != rank:
-            problems.append(f"output {name!r} is {outputs[name].dtype.name} of rank {outputs[name].shape.rank}, "
-                            f"expected {dtype} of rank {rank}")
+    problems.extend(_contract_problems(signature, report))
     if problems:
         return _finish(report)
 
@@ -61,6 +44,43 @@ def check(model_dir: str, warmup_uri: str, model_name: str, serving_image: str |
     if not logs:
         problems.append(f"{warmup_uri} holds no warm-up request")
         return _finish(report)
+    images, first_outputs = _replay(signature, logs, problems)
+    report["classes"] = int(first_outputs[1]["probabilities"].shape[1]) if first_outputs else None
+    report["warmup_requests"] = len(logs)
+    report["latency_ms"] = _latency(signature, images)
+    report["real_server"] = real_server_check(model_dir, model_name, first_outputs, serving_image)
+    if report["real_server"]["status"] == "failed":
+        problems.append(f"real TF Serving: {report['real_server']['reason']}")
+    return _finish(report)
+
+
+def _contract_problems(signature, report: dict) -> list[str]:
+    """How the signature's names, dtypes and ranks break the serving contract; records its outputs."""
+    import tensorflow as tf
+
+    if signature is None:
+        return [f"the SavedModel has no {SERVING_SIGNATURE} signature"]
+    inputs = signature.structured_input_signature[1]
+    spec = inputs.get(SERVING_INPUT)
+    if spec is None or spec.dtype != tf.string or spec.shape.rank != 1 or len(inputs) != 1:
+        return [f"{SERVING_SIGNATURE} must take one input {SERVING_INPUT!r} (string [N]), "
+                f"takes {dict((k, (v.dtype.name, v.shape.as_list())) for k, v in inputs.items())}"]
+    outputs = signature.structured_outputs
+    report["signature"] = {name: {"dtype": t.dtype.name, "shape": t.shape.as_list()} for name, t in outputs.items()}
+    problems = []
+    for name, (dtype, rank) in SERVING_OUTPUTS.items():
+        if name not in outputs:
+            problems.append(f"{SERVING_SIGNATURE} has no output {name!r}")
+        elif outputs[name].dtype.name != dtype or outputs[name].shape.rank != rank:
+            problems.append(f"output {name!r} is {outputs[name].dtype.name} of rank {outputs[name].shape.rank}, "
+                            f"expected {dtype} of rank {rank}")
+    return problems
+
+
+def _replay(signature, logs: list, problems: list[str]) -> tuple[list[bytes], tuple | None]:
+    """Every warm-up request through the signature: all their images, and the first batch with its outputs."""
+    import tensorflow as tf
+
     images: list[bytes] = []
     first_outputs = None
     for index, log in enumerate(logs):
@@ -68,23 +88,32 @@ def check(model_dir: str, warmup_uri: str, model_name: str, serving_image: str |
         images.extend(batch)
         out = {k: v.numpy() for k, v in signature(**{SERVING_INPUT: tf.constant(batch)}).items()}
         first_outputs = first_outputs or (batch, out)
-        n = len(batch)
-        probabilities = out["probabilities"]
-        where = f"warm-up request {index + 1} (batch {n})"
-        if probabilities.shape[0] != n or out["class_ids"].shape != (n,) or out["labels"].shape != (n,):
-            problems.append(f"{where}: output shapes {probabilities.shape}, {out['class_ids'].shape}, "
-                            f"{out['labels'].shape} do not match the batch")
-            continue
-        if not np.all(np.isfinite(probabilities)):
-            problems.append(f"{where}: probabilities are not all finite")
-            continue
-        sums = probabilities.sum(axis=1)
-        if not np.allclose(sums, 1.0, atol=1e-3):
-            problems.append(f"{where}: probabilities sum to {sums.min():.4f}..{sums.max():.4f}, not 1")
-        if not np.array_equal(out["class_ids"], probabilities.argmax(axis=1)):
-            problems.append(f"{where}: class_ids are not the most probable classes")
-    report["classes"] = int(first_outputs[1]["probabilities"].shape[1]) if first_outputs else None
-    report["warmup_requests"] = len(logs)
+        problems.extend(_answer_problems(out, len(batch), f"warm-up request {index + 1} (batch {len(batch)})"))
+    return images, first_outputs
+
+
+def _answer_problems(out: dict, n: int, where: str) -> list[str]:
+    """What is wrong with one answer of n rows: shapes first, then finite probabilities, their sum and argmax."""
+    import numpy as np
+
+    probabilities = out["probabilities"]
+    if probabilities.shape[0] != n or out["class_ids"].shape != (n,) or out["labels"].shape != (n,):
+        return [f"{where}: output shapes {probabilities.shape}, {out['class_ids'].shape}, "
+                f"{out['labels'].shape} do not match the batch"]
+    if not np.all(np.isfinite(probabilities)):
+        return [f"{where}: probabilities are not all finite"]
+    problems = []
+    sums = probabilities.sum(axis=1)
+    if not np.allclose(sums, 1.0, atol=1e-3):
+        problems.append(f"{where}: probabilities sum to {sums.min():.4f}..{sums.max():.4f}, not 1")
+    if not np.array_equal(out["class_ids"], probabilities.argmax(axis=1)):
+        problems.append(f"{where}: class_ids are not the most probable classes")
+    return problems
+
+
+def _latency(signature, images: list[bytes]) -> dict:
+    """Median and worst milliseconds per call at each of LATENCY_BATCHES, cycling through `images`."""
+    import tensorflow as tf
 
     latency = {}
     for size in LATENCY_BATCHES:
@@ -96,11 +125,7 @@ def check(model_dir: str, warmup_uri: str, model_name: str, serving_image: str |
             signature(**{SERVING_INPUT: batch})["probabilities"].numpy()
             times.append((time.perf_counter() - start) * 1000)
         latency[f"batch_{size}"] = {"median_ms": statistics.median(times), "max_ms": max(times)}
-    report["latency_ms"] = latency
-    report["real_server"] = real_server_check(model_dir, model_name, first_outputs, serving_image)
-    if report["real_server"]["status"] == "failed":
-        problems.append(f"real TF Serving: {report['real_server']['reason']}")
-    return _finish(report)
+    return latency
 
 
 def _finish(report: dict) -> dict:

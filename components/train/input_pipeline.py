@@ -211,12 +211,29 @@ def make_dataset(shards: list[Shard], options: PipelineOptions,
         raise ValueError("no shard files to read")
     pipelines = input_context.num_input_pipelines if input_context else 1
     pipeline_id = input_context.input_pipeline_id if input_context else 0
+    records = _records(shards, options, pipelines, pipeline_id)
+    cache = options.cache
+    if cache not in (None, "memory") and pipelines > 1:
+        cache = f"{cache}-{pipeline_id}"  # workers sharing a folder must not share cache files
+    dataset = _decoded(records, options) if cache is None else _decoded_cached(records, options, cache)
+    if options.repeat:
+        dataset = dataset.repeat()
+    dataset = dataset.batch(options.batch_size, drop_remainder=True, num_parallel_calls=AUTOTUNE,
+                            deterministic=_in_order(options))
+    dataset = dataset.prefetch(AUTOTUNE)
+    return dataset.with_options(_options(options))
+
+
+def _in_order(options: PipelineOptions) -> bool:
+    """Parallel work may finish out of order, which is faster; with a seed, the order is kept."""
+    return not options.training or options.seed is not None
+
+
+def _records(shards: list[Shard], options: PipelineOptions, pipelines: int, pipeline_id: int) -> tf.data.Dataset:
+    """This input pipeline's serialized records, files shuffled when training."""
     # Shard by FILE when every worker gets at least one file (no worker reads what it throws
     # away); by DATA otherwise (every worker reads everything and keeps 1/N of the records).
     by_file = pipelines > 1 and len(shards) >= pipelines
-    # Parallel work may finish out of order, which is faster; with a seed, the order is kept.
-    in_order = not options.training or options.seed is not None
-
     files = tf.data.Dataset.from_tensor_slices(([s.uri for s in shards], [s.compression for s in shards]))
     if by_file:
         files = files.shard(pipelines, pipeline_id)
@@ -230,53 +247,53 @@ def make_dataset(shards: list[Shard], options: PipelineOptions,
         return records.ignore_errors() if options.skip_corrupt else records
 
     records = files.interleave(read, cycle_length=min(len(shards), 16), block_length=1,
-                               num_parallel_calls=AUTOTUNE, deterministic=in_order)
+                               num_parallel_calls=AUTOTUNE, deterministic=_in_order(options))
     if pipelines > 1 and not by_file:
         records = records.shard(pipelines, pipeline_id)
+    return records
 
+
+def _decoded(records: tf.data.Dataset, options: PipelineOptions) -> tf.data.Dataset:
+    """(image, label) from each record: cropped and flipped at random when training, whole otherwise."""
     size = options.image_size
-    cache = options.cache
-    if cache not in (None, "memory") and pipelines > 1:
-        cache = f"{cache}-{pipeline_id}"  # workers sharing a folder must not share cache files
-    if cache is not None:
-        # Decoded full images are cached; crops and flips stay random on every epoch.
-        def decode_full(serialized):
-            encoded, label = parse(serialized)
-            image = tf.cond(tf.io.is_jpeg(encoded), lambda: _decode_jpeg(encoded, size),
-                            lambda: _decode_other(encoded))
-            return (image if options.training else resize(image, size)), label
-
-        dataset = records.map(decode_full, num_parallel_calls=AUTOTUNE, deterministic=in_order)
-        dataset = dataset.cache("" if cache == "memory" else cache)
-        if options.training:
-            dataset = _with_seeds(dataset.shuffle(options.shuffle_buffer, seed=options.seed), options.seed)
-
-            def augment(decoded, seed):
-                image, label = decoded
-                return augment_decoded(image, size, seed, options.flip), label
-
-            dataset = dataset.map(augment, num_parallel_calls=AUTOTUNE, deterministic=in_order)
-    elif options.training:
-        records = _with_seeds(records.shuffle(options.shuffle_buffer, seed=options.seed), options.seed)
-
-        def decode(serialized, seed):
-            encoded, label = parse(serialized)
-            return decode_train(encoded, size, options.flip, seed), label
-
-        dataset = records.map(decode, num_parallel_calls=AUTOTUNE, deterministic=in_order)
-    else:
+    if not options.training:
         def decode(serialized):
             encoded, label = parse(serialized)
             return decode_eval(encoded, size), label
 
-        dataset = records.map(decode, num_parallel_calls=AUTOTUNE, deterministic=True)
+        return records.map(decode, num_parallel_calls=AUTOTUNE, deterministic=True)
 
-    if options.repeat:
-        dataset = dataset.repeat()
-    dataset = dataset.batch(options.batch_size, drop_remainder=True, num_parallel_calls=AUTOTUNE,
-                            deterministic=in_order)
-    dataset = dataset.prefetch(AUTOTUNE)
-    return dataset.with_options(_options(options))
+    records = _with_seeds(records.shuffle(options.shuffle_buffer, seed=options.seed), options.seed)
+
+    def decode_random(serialized, seed):
+        encoded, label = parse(serialized)
+        return decode_train(encoded, size, options.flip, seed), label
+
+    return records.map(decode_random, num_parallel_calls=AUTOTUNE, deterministic=_in_order(options))
+
+
+def _decoded_cached(records: tf.data.Dataset, options: PipelineOptions, cache: str) -> tf.data.Dataset:
+    """Like _decoded, with decoded full images cached; crops and flips stay random on every epoch."""
+    size = options.image_size
+    in_order = _in_order(options)
+
+    def decode_full(serialized):
+        encoded, label = parse(serialized)
+        image = tf.cond(tf.io.is_jpeg(encoded), lambda: _decode_jpeg(encoded, size),
+                        lambda: _decode_other(encoded))
+        return (image if options.training else resize(image, size)), label
+
+    dataset = records.map(decode_full, num_parallel_calls=AUTOTUNE, deterministic=in_order)
+    dataset = dataset.cache("" if cache == "memory" else cache)
+    if not options.training:
+        return dataset
+    dataset = _with_seeds(dataset.shuffle(options.shuffle_buffer, seed=options.seed), options.seed)
+
+    def augment(decoded, seed):
+        image, label = decoded
+        return augment_decoded(image, size, seed, options.flip), label
+
+    return dataset.map(augment, num_parallel_calls=AUTOTUNE, deterministic=in_order)
 
 
 def _with_seeds(dataset: tf.data.Dataset, seed: int | None) -> tf.data.Dataset:
@@ -287,7 +304,7 @@ def _with_seeds(dataset: tf.data.Dataset, seed: int | None) -> tf.data.Dataset:
 
 def _options(options: PipelineOptions) -> tf.data.Options:
     opts = tf.data.Options()
-    opts.deterministic = not options.training or options.seed is not None
+    opts.deterministic = _in_order(options)
     opts.autotune.enabled = True
     opts.autotune.ram_budget = int(_physical_memory() * options.ram_budget_fraction)
     if options.private_threads:

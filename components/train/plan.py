@@ -1,0 +1,162 @@
+"""A training run's plan, settled before TensorFlow builds anything: the strategy and its devices,
+the spans and their readable records, the batch and the number of steps.
+
+Everything here that can refuse does so before the first step, with a message for the user: a run
+that cannot finish should not start.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import time
+
+import tensorflow as tf
+import tf_keras as keras
+
+from components.common.files import exists
+from components.contracts.config import DEFAULT_BATCH, MIN_STEPS_PER_EPOCH, SMALL_BATCH, TrainConfig
+from components.contracts.layout import Root, RunDir, Shard, parse_spans
+
+
+class TrainError(Exception):
+    """A refusal with a message for the user (no traceback)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where the run trains: the tf.distribute strategy, this worker's role, precision and XLA."""
+    strategy: tf.distribute.Strategy
+    strategy_name: str
+    workers: int
+    is_chief: bool
+    precision: str
+    xla: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """What train() settles before building anything: where, on which records, in how many steps."""
+    placement: Placement
+    run: RunDir
+    labels: list[str]
+    train_shards: list[Shard]
+    eval_shards: list[Shard]
+    corrupt: list  # ShardScans of the shards --skip-corrupt reads around
+    batch_size: int
+    global_batch: int
+    steps_per_epoch: int
+    validation_steps: int
+    total: int
+    warmup: int
+
+    @property
+    def replicas(self) -> int:
+        return self.placement.strategy.num_replicas_in_sync
+
+
+def resolve(config: TrainConfig) -> RunPlan:
+    """The plan of the run `config` asks for, or a TrainError saying why it cannot run."""
+    from components.train import recipe
+
+    placement = place(config)
+    run, train_shards, eval_shards, labels = find_data(config)
+    corrupt, train_records, eval_records = readable_records(config, train_shards, eval_shards)
+    replicas = placement.strategy.num_replicas_in_sync
+    batch_size = config.batch_size or default_batch(train_records, replicas)
+    global_batch = batch_size * replicas
+    steps_per_epoch = train_records // global_batch
+    if steps_per_epoch == 0:
+        raise TrainError(f"{train_records} training records make no full batch of {global_batch} "
+                         f"({batch_size} x {replicas} replicas); lower --batch-size")
+    if config.steps_per_epoch:
+        steps_per_epoch = min(steps_per_epoch, config.steps_per_epoch)
+    total = config.epochs * steps_per_epoch
+    return RunPlan(
+        placement=placement, run=run, labels=labels, train_shards=train_shards, eval_shards=eval_shards,
+        corrupt=corrupt, batch_size=batch_size, global_batch=global_batch, steps_per_epoch=steps_per_epoch,
+        validation_steps=math.ceil(eval_records / global_batch) if eval_records else 0, total=total,
+        warmup=recipe.warmup_steps(config.warmup_epochs, steps_per_epoch, total) if config.schedule == "cosine" else 0)
+
+
+def place(config: TrainConfig) -> Placement:
+    """Sets up the devices, the strategy and the global Keras policy (precision, seed)."""
+    from components.train import strategy as strategies
+
+    # Devices and the strategy come first: MultiWorkerMirroredStrategy and logical devices must be
+    # set up before TensorFlow runs any op.
+    try:
+        if config.cpu_devices:
+            strategies.split_cpu(config.cpu_devices)
+        cluster = strategies.parse_tf_config()
+    except (RuntimeError, ValueError) as exc:
+        raise TrainError(str(exc)) from None
+    gpus = strategies.gpus()
+    strategy_name = strategies.choose_strategy(config.strategy, cluster, len(gpus))
+    if strategy_name == "multi_worker" and cluster is None:
+        raise TrainError("--strategy multi_worker needs TF_CONFIG naming the cluster and this task")
+    if strategy_name == "multi_worker" and not config.run_id:
+        raise TrainError("multi-worker training needs --run-id: every worker must resume the same run")
+    strategy = strategies.make_strategy(strategy_name, len(gpus))
+    placement = Placement(
+        strategy=strategy, strategy_name=strategy_name,
+        workers=cluster.workers if strategy_name == "multi_worker" else 1,
+        is_chief=strategy_name != "multi_worker" or cluster.is_chief,
+        precision=strategies.choose_precision(config.precision, strategies.compute_capabilities(gpus)),
+        xla=strategies.choose_xla(config.xla, len(gpus)))
+    keras.mixed_precision.set_global_policy(placement.precision)
+    if config.seed is not None:
+        keras.utils.set_random_seed(config.seed)  # Python, NumPy and TensorFlow: initialisation, dropout
+    return placement
+
+
+def find_data(config: TrainConfig) -> tuple[RunDir, list[Shard], list[Shard], list[str]]:
+    """The run folder, the train and eval shards of the spans asked for, and their label names."""
+    root = Root(config.root)
+    try:
+        tf.io.gfile.exists(root.uri)
+    except tf.errors.UnimplementedError:
+        # tf.data and Keras' checkpoints go through TensorFlow's own file systems, not fsspec.
+        raise TrainError(f"TensorFlow cannot read or write {root.uri}: use a local path or gs:// "
+                         "(s3:// needs the tensorflow-io package)") from None
+    try:
+        spans = parse_spans(config.spans)
+        run = root.run(config.run_id or time.strftime("run-%Y%m%d-%H%M%S"))
+    except ValueError as exc:
+        raise TrainError(str(exc)) from None
+    train_shards = root.shards("train", spans)
+    eval_shards = root.shards("eval", spans)
+    if not train_shards:
+        raise TrainError(f"no published span with training records under {root.spans}"
+                         + (f" among spans {config.spans}" if spans else "") + "; run `stoke ingest` first")
+    labels = root.label_names(spans)
+    stored = min((m.max_side for m in root.manifests(spans) if m.max_side), default=None)
+    if stored and config.image_size > stored:
+        print(f"stoke train: warning: --image-size {config.image_size} is larger than the spans hold (ingested "
+              f"with --max-side {stored}), so images are upsampled; for sharper inputs, ingest the source into "
+              "a new ROOT with a larger --max-side", file=sys.stderr, flush=True)
+    if exists(run.metrics):
+        raise TrainError(f"run {run.run_id} already finished ({run.metrics}); choose a new --run-id")
+    return run, train_shards, eval_shards, labels
+
+
+def readable_records(config: TrainConfig, train_shards: list[Shard],
+                     eval_shards: list[Shard]) -> tuple[list, int, int]:
+    """The corrupt shards and the train and eval records to count on: with --skip-corrupt, what is
+    readable now (one pass over the split); otherwise what the manifests promise."""
+    from components.train import input_pipeline as pipeline
+
+    if not config.skip_corrupt:
+        return [], sum(s.records for s in train_shards), sum(s.records for s in eval_shards)
+    scans = pipeline.scan_shards(train_shards + eval_shards)
+    return ([s for s in scans if s.error], sum(s.readable for s in scans[:len(train_shards)]),
+            sum(s.readable for s in scans[len(train_shards):]))
+
+
+def default_batch(train_records: int, replicas: int) -> int:
+    """DEFAULT_BATCH, halved while an epoch would have fewer than MIN_STEPS_PER_EPOCH steps (not
+    below SMALL_BATCH): batch-norm statistics and the schedule need steps more than big batches."""
+    batch = DEFAULT_BATCH
+    while batch > SMALL_BATCH and train_records // (batch * replicas) < MIN_STEPS_PER_EPOCH:
+        batch //= 2
+    return batch
