@@ -31,7 +31,7 @@ from components.common.lease import LeaseError, LeaseHeld, exclusive
 from components.contracts import program, schema
 from components.contracts.config import IngestConfig, from_arguments
 from components.contracts.layout import Root, shard_name
-from components.contracts.results import ResultError, SpanManifest
+from components.contracts.results import IngestSummary, ResultError, SpanManifest
 
 CHUNK = 10_000  # sources per staged list file: keeps the job graph small on any runner
 STAGING_PREFIX = "_staging-"
@@ -41,7 +41,7 @@ class IngestError(Exception):
     """A job that cannot publish; the message says why and what to do."""
 
 
-def ingest(config: IngestConfig, pipeline_args: list[str]) -> dict:
+def ingest(config: IngestConfig, pipeline_args: list[str]) -> IngestSummary:
     """Runs the whole job and returns its summary; raises IngestError when it cannot publish."""
     started = time.monotonic()
     root = Root(config.root)
@@ -58,7 +58,7 @@ def ingest(config: IngestConfig, pipeline_args: list[str]) -> dict:
         raise IngestError(f"{error}; nothing was published") from None
 
 
-def _ingest(config: IngestConfig, pipeline_args: list[str], root: Root, started: float, lease) -> dict:
+def _ingest(config: IngestConfig, pipeline_args: list[str], root: Root, started: float, lease) -> IngestSummary:
     number = max(root.span_numbers(), default=0) + 1  # counted before debris goes: never reuse a name
     removed = remove_debris(root)
 
@@ -71,8 +71,8 @@ def _ingest(config: IngestConfig, pipeline_args: list[str], root: Root, started:
     fresh = [s for s in listing.sources if s.identity not in known]
     refused = [(s, reason) for s, reason in listing.rejected if s.identity not in known]
     if not fresh and not refused:
-        return {"published": False, "span": None, "new_sources": 0, "removed_debris": removed,
-                "message": f"nothing new in {config.source}: every file is already in a published span"}
+        return IngestSummary(published=False, span=None, new_sources=0, removed_debris=removed,
+                             message=f"nothing new in {config.source}: every file is already in a published span")
 
     labels = extended_labels(root, manifests, fresh)
     staging = join(root.spans, f"{STAGING_PREFIX}{uuid.uuid4().hex[:12]}")
@@ -91,21 +91,21 @@ def _ingest(config: IngestConfig, pipeline_args: list[str], root: Root, started:
         _remove(staging)
 
     seconds = time.monotonic() - started
-    return {
-        "published": True,
-        "span": number,
-        "span_uri": root.span(number),
-        "counts": manifest.counts.to_json(),
-        "new_sources": len(fresh) + len(refused),
-        "bytes_in": sum(s.size for s in fresh),
-        "bytes_out": sum(s.bytes for s in manifest.shards),
-        "shards": len(manifest.shards),
-        "seconds": round(seconds, 3),
-        "images_per_sec": round(len(fresh) / seconds, 1) if seconds else None,
-        "dead_letters": dead[:20],
-        "dead_letter_uri": root.dead_letter(number),
-        "removed_debris": removed,
-    }
+    return IngestSummary(
+        published=True,
+        span=number,
+        span_uri=root.span(number),
+        counts=manifest.counts,
+        new_sources=len(fresh) + len(refused),
+        bytes_in=sum(s.size for s in fresh),
+        bytes_out=sum(s.bytes for s in manifest.shards),
+        shards=len(manifest.shards),
+        seconds=round(seconds, 3),
+        images_per_sec=round(len(fresh) / seconds, 1) if seconds else None,
+        dead_letters=dead[:20],
+        dead_letter_uri=root.dead_letter(number),
+        removed_debris=removed,
+    )
 
 
 def remove_debris(root: Root) -> list[str]:
@@ -290,7 +290,7 @@ def run(argv: list[str] | None = None) -> int:
         logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
     return program.main("stoke ingest", args.json,
                         lambda: ingest(from_arguments(IngestConfig, args), pipeline_args), _describe,
-                        errors=(IngestError, ResultError, OSError), failed={"published": False})
+                        errors=(IngestError, ResultError, OSError), failed=IngestSummary(published=False))
 
 
 if __name__ == "__main__":
