@@ -21,6 +21,7 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from prefect.runtime import flow_run
 
 from components.common.files import exists, filesystem, write_json
+from components.contracts import results
 from components.contracts.layout import Root, RunDir
 from components.contracts.results import TrainMetrics
 from flows.parameters import (
@@ -114,7 +115,7 @@ def check_machine(source: str, root: str, settings: DoctorSettings, run: RunDir)
 def ingest_span(source: str, root: str, settings: IngestSettings, beam_args: list[str], run: RunDir,
                 timeout_minutes: float) -> dict:
     """Publishes what SOURCE holds beyond the published spans as a new span (or says nothing is new)."""
-    with Progress("ingest", INGEST_PROGRESS) as progress:
+    with Progress("ingest") as progress:
         return run_program("ingest", "beam_jobs.ingest", ingest_arguments(source, root, settings, beam_args),
                            run, timeout_minutes, progress)
 
@@ -126,7 +127,7 @@ def train_model(root: str, epochs: int, settings: ModelSettings, run: RunDir, ti
         summary = TrainMetrics.read(run.metrics).to_json()
         save_summary(run, "train", summary)
         return summary
-    with Progress("train", EPOCH_PROGRESS) as progress:
+    with Progress("train") as progress:
         return run_program("train", "components.train", ["--root", root, "--run-id", run.run_id,
                            "--epochs", str(epochs), *to_arguments(settings)], run, timeout_minutes, progress)
 
@@ -232,29 +233,19 @@ def artifact_key(kind: str, run: RunDir) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", f"{kind}-{run.run_id}".lower())[:100]
 
 
-INGEST_PROGRESS = re.compile(r"ingest: ([\d,.]+) of ([\d,.]+) MB written")
-EPOCH_PROGRESS = re.compile(r"^Epoch (\d+)/(\d+)")
-
-
 class Progress:
-    """A Prefect progress artifact moved along by a stage's output lines that match `pattern`
-    (two numbers: done and total)."""
+    """A Prefect progress artifact moved along by a stage program's progress events."""
 
-    def __init__(self, stage: str, pattern: re.Pattern):
-        self.stage, self.pattern, self.artifact = stage, pattern, None
+    def __init__(self, stage: str):
+        self.stage, self.artifact = stage, None
 
     def __enter__(self):
         self.artifact = create_progress_artifact(0.0, description=f"{self.stage} progress")
         return self
 
-    def __call__(self, line: str) -> None:
-        match = self.pattern.search(line)
-        if match:
-            done, total = (float(g.replace(",", "")) for g in match.groups())
-            if self.pattern is EPOCH_PROGRESS:
-                done -= 1  # "Epoch 3/5" starts the third epoch
-            if total > 0:
-                update_progress_artifact(self.artifact, min(100.0 * done / total, 99.0))
+    def __call__(self, event: results.Progress) -> None:
+        if event.fraction is not None:
+            update_progress_artifact(self.artifact, min(100.0 * event.fraction, 99.0))
 
     def __exit__(self, kind, *rest):
         if kind is None:

@@ -1,5 +1,6 @@
-"""The edges every stage program shares: settings from the command line, one-line errors, and the
-summary as one JSON object on the last line of stdout, which is what `stoke` and the flows read."""
+"""The edges every stage program shares: settings from the command line, one-line errors, progress
+events, and the summary as one JSON object on the last line of stdout, which is what `stoke` and the
+flows read."""
 from __future__ import annotations
 
 import argparse
@@ -11,7 +12,7 @@ from typing import Callable
 from pydantic import BaseModel, ValidationError
 
 from components.contracts.config import add_arguments
-from components.contracts.results import Result
+from components.contracts.results import Progress, Result
 
 BAD_SETTINGS = 2  # argparse's exit code for a command line it cannot use
 FAILED = 1
@@ -40,6 +41,20 @@ def main(prog: str, as_json: bool, work: Callable[[], Result | dict], describe: 
         summary = summary.to_json()
     print(json.dumps(summary, sort_keys=True) if as_json else describe(printable(summary)), flush=True)
     return 0
+
+
+def progress_printer(as_json: bool) -> Callable[[Progress], None]:
+    """Shows a program's progress events: with --json one JSON line each on stdout (before the
+    summary, which stays the last line), else a line for people on stderr."""
+
+    def show(event: Progress) -> None:
+        if as_json:  # one write: a line from another thread cannot land inside it
+            sys.stdout.write(json.dumps(event.to_json(), sort_keys=True) + "\n")
+            sys.stdout.flush()
+        else:
+            print(event.describe(), file=sys.stderr, flush=True)
+
+    return show
 
 
 def printable(value):

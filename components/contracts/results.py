@@ -1,6 +1,6 @@
 """The typed results stages hand each other through ROOT: the span manifest, a run's metrics.json,
 validation.json and pushed.json, the lineage of a served version, every stage program's summary
-(ingest, preflight, push) and the run report.
+(ingest, preflight, push), the run report, and the progress events programs print while they work.
 
 Each is written and read through its model. Keys are strict both ways: a missing key fails, and so
 does an unknown one, so a key renamed on one side fails loudly in a test instead of turning into
@@ -524,3 +524,39 @@ class RunReport(Summary):
     report_md: str
     report_json: str
 
+
+# ---------------------------------------------------------------- progress
+
+
+class Progress(Result):
+    """A step of a stage program at work, printed with --json as one JSON line of stdout before its
+    summary: `{"event": "progress", "stage": "ingest", "done": 12.0, "total": 40.0, "unit": "MB", ...}`.
+    The "event" key tells it from a summary, which never has one."""
+
+    event: Literal["progress"] = "progress"
+    stage: str
+    done: float
+    total: float
+    unit: str  # "MB" (ingest: written of read), "epochs" (train: finished)
+    seconds: float  # since the stage began
+
+    @property
+    def fraction(self) -> float | None:
+        return self.done / self.total if self.total > 0 else None
+
+    def describe(self) -> str:
+        return f"{self.stage}: {self.done:,.0f} of {self.total:,.0f} {self.unit} after {self.seconds:,.0f} s"
+
+
+def event(line: str) -> Progress | None:
+    """The event a line of a program's stdout holds; None for any other line (a summary, text).
+    Raises ResultError for a line with an "event" key that is no valid event: it is no summary either."""
+    if not line.lstrip().startswith("{"):
+        return None
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(data, dict) or "event" not in data:
+        return None
+    return Progress.check(data, f"event line {line.strip()[:200]!r}")

@@ -19,6 +19,7 @@ import signal
 import sys
 import tempfile
 import time
+from typing import Callable
 
 import tensorflow as tf
 import tf_keras as keras
@@ -33,7 +34,7 @@ from components.contracts.config import (
     from_arguments,
 )
 from components.contracts.layout import Root, RunDir, parse_spans
-from components.contracts.results import ResultError, TrainMetrics
+from components.contracts.results import Progress, ResultError, TrainMetrics
 from components.train import profile
 from components.train.gpu_sampler import GpuSampler
 from components.train.probe import StepTimer, input_probe
@@ -49,7 +50,9 @@ class TrainError(Exception):
 
 def run(argv: list[str] | None = None) -> int:
     args = program.arguments("stoke train", __doc__, TrainConfig).parse_args(argv)
-    return program.main("stoke train", args.json, lambda: train(from_arguments(TrainConfig, args)),
+    # Progress events with --json only: for people, Keras prints "Epoch N/M" itself.
+    progress = program.progress_printer(as_json=True) if args.json else None
+    return program.main("stoke train", args.json, lambda: train(from_arguments(TrainConfig, args), progress),
                         _describe, errors=(TrainError, ResultError))
 
 
@@ -59,8 +62,9 @@ def _describe(summary: dict) -> str:
             + "".join(f"\nwarning: {warning}" for warning in summary.get("warnings") or []))
 
 
-def train(config: TrainConfig) -> dict:
-    """Trains per `config` and returns the summary (also written to metrics.json by the chief)."""
+def train(config: TrainConfig, progress: Callable[[Progress], None] | None = None) -> dict:
+    """Trains per `config` and returns the summary (also written to metrics.json by the chief);
+    the chief hands `progress` an event at the end of each epoch."""
     from components.train import input_pipeline as pipeline
     from components.train import models, recipe
     from components.train import strategy as strategies
@@ -185,6 +189,8 @@ def train(config: TrainConfig) -> dict:
     if config.ema:
         # First, so every later callback (checkpoints, TensorBoard) sees the validation of the average.
         callbacks.insert(0, recipe.EmaEvaluation())
+    if progress and is_chief:
+        callbacks.append(EpochProgress(config.epochs, progress))
     if os.environ.get(KILL_AT_STEP_ENV):
         callbacks.append(KillAtStep(int(os.environ[KILL_AT_STEP_ENV])))
 
@@ -267,6 +273,18 @@ class ResumePoint(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self.step = int(self.model.optimizer.iterations.numpy())
+
+
+class EpochProgress(keras.callbacks.Callback):
+    """A progress event for each finished epoch (counted from the first: a resumed run starts later)."""
+
+    def __init__(self, epochs: int, show: Callable[[Progress], None]):
+        super().__init__()
+        self.epochs, self.show, self.started = epochs, show, time.monotonic()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.show(Progress(stage="train", done=epoch + 1, total=self.epochs, unit="epochs",
+                           seconds=round(time.monotonic() - self.started, 1)))
 
 
 class KillAtStep(keras.callbacks.Callback):

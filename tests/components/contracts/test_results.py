@@ -111,6 +111,22 @@ def test_the_report_refuses_a_summary_with_a_renamed_key(stage, tmp_path):
     assert run.summary(stage) in str(error.value)
 
 
+def test_a_progress_event_is_told_from_a_summary_and_from_text():
+    line = json.dumps({"event": "progress", "stage": "ingest", "done": 12.5, "total": 50, "unit": "MB",
+                       "seconds": 10})
+    event = results.event(line)
+    assert event == results.Progress(stage="ingest", done=12.5, total=50, unit="MB", seconds=10)
+    assert event.fraction == 0.25 and event.describe() == "ingest: 12 of 50 MB after 10 s"
+    assert results.event(json.dumps(event.to_json())) == event
+    assert results.event(json.dumps({"published": False, "error": "x"})) is None  # a summary
+    assert results.event("Epoch 1/2") is None and results.event("{not json") is None
+    with pytest.raises(results.ResultError, match="done"):
+        results.event(json.dumps({"event": "progress", "stage": "ingest", "dnoe": 1, "total": 2, "unit": "MB",
+                                  "seconds": 1}))
+    with pytest.raises(results.ResultError):  # an event, though of a kind this version does not know
+        results.event(json.dumps({"event": "heartbeat"}))
+
+
 def test_failures_print_the_stages_summary_with_its_error(capsys):
     from components.contracts import program
 
