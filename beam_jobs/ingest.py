@@ -20,6 +20,7 @@ import threading
 import time
 import uuid
 from datetime import datetime, timezone
+from typing import Callable
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
@@ -32,6 +33,7 @@ from components.contracts import program, schema
 from components.contracts.config import IngestConfig, from_arguments
 from components.contracts.layout import Root, shard_name
 from components.contracts.results import ResultError, SpanManifest
+from components.contracts.summaries import IngestSummary, Progress
 
 CHUNK = 10_000  # sources per staged list file: keeps the job graph small on any runner
 STAGING_PREFIX = "_staging-"
@@ -41,8 +43,10 @@ class IngestError(Exception):
     """A job that cannot publish; the message says why and what to do."""
 
 
-def ingest(config: IngestConfig, pipeline_args: list[str]) -> dict:
-    """Runs the whole job and returns its summary; raises IngestError when it cannot publish."""
+def ingest(config: IngestConfig, pipeline_args: list[str],
+           progress: Callable[[Progress], None] | None = None) -> IngestSummary:
+    """Runs the whole job and returns its summary; raises IngestError when it cannot publish.
+    `progress` gets the MB written every few seconds while the runner works (default: a line on stderr)."""
     started = time.monotonic()
     root = Root(config.root)
     # One ingest at a time per ROOT: a second would pick the same span number and take the first's
@@ -50,7 +54,8 @@ def ingest(config: IngestConfig, pipeline_args: list[str]) -> dict:
     # holder dies (components/common/lease.py).
     try:
         with exclusive(root.ingest_lock, "ingest") as lease:
-            return _ingest(config, pipeline_args, root, started, lease)
+            return _ingest(config, pipeline_args, root, started, lease,
+                           progress or program.progress_printer(as_json=False))
     except LeaseHeld as error:
         detail = f" ({error})" if error.holder else ""
         raise IngestError(f"another ingest is writing into {root.uri}; run again when it has finished{detail}") from None
@@ -58,7 +63,8 @@ def ingest(config: IngestConfig, pipeline_args: list[str]) -> dict:
         raise IngestError(f"{error}; nothing was published") from None
 
 
-def _ingest(config: IngestConfig, pipeline_args: list[str], root: Root, started: float, lease) -> dict:
+def _ingest(config: IngestConfig, pipeline_args: list[str], root: Root, started: float, lease,
+            progress: Callable[[Progress], None]) -> IngestSummary:
     number = max(root.span_numbers(), default=0) + 1  # counted before debris goes: never reuse a name
     removed = remove_debris(root)
 
@@ -71,15 +77,15 @@ def _ingest(config: IngestConfig, pipeline_args: list[str], root: Root, started:
     fresh = [s for s in listing.sources if s.identity not in known]
     refused = [(s, reason) for s, reason in listing.rejected if s.identity not in known]
     if not fresh and not refused:
-        return {"published": False, "span": None, "new_sources": 0, "removed_debris": removed,
-                "message": f"nothing new in {config.source}: every file is already in a published span"}
+        return IngestSummary(published=False, span=None, new_sources=0, removed_debris=removed,
+                             message=f"nothing new in {config.source}: every file is already in a published span")
 
     labels = extended_labels(root, manifests, fresh)
     staging = join(root.spans, f"{STAGING_PREFIX}{uuid.uuid4().hex[:12]}")
     try:
         chunks = stage_sources(staging, fresh, labels)
         if fresh:
-            with _Progress(staging, sum(s.size for s in fresh)):
+            with _Progress(staging, sum(s.size for s in fresh), progress):
                 run_pipeline(chunks, staging, config, pipeline_args)
         shards = read_json(join(staging, "shards.json")) if fresh else []
         dead = read_json(join(staging, "dead.json")) if fresh else []
@@ -91,21 +97,21 @@ def _ingest(config: IngestConfig, pipeline_args: list[str], root: Root, started:
         _remove(staging)
 
     seconds = time.monotonic() - started
-    return {
-        "published": True,
-        "span": number,
-        "span_uri": root.span(number),
-        "counts": manifest.counts.to_json(),
-        "new_sources": len(fresh) + len(refused),
-        "bytes_in": sum(s.size for s in fresh),
-        "bytes_out": sum(s.bytes for s in manifest.shards),
-        "shards": len(manifest.shards),
-        "seconds": round(seconds, 3),
-        "images_per_sec": round(len(fresh) / seconds, 1) if seconds else None,
-        "dead_letters": dead[:20],
-        "dead_letter_uri": root.dead_letter(number),
-        "removed_debris": removed,
-    }
+    return IngestSummary(
+        published=True,
+        span=number,
+        span_uri=root.span(number),
+        counts=manifest.counts,
+        new_sources=len(fresh) + len(refused),
+        bytes_in=sum(s.size for s in fresh),
+        bytes_out=sum(s.bytes for s in manifest.shards),
+        shards=len(manifest.shards),
+        seconds=round(seconds, 3),
+        images_per_sec=round(len(fresh) / seconds, 1) if seconds else None,
+        dead_letters=dead[:20],
+        dead_letter_uri=root.dead_letter(number),
+        removed_debris=removed,
+    )
 
 
 def remove_debris(root: Root) -> list[str]:
@@ -229,18 +235,20 @@ def publish(root, number, staging, shards, dead, labels, fresh, refused, config)
 
 
 class _Progress:
-    """A progress line on stderr every few seconds while the runner works."""
+    """A progress event (MB written of MB read) every few seconds while the runner works; none once
+    the block is left, so none can follow the summary."""
 
-    def __init__(self, staging: str, total_bytes: int, every: float = 10.0):
-        self.staging, self.total, self.every = staging, total_bytes, every
-        self.started, self.done = time.monotonic(), threading.Event()
+    def __init__(self, staging: str, total_bytes: int, show: Callable[[Progress], None], every: float = 10.0):
+        self.staging, self.total, self.show, self.every = staging, total_bytes, show, every
+        self.started, self.done, self.lock = time.monotonic(), threading.Event(), threading.Lock()
 
     def __enter__(self):
         threading.Thread(target=self._report, daemon=True).start()
         return self
 
     def __exit__(self, *exc):
-        self.done.set()
+        with self.lock:
+            self.done.set()
 
     def _report(self):
         fs, path = filesystem(self.staging)
@@ -249,8 +257,11 @@ class _Progress:
                 written = sum(fs.du(path, total=False, withdirs=False).values())
             except OSError:
                 continue
-            print(f"ingest: {written / 1e6:,.0f} of {self.total / 1e6:,.0f} MB written "
-                  f"after {time.monotonic() - self.started:,.0f} s", file=sys.stderr, flush=True)
+            event = Progress(stage="ingest", done=round(written / 1e6, 1), total=round(self.total / 1e6, 1),
+                             unit="MB", seconds=round(time.monotonic() - self.started, 1))
+            with self.lock:
+                if not self.done.is_set():
+                    self.show(event)
 
 
 def _names(fs, path: str) -> list[str]:
@@ -289,8 +300,9 @@ def run(argv: list[str] | None = None) -> int:
         # Beam relays every worker's log lines; the summary says what matters.
         logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
     return program.main("stoke ingest", args.json,
-                        lambda: ingest(from_arguments(IngestConfig, args), pipeline_args), _describe,
-                        errors=(IngestError, ResultError, OSError), failed={"published": False})
+                        lambda: ingest(from_arguments(IngestConfig, args), pipeline_args,
+                                       program.progress_printer(args.json)), _describe,
+                        errors=(IngestError, ResultError, OSError), failed=IngestSummary(published=False))
 
 
 if __name__ == "__main__":

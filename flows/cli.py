@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 
-from components.contracts.stages import STAGES, stage
+from components.contracts import stages
 
 # Commands that are whole programs of their own: `stoke ingest ...` is `python -m beam_jobs.ingest ...`.
 # Every stage of the registry is one, under its name; these are the others.
@@ -26,7 +26,7 @@ TOOLS = {
 
 def programs() -> dict[str, tuple[str, str]]:
     """Command name -> (module, one-line help): the registry's stages, then the tools."""
-    return {**{s.name: (s.program, s.summary) for s in STAGES}, **TOOLS}
+    return {**{s.name: (s.program, s.summary) for s in stages.STAGES}, **TOOLS}
 
 
 # `stoke bench <what> ...` is the benchmark program `python -m <module> ...`.
@@ -37,8 +37,8 @@ BENCHES = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] not in programs() and any(argv[0] in s.aliases for s in STAGES):
-        renamed = stage(argv[0]).name
+    if argv and argv[0] not in programs() and any(argv[0] in s.aliases for s in stages.STAGES):
+        renamed = stages.stage(argv[0]).name
         print(f"stoke: `stoke {argv[0]}` is now `stoke {renamed}`; the old name goes in the next release",
               file=sys.stderr, flush=True)
         argv[0] = renamed
@@ -79,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
 
     from flows import commands as flow_commands
 
-    run = commands.add_parser("run", help="the train flow once, here: " + ", ".join(s.name for s in STAGES))
+    run = commands.add_parser("run", help="the train flow once, here: " + ", ".join(s.name for s in stages.STAGES))
     flow_commands.add_run_arguments(run)
     run.set_defaults(handler=flow_commands.run)
     up = commands.add_parser("up", help="a local Prefect server serving train/nightly and watch-bucket/poll until Ctrl-C")

@@ -1,5 +1,6 @@
 """Running a stage program (`python -m module ...`) from a task: its own process, a real timeout,
-its output streamed into the run log, its JSON summary read from the last line of stdout.
+its output streamed into the run log, its progress events handed on, its JSON summary read from the
+last line of stdout.
 
 A subprocess, not an import, because that is how a Dataflow job or a Kubernetes Job starts the same
 program: it frees all GPU memory when it exits, a segfault in a native library fails one task and
@@ -22,6 +23,8 @@ from pydantic import BaseModel
 
 from components.common import processes
 from components.contracts.program import printable
+from components.contracts.results import ResultError
+from components.contracts.summaries import Progress, event
 
 # After SIGTERM a stage gets this long to save what it can (the trainer's backup) before SIGKILL.
 KILL_GRACE_SECONDS = 10.0
@@ -37,12 +40,13 @@ class StageError(RuntimeError):
 
 
 def run_stage(name: str, module: str, argv: list[str], *, timeout: float, logger: logging.Logger,
-              progress: Callable[[str], None] | None = None, env: dict | None = None) -> dict:
+              progress: Callable[[Progress], None] | None = None, env: dict | None = None) -> dict:
     """Runs `python -m module argv` and returns the JSON object on its last stdout line.
 
-    Every other line goes to `logger` as it arrives (stdout at INFO, stderr at INFO too: Beam and
-    TensorFlow write their progress there) and to `progress`, if given. Raises StageError on a
-    non-zero exit, on timeout (after killing the whole process group) or without a summary."""
+    Progress events (JSON lines of stdout with an "event" key, components/contracts/results.py) go to
+    `progress`, if given, and are never the summary. Every other line goes to `logger` as it arrives
+    (stdout at INFO, stderr at INFO too: Beam and TensorFlow write their own progress there). Raises
+    StageError on a non-zero exit, on timeout (after killing the whole process group) or without a summary."""
     command = [sys.executable, "-m", module, *argv]
     logger.info("%s: %s", name, " ".join(command[1:]))
     # Its own process group: Beam's worker processes and TensorFlow's children stop with it.
@@ -75,13 +79,12 @@ def run_stage(name: str, module: str, argv: list[str], *, timeout: float, logger
             if not line.strip():
                 continue
             if tag == "out" and line.lstrip().startswith("{"):
-                last_json = line  # a summary candidate: the last one printed wins
                 logger.debug("%s: %s", name, line)
+                if not _progress_event(name, line, logger, progress):
+                    last_json = line  # a summary candidate: the last one printed wins
                 continue
             tail = (tail + [line])[-TAIL_LINES:]
             logger.log(_level(line), "%s: %s", name, printable(line))
-            if progress:
-                progress(line)
         code = process.wait(timeout=max(deadline - time.monotonic(), 1.0))
     except BaseException:
         # Cancelled, timed out or interrupted: never leave a trainer holding the GPU behind us.
@@ -127,6 +130,19 @@ def _level(line: str) -> int:
     if line.startswith("WARNING: All log messages before absl::InitializeLog()"):
         return logging.DEBUG
     return logging.INFO
+
+
+def _progress_event(name: str, line: str, logger: logging.Logger,
+                    progress: Callable[[Progress], None] | None) -> bool:
+    """Hands the event a line holds to `progress`; False for a line that is no event (a summary candidate)."""
+    try:
+        found = event(line)
+    except ResultError as error:  # an event from a newer program, say: no reason to stop the stage
+        logger.warning("%s: %s", name, error)
+        return True
+    if found is not None and progress:
+        progress(found)
+    return found is not None
 
 
 def _pump(stream, tag: str, lines: queue.Queue) -> None:

@@ -21,9 +21,9 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.runtime import flow_run
 
-from components.common.files import exists, filesystem, write_json
+from components.common.files import exists, filesystem, read_json
+from components.contracts import results, summaries
 from components.contracts.layout import Root, RunDir, new_run_id
-from components.contracts.results import TrainMetrics
 from components.contracts.stages import Stage, stage
 from flows.parameters import (
     DEMO_ROOT,
@@ -74,12 +74,12 @@ def train(
         if preflight is not None:
             check_machine(source, root, preflight, run, timeouts.preflight)                   # 1
         ingested = ingest_span(source, root, ingest, beam_args, run, timeouts.ingest)         # 2
-        if skip_unchanged and not ingested["published"] and served_versions(root, model_name):
-            return write_report(run, skipped=f"{ingested.get('message') or 'nothing new'}; "
+        if skip_unchanged and not ingested.published and served_versions(root, model_name):
+            return write_report(run, skipped=f"{ingested.message or 'nothing new'}; "
                                 f"model {model_name} is already served, so nothing was trained")
         train_model(root, train, run, timeouts.train)                                         # 3
         verdict = gate_model(root, model_name, gate, run, timeouts.gate)                      # 4
-        if verdict["blessed"]:
+        if verdict.blessed:
             push_model(root, model_name, push, run, timeouts.push)                            # 5
         return write_report(run)                                                              # 6
     except Exception as error:
@@ -91,7 +91,8 @@ def train(
 
 
 @task(name="preflight")  # no retries: a failed check fails again
-def check_machine(source: str, root: str, settings: PreflightSettings, run: RunDir, timeout_minutes: float) -> dict:
+def check_machine(source: str, root: str, settings: PreflightSettings, run: RunDir,
+                  timeout_minutes: float) -> summaries.PreflightSummary:
     """Checks disks, read speed, GPUs, /dev/shm and limits; stops the run on a failed check."""
     argv = ["--root", root, "--source", source, *to_arguments(settings)]
     try:
@@ -99,8 +100,7 @@ def check_machine(source: str, root: str, settings: PreflightSettings, run: RunD
     except StageError as error:
         if error.summary is None:
             raise
-        save_summary(run, "preflight", error.summary)
-        _log_checks(error.summary)
+        _log_checks(keep_summary(stage("preflight"), error.summary, run))
         raise PreflightFailed(f"{error}; fix it or run with preflight=None (`stoke run --no-preflight`)") from None
     _log_checks(summary)
     return summary
@@ -108,32 +108,31 @@ def check_machine(source: str, root: str, settings: PreflightSettings, run: RunD
 
 @task(name="ingest", retries=2, retry_delay_seconds=30, retry_condition_fn=unless_timed_out)
 def ingest_span(source: str, root: str, settings: IngestSettings, beam_args: list[str], run: RunDir,
-                timeout_minutes: float) -> dict:
+                timeout_minutes: float) -> summaries.IngestSummary:
     """Publishes what SOURCE holds beyond the published spans as a new span (or says nothing is new)."""
-    with Progress("ingest", INGEST_PROGRESS) as progress:
+    with Progress("ingest") as progress:
         return run_program(stage("ingest"), ingest_arguments(source, root, settings, beam_args), run,
                            timeout_minutes, progress)
 
 
 @task(name="train", tags=[GPU_TAG], retries=0)
-def train_model(root: str, settings: TrainSettings, run: RunDir, timeout_minutes: float) -> dict:
+def train_model(root: str, settings: TrainSettings, run: RunDir, timeout_minutes: float) -> results.TrainMetrics:
     """Trains on every published span into ROOT/runs/<run-id>/candidate."""
     if exists(run.metrics):  # a retried flow run: this run's training already finished
-        summary = TrainMetrics.read(run.metrics).to_json()
-        save_summary(run, "train", summary)
-        return summary
-    with Progress("train", EPOCH_PROGRESS) as progress:
+        return keep_summary(stage("train"), read_json(run.metrics), run)
+    with Progress("train") as progress:
         return run_program(stage("train"), ["--root", root, "--run-id", run.run_id, *to_arguments(settings)], run,
                            timeout_minutes, progress)
 
 
 @task(name="gate", tags=[GPU_TAG], retries=1, retry_delay_seconds=30, retry_condition_fn=unless_timed_out)
-def gate_model(root: str, model_name: str, settings: GateSettings, run: RunDir, timeout_minutes: float) -> dict:
+def gate_model(root: str, model_name: str, settings: GateSettings, run: RunDir,
+               timeout_minutes: float) -> results.Validation:
     """Gates the candidate with TFMA: thresholds, and not worse than the served model."""
     summary = run_program(stage("gate"), ["--root", root, "--run-id", run.run_id, "--model-name", model_name,
                                           *to_arguments(settings)], run, timeout_minutes)
-    reasons = "; ".join(summary["reasons"])
-    if summary["blessed"]:
+    reasons = "; ".join(summary.reasons)
+    if summary.blessed:
         get_run_logger().info("blessed: %s", reasons or "all checks passed")
     else:
         get_run_logger().warning("not blessed, nothing will be pushed: %s", reasons)
@@ -141,7 +140,8 @@ def gate_model(root: str, model_name: str, settings: GateSettings, run: RunDir, 
 
 
 @task(name="push", retries=1, retry_delay_seconds=30, retry_condition_fn=unless_timed_out)
-def push_model(root: str, model_name: str, settings: PushSettings, run: RunDir, timeout_minutes: float) -> dict:
+def push_model(root: str, model_name: str, settings: PushSettings, run: RunDir,
+               timeout_minutes: float) -> summaries.PushSummary:
     """Pushes the blessed candidate as a new integer version of the served model."""
     return run_program(stage("push"), ["--root", root, "--run-id", run.run_id, "--model-name", model_name,
                                        *to_arguments(settings)], run, timeout_minutes)
@@ -170,11 +170,11 @@ def flow_run_id() -> str:
     return new_run_id(flow_run.scheduled_start_time, flow_run.name or "local")
 
 
-def _log_checks(summary: dict) -> None:
+def _log_checks(summary: summaries.PreflightSummary) -> None:
     logger = get_run_logger()
-    for check in summary["checks"]:
-        logger.log(30 if check["status"] in ("warn", "fail") else 20, "preflight %s %s: %s%s", check["status"],
-                   check["name"], check["summary"], f" (fix: {check['fix']})" if check["fix"] else "")
+    for check in summary.checks:
+        logger.log(30 if check.status in ("warn", "fail") else 20, "preflight %s %s: %s%s", check.status,
+                   check.name, check.summary, f" (fix: {check.fix})" if check.fix else "")
 
 
 def ensure_gpu_limit() -> None:
@@ -203,17 +203,18 @@ def ingest_arguments(source: str, root: str, settings: IngestSettings, beam_args
 
 def run_program(of: Stage, argv: list[str], run: RunDir, timeout_minutes: float,
                 progress: Progress | None = None) -> dict:
-    """Runs a stage's program (`python -m module argv --json`) and keeps its summary in the run folder,
-    checked against the stage's result model."""
+    """Runs a stage's program (`python -m module argv --json`) and keeps its summary in the run folder."""
     summary = run_stage(of.name, of.program, [*argv, "--json"], timeout=timeout_minutes * 60,
                         logger=get_run_logger(), progress=progress)
-    of.result.check(summary, f"the summary of {of.program}")
-    save_summary(run, of.name, summary)
-    return summary
+    return keep_summary(of, summary, run)
 
 
-def save_summary(run: RunDir, stage: str, summary: dict) -> None:
-    write_json(run.summary(stage), summary)
+def keep_summary(of: Stage, summary: dict, run: RunDir):
+    """The summary as the stage's result model (a renamed key fails here, naming the program), kept
+    in the run folder for the report."""
+    result = of.result.check(summary, f"the summary of {of.program}")
+    result.write(run.summary(of.name))
+    return result
 
 
 def with_inline_plots(markdown: str, plots: dict) -> str:
@@ -234,29 +235,19 @@ def artifact_key(kind: str, run: RunDir) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", f"{kind}-{run.run_id}".lower())[:100]
 
 
-INGEST_PROGRESS = re.compile(r"ingest: ([\d,.]+) of ([\d,.]+) MB written")
-EPOCH_PROGRESS = re.compile(r"^Epoch (\d+)/(\d+)")
-
-
 class Progress:
-    """A Prefect progress artifact moved along by a stage's output lines that match `pattern`
-    (two numbers: done and total)."""
+    """A Prefect progress artifact moved along by a stage program's progress events."""
 
-    def __init__(self, stage: str, pattern: re.Pattern):
-        self.stage, self.pattern, self.artifact = stage, pattern, None
+    def __init__(self, stage: str):
+        self.stage, self.artifact = stage, None
 
     def __enter__(self):
         self.artifact = create_progress_artifact(0.0, description=f"{self.stage} progress")
         return self
 
-    def __call__(self, line: str) -> None:
-        match = self.pattern.search(line)
-        if match:
-            done, total = (float(g.replace(",", "")) for g in match.groups())
-            if self.pattern is EPOCH_PROGRESS:
-                done -= 1  # "Epoch 3/5" starts the third epoch
-            if total > 0:
-                update_progress_artifact(self.artifact, min(100.0 * done / total, 99.0))
+    def __call__(self, event: summaries.Progress) -> None:
+        if event.fraction is not None:
+            update_progress_artifact(self.artifact, min(100.0 * event.fraction, 99.0))
 
     def __exit__(self, kind, *rest):
         if kind is None:

@@ -1,5 +1,6 @@
-"""The edges every stage program shares: settings from the command line, one-line errors, and the
-summary as one JSON object on the last line of stdout, which is what `stoke` and the flows read."""
+"""The edges every stage program shares: settings from the command line, one-line errors, progress
+events, and the summary as one JSON object on the last line of stdout, which is what `stoke` and the
+flows read."""
 from __future__ import annotations
 
 import argparse
@@ -11,6 +12,8 @@ from typing import Callable
 from pydantic import BaseModel, ValidationError
 
 from components.contracts.config import add_arguments
+from components.contracts.results import Result
+from components.contracts.summaries import Progress
 
 BAD_SETTINGS = 2  # argparse's exit code for a command line it cannot use
 FAILED = 1
@@ -25,9 +28,9 @@ def arguments(prog: str, doc: str, model: type[BaseModel] | None = None, positio
     return parser
 
 
-def main(prog: str, as_json: bool, work: Callable[[], dict], describe: Callable[[dict], str],
-         errors: tuple[type[Exception], ...] = (), failed: dict | None = None) -> int:
-    """Runs `work` and prints its summary, or one error line on stderr (and `failed` plus the error
+def main(prog: str, as_json: bool, work: Callable[[], Result | dict], describe: Callable[[dict], str],
+         errors: tuple[type[Exception], ...] = (), failed: Result | None = None) -> int:
+    """Runs `work` and prints its summary, or one error line on stderr (and `failed` with the error
     as the JSON line) for bad settings and for the `errors` that mean the work could not be done."""
     try:
         summary = work()
@@ -35,8 +38,24 @@ def main(prog: str, as_json: bool, work: Callable[[], dict], describe: Callable[
         return _fail(prog, as_json, settings_message(error), failed, BAD_SETTINGS)
     except errors as error:
         return _fail(prog, as_json, str(error), failed, FAILED)
+    if isinstance(summary, Result):
+        summary = summary.to_json()
     print(json.dumps(summary, sort_keys=True) if as_json else describe(printable(summary)), flush=True)
     return 0
+
+
+def progress_printer(as_json: bool) -> Callable[[Progress], None]:
+    """Shows a program's progress events: with --json one JSON line each on stdout (before the
+    summary, which stays the last line), else a line for people on stderr."""
+
+    def show(event: Progress) -> None:
+        if as_json:  # one write: a line from another thread cannot land inside it
+            sys.stdout.write(json.dumps(event.to_json(), sort_keys=True) + "\n")
+            sys.stdout.flush()
+        else:
+            print(event.describe(), file=sys.stderr, flush=True)
+
+    return show
 
 
 def printable(value):
@@ -61,8 +80,10 @@ def settings_message(error: ValidationError) -> str:
     return "; ".join(f"--{'-'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}" for e in error.errors())
 
 
-def _fail(prog: str, as_json: bool, message: str, failed: dict | None, code: int) -> int:
+def _fail(prog: str, as_json: bool, message: str, failed: Result | None, code: int) -> int:
     print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
     if as_json:
-        print(json.dumps({**(failed or {}), "error": message}, sort_keys=True), flush=True)
+        summary = type(failed).model_validate({**failed.to_json(), "error": message}).to_json() if failed else {
+            "error": message}
+        print(json.dumps(summary, sort_keys=True), flush=True)
     return code

@@ -1,5 +1,6 @@
 """The typed results stages hand each other through ROOT: the span manifest, a run's metrics.json,
-validation.json and pushed.json, and the lineage of a served version.
+validation.json and pushed.json, and the lineage of a served version. The stage programs' own
+summaries, the run report and progress events are in summaries.py, on the same base.
 
 Each is written and read through its model. Keys are strict both ways: a missing key fails, and so
 does an unknown one, so a key renamed on one side fails loudly in a test instead of turning into
@@ -334,20 +335,3 @@ class Lineage(Result):
     code_version: dict
     rolled_back: RolledBack | None = None
     retired_at: str | None = None
-
-
-# ---------------------------------------------------------------- PLACEHOLDER until the typed summaries land
-class PreflightSummary(Result):
-    model_config = ConfigDict(extra="allow")
-
-
-class IngestSummary(Result):
-    model_config = ConfigDict(extra="allow")
-
-
-class PushSummary(Result):
-    model_config = ConfigDict(extra="allow")
-
-
-class RunReport(Result):
-    model_config = ConfigDict(extra="allow")

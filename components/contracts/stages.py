@@ -11,7 +11,7 @@ import dataclasses
 
 from pydantic import BaseModel
 
-from components.contracts import config, results
+from components.contracts import config, results, summaries
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,10 +37,10 @@ class Stage:
 
 STAGES: tuple[Stage, ...] = (
     Stage("preflight", "components.preflight", "the machine before any GPU hour: disks, read speed, GPUs, "
-          "/dev/shm, limits", config.PreflightConfig, results.PreflightSummary, 10,
+          "/dev/shm, limits", config.PreflightConfig, summaries.PreflightSummary, 10,
           reads=("data/spans/*/ (shards, to time reads)",), aliases=("doctor",)),
     Stage("ingest", "beam_jobs.ingest", "new images to a new span of GZIP TFRecords (Beam)",
-          config.IngestConfig, results.IngestSummary, 240,
+          config.IngestConfig, summaries.IngestSummary, 240,
           reads=("data/labels.json", "data/spans/*/_MANIFEST.json"),
           writes=("data/labels.json", "data/spans/span-N/ (shards, dead_letter.jsonl, _MANIFEST.json last)")),
     Stage("train", "components.train", "published spans to a candidate SavedModel",
@@ -53,11 +53,11 @@ STAGES: tuple[Stage, ...] = (
           writes=("runs/ID/ (tfma, warmup, confusion_matrix.png, validation.json, BLESSED or NOT_BLESSED)",),
           aliases=("validate", "validation")),
     Stage("push", "components.push", "a blessed candidate to a new version in the model repository",
-          config.PushConfig, results.PushSummary, 30,
+          config.PushConfig, summaries.PushSummary, 30,
           reads=("runs/ID/ (validation.json, BLESSED, candidate, warmup)",),
           writes=("models/NAME/VERSION/", "serving/", "runs/ID/pushed.json")),
     Stage("report", "components.report", "(re)build a run's report from its folder",
-          None, results.RunReport, None,
+          None, summaries.RunReport, None,
           reads=("runs/ID/",), writes=("runs/ID/ (report.md, report.json, plots)",)),
 )
 

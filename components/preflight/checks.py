@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from components.contracts.summaries import PreflightSummary
+
 SEVERITY = {"ok": 0, "skip": 0, "warn": 1, "fail": 2}
 
 
@@ -39,5 +41,6 @@ class Report:
         return f"{first.name} failed: {first.summary}" + (f" (and {more} more)" if more else "")
 
     def to_dict(self) -> dict:
-        return {"status": self.status, "failed": [c.name for c in self.failed],
-                "checks": [asdict(c) for c in self.checks]}
+        """The summary, as `stoke doctor --json` prints it and the train flow keeps it."""
+        return PreflightSummary(status=self.status, failed=[c.name for c in self.failed],
+                                checks=[asdict(c) for c in self.checks]).to_json()

@@ -36,6 +36,7 @@ from components.contracts.results import (
     TrainMetrics,
     Validation,
 )
+from components.contracts.summaries import PushSummary
 from components.push.serving_image import ServingError
 
 
@@ -46,7 +47,8 @@ class PushError(Exception):
 def run(argv: list[str] | None = None) -> int:
     args = program.arguments("stoke push", __doc__, PushConfig).parse_args(argv)
     return program.main("stoke push", args.json, lambda: push(from_arguments(PushConfig, args)), _describe,
-                        errors=(PushError, RepositoryError, ServingError, ResultError), failed={"pushed": False})
+                        errors=(PushError, RepositoryError, ServingError, ResultError),
+                        failed=PushSummary(pushed=False))
 
 
 def _describe(summary: dict) -> str:
@@ -62,7 +64,7 @@ def _now() -> str:
 
 
 
-def push(config: PushConfig) -> dict:
+def push(config: PushConfig) -> PushSummary:
     from components.push import serving_image as serving
 
     root = Root(config.root)
@@ -82,17 +84,19 @@ def push(config: PushConfig) -> dict:
         earlier = earlier_push(repo, run)
         if earlier is not None:
             cmds = serving.commands(root.serving, config.model_name, earlier.version)
-            return {"pushed": False, "already_pushed": True, "run_id": config.run_id, "model_name": config.model_name,
-                    "version": earlier.version, "model_uri": earlier.model_uri, "serving_uri": root.serving,
-                    "commands": cmds, "message": f"run {config.run_id} was already pushed as version "
-                                                 f"{earlier.version} on {earlier.pushed_at}; nothing to do"}
-        summary = _publish(config, root, run, repo, validation)
-    summary["image"] = (serving.build_image(summary["serving_uri"], summary["commands"]["docker_build"])
-                        if config.build_image else {"built": False, "reason": "--no-build-image"})
+            summary = PushSummary(
+                pushed=False, already_pushed=True, run_id=config.run_id, model_name=config.model_name,
+                version=earlier.version, model_uri=earlier.model_uri, serving_uri=root.serving, commands=cmds,
+                message=f"run {config.run_id} was already pushed as version {earlier.version} on "
+                        f"{earlier.pushed_at}; nothing to do")
+        else:
+            summary = _publish(config, root, run, repo, validation)
+    summary.image = (serving.build_image(summary.serving_uri, summary.commands.docker_build)
+                     if config.build_image else {"built": False, "reason": "--no-build-image"})
     return summary
 
 
-def _publish(config: PushConfig, root: Root, run: RunDir, repo: Repository, validation: Validation) -> dict:
+def _publish(config: PushConfig, root: Root, run: RunDir, repo: Repository, validation: Validation) -> PushSummary:
     """The part of a push that changes the repository; the caller holds its lock."""
     from components.push import serving_image as serving
 
@@ -117,23 +121,23 @@ def _publish(config: PushConfig, root: Root, run: RunDir, repo: Repository, vali
     remove(run.push_intent)
     retired = repo.apply_retention(config.keep, _now())
     rendered = serving.render(root, config.model_name)
-    return {
-        "pushed": True,
-        "run_id": config.run_id,
-        "model_name": config.model_name,
-        "version": version,
-        "model_uri": model_uri,
-        "previous_version": newest,
-        "versions": rendered["versions"],
-        "retired": retired,
-        "cleaned_partial": cleaned,
-        "serving_uri": rendered["serving_uri"],
-        "serving_image": rendered["serving_image"],
-        "trained_tensorflow": trained_tf,
-        "labels": rendered["labels"],
-        "commands": rendered["commands"],
-        "metrics": validation.metrics.model_dump(include={"accuracy", "top_k_accuracy", "example_count"}),
-    }
+    return PushSummary(
+        pushed=True,
+        run_id=config.run_id,
+        model_name=config.model_name,
+        version=version,
+        model_uri=model_uri,
+        previous_version=newest,
+        versions=rendered["versions"],
+        retired=retired,
+        cleaned_partial=cleaned,
+        serving_uri=rendered["serving_uri"],
+        serving_image=rendered["serving_image"],
+        trained_tensorflow=trained_tf,
+        labels=rendered["labels"],
+        commands=rendered["commands"],
+        metrics=validation.metrics.model_dump(include={"accuracy", "top_k_accuracy", "example_count"}),
+    )
 
 
 def earlier_push(repo: Repository, run: RunDir) -> Pushed | None:

@@ -10,44 +10,49 @@ from __future__ import annotations
 import os
 
 from components.common import plots as draw
-from components.common.files import exists, read_json, write_json, write_text
+from components.common.files import exists, write_text
+from components.contracts import stages
 from components.contracts.layout import RunDir
 from components.contracts.program import printable
-from components.contracts.results import InputProbe, Result, TrainMetrics, Validation
+from components.contracts.results import GateMetrics, InputProbe, TrainMetrics, Validation
+from components.contracts.summaries import PushSummary, RunReport
 
-STAGES = ("preflight", "ingest", "train", "validate", "push")
+# The keys of a stage's summary that its section of the report shows.
+INGEST_KEYS = {"published", "span", "span_uri", "counts", "new_sources", "images_per_sec", "seconds",
+               "dead_letters", "dead_letter_uri", "message", "error"}
+PUSH_KEYS = {"pushed", "already_pushed", "version", "previous_version", "model_uri", "serving_uri", "commands",
+             "image", "retired", "message"}
 
 
-def build_report(run: RunDir, skipped: str | None = None, failed: str | None = None) -> dict:
-    """The report as a JSON-able dict: one section per stage that left a summary."""
-    preflight, ingest, push = (_read(run.summary(stage)) for stage in ("preflight", "ingest", "push"))
-    train = _read(run.summary("train"), TrainMetrics)
-    validation = _read(run.summary("validate"), Validation)
-    present = dict(zip(STAGES, (preflight, ingest, train, validation, push)))
-    report = {"run_id": run.run_id, "run_dir": run.uri, "stages": [s for s, v in present.items() if v is not None]}
-    report["status"], report["message"] = _outcome(validation, push, skipped, failed)
-    # The headline, with the same keys as `stoke run --json`: blessed, pushed_version, reasons, metrics.
-    pushed = bool(push and (push.get("pushed") or push.get("already_pushed")))
-    report.update(
+def build_report(run: RunDir, skipped: str | None = None, failed: str | None = None) -> RunReport:
+    """The report: one section per stage that left a summary."""
+    found = {s.name: _read(run, s) for s in stages.STAGES if s.name != "report"}
+    present = {name: summary for name, summary in found.items() if summary is not None}
+    preflight, ingest, train, validation, push = (present.get(name) for name in
+                                                   ("preflight", "ingest", "train", "gate", "push"))
+    status, message = _outcome(validation, push, skipped, failed)
+    pushed = _pushed(push)
+    report = RunReport(
+        run_id=run.run_id, run_dir=run.uri, stages=list(present),
+        status=status, message=message,
+        # The headline, with the same keys as `stoke run --json`: blessed, pushed_version, reasons, metrics.
         blessed=bool(validation and validation.blessed),
-        pushed_version=push.get("version") if pushed else None,
+        pushed_version=push.version if pushed else None,
         reasons=validation.reasons if validation else [],
         metrics=validation.metrics.model_dump(include={"accuracy", "top_k_accuracy", "example_count",
                                                        "majority_class_rate"}) if validation else {},
-        model_uri=push.get("model_uri") if pushed else None,
+        model_uri=push.model_uri if pushed else None,
+        plots={}, report_md=run.report_md, report_json=run.report_json,
     )
     if preflight is not None:
-        report["preflight"] = {"status": preflight.get("status"), "failed": preflight.get("failed", []),
-                               "warnings": [f"{c['name']}: {c['summary']}" for c in preflight.get("checks", [])
-                                            if c.get("status") == "warn"]}
+        report.preflight = {"status": preflight.status, "failed": preflight.failed,
+                            "warnings": [f"{c.name}: {c.summary}" for c in preflight.checks if c.status == "warn"]}
     if ingest is not None:
-        report["ingest"] = {key: ingest.get(key) for key in (
-            "published", "span", "span_uri", "counts", "new_sources", "images_per_sec", "seconds",
-            "dead_letters", "dead_letter_uri", "message", "error") if ingest.get(key) is not None}
+        report.ingest = ingest.model_dump(include=INGEST_KEYS, exclude_none=True)
     if train is not None:
         probe = train.input
-        report["train"] = {
-            **train.model_dump(mode="json", include={
+        report.train = {
+            **train.model_dump(include={
                 "model", "spans", "epochs", "total_steps", "strategy", "precision", "xla", "replicas",
                 "global_batch_size", "images_per_sec", "train", "eval", "model_dir", "resumed_from_step"}),
             "input_bound": probe.input_bound,
@@ -55,100 +60,99 @@ def build_report(run: RunDir, skipped: str | None = None, failed: str | None = N
             "model_images_per_sec": probe.model_images_per_sec_synthetic,
             "input_wait_seconds": probe.input_wait_seconds,
             "verdict": _verdict(probe, train.image_size),
-            "profiler": train.profiler.model_dump(mode="json") if train.profiler else None,
+            "profiler": train.profiler,
         }
     if validation is not None:
-        report["validation"] = validation.model_dump(mode="json", include={
+        report.validation = validation.model_dump(include={
             "blessed", "reasons", "notes", "metrics", "labels", "thresholds", "baseline_version", "validation_uri"})
     if push is not None:
-        report["push"] = {key: push.get(key) for key in (
-            "pushed", "already_pushed", "version", "previous_version", "model_uri", "serving_uri",
-            "commands", "image", "retired", "message")}
-    report["plots"] = _plots(run, report, train, validation)
+        report.push = push.model_dump(include=PUSH_KEYS)
+    report.plots = _plots(run, report, train, validation)
     return report
 
 
 def write_report(run: RunDir, skipped: str | None = None, failed: str | None = None) -> dict:
     """Builds the report and writes report.json, report.md and plots into the run folder.
 
-    Returns {"summary": the report dict, "markdown": report.md's text, "report_md": its URI}."""
+    Returns {"summary": the report as JSON, "markdown": report.md's text, "report_md": its URI}."""
     report = build_report(run, skipped, failed)
-    report["report_md"], report["report_json"] = run.report_md, run.report_json
-    markdown = render_markdown(printable(report))  # names in the markdown cannot carry escapes
+    # Names in the markdown cannot carry escapes.
+    markdown = render_markdown(RunReport.model_validate(printable(report.to_json())))
     write_text(run.report_md, markdown)
-    write_json(run.report_json, report)
-    return {"summary": report, "markdown": markdown, "report_md": report["report_md"]}
+    report.write(run.report_json)
+    return {"summary": report.to_json(), "markdown": markdown, "report_md": report.report_md}
 
 
-def render_markdown(report: dict) -> str:
-    lines = [f"# Run {report['run_id']}: {report['status']}", "", report["message"], ""]
-    if "preflight" in report:
-        p = report["preflight"]
-        lines += ["## Preflight", "", f"Status: **{p['status']}**"
-                  + (f"; failed: {', '.join(p['failed'])}" if p["failed"] else ""), ""]
-        lines += [f"- warning: {w}" for w in p["warnings"]] + ([""] if p["warnings"] else [])
-    if "ingest" in report:
-        i = report["ingest"]
+def render_markdown(report: RunReport) -> str:
+    lines = [f"# Run {report.run_id}: {report.status}", "", report.message, ""]
+    if report.preflight is not None:
+        p = report.preflight
+        lines += ["## Preflight", "", f"Status: **{p.status}**" + (f"; failed: {', '.join(p.failed)}" if p.failed else ""), ""]
+        lines += [f"- warning: {w}" for w in p.warnings] + ([""] if p.warnings else [])
+    if report.ingest is not None:
+        i = report.ingest
         lines += ["## Ingest", ""]
-        if i.get("published"):
-            counts = i.get("counts") or {}
+        if i.published:
+            counts = i.counts
             lines += ["| span | train | eval | dead letters | new files | images/s |",
                       "| --- | --- | --- | --- | --- | --- |",
-                      f"| {i.get('span')} | {counts.get('train')} | {counts.get('eval')} | "
-                      f"{counts.get('dead_letter')} | {i.get('new_sources')} | {_num(i.get('images_per_sec'))} |", ""]
-            if i.get("dead_letters"):
-                lines += [f"Dead letters (all in `{i.get('dead_letter_uri')}`):", ""]
-                lines += [f"- `{d['uri']}`: {d['reason']}" for d in i["dead_letters"]] + [""]
+                      f"| {i.span} | {counts.train} | {counts.eval} | "
+                      f"{counts.dead_letter} | {i.new_sources} | {_num(i.images_per_sec)} |", ""]
+            if i.dead_letters:
+                lines += [f"Dead letters (all in `{i.dead_letter_uri}`):", ""]
+                lines += [f"- `{d.uri}`: {d.reason}" for d in i.dead_letters] + [""]
         else:
-            lines += [i.get("message") or i.get("error") or "nothing published", ""]
-    if "train" in report:
-        t = report["train"]
+            lines += [i.message or i.error or "nothing published", ""]
+    if report.train is not None:
+        t = report.train
         lines += ["## Training", "",
                   "| model | spans | epochs | steps | strategy | precision | images/s | eval accuracy | eval loss |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-                  f"| {t['model']} | {t['spans']} | {t['epochs']} | {t['total_steps']} | {t['strategy']} "
-                  f"x{t['replicas']} | {t['precision']} | {_num(t['images_per_sec'])} | "
-                  f"{_num((t.get('eval') or {}).get('accuracy'), 4)} | {_num((t.get('eval') or {}).get('loss'), 4)} |",
-                  "", f"Input: {t['verdict']}", ""]
-        if t.get("profiler"):
-            lines += [f"Profiler (input-pipeline analyzer on {t['profiler']['steps']} traced steps, TensorBoard's "
-                      f"Profile tab): {t['profiler']['conclusion']}", ""]
-        lines += [f"![{name}]({os.path.basename(uri)})" for name, uri in report["plots"].items()
+                  f"| {t.model} | {t.spans} | {t.epochs} | {t.total_steps} | {t.strategy} "
+                  f"x{t.replicas} | {t.precision} | {_num(t.images_per_sec)} | "
+                  f"{_num(t.eval.accuracy, 4)} | {_num(t.eval.loss, 4)} |",
+                  "", f"Input: {t.verdict}", ""]
+        if t.profiler:
+            lines += [f"Profiler (input-pipeline analyzer on {t.profiler.steps} traced steps, TensorBoard's "
+                      f"Profile tab): {t.profiler.conclusion}", ""]
+        lines += [f"![{name}]({os.path.basename(uri)})" for name, uri in report.plots.items()
                   if name in ("curves", "throughput", "gpus")] + [""]
-    if "validation" in report:
-        v = report["validation"]
-        lines += ["## Validation", "", f"**{'Blessed' if v['blessed'] else 'Not blessed'}**"
-                  + (f" against served version {v['baseline_version']}" if v.get("baseline_version") else
+    if report.validation is not None:
+        v = report.validation
+        lines += ["## Validation", "", f"**{'Blessed' if v.blessed else 'Not blessed'}**"
+                  + (f" against served version {v.baseline_version}" if v.baseline_version else
                      " (no served version to compare with)"), ""]
-        lines += [f"- {reason}" for reason in v.get("reasons") or []]
-        lines += [f"- note: {note}" for note in v.get("notes") or []] + [""]
-        lines += _metrics_table(v.get("metrics") or {})
-        lines += _per_class_table(v.get("metrics") or {})
-        if report["plots"].get("confusion_matrix"):
-            lines += [f"![confusion matrix]({os.path.basename(report['plots']['confusion_matrix'])})", ""]
-    if "push" in report:
-        p = report["push"]
-        image = p.get("image") or {}
-        lines += ["## Push", "", f"Version **{p.get('version')}** of `{p.get('model_uri')}`"
-                  f"; serving image build context `{p.get('serving_uri')}`"
-                  + ("; image built." if image.get("built") else
-                     f"; image not built ({image.get('reason', 'no container engine')})." if image else "."), ""]
-        commands = p.get("commands") or {}
-        if commands:
-            lines += ["```sh"] + [f"# {name}\n{cmd}" for name, cmd in _command_items(commands)] + ["```", ""]
+        lines += [f"- {reason}" for reason in v.reasons]
+        lines += [f"- note: {note}" for note in v.notes] + [""]
+        lines += _metrics_table(v.metrics)
+        lines += _per_class_table(v.metrics)
+        if report.plots.get("confusion_matrix"):
+            lines += [f"![confusion matrix]({os.path.basename(report.plots['confusion_matrix'])})", ""]
+    if report.push is not None:
+        p = report.push
+        lines += ["## Push", "", f"Version **{p.version}** of `{p.model_uri}`"
+                  f"; serving image build context `{p.serving_uri}`"
+                  + ("; image built." if p.image and p.image.built else
+                     f"; image not built ({p.image.reason or 'no container engine'})." if p.image else "."), ""]
+        if p.commands:
+            lines += ["```sh"] + [f"# {name}\n{cmd}" for name, cmd in p.commands.to_json().items()] + ["```", ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
 # ---------------------------------------------------------------- pieces
 
 
-def _outcome(validation: Validation | None, push: dict | None, skipped, failed) -> tuple[str, str]:
+def _pushed(push: PushSummary | None) -> bool:
+    return bool(push and (push.pushed or push.already_pushed))
+
+
+def _outcome(validation: Validation | None, push: PushSummary | None, skipped, failed) -> tuple[str, str]:
     if failed:
         return "failed", f"The run failed: {failed}"
     if skipped:
         return "skipped", f"Nothing to do: {skipped}."
-    if push and (push.get("pushed") or push.get("already_pushed")):
-        return "pushed", f"Blessed and pushed as version {push.get('version')}."
+    if _pushed(push):
+        return "pushed", f"Blessed and pushed as version {push.version}."
     if validation is not None and not validation.blessed:
         reasons = "; ".join(validation.reasons) or "no reason given"
         return "refused", f"The candidate was not blessed, so nothing was pushed: {reasons}."
@@ -189,16 +193,16 @@ def cheapest_fix(probe: InputProbe, image_size: int | None) -> str | None:
     return f"ingest the source again into a new ROOT with `{' '.join(flags)}`: " + "; ".join(reasons)
 
 
-def _metrics_table(metrics: dict) -> list[str]:
-    scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+def _metrics_table(metrics: GateMetrics) -> list[str]:
+    scalars = {k: v for k, v in metrics.to_json().items() if isinstance(v, (int, float)) and not isinstance(v, bool)
                and k != "top_k"}
     if not scalars:
         return []
     return ["| metric | value |", "| --- | --- |"] + [f"| {k} | {_num(v, 4)} |" for k, v in sorted(scalars.items())] + [""]
 
 
-def _per_class_table(metrics: dict) -> list[str]:
-    accuracy, examples = metrics.get("per_class_accuracy") or {}, metrics.get("per_class_examples") or {}
+def _per_class_table(metrics: GateMetrics) -> list[str]:
+    accuracy, examples = metrics.per_class_accuracy, metrics.per_class_examples
     if not accuracy:
         return []
     lines = ["| class | eval examples | accuracy |", "| --- | --- | --- |"]
@@ -206,13 +210,7 @@ def _per_class_table(metrics: dict) -> list[str]:
     return lines + [""]
 
 
-def _command_items(commands):
-    if isinstance(commands, dict):
-        return list(commands.items())
-    return [(f"step {i}", c) for i, c in enumerate(commands, start=1)]
-
-
-def _plots(run: RunDir, report: dict, train: TrainMetrics | None, validation: Validation | None) -> dict:
+def _plots(run: RunDir, report: RunReport, train: TrainMetrics | None, validation: Validation | None) -> dict:
     """Curves (the trainer's), GPU use while training, the confusion matrix (validation's, drawn
     here only if it has none) and a throughput chart of the stages side by side."""
     plots = {}
@@ -232,12 +230,12 @@ def _plots(run: RunDir, report: dict, train: TrainMetrics | None, validation: Va
     return plots
 
 
-def _rates(report: dict) -> dict:
-    ingest, train = report.get("ingest") or {}, report.get("train") or {}
-    rates = {"ingest (Beam)": ingest.get("images_per_sec") if ingest.get("published") else None,
-             "training steps": train.get("images_per_sec"),
-             "input pipeline alone": train.get("input_images_per_sec"),
-             "model on one batch": train.get("model_images_per_sec")}
+def _rates(report: RunReport) -> dict:
+    ingest, train = report.ingest, report.train
+    rates = {"ingest (Beam)": ingest.images_per_sec if ingest and ingest.published else None}
+    if train is not None:
+        rates.update({"training steps": train.images_per_sec, "input pipeline alone": train.input_images_per_sec,
+                      "model on one batch": train.model_images_per_sec})
     return {name: value for name, value in rates.items() if value}
 
 
@@ -251,12 +249,11 @@ def _plot_rates(rates: dict, uri: str) -> None:
     draw.save(fig, uri)
 
 
-def _read(uri: str, model: type[Result] | None = None):
-    """A stage's summary: None when the stage did not run, typed when the stage's result has a model."""
-    if not exists(uri):
-        return None
-    return model.read(uri) if model else read_json(uri)
-
+def _read(run: RunDir, stage: stages.Stage):
+    """A stage's summary, read through its result model (under the stage's name, or an earlier one
+    for runs written before a rename): None when the stage did not run."""
+    uri = next((run.summary(name) for name in (stage.name, *stage.aliases) if exists(run.summary(name))), None)
+    return stage.result.read(uri) if uri else None
 
 
 def _num(value, digits: int = 0) -> str:

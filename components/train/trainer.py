@@ -18,6 +18,8 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
+from typing import Callable
 
 import tensorflow as tf
 import tf_keras as keras
@@ -27,6 +29,7 @@ from components.contracts import program
 from components.contracts.config import TrainConfig, from_arguments
 from components.contracts.layout import RunDir, Shard
 from components.contracts.results import ResultError, TrainMetrics
+from components.contracts.summaries import Progress
 from components.train import profile
 from components.train.gpu_sampler import GpuSampler
 from components.train.plan import RunPlan, TrainError, resolve
@@ -39,7 +42,10 @@ KILL_AT_STEP_ENV = "STOKE_KILL_AT_STEP"
 
 def run(argv: list[str] | None = None) -> int:
     args = program.arguments("stoke train", __doc__, TrainConfig).parse_args(argv)
-    return program.main("stoke train", args.json, lambda: train(from_arguments(TrainConfig, args).resolved()),
+    # Progress events with --json only: for people, Keras prints "Epoch N/M" itself.
+    progress = program.progress_printer(as_json=True) if args.json else None
+    return program.main("stoke train", args.json,
+                        lambda: train(from_arguments(TrainConfig, args).resolved(), progress),
                         _describe, errors=(TrainError, ResultError))
 
 
@@ -49,8 +55,9 @@ def _describe(summary: dict) -> str:
             + "".join(f"\nwarning: {warning}" for warning in summary.get("warnings") or []))
 
 
-def train(config: TrainConfig) -> dict:
-    """Trains per `config` and returns the summary (also written to metrics.json by the chief)."""
+def train(config: TrainConfig, progress: Callable[[Progress], None] | None = None) -> dict:
+    """Trains per `config` and returns the summary (also written to metrics.json by the chief);
+    the chief hands `progress` an event at the end of each epoch."""
     from components.train.export import export_candidate
 
     plan = resolve(config)
@@ -58,7 +65,7 @@ def train(config: TrainConfig) -> dict:
     # Other workers write their copies into a scratch folder of the same layout, deleted at the end.
     scratch = [] if plan.placement.is_chief else [tempfile.mkdtemp(prefix="stoke-worker-")]
     mine = plan.run if plan.placement.is_chief else RunDir(scratch[0])
-    fitted = fit(config, plan, model, train_data, eval_data, mine)
+    fitted = fit(config, plan, model, train_data, eval_data, mine, progress if plan.placement.is_chief else None)
     # fit() ends by copying the average into the model's trainable weights (tf_keras'
     # finalize_variable_values), so with EMA these are the averaged weights.
     export_candidate(model_name=config.model, weights=model.get_weights(), labels=plan.labels,
@@ -128,14 +135,15 @@ class Fitted:
     profiler: dict | None
 
 
-def fit(config: TrainConfig, plan: RunPlan, model, train_data, eval_data, mine: RunDir) -> Fitted:
+def fit(config: TrainConfig, plan: RunPlan, model, train_data, eval_data, mine: RunDir,
+        progress: Callable[[Progress], None] | None = None) -> Fitted:
     """Runs model.fit() with the run's callbacks; a bad CRC becomes a TrainError naming the shard."""
     from components.train import input_pipeline as pipeline
 
     profiled = _profile_range(config.profile_steps)
     timer = StepTimer(skip=profiled)
     resume = ResumePoint()
-    callbacks = _callbacks(config, plan.run, mine, eval_data is not None, profiled, timer, resume)
+    callbacks = _callbacks(config, plan.run, mine, eval_data is not None, profiled, timer, resume, progress)
     try:
         with GpuSampler() as sampler:  # each worker samples its own GPUs; nothing without NVML
             history = model.fit(train_data, epochs=config.epochs, steps_per_epoch=plan.steps_per_epoch,
@@ -153,7 +161,7 @@ def fit(config: TrainConfig, plan: RunPlan, model, train_data, eval_data, mine: 
 
 
 def _callbacks(config: TrainConfig, run: RunDir, mine: RunDir, with_eval: bool, profiled,
-               timer: StepTimer, resume: ResumePoint) -> list:
+               timer: StepTimer, resume: ResumePoint, progress: Callable[[Progress], None] | None) -> list:
     """Backup, the best checkpoint, TensorBoard, the learning-rate log and what measures the run."""
     from components.train import recipe
 
@@ -170,6 +178,8 @@ def _callbacks(config: TrainConfig, run: RunDir, mine: RunDir, with_eval: bool, 
     if config.ema:
         # First, so every later callback (checkpoints, TensorBoard) sees the validation of the average.
         callbacks.insert(0, recipe.EmaEvaluation())
+    if progress:
+        callbacks.append(EpochProgress(config.epochs, progress))
     if os.environ.get(KILL_AT_STEP_ENV):
         callbacks.append(KillAtStep(int(os.environ[KILL_AT_STEP_ENV])))
     return callbacks
@@ -228,6 +238,18 @@ class ResumePoint(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self.step = int(self.model.optimizer.iterations.numpy())
+
+
+class EpochProgress(keras.callbacks.Callback):
+    """A progress event for each finished epoch (counted from the first: a resumed run starts later)."""
+
+    def __init__(self, epochs: int, show: Callable[[Progress], None]):
+        super().__init__()
+        self.epochs, self.show, self.started = epochs, show, time.monotonic()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.show(Progress(stage="train", done=epoch + 1, total=self.epochs, unit="epochs",
+                           seconds=round(time.monotonic() - self.started, 1)))
 
 
 class KillAtStep(keras.callbacks.Callback):

@@ -252,3 +252,17 @@ def test_a_broken_span_manifest_is_one_line_naming_it(tmp_path, capsys):
     error = json.loads(captured.out.strip().splitlines()[-1])["error"]
     assert error.startswith(f"{manifest} is not JSON: ")
     assert captured.err.strip() == f"stoke ingest: error: {error}"
+
+
+def test_progress_events_count_the_mb_written_and_stop_with_the_runner(tmp_path):
+    from beam_jobs.ingest import _Progress
+
+    (tmp_path / "shard").write_bytes(b"x" * 2_000_000)
+    seen, deadline = [], time.monotonic() + 30
+    with _Progress(str(tmp_path), 8_000_000, seen.append, every=0.01):
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+    count = len(seen)
+    time.sleep(0.1)
+    assert count and len(seen) == count  # none after the block: none can follow the summary
+    assert (seen[0].stage, seen[0].done, seen[0].total, seen[0].unit, seen[0].fraction) == ("ingest", 2, 8, "MB", 0.25)

@@ -12,6 +12,8 @@ print("starting", flush=True)
 print("Epoch 1/2", flush=True)
 print("a line on stderr", file=sys.stderr, flush=True)
 print(json.dumps({"not": "the summary"}), flush=True)
+PROGRESS = {"event": "progress", "stage": "fake", "done": 1, "total": 2, "unit": "epochs", "seconds": 0.5}
+print(json.dumps(PROGRESS), flush=True)
 if mode == "hang":
     # A grandchild, as Beam's worker processes are: a timeout must take it down too.
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
@@ -22,3 +24,4 @@ if mode == "fail":
     print(json.dumps({"error": "the source is empty"}), flush=True)
     sys.exit(3)
 print(json.dumps({"done": True, "mode": mode}), flush=True)
+print(json.dumps({**PROGRESS, "done": 2}), flush=True)  # an event after the summary is still no summary

@@ -41,7 +41,7 @@ def test_a_registered_stage_is_a_section_of_the_report(with_dummy, tmp_path):
 
     run = Root(str(tmp_path)).run("r")
     write_json(run.summary("dummy"), {"version": 3, "model_uri": "/m/3", "pushed_at": "2026-12-01T00:00:00Z"})
-    assert build_report(run)["stages"] == ["dummy"]
+    assert build_report(run).stages == ["dummy"]
 
 
 def test_every_flow_parameter_group_is_a_stage_with_settings():

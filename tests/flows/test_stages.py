@@ -8,6 +8,7 @@ import time
 import pytest
 
 from components.contracts.config import TrainConfig, add_arguments, from_arguments
+from components.contracts.summaries import Progress
 from flows.parameters import TrainSettings
 from flows.stages import StageError, run_stage, to_arguments
 
@@ -40,7 +41,8 @@ def test_streams_every_line_and_returns_the_last_json_line(logger, tmp_path):
     assert summary == {"done": True, "mode": "ok"}
     messages = [message for level, message in lines.records if level == logging.INFO]
     assert "fake: starting" in messages and "fake: a line on stderr" in messages
-    assert "Epoch 1/2" in seen and "starting" in seen
+    assert "fake: Epoch 1/2" in messages
+    assert seen == [Progress(stage="fake", done=done, total=2, unit="epochs", seconds=0.5) for done in (1, 2)]
 
 
 def test_a_failing_stage_raises_with_its_own_error_message(logger, tmp_path):

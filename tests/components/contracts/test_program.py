@@ -27,6 +27,7 @@ def test_the_report_shows_dead_letter_names_escaped(tmp_path):
     run = Root(str(tmp_path)).run("r1")
     write_json(run.summary("ingest"), {"published": True, "span": 1, "counts": {"train": 1, "eval": 0, "dead_letter": 1},
                                        "new_sources": 2, "images_per_sec": 5.0,
-                                       "dead_letters": [{"uri": f"/in/{EVIL}.jpg", "reason": "not an image"}]})
+                                       "dead_letters": [{"uri": f"/in/{EVIL}.jpg", "reason": "not an image",
+                                                                         "size": 9, "version": "1"}]})
     markdown = write_report(run)["markdown"]
     assert "\x1b" not in markdown and "\u202e" not in markdown and "cat\\x1b[2J" in markdown

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from components.common.files import read_json, write_json
-from components.contracts import results
+from components.contracts import results, stages, summaries
 from components.contracts.layout import Root
 from components.report.report import build_report
 
@@ -17,6 +17,18 @@ FILES = {
     "pushed.json": results.Pushed,
     "stoke_lineage.json": results.Lineage,  # a rolled-back version's
     "retired.json": results.Lineage,
+    "ingest-summary.json": summaries.IngestSummary,
+    "preflight-summary.json": summaries.PreflightSummary,
+    "push-summary.json": summaries.PushSummary,
+    "report.json": summaries.RunReport,
+}
+# The summary each stage left in the same run as report.json: the report is built from them.
+SUMMARIES = {
+    "preflight": "preflight-summary.json",
+    "ingest": "ingest-summary.json",
+    "train": "metrics.json",
+    "validate": "validation.json",
+    "push": "push-summary.json",
 }
 
 
@@ -38,6 +50,21 @@ def _without_new_nulls(written, original):
     return {k: _without_new_nulls(v, original.get(k)) for k, v in written.items() if k in original or v is not None}
 
 
+@pytest.mark.parametrize("name", sorted(n for n, model in FILES.items() if issubclass(model, summaries.Summary)))
+def test_summaries_of_the_previous_version_write_back_exactly(name):
+    """A summary holds the keys its stage set: reading and writing adds none, not even nulls."""
+    assert FILES[name].read(str(WRITTEN / name)).to_json() == read_json(str(WRITTEN / name))
+
+
+@pytest.mark.parametrize("name", sorted(FILES))
+def test_any_renamed_key_of_any_file_fails(name, tmp_path):
+    data = read_json(str(WRITTEN / name))
+    for key in data:
+        renamed = {(f"{key}_v2" if k == key else k): v for k, v in data.items()}
+        with pytest.raises(results.ResultError, match=f"{key}_v2"):
+            FILES[name].check(renamed, name)
+
+
 def test_a_renamed_key_fails_loudly_naming_the_file_and_both_keys(tmp_path):
     metrics = read_json(str(WRITTEN / "metrics.json"))
     metrics["img_per_sec"] = metrics.pop("images_per_sec")
@@ -52,11 +79,66 @@ def test_a_report_over_a_renamed_key_fails_instead_of_showing_nothing(tmp_path):
     run = Root(str(tmp_path)).run("r1")
     validation = read_json(str(WRITTEN / "validation.json"))
     write_json(run.summary("validate"), validation)
-    assert build_report(run)["metrics"]["accuracy"] == validation["metrics"]["accuracy"]
+    assert build_report(run).metrics.accuracy == validation["metrics"]["accuracy"]
     validation["metrics"]["acc"] = validation["metrics"].pop("accuracy")
     write_json(run.summary("validate"), validation)
     with pytest.raises(results.ResultError, match="accuracy"):
         build_report(run)
+
+
+def test_the_report_of_the_previous_versions_summaries_says_what_it_said(tmp_path):
+    run = Root(str(tmp_path)).run("first")
+    for stage, name in SUMMARIES.items():
+        write_json(run.summary(stage), read_json(str(WRITTEN / name)))
+    report, before = build_report(run).to_json(), read_json(str(WRITTEN / "report.json"))
+    for key in ("status", "message", "blessed", "pushed_version", "reasons", "metrics", "model_uri",
+                "preflight", "ingest", "validation", "push"):
+        assert report[key] == before[key], key
+    # The summaries were written under the earlier stage names (validate); the report says today's.
+    assert report["stages"] == [stages.stage(name).name for name in before["stages"]]
+    assert {k: v for k, v in report["train"].items() if k != "profiler"} == before["train"]
+
+
+@pytest.mark.parametrize("stage", sorted(SUMMARIES))
+def test_the_report_refuses_a_summary_with_a_renamed_key(stage, tmp_path):
+    run = Root(str(tmp_path)).run("r1")
+    for other, name in SUMMARIES.items():
+        write_json(run.summary(other), read_json(str(WRITTEN / name)))
+    summary = read_json(run.summary(stage))
+    key = sorted(summary)[0]
+    summary[f"{key}_v2"] = summary.pop(key)
+    write_json(run.summary(stage), summary)
+    with pytest.raises(results.ResultError, match=f"{key}_v2") as error:
+        build_report(run)
+    assert run.summary(stage) in str(error.value)
+
+
+def test_a_progress_event_is_told_from_a_summary_and_from_text():
+    line = json.dumps({"event": "progress", "stage": "ingest", "done": 12.5, "total": 50, "unit": "MB",
+                       "seconds": 10})
+    event = summaries.event(line)
+    assert event == summaries.Progress(stage="ingest", done=12.5, total=50, unit="MB", seconds=10)
+    assert event.fraction == 0.25 and event.describe() == "ingest: 12 of 50 MB after 10 s"
+    assert summaries.event(json.dumps(event.to_json())) == event
+    assert summaries.event(json.dumps({"published": False, "error": "x"})) is None  # a summary
+    assert summaries.event("Epoch 1/2") is None and summaries.event("{not json") is None
+    with pytest.raises(results.ResultError, match="done"):
+        summaries.event(json.dumps({"event": "progress", "stage": "ingest", "dnoe": 1, "total": 2, "unit": "MB",
+                                  "seconds": 1}))
+    with pytest.raises(results.ResultError):  # an event, though of a kind this version does not know
+        summaries.event(json.dumps({"event": "heartbeat"}))
+
+
+def test_failures_print_the_stages_summary_with_its_error(capsys):
+    from components.contracts import program
+
+    def fail():
+        raise OSError("the bucket did not answer")
+
+    assert program.main("stoke x", True, fail, str, errors=(OSError,), failed=summaries.PushSummary(pushed=False)) == 1
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == {"pushed": False, "error": "the bucket did not answer"}
+    assert summaries.PushSummary.check(printed, "stdout").error == printed["error"]
 
 
 def test_a_file_that_is_not_json_is_named(tmp_path):

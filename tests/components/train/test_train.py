@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from components.contracts import summaries
 from components.contracts.layout import Root
 from components.train import input_pipeline as pipeline
 from components.train import recipe
@@ -170,6 +171,15 @@ def test_xla_on_one_device(small_spans_root, capsys):
                      "--steps-per-epoch", "3", "--steps-per-execution", "3")
     assert summary["xla"] is True and summary["total_steps"] == 3
     assert np.isfinite(summary["eval"]["loss"])
+
+
+def test_with_json_each_epoch_is_a_progress_event_before_the_summary(small_spans_root, capsys):
+    assert train.run(["--root", small_spans_root, *TINY, "--run-id", "events", "--epochs", "2",
+                      "--steps-per-epoch", "2", "--json"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    events = [e for e in map(summaries.event, lines) if e is not None]
+    assert [(e.stage, e.done, e.total, e.unit) for e in events] == [("train", 1, 2, "epochs"), ("train", 2, 2, "epochs")]
+    assert summaries.event(lines[-1]) is None and json.loads(lines[-1])["epochs"] == 2
 
 
 def test_mirrored_over_two_logical_cpus(small_spans_root):

@@ -1,0 +1,241 @@
+"""What stage programs print and the flow keeps: each program's summary (ingest, preflight, push; the
+trainer's is metrics.json and the gate's validation.json, in results.py), the run report, and the
+progress events programs print while they work. Strict both ways, like every result.
+"""
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from pydantic import ConfigDict
+
+from components.contracts.results import (
+    GateMetrics,
+    LossAccuracy,
+    ProfilerVerdict,
+    Result,
+    SpanCounts,
+    Thresholds,
+)
+
+
+class Summary(Result):
+    """A stage program's summary: the JSON object on the last line of its stdout with --json, and
+    ROOT/runs/<id>/summaries/<stage>.json. Keys of one outcome only (a published span's counts, a
+    failure's error) have defaults; a summary holds the keys its stage set, and no others."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=(), validate_assignment=True)
+
+    def to_json(self) -> dict:
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+class DeadLetter(Result):
+    """A source set aside, and why: a line of the span's dead_letter.jsonl."""
+
+    uri: str
+    reason: str
+    size: int
+    version: str
+
+
+class IngestSummary(Summary):
+    """Ingest: a published span; nothing new (`message`); or nothing published (`error`)."""
+
+    published: bool
+    span: int | None = None  # None: nothing new
+    new_sources: int | None = None
+    removed_debris: list[str] | None = None  # staging folders and half-written spans of killed jobs
+    message: str | None = None
+    error: str | None = None
+    span_uri: str | None = None
+    counts: SpanCounts | None = None
+    bytes_in: int | None = None
+    bytes_out: int | None = None
+    shards: int | None = None
+    seconds: float | None = None
+    images_per_sec: float | None = None
+    dead_letters: list[DeadLetter] | None = None  # the first 20
+    dead_letter_uri: str | None = None
+
+
+class Check(Result):
+    """One preflight finding, with the flag or command that fixes it."""
+
+    name: str
+    status: Literal["ok", "warn", "fail", "skip"]
+    summary: str
+    fix: str | None
+    facts: dict
+
+
+class PreflightSummary(Summary):
+    """Preflight (`stoke preflight`): the worst status of the checks, the failed ones by name, and all."""
+
+    status: Literal["ok", "warn", "fail", "skip"]
+    failed: list[str]
+    checks: list[Check]
+
+
+class HeadlineMetrics(Result):
+    """The gate's figures that push's summary and the run report repeat (and `stoke run --json`)."""
+
+    accuracy: float
+    top_k_accuracy: float
+    example_count: int
+    majority_class_rate: float | None = None  # the report's only
+
+
+class NoMetrics(Result):
+    """`{}`: the run was not validated."""
+
+
+class ServingCommands(Result):
+    image: str
+    docker_build: str
+    docker_build_gpu: str
+    docker_run: str
+    docker_run_gpu: str
+    predict: str
+
+
+class ImageBuild(Result):
+    built: bool
+    reason: str | None = None  # why not
+
+
+class ServingLabels(Result):
+    """TF Serving's version labels in models.config."""
+
+    stable: int
+    canary: int
+
+
+class PushSummary(Summary):
+    """Push: a new version (`pushed`); a run pushed before (`already_pushed`, `message`); or a refusal (`error`)."""
+
+    pushed: bool
+    already_pushed: bool | None = None
+    run_id: str | None = None
+    model_name: str | None = None
+    version: int | None = None
+    model_uri: str | None = None
+    serving_uri: str | None = None
+    commands: ServingCommands | None = None
+    image: ImageBuild | None = None
+    message: str | None = None
+    error: str | None = None
+    previous_version: int | None = None
+    versions: list[int] | None = None
+    retired: list[int] | None = None
+    cleaned_partial: list[str] | None = None
+    serving_image: str | None = None
+    trained_tensorflow: str | None = None
+    labels: ServingLabels | None = None
+    metrics: HeadlineMetrics | None = None
+
+
+# ---------------------------------------------------------------- the run report
+
+
+class PreflightSection(Result):
+    status: Literal["ok", "warn", "fail", "skip"]
+    failed: list[str]
+    warnings: list[str]  # "name: summary" of each check that warned
+
+
+class TrainSection(Result):
+    model: str
+    spans: list[int]
+    epochs: int
+    total_steps: int
+    strategy: str
+    precision: str
+    xla: bool
+    replicas: int
+    global_batch_size: int
+    images_per_sec: float | None
+    train: LossAccuracy
+    eval: LossAccuracy
+    model_dir: str
+    resumed_from_step: int
+    input_bound: bool | None
+    input_images_per_sec: float | None
+    model_images_per_sec: float | None
+    input_wait_seconds: float | None
+    verdict: str  # was the accelerator waiting for input, and the cheapest fix if so
+    profiler: ProfilerVerdict | None = None  # reports of 0.1.0 have no key
+
+
+class ValidationSection(Result):
+    blessed: bool
+    reasons: list[str]
+    notes: list[str]
+    metrics: GateMetrics
+    labels: list[str]
+    thresholds: Thresholds
+    baseline_version: int | None
+    validation_uri: str
+
+
+class RunReport(Summary):
+    """ROOT/runs/<id>/report.json: what one run did, one section per stage that left a summary.
+
+    The headline has the keys of `stoke run --json`: status, message, blessed, pushed_version,
+    reasons, metrics."""
+
+    run_id: str
+    run_dir: str
+    stages: list[str]
+    status: Literal["pushed", "refused", "skipped", "failed", "trained"]
+    message: str
+    blessed: bool
+    pushed_version: int | None
+    reasons: list[str]
+    metrics: HeadlineMetrics | NoMetrics
+    model_uri: str | None
+    preflight: PreflightSection | None = None
+    ingest: IngestSummary | None = None  # the summary's keys a report shows, those not null
+    train: TrainSection | None = None
+    validation: ValidationSection | None = None
+    push: PushSummary | None = None  # the summary's keys a report shows, null when the push has none
+    plots: dict[str, str]  # curves, gpus, confusion_matrix, throughput: PNG URIs
+    report_md: str
+    report_json: str
+
+
+# ---------------------------------------------------------------- progress
+
+
+class Progress(Result):
+    """A step of a stage program at work, printed with --json as one JSON line of stdout before its
+    summary: `{"event": "progress", "stage": "ingest", "done": 12.0, "total": 40.0, "unit": "MB", ...}`.
+    The "event" key tells it from a summary, which never has one."""
+
+    event: Literal["progress"] = "progress"
+    stage: str
+    done: float
+    total: float
+    unit: str  # "MB" (ingest: written of read), "epochs" (train: finished)
+    seconds: float  # since the stage began
+
+    @property
+    def fraction(self) -> float | None:
+        return self.done / self.total if self.total > 0 else None
+
+    def describe(self) -> str:
+        return f"{self.stage}: {self.done:,.0f} of {self.total:,.0f} {self.unit} after {self.seconds:,.0f} s"
+
+
+def event(line: str) -> Progress | None:
+    """The event a line of a program's stdout holds; None for any other line (a summary, text).
+    Raises ResultError for a line with an "event" key that is no valid event: it is no summary either."""
+    if not line.lstrip().startswith("{"):
+        return None
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(data, dict) or "event" not in data:
+        return None
+    return Progress.check(data, f"event line {line.strip()[:200]!r}")
