@@ -19,13 +19,13 @@ import sys
 import threading
 import time
 import uuid
-from datetime import datetime, timezone
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
 from beam_jobs.pipeline import build
 from beam_jobs.sources import Source, identities, list_source
+from components.common import clock
 from components.common.files import filesystem, join, read_json, write_json, write_text
 from components.common.lease import LeaseError, LeaseHeld, exclusive
 from components.contracts import program, schema
@@ -209,7 +209,7 @@ def publish(root, number, staging, shards, dead, labels, fresh, refused, config)
     write_text(root.dead_letter(number), "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in dead))
     manifest = SpanManifest(
         span=number,
-        created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        created=clock.now(),
         source=config.source,
         compression=config.compression,
         counts={**{split: sum(s["records"] for s in named if s["split"] == split) for split in schema.SPLITS},

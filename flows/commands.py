@@ -18,7 +18,7 @@ import time
 import urllib.parse
 import urllib.request
 
-from components.common import processes
+from components.common import clock, processes
 from components.common.files import exists, read_json
 from components.contracts.config import add_arguments, from_arguments
 from components.contracts.layout import Root
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from flows.train import train
 
-    run_id = args.run_id or time.strftime("run-%Y%m%d-%H%M%S")
+    run_id = args.run_id or clock.run_id()
     try:
         Root(args.root).run(run_id)
     except ValueError as error:

@@ -16,7 +16,6 @@ NOT_BLESSED last. Exit 0 either way: a refused model is a normal outcome.
 from __future__ import annotations
 
 import collections
-import datetime
 import json
 import os
 import posixpath
@@ -24,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 
-from components.common import plots, processes
+from components.common import clock, plots, processes
 from components.common.files import exists, filesystem, is_local, join, remove, write_text
 from components.common.repository import SAVED_MODEL, Repository, RepositoryError
 from components.contracts import program, schema
@@ -177,7 +176,7 @@ def validate(config: ValidateConfig) -> dict:
         "confusion_matrix_uri": plot_uri,
         "warmup_uri": warmup_uri,
         "validation_uri": run.validation,
-        "validated_at": _now(),
+        "validated_at": clock.now(),
     })
     validation.write(run.validation)
     for marker in (run.blessed, run.not_blessed):
@@ -202,10 +201,6 @@ def shared_comparison(candidate: dict, baseline: dict, classes: list[str]) -> di
             "baseline_accuracy": restricted(baseline),
             "per_class_accuracy": {name: candidate["per_class_accuracy"].get(name, 0.0) for name in seen},
             "baseline_per_class_accuracy": {name: baseline["per_class_accuracy"].get(name, 0.0) for name in seen}}
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _scan_eval(shards, keep_images: int) -> tuple[collections.Counter, list[bytes]]:

@@ -18,11 +18,11 @@ import shutil
 import signal
 import sys
 import tempfile
-import time
 
 import tensorflow as tf
 import tf_keras as keras
 
+from components.common import clock
 from components.common.files import exists, join
 from components.contracts import program
 from components.contracts.config import (
@@ -98,7 +98,7 @@ def train(config: TrainConfig) -> dict:
                          "(s3:// needs the tensorflow-io package)") from None
     try:
         spans = parse_spans(config.spans)
-        run = root.run(config.run_id or time.strftime("run-%Y%m%d-%H%M%S"))
+        run = root.run(config.run_id or clock.run_id())
     except ValueError as exc:
         raise TrainError(str(exc)) from None
     train_shards = root.shards("train", spans)
