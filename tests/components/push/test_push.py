@@ -89,7 +89,8 @@ def test_interrupted_push_leaves_no_partial_version(trained_runs, tmp_path):
 # started at the same moment, has done all its checks before the first version exists.
 SLOW_PUSH = """
 import sys, time
-from components.push import push, repository
+from components.common import repository
+from components.push import push
 publish = repository.Repository.publish
 repository.Repository.publish = lambda *a, **k: (time.sleep(3), publish(*a, **k))[1]
 sys.exit(push.run(sys.argv[1:]))
