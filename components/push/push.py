@@ -1,4 +1,4 @@
-"""`python -m components.push.push --root ROOT --run-id ID`: the push of a blessed candidate.
+"""`python -m components.push --root ROOT --run-id ID`: the push of a blessed candidate.
 
 Refuses a run without BLESSED, a run validated against a served version that is no longer the
 newest (validate again), and pushes a run at most once (a second push reports the first). It holds
