@@ -19,7 +19,7 @@ import urllib.parse
 import urllib.request
 
 from components.common import clock, processes
-from components.common.files import exists, read_json
+from components.common.files import exists, is_uri, read_json
 from components.contracts.config import add_arguments, from_arguments
 from components.contracts.layout import Root
 from flows import parameters as p
@@ -213,4 +213,4 @@ def _port_in_use(port: int) -> bool:
 
 
 def _absolute(uri: str) -> str:
-    return uri if "://" in uri else os.path.abspath(uri)
+    return uri if is_uri(uri) else os.path.abspath(uri)

@@ -63,6 +63,21 @@ def remove(uri: str) -> None:
     fs.rm(path, recursive=True)
 
 
+def protocol(fs: fsspec.AbstractFileSystem) -> str:
+    """The file system's own name for its scheme: "file", "s3", "gs", ..."""
+    return fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+
+
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:
     """A local disk, where renames are atomic; object stores have none."""
     return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+
+
+def uri_of(fs: fsspec.AbstractFileSystem, path: str) -> str:
+    """A path on `fs` as its users spell it: a plain path on a local disk, `s3://...` elsewhere."""
+    return path if is_local(fs) else fs.unstrip_protocol(path)
+
+
+def is_uri(location: str) -> bool:
+    """A location with a scheme (`s3://b/k`, `file:///x`), not a local path."""
+    return "://" in location
