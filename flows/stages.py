@@ -21,6 +21,7 @@ from typing import Callable
 from pydantic import BaseModel
 
 from components.common import processes
+from components.contracts.config import option
 from components.contracts.program import printable
 
 # After SIGTERM a stage gets this long to save what it can (the trainer's backup) before SIGKILL.
@@ -107,9 +108,9 @@ def to_arguments(settings: BaseModel) -> list[str]:
         value = getattr(settings, name)
         if value is None:
             continue
-        flag = "--" + name.replace("_", "-")
+        flag = option(name)
         if isinstance(value, bool):
-            argv.append(flag if value else "--no-" + name.replace("_", "-"))
+            argv.append(flag if value else option("no_" + name))
         else:
             argv += [flag, str(value)]
     return argv

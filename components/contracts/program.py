@@ -10,7 +10,7 @@ from typing import Callable
 
 from pydantic import BaseModel, ValidationError
 
-from components.contracts.config import add_arguments
+from components.contracts.config import add_arguments, option
 
 BAD_SETTINGS = 2  # argparse's exit code for a command line it cannot use
 FAILED = 1
@@ -58,7 +58,7 @@ _HIDDEN = {"Cc", "Cf", "Zl", "Zp"}  # control, format (e.g. U+202E), line and pa
 
 def settings_message(error: ValidationError) -> str:
     """`--eval-fraction: Input should be less than 1` for each rejected setting."""
-    return "; ".join(f"--{'-'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}" for e in error.errors())
+    return "; ".join(f"{option('-'.join(map(str, e['loc'])))}: {e['msg']}" for e in error.errors())
 
 
 def _fail(prog: str, as_json: bool, message: str, failed: dict | None, code: int) -> int:
