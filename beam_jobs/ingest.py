@@ -23,7 +23,7 @@ import uuid
 import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
-from beam_jobs.pipeline import build
+from beam_jobs.pipeline import STAGED_DEAD_LETTERS, STAGED_SHARDS, build
 from beam_jobs.sources import Source, identities, list_source
 from components.common import clock
 from components.common.files import filesystem, join, read_json, write_json, write_text
@@ -81,8 +81,8 @@ def _ingest(config: IngestConfig, pipeline_args: list[str], root: Root, started:
         if fresh:
             with _Progress(staging, sum(s.size for s in fresh)):
                 run_pipeline(chunks, staging, config, pipeline_args)
-        shards = read_json(join(staging, "shards.json")) if fresh else []
-        dead = read_json(join(staging, "dead.json")) if fresh else []
+        shards = read_json(join(staging, STAGED_SHARDS)) if fresh else []
+        dead = read_json(join(staging, STAGED_DEAD_LETTERS)) if fresh else []
         dead += [{"uri": s.uri, "reason": r, "size": s.size, "version": s.version} for s, r in refused]
         check(fresh, refused, shards, dead, config.max_bad_fraction)
         lease.check()
