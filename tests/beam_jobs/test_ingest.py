@@ -4,7 +4,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import tensorflow as tf
@@ -14,6 +13,7 @@ from components.common.files import join, read_json
 from components.contracts import schema
 from components.contracts.layout import DEAD_LETTER, MANIFEST, TF_COMPRESSION, Root
 from tests.beam_jobs import images
+from tests.waiting import wait_for
 
 IN_MEMORY = ["--direct_running_mode=in_memory"]
 
@@ -142,10 +142,7 @@ def test_a_killed_job_publishes_nothing_and_the_rerun_cleans_up(tmp_path):
     job = subprocess.Popen([sys.executable, "-m", "beam_jobs.ingest", str(source), "--root", str(root)],
                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60
-        while not list(spans.glob("_staging-*/*.part")) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert list(spans.glob("_staging-*/*.part")), "the job never started writing"
+        wait_for(lambda: list(spans.glob("_staging-*/*.part")), "the job to start writing", every=0.05)
     finally:
         os.killpg(job.pid, signal.SIGKILL)
         job.wait()
@@ -208,12 +205,18 @@ def test_manifest_rows_outside_its_folder_are_dead_letters_unless_allowed(tmp_pa
     assert [s["uri"] for s in manifest["sources"]] == [str(tmp_path / "elsewhere.jpg")]
 
 
-def test_a_lost_labels_file_keeps_every_label_id(tmp_path, capsys):
+def cat_and_dog_span(tmp_path, capsys):
+    """(source, root): a source of one cat and one dog, published as span 1 with labels [cat, dog]."""
     source, root = tmp_path / "source", tmp_path / "root"
     for name in ("cat", "dog"):
         (source / name).mkdir(parents=True)
         (source / name / "0.jpg").write_bytes(images.rgb_jpeg())
     assert ingest(source, root, *IN_MEMORY, capsys=capsys)[1]["span"] == 1
+    return source, root
+
+
+def test_a_lost_labels_file_keeps_every_label_id(tmp_path, capsys):
+    source, root = cat_and_dog_span(tmp_path, capsys)
     (root / "data" / "labels.json").unlink()
     (source / "ant").mkdir()
     (source / "ant" / "0.jpg").write_bytes(images.rgb_jpeg(seed=2))
@@ -225,11 +228,7 @@ def test_a_lost_labels_file_keeps_every_label_id(tmp_path, capsys):
 
 
 def test_labels_that_disagree_with_a_published_span_stop_ingest(tmp_path, capsys):
-    source, root = tmp_path / "source", tmp_path / "root"
-    for name in ("cat", "dog"):
-        (source / name).mkdir(parents=True)
-        (source / name / "0.jpg").write_bytes(images.rgb_jpeg())
-    assert ingest(source, root, *IN_MEMORY, capsys=capsys)[1]["span"] == 1
+    source, root = cat_and_dog_span(tmp_path, capsys)
     (root / "data" / "labels.json").write_text('["dog", "cat"]')
     (source / "cat" / "1.jpg").write_bytes(images.rgb_jpeg(seed=1))
     code, summary = ingest(source, root, *IN_MEMORY, capsys=capsys)

@@ -17,6 +17,7 @@ import pytest
 from components.push import serving_image as serving
 from flows import work_pools
 from tests.infra.conftest import REPO, infra, run_tool
+from tests.waiting import free_port
 
 TRAINING = infra("training", "Dockerfile")
 
@@ -170,10 +171,6 @@ def test_health_check_passes_only_once_the_model_is_available(rendered, state, h
 
 
 def test_health_check_fails_with_no_server(rendered):
-    import socket
-
-    with socket.socket() as sock:  # a port nothing listens on
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # nothing listens on it
     command = [part.replace(f"/{serving.REST_PORT} ", f"/{port} ") for part in healthcheck_command(rendered)]
     assert subprocess.run(command, timeout=10, capture_output=True).returncode != 0
