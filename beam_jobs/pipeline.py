@@ -32,8 +32,6 @@ BYTES_READ = Metrics.counter("ingest", "bytes_read")
 DEAD_LETTERS = Metrics.counter("ingest", "dead_letters")
 
 
-
-
 def to_example(source: dict, limits: Limits | None = None) -> tuple[str, bytes]:
     """Reads, verifies and normalizes one source into (split, serialized tf.Example)."""
     limits = limits or Limits()

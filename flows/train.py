@@ -213,7 +213,6 @@ def save_summary(run: RunDir, stage: str, summary: dict) -> None:
     write_json(run.summary(stage), summary)
 
 
-
 def with_inline_plots(markdown: str, plots: dict) -> str:
     """The report with its PNGs inlined: the Prefect UI cannot read files from ROOT."""
     import base64

@@ -7,7 +7,7 @@ import time
 
 def now() -> str:
     """UTC now as result files store it (created, validated_at, pushed_at, ...): `2026-01-01T02:00:00Z`."""
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def run_id() -> str:

@@ -26,9 +26,9 @@ import socket
 import threading
 import time
 import uuid
-from datetime import datetime, timezone
+from collections.abc import Iterator
+from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Iterator
 
 from components.common.files import filesystem, is_local, protocol
 
@@ -251,7 +251,7 @@ class _GCS:
         blob = self.bucket.get_blob(self.name)
         if blob is None:
             return None
-        return blob.metadata or {}, str(blob.generation), (datetime.now(timezone.utc) - blob.updated).total_seconds()
+        return blob.metadata or {}, str(blob.generation), (datetime.now(UTC) - blob.updated).total_seconds()
 
     def delete(self, tag: str) -> None:
         from google.api_core.exceptions import NotFound, PreconditionFailed

@@ -187,4 +187,3 @@ def span_name(number: int) -> str:
 
 def shard_name(split: str, index: int, count: int, compression: str = "gzip") -> str:
     return f"{split}-{index:05d}-of-{count:05d}{SHARD_SUFFIX[compression]}"
-

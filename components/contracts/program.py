@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 import unicodedata
-from typing import Callable
+from collections.abc import Callable
 
 from pydantic import BaseModel, ValidationError
 

@@ -52,7 +52,6 @@ def _describe(summary: dict) -> str:
             + "".join(f"\n  - {reason}" for reason in summary["reasons"] + summary["notes"]))
 
 
-
 def validate(config: ValidateConfig) -> dict:
 
     root = Root(config.root)

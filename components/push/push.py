@@ -56,7 +56,6 @@ def _describe(summary: dict) -> str:
             f"  run:   {summary['commands']['docker_run']}")
 
 
-
 def push(config: PushConfig) -> dict:
     from components.push import serving_image as serving
 

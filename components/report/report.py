@@ -258,7 +258,6 @@ def _read(uri: str, model: type[Result] | None = None):
     return model.read(uri) if model else read_json(uri)
 
 
-
 def _num(value, digits: int = 0) -> str:
     if value is None:
         return "-"

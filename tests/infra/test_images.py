@@ -4,6 +4,7 @@ and held to the code's versions, ports, paths and users."""
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import re
 import subprocess
@@ -145,8 +146,8 @@ class _Status(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self):
         found = self.path == "/v1/models/stoke"
-        body = ('{"model_version_status": [{"version": "4", "state": "%s"}]}' % self.state if found
-                else '{"error": "Servable not found"}').encode()
+        body = json.dumps({"model_version_status": [{"version": "4", "state": self.state}]} if found
+                          else {"error": "Servable not found"}).encode()
         self.send_response(200 if found else 404)
         self.send_header("Content-Type", "application/json")
         self.end_headers()

@@ -143,4 +143,3 @@ def _final(api_url: str, flow_run_id):
     with _client(api_url) as client:
         run = client.read_flow_run(flow_run_id)
     return run if run.state.is_final() else None
-
