@@ -19,14 +19,14 @@ import sys
 import threading
 import time
 import uuid
-from datetime import datetime, timezone
-from typing import Callable
+from collections.abc import Callable
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
-from beam_jobs.pipeline import build
+from beam_jobs.pipeline import STAGED_DEAD_LETTERS, STAGED_SHARDS, build
 from beam_jobs.sources import Source, identities, list_source
+from components.common import clock
 from components.common.files import filesystem, join, read_json, write_json, write_text
 from components.common.lease import LeaseError, LeaseHeld, exclusive
 from components.contracts import program, schema
@@ -87,8 +87,8 @@ def _ingest(config: IngestConfig, pipeline_args: list[str], root: Root, started:
         if fresh:
             with _Progress(staging, sum(s.size for s in fresh), progress):
                 run_pipeline(chunks, staging, config, pipeline_args)
-        shards = read_json(join(staging, "shards.json")) if fresh else []
-        dead = read_json(join(staging, "dead.json")) if fresh else []
+        shards = read_json(join(staging, STAGED_SHARDS)) if fresh else []
+        dead = read_json(join(staging, STAGED_DEAD_LETTERS)) if fresh else []
         dead += [{"uri": s.uri, "reason": r, "size": s.size, "version": s.version} for s, r in refused]
         check(fresh, refused, shards, dead, config.max_bad_fraction)
         lease.check()
@@ -215,7 +215,7 @@ def publish(root, number, staging, shards, dead, labels, fresh, refused, config)
     write_text(root.dead_letter(number), "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in dead))
     manifest = SpanManifest(
         span=number,
-        created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        created=clock.now(),
         source=config.source,
         compression=config.compression,
         counts={**{split: sum(s["records"] for s in named if s["split"] == split) for split in schema.SPLITS},

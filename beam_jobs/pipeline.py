@@ -21,13 +21,15 @@ from components.contracts import schema
 from components.contracts.config import IngestConfig
 
 MB = 1024 * 1024
+# What the job leaves in its staging folder for the driver, which reads them and publishes the span.
+# Staging is the job's own business, so these names live here and not in the ROOT layout.
+STAGED_SHARDS = "shards.json"
+STAGED_DEAD_LETTERS = "dead.json"
 
 IMAGES = Metrics.counter("ingest", "images")
 REENCODED = Metrics.counter("ingest", "reencoded")
 BYTES_READ = Metrics.counter("ingest", "bytes_read")
 DEAD_LETTERS = Metrics.counter("ingest", "dead_letters")
-
-
 
 
 def to_example(source: dict, limits: Limits | None = None) -> tuple[str, bytes]:
@@ -114,8 +116,8 @@ def build(pipeline, chunks: list[str], staging: str, config: IngestConfig) -> No
     )
     max_bytes = int(config.shard_mb * MB)
     _ = (good | "WriteShards" >> beam.ParDo(WriteShards(staging, max_bytes, config.compression))
-         | "GatherShards" >> Gather(join(staging, "shards.json")))
-    _ = bad | "DeadLetter" >> beam.Map(dead_letter) | "GatherDeadLetters" >> Gather(join(staging, "dead.json"))
+         | "GatherShards" >> Gather(join(staging, STAGED_SHARDS)))
+    _ = bad | "DeadLetter" >> beam.Map(dead_letter) | "GatherDeadLetters" >> Gather(join(staging, STAGED_DEAD_LETTERS))
 
 
 def _write_list(items: list, uri: str) -> None:

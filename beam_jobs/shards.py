@@ -14,7 +14,7 @@ import uuid
 import fsspec
 from isal import isal_zlib
 
-from components.common.files import join
+from components.common.files import filesystem, join
 from components.common.tfrecord import frame
 
 WINDOW_BITS = {"gzip": 16 + 15, "zlib": 15}  # 16+ asks for the gzip header and trailer
@@ -41,7 +41,7 @@ class RecordFile:
         if self._codec is not None:
             self._raw.write(self._codec.flush())
         self._raw.close()
-        fs, path = fsspec.core.url_to_fs(self.uri)
+        fs, path = filesystem(self.uri)
         return {"file": self.uri, "records": self.records, "bytes": fs.size(path)}
 
 

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 from beam_jobs.images import EXTENSIONS
-from components.common.files import filesystem, is_local, join
+from components.common.files import filesystem, is_local, join, protocol, uri_of
 from components.contracts.results import SpanManifest
 
 MANIFEST_SUFFIXES = (".csv", ".jsonl")
@@ -94,7 +94,7 @@ def _list_folder(fs, base: str) -> Listing:
         relative = posixpath.relpath(path, base)
         if not is_candidate(relative):
             continue
-        source = Source(_uri(fs, path), int(info["size"]), _version(info), key=relative)
+        source = Source(uri_of(fs, path), int(info["size"]), _version(info), key=relative)
         if "/" not in relative:
             rejected.append((source, "not inside a class folder, so it has no label"))
         else:
@@ -110,7 +110,7 @@ def _list_manifest(fs, path: str, allow_outside: bool) -> Listing:
     for number, row in enumerate(rows, start=1):
         given = (row.get("uri") or "").strip()
         if not given:
-            rejected.append((Source(f"{_uri(fs, path)}#row{number}", 0, ""), "manifest row has no uri"))
+            rejected.append((Source(f"{uri_of(fs, path)}#row{number}", 0, ""), "manifest row has no uri"))
             continue
         try:
             uri, key = resolve(fs, folder, given, allow_outside)
@@ -153,16 +153,15 @@ def resolve(fs, folder: str, given: str, allow_outside: bool) -> tuple[str, str]
     else:
         target, path = fs, join(folder, given)
     path = posixpath.normpath(path)
-    uri = _uri(target, path)
+    uri = uri_of(target, path)
     inside = _store(target) == _store(fs) and (path == folder or path.startswith(folder.rstrip("/") + "/"))
     if not inside and not allow_outside:
-        raise ValueError(uri, f"outside the manifest's folder {_uri(fs, folder)}; --allow-outside-source reads it")
+        raise ValueError(uri, f"outside the manifest's folder {uri_of(fs, folder)}; --allow-outside-source reads it")
     return uri, posixpath.relpath(path, folder) if _store(target) == _store(fs) else path
 
 
 def _store(fs) -> str:
-    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
-    return "file" if is_local(fs) else STORES.get(protocols[0], protocols[0])
+    return "file" if is_local(fs) else STORES.get(protocol(fs), protocol(fs))
 
 
 def _read_rows(fs, path: str) -> list[dict]:
@@ -194,8 +193,3 @@ def _version(info: dict) -> str:
         if info.get(key) is not None:
             return str(info[key]).strip('"')
     return ""
-
-
-def _uri(fs, path: str) -> str:
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    return path if protocol in ("file", "local") else fs.unstrip_protocol(path)

@@ -19,7 +19,7 @@ import urllib.parse
 import urllib.request
 
 from components.common import processes
-from components.common.files import exists, read_json
+from components.common.files import exists, is_uri, read_json
 from components.contracts.config import add_arguments, from_arguments
 from components.contracts.layout import Root, new_run_id
 from flows import parameters as p
@@ -30,6 +30,7 @@ SERVER_STOP_SECONDS = 30
 AUTH_ENV = "PREFECT_SERVER_API_AUTH_STRING"  # Prefect's own setting: basic auth on the API and UI
 
 # ---------------------------------------------------------------- stoke run
+
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", help="raw images: folder of class subfolders or a CSV/JSONL manifest (local or fsspec URI)")
@@ -207,4 +208,4 @@ def _port_in_use(port: int) -> bool:
 
 
 def _absolute(uri: str) -> str:
-    return uri if "://" in uri else os.path.abspath(uri)
+    return uri if is_uri(uri) else os.path.abspath(uri)

@@ -17,11 +17,12 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from pydantic import BaseModel
 
 from components.common import processes
+from components.contracts.config import option
 from components.contracts.program import printable
 from components.contracts.results import ResultError
 from components.contracts.summaries import Progress, event
@@ -110,9 +111,9 @@ def to_arguments(settings: BaseModel) -> list[str]:
         value = getattr(settings, name)
         if value is None:
             continue
-        flag = "--" + name.replace("_", "-")
+        flag = option(name)
         if isinstance(value, bool):
-            argv.append(flag if value else "--no-" + name.replace("_", "-"))
+            argv.append(flag if value else option("no_" + name))
         else:
             argv += [flag, str(value)]
     return argv

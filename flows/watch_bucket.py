@@ -70,7 +70,7 @@ def new_files(source: str, root: str) -> list[str]:
 @task(retries=2, retry_delay_seconds=5)
 def train_runs_in_flight(source: str) -> list[str]:
     """Names of `train` runs for SOURCE that are running, or waiting to start now (not future schedules)."""
-    from datetime import datetime, timezone
+    from datetime import UTC, datetime
 
     from prefect import get_client
     from prefect.client.schemas.filters import (
@@ -87,7 +87,7 @@ def train_runs_in_flight(source: str) -> list[str]:
         runs = client.read_flow_runs(
             flow_filter=FlowFilter(name=FlowFilterName(any_=[TRAIN_FLOW])),
             flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=active))))
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     return [run.name for run in runs
             if run.parameters.get("source", source) == source
             and not (run.state_type == StateType.SCHEDULED and run.expected_start_time

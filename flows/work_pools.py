@@ -53,7 +53,7 @@ class WorkPool(BaseModel):
     network: str = Field(DOCKER_NETWORK, description="Docker network of the flow-run containers (docker)")
 
     @classmethod
-    def from_env(cls, env: dict | None = None) -> "WorkPool | None":
+    def from_env(cls, env: dict | None = None) -> WorkPool | None:
         """The pool STOKE_WORK_POOL names, or None: then `stoke up` serves the flows itself."""
         env = os.environ if env is None else env
         kind = (env.get(POOL_ENV) or "").strip()

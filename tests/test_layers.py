@@ -16,6 +16,8 @@ BELOW_STAGES = ("contracts", "common")
 def stage_packages() -> tuple[str, ...]:
     """The packages under components/ that the stage registry names."""
     return tuple(s.package for s in stages.STAGES if s.package)
+
+
 FUNCTION_LINES, MODULE_LINES = 60, 400
 
 

@@ -1,14 +1,41 @@
+"""For tests that start servers and processes: free loopback ports, and one way to wait for them."""
+import socket
 import time
 
 import pytest
 
 
-def wait_for(probe, what: str, seconds: float = 60):
-    """The first truthy value `probe()` returns, polling twice a second; fails the test after `seconds`."""
+def free_ports(count: int) -> list[int]:
+    """`count` distinct loopback ports that were free a moment ago (all bound at once, then released)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def free_port() -> int:
+    return free_ports(1)[0]
+
+
+def listening(port: int) -> bool:
+    """Something accepts connections on 127.0.0.1:`port`."""
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def wait_for(probe, what: str, seconds: float = 60, every: float = 0.5, process=None):
+    """The first truthy value `probe()` returns, polling every `every` seconds; fails the test after
+    `seconds`, or as soon as `process` (a Popen the probe depends on) has exited."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            pytest.fail(f"the process exited with code {process.returncode} while waiting for {what}")
         value = probe()
         if value:
             return value
-        time.sleep(0.5)
+        time.sleep(every)
     pytest.fail(f"gave up waiting for {what}")

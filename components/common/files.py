@@ -1,5 +1,6 @@
 """Files under ROOT on any file system fsspec knows (a local disk, s3://, gs://): paths, JSON and
-text written whole, and which stores can rename atomically."""
+text written whole, which stores can rename atomically, and the one place that reads fsspec's
+protocols and tells a URI from a local path."""
 from __future__ import annotations
 
 import json
@@ -63,6 +64,25 @@ def remove(uri: str) -> None:
     fs.rm(path, recursive=True)
 
 
+def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
+    return fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)  # fsspec allows either
+
+
+def protocol(fs: fsspec.AbstractFileSystem) -> str:
+    """The file system's own name for its scheme: "file", "s3", "gs", ..."""
+    return _protocols(fs)[0]
+
+
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:
     """A local disk, where renames are atomic; object stores have none."""
-    return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+    return "file" in _protocols(fs)
+
+
+def uri_of(fs: fsspec.AbstractFileSystem, path: str) -> str:
+    """A path on `fs` as its users spell it: a plain path on a local disk, `s3://...` elsewhere."""
+    return path if is_local(fs) else fs.unstrip_protocol(path)
+
+
+def is_uri(location: str) -> bool:
+    """A location with a scheme (`s3://b/k`, `file:///x`), not a local path."""
+    return "://" in location

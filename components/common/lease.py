@@ -26,11 +26,11 @@ import socket
 import threading
 import time
 import uuid
-from datetime import datetime, timezone
+from collections.abc import Iterator
+from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Iterator
 
-from components.common.files import filesystem, is_local
+from components.common.files import filesystem, is_local, protocol
 
 TTL = 120.0  # seconds a lease outlives its last renewal
 POLL = 0.25  # seconds between tries while waiting for a holder
@@ -57,15 +57,15 @@ def exclusive(uri: str, purpose: str, ttl: float = TTL, wait: float = 0.0) -> It
     """Holds the lease at `uri` (a file or an object, created when absent) for the `with` block,
     waiting up to `wait` seconds for a live holder to finish."""
     fs, path = filesystem(uri)
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    scheme = protocol(fs)
     if is_local(fs):
         lease = _Flock(path, purpose)
-    elif protocol in ("s3", "s3a"):
+    elif scheme in ("s3", "s3a"):
         lease = _ObjectLease(uri, _S3(fs, path), purpose, ttl)
-    elif protocol in ("gs", "gcs"):
+    elif scheme in ("gs", "gcs"):
         lease = _ObjectLease(uri, _GCS(path), purpose, ttl)
     else:
-        raise LeaseError(f"no lease on {protocol}:// ({uri}): use a local path, s3:// or gs://")
+        raise LeaseError(f"no lease on {scheme}:// ({uri}): use a local path, s3:// or gs://")
     deadline = time.monotonic() + wait
     while True:
         try:
@@ -251,7 +251,7 @@ class _GCS:
         blob = self.bucket.get_blob(self.name)
         if blob is None:
             return None
-        return blob.metadata or {}, str(blob.generation), (datetime.now(timezone.utc) - blob.updated).total_seconds()
+        return blob.metadata or {}, str(blob.generation), (datetime.now(UTC) - blob.updated).total_seconds()
 
     def delete(self, tag: str) -> None:
         from google.api_core.exceptions import NotFound, PreconditionFailed

@@ -64,6 +64,11 @@ class IngestConfig(BaseModel):
         "folder (otherwise they are dead letters)")
 
 
+def option(name: str) -> str:
+    """The command-line option of a setting: `shard_mb` -> `--shard-mb`."""
+    return "--" + name.replace("_", "-")
+
+
 def add_arguments(parser: argparse.ArgumentParser, model: type[BaseModel], positional=()) -> None:
     """Adds one option per field of `model` (`--shard-mb`), or a positional argument."""
     for name, field in model.model_fields.items():
@@ -72,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser, model: type[BaseModel], posit
         if name in positional:
             parser.add_argument(name, type=kind, help=help_text)
             continue
-        flag = "--" + name.replace("_", "-")
+        flag = option(name)
         required = field.is_required()
         if not required and field.default is not None:  # None: the description says what happens
             help_text += f" (default: {field.default})"

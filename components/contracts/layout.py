@@ -185,7 +185,7 @@ def parse_spans(text: str | None) -> list[int] | None:
 def new_run_id(started: datetime.datetime | None = None, name: str | None = None) -> str:
     """`run-20261201-021500[-name]`: the start in UTC, sortable, plus what started it (a flow run's
     name) so two runs started in the same second stay apart."""
-    started = (started or datetime.datetime.now(datetime.timezone.utc)).astimezone(datetime.timezone.utc)
+    started = (started or datetime.datetime.now(datetime.UTC)).astimezone(datetime.UTC)
     return check_run_id(f"run-{started:%Y%m%d-%H%M%S}" + (f"-{name}" if name else ""))
 
 
@@ -195,4 +195,3 @@ def span_name(number: int) -> str:
 
 def shard_name(split: str, index: int, count: int, compression: str = "gzip") -> str:
     return f"{split}-{index:05d}-of-{count:05d}{SHARD_SUFFIX[compression]}"
-

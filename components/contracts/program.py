@@ -7,11 +7,11 @@ import argparse
 import json
 import sys
 import unicodedata
-from typing import Callable
+from collections.abc import Callable
 
 from pydantic import BaseModel, ValidationError
 
-from components.contracts.config import add_arguments
+from components.contracts.config import add_arguments, option
 from components.contracts.results import Result
 from components.contracts.summaries import Progress
 
@@ -77,7 +77,7 @@ _HIDDEN = {"Cc", "Cf", "Zl", "Zp"}  # control, format (e.g. U+202E), line and pa
 
 def settings_message(error: ValidationError) -> str:
     """`--eval-fraction: Input should be less than 1` for each rejected setting."""
-    return "; ".join(f"--{'-'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}" for e in error.errors())
+    return "; ".join(f"{option('-'.join(map(str, e['loc'])))}: {e['msg']}" for e in error.errors())
 
 
 def _fail(prog: str, as_json: bool, message: str, failed: Result | None, code: int) -> int:

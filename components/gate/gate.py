@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import datetime
 import json
 import os
 import posixpath
@@ -26,7 +25,7 @@ import sys
 import tempfile
 from typing import NamedTuple
 
-from components.common import plots, processes
+from components.common import clock, plots, processes
 from components.common.files import exists, filesystem, is_local, join, remove, write_text
 from components.common.repository import SAVED_MODEL, Repository, RepositoryError
 from components.contracts import program, schema
@@ -244,7 +243,7 @@ def write(config: GateConfig, inputs: GateInputs, metrics: dict, results: dict, 
         "confusion_matrix_uri": plot_uri,
         "warmup_uri": run.warmup,
         "validation_uri": run.validation,
-        "validated_at": _now(),
+        "validated_at": clock.now(),
     })
     validation.write(run.validation)
     for marker in (run.blessed, run.not_blessed):
@@ -269,10 +268,6 @@ def shared_comparison(candidate: dict, baseline: dict, classes: list[str]) -> di
             "baseline_accuracy": restricted(baseline),
             "per_class_accuracy": {name: candidate["per_class_accuracy"].get(name, 0.0) for name in seen},
             "baseline_per_class_accuracy": {name: baseline["per_class_accuracy"].get(name, 0.0) for name in seen}}
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _scan_eval(shards, keep_images: int) -> tuple[collections.Counter, list[bytes]]:

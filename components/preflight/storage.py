@@ -9,7 +9,7 @@ import tempfile
 import time
 from collections import defaultdict
 
-from components.common.files import filesystem, join, read_json
+from components.common.files import filesystem, is_local, join, protocol, read_json, uri_of
 from components.contracts.layout import METRICS, Root
 from components.contracts.results import SpanManifest
 from components.preflight import disks
@@ -167,8 +167,7 @@ def _read_remote(uris: list[str], budget: int) -> tuple[int, float, str]:
                 total += len(chunk)
         if total >= budget:
             break
-    protocol = fs.protocol[0] if isinstance(fs.protocol, tuple) else fs.protocol
-    return total, time.perf_counter() - start, f"{protocol} over the network"
+    return total, time.perf_counter() - start, f"{protocol(fs)} over the network"
 
 
 def _read_temporary(folder: str, budget: int) -> tuple[int, float, str]:
@@ -202,7 +201,7 @@ def _training_need(root: str, manifests: list[SpanManifest]) -> dict:
         metrics = fs.glob(join(runs, "*", METRICS))
         if metrics:
             newest = max(metrics, key=lambda p: (fs.info(p).get("mtime") or 0, p))
-            images_per_sec = read_json(fs.unstrip_protocol(newest)).get("images_per_sec")
+            images_per_sec = read_json(uri_of(fs, newest)).get("images_per_sec")
             if images_per_sec:
                 found.update(images_per_sec=images_per_sec,
                              need_mbps=round(images_per_sec * bytes_per_image / MB, 2))
@@ -238,8 +237,7 @@ def _size(nbytes: int) -> str:
 
 def local_path(uri: str) -> str | None:
     fs, path = filesystem(uri)
-    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
-    return os.path.abspath(path) if {"file", "local"} & set(protocols) else None
+    return os.path.abspath(path) if is_local(fs) else None
 
 
 def _existing(path: str) -> str:

@@ -1,4 +1,4 @@
-"""`python -m components.push.push --root ROOT --run-id ID`: the push of a blessed candidate.
+"""`python -m components.push --root ROOT --run-id ID`: the push of a blessed candidate.
 
 Refuses a run without BLESSED, a run validated against a served version that is no longer the
 newest (validate again), and pushes a run at most once (a second push reports the first). It holds
@@ -13,12 +13,11 @@ is rendered again; the image is built when a container engine answers.
 """
 from __future__ import annotations
 
-import datetime
 import hashlib
 import json
 import subprocess
 
-from components.common import processes
+from components.common import clock, processes
 from components.common.files import exists, filesystem, remove
 from components.common.repository import ASSETS_EXTRA, LINEAGE_FILE, Repository, RepositoryError
 from components.contracts import program
@@ -57,11 +56,6 @@ def _describe(summary: dict) -> str:
     return (f"pushed {summary['run_id']} as version {summary['version']} of {summary['model_name']}: "
             f"{summary['model_uri']}\n  build: {summary['commands']['docker_build']}\n"
             f"  run:   {summary['commands']['docker_run']}")
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
 
 
 def push(config: PushConfig) -> PushSummary:
@@ -119,7 +113,7 @@ def _publish(config: PushConfig, root: Root, run: RunDir, repo: Repository, vali
     })
     Pushed(version=version, model_uri=model_uri, pushed_at=lineage.pushed_at).write(run.pushed)
     remove(run.push_intent)
-    retired = repo.apply_retention(config.keep, _now())
+    retired = repo.apply_retention(config.keep, clock.now())
     rendered = serving.render(root, config.model_name)
     return PushSummary(
         pushed=True,
@@ -176,7 +170,7 @@ def build_lineage(root: Root, config: PushConfig, validation: Validation, versio
     return Lineage(
         model_name=config.model_name,
         version=version,
-        pushed_at=_now(),
+        pushed_at=clock.now(),
         run_id=config.run_id,
         run_uri=run.uri,
         labels=trained.labels,

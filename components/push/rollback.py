@@ -7,9 +7,9 @@ lock (Repository.lock()). The only version is never removed: a server with nothi
 """
 from __future__ import annotations
 
-import datetime
 import sys
 
+from components.common import clock
 from components.common.files import join, write_json
 from components.common.repository import ASSETS_EXTRA, LINEAGE_FILE, ROLLED_BACK_PREFIX, Repository, RepositoryError
 from components.contracts import program
@@ -30,7 +30,7 @@ def rollback(root: str, model_name: str = "stoke", reason: str | None = None) ->
             raise RepositoryError(f"version {versions[0]} is the only version of {model_name}; "
                                   "refusing to leave TF Serving with nothing to serve")
         newest = versions[-1]
-        when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        when = clock.now()
         aside = repo.set_aside(newest)
         rolled_back = RolledBack(at=when, reason=reason or "no reason given", moved_to=aside, serving_now=versions[-2])
         lineage = repo.lineage(newest)

@@ -63,4 +63,3 @@ def export_candidate(*, model_name: str, weights: list, labels: list[str], image
         schema.EXAMPLES_SIGNATURE: module.serve_examples.get_concrete_function(),
     })
     return path
-

@@ -41,7 +41,7 @@ class GpuSampler:
         self._handles: list = []
         self._start = 0.0
 
-    def __enter__(self) -> "GpuSampler":
+    def __enter__(self) -> GpuSampler:
         self.start()
         return self
 

@@ -139,16 +139,6 @@ def random_crop_window(shape, seed=None):
     return tf.stack([begin[0], begin[1], extent[0], extent[1]])
 
 
-def decode_crop(encoded, crop_window, size: int):
-    """Decodes only the pixels inside crop_window (for JPEG) and resizes them to size x size uint8."""
-    def other():
-        image = _decode_other(encoded)
-        return tf.image.crop_to_bounding_box(image, crop_window[0], crop_window[1],
-                                             crop_window[2], crop_window[3])
-    image = tf.cond(tf.io.is_jpeg(encoded), lambda: _decode_jpeg(encoded, size, crop_window), other)
-    return resize(image, size)
-
-
 def decode_train(encoded, size: int, flip: bool = True, seed=None):
     """Random crop + resize + random horizontal flip; for PNG the crop happens after decoding."""
     is_jpeg = tf.io.is_jpeg(encoded)

@@ -13,6 +13,7 @@ import os
 
 import tf_keras as keras
 
+from components.common.files import is_uri
 from components.contracts.config import MODEL_NAMES
 
 # Caffe-style ImageNet means (BGR) that keras.applications' ResNet50 weights were trained with.
@@ -61,7 +62,7 @@ def _initial_weights(weights: str) -> str | None:
         return None
     if weights == "imagenet":
         return weights
-    if "://" in weights or not os.path.isfile(weights):
+    if is_uri(weights) or not os.path.isfile(weights):
         raise ValueError(f"--weights {weights}: no such local file (use none, imagenet or the path of a Keras "
                          ".h5 weights file)")
     if not weights.endswith(".h5"):

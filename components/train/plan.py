@@ -9,14 +9,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
-import time
 
 import tensorflow as tf
 import tf_keras as keras
 
 from components.common.files import exists
 from components.contracts.config import DEFAULT_BATCH, MIN_STEPS_PER_EPOCH, SMALL_BATCH, TrainConfig
-from components.contracts.layout import Root, RunDir, Shard, parse_spans
+from components.contracts.layout import Root, RunDir, Shard, new_run_id, parse_spans
 
 
 class TrainError(Exception):
@@ -121,7 +120,7 @@ def find_data(config: TrainConfig) -> tuple[RunDir, list[Shard], list[Shard], li
                          "(s3:// needs the tensorflow-io package)") from None
     try:
         spans = parse_spans(config.spans)
-        run = root.run(config.run_id or time.strftime("run-%Y%m%d-%H%M%S"))
+        run = root.run(config.run_id or new_run_id())
     except ValueError as exc:
         raise TrainError(str(exc)) from None
     train_shards = root.shards("train", spans)

@@ -14,7 +14,7 @@ import json
 import re
 import sys
 
-from components.common.files import filesystem, is_local
+from components.common.files import filesystem, uri_of
 from components.contracts.results import ProfilerVerdict
 
 TOOL = "input_pipeline_analyzer"
@@ -27,7 +27,7 @@ def input_pipeline_verdict(tensorboard_dir: str) -> ProfilerVerdict | None:
 
     A trace the plugin cannot read costs the run nothing but this summary: the reason goes to stderr."""
     fs, path = filesystem(tensorboard_dir)
-    traces = sorted(t if is_local(fs) else fs.unstrip_protocol(t) for t in fs.glob(f"{path}/plugins/profile/*/*.xplane.pb"))
+    traces = sorted(uri_of(fs, t) for t in fs.glob(f"{path}/plugins/profile/*/*.xplane.pb"))
     if not traces:
         return None
     session = traces[-1].rsplit("/", 1)[0]

@@ -19,7 +19,7 @@ import signal
 import sys
 import tempfile
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import tensorflow as tf
 import tf_keras as keras

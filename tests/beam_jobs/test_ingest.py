@@ -14,6 +14,7 @@ from components.common.files import join, read_json
 from components.contracts import schema
 from components.contracts.layout import DEAD_LETTER, MANIFEST, TF_COMPRESSION, Root
 from tests.beam_jobs import images
+from tests.waiting import wait_for
 
 IN_MEMORY = ["--direct_running_mode=in_memory"]
 
@@ -142,10 +143,7 @@ def test_a_killed_job_publishes_nothing_and_the_rerun_cleans_up(tmp_path):
     job = subprocess.Popen([sys.executable, "-m", "beam_jobs.ingest", str(source), "--root", str(root)],
                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60
-        while not list(spans.glob("_staging-*/*.part")) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert list(spans.glob("_staging-*/*.part")), "the job never started writing"
+        wait_for(lambda: list(spans.glob("_staging-*/*.part")), "the job to start writing", every=0.05)
     finally:
         os.killpg(job.pid, signal.SIGKILL)
         job.wait()
@@ -208,12 +206,18 @@ def test_manifest_rows_outside_its_folder_are_dead_letters_unless_allowed(tmp_pa
     assert [s["uri"] for s in manifest["sources"]] == [str(tmp_path / "elsewhere.jpg")]
 
 
-def test_a_lost_labels_file_keeps_every_label_id(tmp_path, capsys):
+def cat_and_dog_span(tmp_path, capsys):
+    """(source, root): a source of one cat and one dog, published as span 1 with labels [cat, dog]."""
     source, root = tmp_path / "source", tmp_path / "root"
     for name in ("cat", "dog"):
         (source / name).mkdir(parents=True)
         (source / name / "0.jpg").write_bytes(images.rgb_jpeg())
     assert ingest(source, root, *IN_MEMORY, capsys=capsys)[1]["span"] == 1
+    return source, root
+
+
+def test_a_lost_labels_file_keeps_every_label_id(tmp_path, capsys):
+    source, root = cat_and_dog_span(tmp_path, capsys)
     (root / "data" / "labels.json").unlink()
     (source / "ant").mkdir()
     (source / "ant" / "0.jpg").write_bytes(images.rgb_jpeg(seed=2))
@@ -225,11 +229,7 @@ def test_a_lost_labels_file_keeps_every_label_id(tmp_path, capsys):
 
 
 def test_labels_that_disagree_with_a_published_span_stop_ingest(tmp_path, capsys):
-    source, root = tmp_path / "source", tmp_path / "root"
-    for name in ("cat", "dog"):
-        (source / name).mkdir(parents=True)
-        (source / name / "0.jpg").write_bytes(images.rgb_jpeg())
-    assert ingest(source, root, *IN_MEMORY, capsys=capsys)[1]["span"] == 1
+    source, root = cat_and_dog_span(tmp_path, capsys)
     (root / "data" / "labels.json").write_text('["dog", "cat"]')
     (source / "cat" / "1.jpg").write_bytes(images.rgb_jpeg(seed=1))
     code, summary = ingest(source, root, *IN_MEMORY, capsys=capsys)
@@ -258,11 +258,10 @@ def test_progress_events_count_the_mb_written_and_stop_with_the_runner(tmp_path)
     from beam_jobs.ingest import _Progress
 
     (tmp_path / "shard").write_bytes(b"x" * 2_000_000)
-    seen, deadline = [], time.monotonic() + 30
+    seen = []
     with _Progress(str(tmp_path), 8_000_000, seen.append, every=0.01):
-        while not seen and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for(lambda: seen, "a progress event", seconds=30, every=0.01)
     count = len(seen)
-    time.sleep(0.1)
+    time.sleep(0.1)  # ten of the watcher's polls: an event after the block would show by now
     assert count and len(seen) == count  # none after the block: none can follow the summary
     assert (seen[0].stage, seen[0].done, seen[0].total, seen[0].unit, seen[0].fraction) == ("ingest", 2, 8, "MB", 0.25)

@@ -5,10 +5,8 @@ the driver's but what the bucket holds."""
 import gzip
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 
 import fsspec
 import pytest
@@ -18,12 +16,7 @@ from beam_jobs.ingest import run
 from components.common import processes
 from components.contracts.layout import DEAD_LETTER, MANIFEST
 from tests.beam_jobs import images
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.waiting import free_port, listening, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -35,13 +28,7 @@ def worker_pool(s3_endpoint, tmp_path_factory):
     log = tmp_path_factory.mktemp("worker_pool") / "log"
     pool = processes.start([sys.executable, "-m", "apache_beam.runners.worker.worker_pool_main",
                             f"--service_port={port}"], env=env, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
-    deadline = time.monotonic() + 60
-    while True:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        assert pool.poll() is None and time.monotonic() < deadline, "worker pool did not start"
-        time.sleep(0.2)
+    wait_for(lambda: listening(port), "the worker pool to listen", every=0.2, process=pool)
     yield port, log
     processes.stop(pool, grace=30)  # the pool and every harness it started: one process group
 

@@ -5,7 +5,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import fsspec
 import tensorflow as tf
@@ -14,6 +13,7 @@ from beam_jobs.ingest import run
 from components.contracts import schema
 from components.contracts.layout import MANIFEST
 from tests.beam_jobs import images
+from tests.waiting import wait_for
 
 
 def test_ingest_from_and_into_a_bucket(s3_bucket, tmp_path, capsys):
@@ -77,12 +77,8 @@ def test_a_second_ingest_into_a_bucket_is_refused_while_the_first_runs(s3_bucket
                              start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     fs = fsspec.filesystem("s3")
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and first.poll() is None:
-            fs.invalidate_cache()
-            if fs.glob(f"{root}/data/spans/_staging-*/sources-*"):
-                break
-            time.sleep(0.1)
+        wait_for(lambda: fs.invalidate_cache() or fs.glob(f"{root}/data/spans/_staging-*/sources-*"),
+                 "the first job to stage its list", every=0.1, process=first)
         staging = fs.glob(f"{root}/data/spans/_staging-*")
         assert len(staging) == 1, "the first job never staged its list"
 

@@ -11,11 +11,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 
 import pytest
+
+from tests.waiting import free_port, listening, wait_for
 
 BIN = os.path.dirname(sys.executable)
 
@@ -52,7 +53,7 @@ def test_the_flow_refuses_a_run_id_that_leaves_runs(tmp_path):
 
 
 def test_up_serves_the_deployments_until_ctrl_c(pushed_run, tmp_path):
-    port = _free_port()
+    port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     home = tmp_path / "prefect-home"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
@@ -63,7 +64,8 @@ def test_up_serves_the_deployments_until_ctrl_c(pushed_run, tmp_path):
                            pushed_run["root"], "--port", str(port), "--poll-seconds", "3600",
                            "--auth-string-file", str(secret), "--json"], stdout=subprocess.PIPE, text=True, env=env)
     try:
-        nightly = _wait_for(lambda: _get(f"{api}/deployments/name/train/nightly"), up, "train/nightly")
+        nightly = wait_for(lambda: _get(f"{api}/deployments/name/train/nightly"), "stoke up to serve train/nightly", 180,
+                           process=up)
         with pytest.raises(urllib.error.HTTPError, match="401"):  # basic auth: nobody else starts runs
             urllib.request.urlopen(f"{api}/deployments/name/train/nightly", timeout=5)
         assert nightly["schedules"][0]["schedule"]["cron"] == "0 2 * * *"
@@ -89,8 +91,7 @@ def test_up_serves_the_deployments_until_ctrl_c(pushed_run, tmp_path):
         "api_url": api, "ui_url": api[:-4], "prefect_home": str(home), "source": pushed_run["source"],
         "root": pushed_run["root"], "deployments": ["train/nightly", "watch-bucket/poll"], "stopped": True}
     assert (home / "prefect.db").exists()
-    with socket.socket() as sock:
-        assert sock.connect_ex(("127.0.0.1", port)) != 0, "the server still listens after Ctrl-C"
+    assert not listening(port), "the server still listens after Ctrl-C"
 
 
 def test_printed_database_urls_hide_their_password():
@@ -115,12 +116,6 @@ def test_up_refuses_a_port_in_use(tmp_path):
         "choose another with --port"]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 AUTH = {"Authorization": "Basic " + base64.b64encode(b"stoke:s3cret").decode()}
 
 
@@ -136,15 +131,3 @@ def _post(url: str, body: dict):
     request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json", **AUTH})
     with urllib.request.urlopen(request, timeout=10) as response:
         return json.load(response)
-
-
-def _wait_for(probe, process, what: str, seconds: float = 180):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"stoke up exited with {process.returncode} before serving {what}")
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.5)
-    pytest.fail(f"gave up waiting for {what}")

@@ -103,4 +103,3 @@ def _final_run(client, deployment_id):
     runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
     done = [r for r in runs if r.state and r.state.type.value in FINAL]
     return done[0] if done else None
-

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import time
 
 import pytest
 
@@ -11,6 +10,7 @@ from components.contracts.config import TrainConfig, add_arguments, from_argumen
 from components.contracts.summaries import Progress
 from flows.parameters import TrainSettings
 from flows.stages import StageError, run_stage, to_arguments
+from tests.waiting import wait_for
 
 PROGRAM = "tests.flows.stage_program"
 
@@ -56,11 +56,7 @@ def test_a_timeout_kills_the_stage_and_the_processes_it_started(logger, tmp_path
     with pytest.raises(StageError, match="timed out"):
         run_stage("fake", PROGRAM, ["hang", str(pidfile)], timeout=5, logger=logger[0])
     grandchild = int(pidfile.read_text())
-    for _ in range(100):  # reaped by init a moment after the kill
-        if not _alive(grandchild):
-            break
-        time.sleep(0.1)
-    assert not _alive(grandchild)
+    wait_for(lambda: not _alive(grandchild), "the grandchild to be reaped by init", 10, every=0.1)
 
 
 def test_settings_become_options_the_stage_parses_back():

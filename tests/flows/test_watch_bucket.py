@@ -6,7 +6,6 @@ import threading
 import time
 import uuid
 
-import pytest
 from prefect import get_client
 from prefect.client.schemas.objects import StateType
 from prefect.events import emit_event
@@ -19,6 +18,7 @@ from components.contracts import layout
 from flows.demo import write_digits
 from flows.train import train
 from flows.watch_bucket import EVENT, source_resource, watch_bucket
+from tests.waiting import wait_for
 
 
 def events_for(source: str) -> list:
@@ -27,13 +27,8 @@ def events_for(source: str) -> list:
     marker = f"stoke.test.marker.{uuid.uuid4().hex}"
     emit_event("stoke.test.marker", resource={"prefect.resource.id": marker})
     with get_client(sync_client=True) as client:
-        for _ in range(300):
-            seen = client.read_events(EventFilter(resource=EventResourceFilter(id=[marker])), limit=50)
-            if seen.events:
-                break
-            time.sleep(0.1)
-        else:
-            pytest.fail("the marker event never reached the server")
+        wait_for(lambda: client.read_events(EventFilter(resource=EventResourceFilter(id=[marker])), limit=50).events,
+                 "the marker event to reach the server", 30, every=0.1)
         return client.read_events(EventFilter(event=EventNameFilter(name=[EVENT]),
                                               resource=EventResourceFilter(id=[f"stoke.source.{source}"])), limit=50).events
 

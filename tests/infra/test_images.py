@@ -4,6 +4,7 @@ and held to the code's versions, ports, paths and users."""
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import re
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 from components.push import serving_image as serving
 from flows import work_pools
 from tests.infra.conftest import REPO, infra, run_tool
+from tests.waiting import free_port
 
 TRAINING = infra("training", "Dockerfile")
 
@@ -144,8 +146,8 @@ class _Status(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self):
         found = self.path == "/v1/models/stoke"
-        body = ('{"model_version_status": [{"version": "4", "state": "%s"}]}' % self.state if found
-                else '{"error": "Servable not found"}').encode()
+        body = json.dumps({"model_version_status": [{"version": "4", "state": self.state}]} if found
+                          else {"error": "Servable not found"}).encode()
         self.send_response(200 if found else 404)
         self.send_header("Content-Type", "application/json")
         self.end_headers()
@@ -170,10 +172,6 @@ def test_health_check_passes_only_once_the_model_is_available(rendered, state, h
 
 
 def test_health_check_fails_with_no_server(rendered):
-    import socket
-
-    with socket.socket() as sock:  # a port nothing listens on
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # nothing listens on it
     command = [part.replace(f"/{serving.REST_PORT} ", f"/{port} ") for part in healthcheck_command(rendered)]
     assert subprocess.run(command, timeout=10, capture_output=True).returncode != 0

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,18 +21,12 @@ from components.common import processes
 from components.common.repository import Repository
 from flows.demo import write_digits
 from tests.flows.conftest import TINY_BEAM, TINY_MODEL
-from tests.waiting import wait_for
+from tests.waiting import free_port, wait_for
 
 BIN = os.path.dirname(sys.executable)
 # Small but real, as in tests/flows: 40 digits, one short epoch, the Beam job in one process.
 PARAMETERS = {"train": TINY_MODEL, "preflight": None, "gate": {"min_accuracy": 0.0},
               "push": {"build_image": False}, "beam_args": TINY_BEAM}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -150,4 +143,3 @@ def _final(api_url: str, flow_run_id):
     with _client(api_url) as client:
         run = client.read_flow_run(flow_run_id)
     return run if run.state.is_final() else None
-

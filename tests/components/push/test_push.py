@@ -159,8 +159,8 @@ def test_rollback_moves_the_newest_aside_and_refuses_the_last(trained_runs, tmp_
     assert os.path.exists(os.path.join(root, "models", "stoke", f"rolled-back-{third}", "saved_model.pb"))
     record = lineage.lineage(root, "stoke", third)
     assert record["status"] == "rolled back" and record["rolled_back"]["reason"] == "canary errors"
-    assert "versions: %d" % first in open(os.path.join(root, "serving", "models.config")).read()
-    assert "versions: %d" % third not in open(os.path.join(root, "serving", "models.config")).read()
+    assert f"versions: {first}" in open(os.path.join(root, "serving", "models.config")).read()
+    assert f"versions: {third}" not in open(os.path.join(root, "serving", "models.config")).read()
     assert rollback.run(["--root", root, "--json"]) == 1  # the only version stays
     assert Repository(root, "stoke").versions() == [first]
 

@@ -10,14 +10,7 @@ from components.common.nvml import nvml_session
 from components.common.plots import gpu_use as plot
 from components.train.gpu_sampler import GpuSampler
 from tests.components import fake_nvml
-
-
-def _wait_for(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached")
-        time.sleep(0.01)
+from tests.waiting import wait_for
 
 
 def _sampler_threads():
@@ -42,7 +35,7 @@ def test_samples_every_device_until_stopped(monkeypatch):
     nvml = fake_nvml.two_gpus()
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
     with GpuSampler(interval=0.01) as gpus:
-        _wait_for(lambda: len(gpus.samples) >= 8)
+        wait_for(lambda: len(gpus.samples) >= 8, "8 samples", 10, every=0.01)
     assert not _sampler_threads()
     count = len(gpus.samples)
     time.sleep(0.05)
@@ -72,7 +65,7 @@ def test_samples_every_device_until_stopped(monkeypatch):
 def test_plot_draws_the_samples(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml.two_gpus())
     with GpuSampler(interval=0.01) as gpus:
-        _wait_for(lambda: len(gpus.samples) >= 6)
+        wait_for(lambda: len(gpus.samples) >= 6, "6 samples", 10, every=0.01)
     target = tmp_path / "gpu.png"
     assert plot(gpus.to_dict(), str(target))
     assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -90,7 +83,7 @@ def test_no_devices_is_said_plainly(monkeypatch):
 def test_sample_cap_bounds_memory(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml.two_gpus())
     with GpuSampler(interval=0.001, max_samples=6) as gpus:
-        _wait_for(lambda: len(gpus.samples) >= 6)
+        wait_for(lambda: len(gpus.samples) >= 6, "6 samples", 10, every=0.01)
         time.sleep(0.02)
     assert len(gpus.samples) == 6
 

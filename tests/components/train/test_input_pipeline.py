@@ -75,10 +75,10 @@ def test_decode_eval_is_identical_eagerly_and_inside_tf_data(encoded):
 
 
 @pytest.mark.parametrize("encoded", [_jpeg(130, 170), _png(40, 50)], ids=["jpeg", "png"])
-def test_decode_crop_is_identical_eagerly_and_inside_tf_data(encoded):
-    window = np.array([5, 7, 30, 33], np.int32)
-    eager = pipeline.decode_crop(tf.constant(encoded), tf.constant(window), 16).numpy()
-    inside = _in_dataset(lambda b, w: pipeline.decode_crop(b, w, 16), encoded, window)
+def test_decode_train_is_identical_eagerly_and_inside_tf_data(encoded):
+    seed = np.array([3, 5], np.int32)  # stateless crop and flip: the same seed, the same image
+    eager = pipeline.decode_train(tf.constant(encoded), 16, seed=tf.constant(seed)).numpy()
+    inside = _in_dataset(lambda b, s: pipeline.decode_train(b, 16, seed=s), encoded, seed)
     np.testing.assert_array_equal(eager, inside)
 
 
@@ -91,10 +91,14 @@ def test_dct_downscaled_decode_matches_a_full_decode():
 
 @pytest.mark.parametrize("size", [64, 16], ids=["full-scale", "dct-ratio-4"])
 def test_crop_decode_matches_decode_then_crop(size):
+    """decode_train decodes only the crop window of a JPEG, at a DCT ratio when the window allows."""
     encoded = _jpeg(120, 160)
-    window = tf.constant([16, 24, 64, 80])
-    cropped = pipeline.decode_crop(tf.constant(encoded), window, size).numpy().astype(int)
-    reference = tf.image.resize(tf.image.crop_to_bounding_box(tf.io.decode_jpeg(encoded), 16, 24, 64, 80),
+    seed = tf.constant([0, 7])
+    cropped = pipeline.decode_train(tf.constant(encoded), size, flip=False, seed=seed).numpy().astype(int)
+    crop_seed, _ = tf.unstack(tf.random.experimental.stateless_split(seed, 2))  # as decode_train splits it
+    y, x, h, w = pipeline.random_crop_window(tf.constant([120, 160]), crop_seed).numpy()
+    assert pipeline.JPEG_RATIOS[int(pipeline.jpeg_ratio(h, w, size))] == (1 if size == 64 else 4)
+    reference = tf.image.resize(tf.image.crop_to_bounding_box(tf.io.decode_jpeg(encoded), y, x, h, w),
                                 [size, size], antialias=True)
     assert np.abs(cropped - reference.numpy()).mean() < 3
 

@@ -7,10 +7,8 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
@@ -22,6 +20,7 @@ from components.contracts.results import TrainMetrics
 from components.report.report import write_report
 from components.train import profile
 from tests.components.conftest import TRAIN_LABELS, tiny_image, tiny_records, write_span
+from tests.waiting import free_port, wait_for
 
 COMMON = ["--epochs", "1", "--steps-per-epoch", "16", "--profile-steps", "8,14", "--probe-steps", "4",
           "--precision", "float32", "--no-xla", "--no-flip", "--json"]
@@ -92,7 +91,7 @@ def test_tensorboard_shows_the_same_analysis_in_its_profile_tab(runs, tmp_path):
                               "--host", "127.0.0.1", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}/data"
     try:
-        listing = wait_for_json(f"{base}/plugins_listing", server, 180)
+        listing = wait_for(lambda: answer(f"{base}/plugins_listing"), "tensorboard to answer", 180, process=server)
         assert listing["profile"]["enabled"]
         (session,) = get_json(f"{base}/plugin/profile/runs")
         assert session == os.path.basename(profiler.trace)
@@ -102,12 +101,6 @@ def test_tensorboard_shows_the_same_analysis_in_its_profile_tab(runs, tmp_path):
     finally:
         processes.stop(server)
     assert profile.parse(page, profiler.trace) == profiler
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get(url: str) -> bytes:
@@ -120,15 +113,12 @@ def get_json(url: str):
     return json.loads(get(url))
 
 
-def wait_for_json(url: str, server, seconds: float):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        assert server.poll() is None, "tensorboard exited"
-        try:
-            return get_json(url)
-        except OSError:
-            time.sleep(0.5)
-    pytest.fail(f"tensorboard did not answer {url} within {seconds} s")
+def answer(url: str):
+    """The JSON at `url`, or None while nothing answers there."""
+    try:
+        return get_json(url)
+    except OSError:
+        return None
 
 
 def test_without_a_trace_there_is_no_verdict(tmp_path):

@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 
@@ -24,6 +23,7 @@ from components.train import recipe
 from components.train import trainer as train
 from tests.components.conftest import TRAIN_LABELS, tiny_image, tiny_records, write_span
 from tests.components.train.test_input_pipeline import corrupt_record
+from tests.waiting import free_ports
 
 TINY = ["--model", "small_cnn", "--image-size", "32", "--batch-size", "8", "--probe-steps", "2", "--profile-steps", "none"]
 
@@ -190,18 +190,8 @@ def test_mirrored_over_two_logical_cpus(small_spans_root):
     assert os.path.exists(os.path.join(summary["model_dir"], "saved_model.pb"))
 
 
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 def test_multi_worker_on_two_local_processes(small_spans_root, tmp_path):
-    cluster = {"worker": [f"127.0.0.1:{port}" for port in _free_ports(2)]}
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in free_ports(2)]}
     scratch = tmp_path / "worker-tmp"
     scratch.mkdir()
     processes = [

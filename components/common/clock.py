@@ -1,0 +1,9 @@
+"""The time Stoke writes into every result file (run ids are the layout's: contracts/layout.py)."""
+from __future__ import annotations
+
+import datetime
+
+
+def now() -> str:
+    """UTC now as result files store it (created, validated_at, pushed_at, ...): `2026-01-01T02:00:00Z`."""
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
