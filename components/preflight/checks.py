@@ -41,6 +41,6 @@ class Report:
         return f"{first.name} failed: {first.summary}" + (f" (and {more} more)" if more else "")
 
     def to_dict(self) -> dict:
-        """The summary, as `stoke doctor --json` prints it and the train flow keeps it."""
+        """The summary, as `stoke preflight --json` prints it and the train flow keeps it."""
         return PreflightSummary(status=self.status, failed=[c.name for c in self.failed],
                                 checks=[asdict(c) for c in self.checks]).to_json()
