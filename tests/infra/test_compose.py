@@ -17,7 +17,7 @@ import yaml
 from components.contracts.layout import Root
 from components.push import serving_image as serving
 from flows import work_pools
-from flows.cli import PROGRAMS
+from flows.cli import programs
 from flows.commands import PREFECT_PORT
 from tests.infra.conftest import INFRA, REPO, infra, interpolate, load_compose, run_tool, variables
 
@@ -157,7 +157,7 @@ def test_prefect_server_client_and_pool_agree_with_the_code(compose):
         assert env["PREFECT_API_AUTH_STRING"] == auth  # clients send what the server checks
     worker = services["worker"]["entrypoint"]
     deploy = services["deploy"]["entrypoint"]
-    assert deploy[:2] == ["stoke", "deploy"] and PROGRAMS["deploy"][0] == "flows.work_pools"
+    assert deploy[:2] == ["stoke", "deploy"] and programs()["deploy"][0] == "flows.work_pools"
     pool = work_pools.WorkPool.from_env(services["deploy"]["environment"])
     assert worker[worker.index("--pool") + 1] == pool.name and worker[worker.index("--type") + 1] == pool.type
     assert deploy[deploy.index("--root") + 1] == work_pools.ROOT_MOUNT
