@@ -47,6 +47,27 @@ def confusion_matrix(matrix: list[list[float]], labels: list[str], uri: str, tit
     save(figure, uri)
 
 
+def differences(rows: list[tuple[str, float, float, float]], max_regression: float, uri: str, title: str = "") -> None:
+    """Each (name, difference, lower, upper) as a point with its interval, against the allowed
+    regression: an interval wholly left of the red line is a drop beyond it with evidence."""
+    figure, ax = pyplot().subplots(figsize=(7, 0.6 * len(rows) + 1.6))
+    for y, (_, difference, lower, upper) in enumerate(rows):
+        colour = "tab:red" if upper < -max_regression else "tab:blue"
+        ax.errorbar([difference], [y], xerr=[[difference - lower], [upper - difference]], fmt="o", color=colour,
+                    capsize=4)
+    left = min([-max_regression] + [lower for _, _, lower, _ in rows])
+    ax.axvspan(min(left * 1.1, -max_regression - 0.01), -max_regression, color="tab:red", alpha=0.08)
+    ax.axvline(-max_regression, color="tab:red", linestyle="--", label=f"allowed regression -{max_regression:g}")
+    ax.axvline(0, color="grey", linewidth=0.8)
+    ax.set_yticks(range(len(rows)), [name for name, *_ in rows])
+    ax.set_ylim(-0.7, len(rows) - 0.3)
+    ax.set_xlabel("accuracy, candidate minus served version")
+    ax.legend(loc="lower right", fontsize="small")
+    if title:
+        ax.set_title(title)
+    save(figure, uri)
+
+
 def gpu_use(result: dict, uri: str) -> bool:
     """Draws utilization and PCIe traffic per GPU over time into a PNG at `uri` (local or fsspec).
     Returns False, writing nothing, when there are no samples to draw."""

@@ -151,6 +151,7 @@ class RunDir:
     report_json = property(lambda self: self._file("report.json"))
     gpus_plot = property(lambda self: self._file("gpus.png"))
     throughput_plot = property(lambda self: self._file("throughput.png"))
+    comparison_plot = property(lambda self: self._file("comparison.png"))  # the paired difference, by the report
 
     def summary(self, stage: str) -> str:
         """Where the flow keeps a stage program's JSON summary."""

@@ -234,6 +234,29 @@ class SharedClasses(Result):
     baseline_per_class_accuracy: dict[str, float]
 
 
+class PairedComparison(Result):
+    """The candidate minus one served version on the same eval records (components/gate/evidence.py)."""
+
+    version: int
+    example_count: int  # records compared (those of the classes both know)
+    accuracy: float  # the candidate's on those records
+    baseline_accuracy: float  # the version's on those records
+    difference: float  # candidate minus version
+    interval: tuple[float, float]  # of the difference, at `confidence`
+    p_value: float  # McNemar's exact test
+    method: str
+    discordant: tuple[int, int]  # records only the candidate gets right, records only the version gets right
+    detectable_difference: float  # smallest difference these records detect with 80% power
+
+
+class Comparison(PairedComparison):
+    """The paired comparison with the newest served version, and the rule that decided."""
+
+    decision: Literal["evidence", "point"]
+    confidence: float
+    best_retained: PairedComparison | None = None  # against the retained version most accurate on these records
+
+
 class Validation(Result):
     """ROOT/runs/<id>/validation.json: the blessing and its reasons (BLESSED/NOT_BLESSED beside it)."""
 
@@ -246,6 +269,7 @@ class Validation(Result):
     baseline: GateMetrics | None
     baseline_version: int | None  # the served version compared with, None when not compared
     shared_classes: SharedClasses | None = None  # set when compared on the classes both know
+    comparison: Comparison | None = None  # paired, per record; files of 0.1.0 have none
     served_version: int | None  # the newest served version when validated
     thresholds: Thresholds
     serving_check: dict  # components/gate/serving_check.py's report

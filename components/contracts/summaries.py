@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import ConfigDict
 
 from components.contracts.results import (
+    Comparison,
     GateMetrics,
     LossAccuracy,
     ProfilerVerdict,
@@ -176,6 +177,7 @@ class ValidationSection(Result):
     thresholds: Thresholds
     baseline_version: int | None
     validation_uri: str
+    comparison: Comparison | None = None  # reports of 0.1.0 have no key
 
 
 class RunReport(Summary):

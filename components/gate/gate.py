@@ -3,11 +3,14 @@
 TensorFlow Model Analysis evaluates the candidate on the eval split of the spans it trained on,
 through its tf.Example signature: accuracy, top-k accuracy, accuracy per class (a slice per label)
 and the confusion matrix. The newest version in ROOT/models/<name>/ is evaluated on the same
-records as the baseline. Two thresholds decide, both given to TFMA so its validation result agrees:
-a floor on accuracy (default: beat the share of the most common class, so a model that learned
-nothing is never blessed) and at most --max-regression below the served version. When the candidate
-knows classes the served version does not (labels are append-only, so they come last), the two are
-compared on the classes both know: accuracy on those classes' records, from TFMA's per-class slices.
+records as the baseline. A floor on accuracy (default: beat the share of the most common class, so a
+model that learned nothing is never blessed) is given to TFMA. The comparison with the served
+version is paired: both models answer the same records, one by one (records.py), and under
+--decision evidence (rule.py, evidence.py) a candidate is refused only when the whole interval of
+the difference lies below -max_regression, against the newest served version or the retained version
+most accurate on these records; --decision point compares the two accuracies as they are (TFMA then
+holds the same change threshold). When the candidate knows classes the served version does not
+(labels are append-only, so they come last), the two are compared on the classes both know.
 A fresh process then checks the serving contract with the warm-up requests the push will ship.
 
 Writes ROOT/runs/ID/: tfma/, validation.json, confusion_matrix.png, warmup/, and BLESSED or
@@ -32,6 +35,7 @@ from components.contracts import program, schema
 from components.contracts.config import GateConfig, from_arguments
 from components.contracts.layout import Root, RunDir, Shard
 from components.contracts.results import ResultError, TrainMetrics, Validation
+from components.gate import records, rule
 from components.gate.tfma import eval_config_for, label_name, read_tfma, run_tfma
 
 # Loading the model, replaying the warm-up and, when there is one, starting the real server.
@@ -70,6 +74,9 @@ class Served:
     uri: str | None  # None when the candidate is not compared with it
     shared: list[str] | None  # the classes compared on, when the candidate added some
     notes: list[str]
+    # Every retained version comparable with the candidate: version -> (uri, how many of the candidate's
+    # classes it knows), for the paired comparisons (the newest one's, and the best retained one's).
+    retained: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +101,7 @@ class Decision(NamedTuple):
     reasons: list[str]
     notes: list[str]  # what the decision adds to the notes of the baseline resolution
     shared_classes: dict | None
+    comparison: dict | None = None  # the paired comparison (validation.json's `comparison`)
 
 
 def gate(config: GateConfig) -> dict:
@@ -103,7 +111,8 @@ def gate(config: GateConfig) -> dict:
     metrics = dict(results["candidate"], majority_class_rate=inputs.majority_rate,
                    eval_label_counts={label_name(inputs.labels, k): v for k, v in sorted(inputs.counts.items())})
     decision = decide(metrics, results.get("baseline"), inputs.served.version, inputs.served.shared, inputs.floor,
-                      config.max_regression, serving, results["validation_ok"], results["validation_failures"])
+                      config.max_regression, serving, results["validation_ok"], results["validation_failures"],
+                      rule.Evidence(config.decision, config.confidence, results["pairs"]))
     return write(config, inputs, metrics, results, serving, decision)
 
 
@@ -146,32 +155,52 @@ def _served(repo: Repository, labels: list[str]) -> Served:
     version = repo.newest()
     if version is None:
         return Served(None, None, None, ["no served version yet: only the accuracy floor applies"])
+    known = {v: _known_classes(repo, v, labels) for v in repo.versions()}
+    retained = {v: (repo.version_uri(v), len(classes)) for v, classes in known.items() if classes is not None}
+    served_labels = known[version]
+    if served_labels is None:
+        lineage = repo.lineage(version)
+        return Served(version, None, None, [
+            f"baseline comparison skipped: the label set changed (served version {version} "
+            f"has {len(lineage.labels)} labels, the candidate {len(labels)}); only the accuracy floor applies"])
+    if served_labels == list(labels):
+        return Served(version, repo.version_uri(version), None, [], retained)
+    return Served(version, repo.version_uri(version), served_labels, [
+        f"the label set grew (served version {version} knows {len(served_labels)} classes, the "
+        f"candidate added {', '.join(labels[len(served_labels):])}): compared on the {len(served_labels)} "
+        "classes both know"], retained)
+
+
+def _known_classes(repo: Repository, version: int, labels: list[str]) -> list[str] | None:
+    """The candidate's classes `version` knows (labels are append-only, so its own are a prefix), or
+    None when its label set changed otherwise."""
     lineage = repo.lineage(version)
     served_labels = list(lineage.labels) if lineage else None
     if served_labels is None or served_labels == list(labels):
-        return Served(version, repo.version_uri(version), None, [])
+        return list(labels)
     if 0 < len(served_labels) < len(labels) and list(labels[:len(served_labels)]) == served_labels:
-        return Served(version, repo.version_uri(version), served_labels, [
-            f"the label set grew (served version {version} knows {len(served_labels)} classes, the "
-            f"candidate added {', '.join(labels[len(served_labels):])}): compared on the {len(served_labels)} "
-            "classes both know"])
-    return Served(version, None, None, [
-        f"baseline comparison skipped: the label set changed (served version {version} "
-        f"has {len(served_labels)} labels, the candidate {len(labels)}); only the accuracy floor applies"])
+        return served_labels
+    return None
 
 
 def evaluate(config: GateConfig, inputs: GateInputs) -> tuple[dict, dict]:
     """TFMA's results (candidate, and baseline when compared) and the serving check's report."""
     floor, served, run = inputs.floor, inputs.served, inputs.run
     with tempfile.TemporaryDirectory(prefix="stoke-gate-") as scratch:
+        # Under --decision evidence the paired interval judges the drop, so TFMA keeps only the floor:
+        # its change threshold compares point estimates.
         eval_config = eval_config_for(floor.value + (0.0 if floor.inclusive else 1e-9), config.max_regression,
                                       inputs.top_k, with_baseline=served.uri is not None,
-                                      overall_change=served.shared is None)
+                                      overall_change=served.shared is None and config.decision == "point")
         models = {"candidate": _tf_readable(inputs.candidate, scratch, "candidate")}
         if served.uri:
             models["baseline"] = _tf_readable(served.uri, scratch, "baseline")
         run_tfma(eval_config, models, inputs.shards, run.tfma)
         results = read_tfma(run.tfma, inputs.labels, inputs.top_k)
+        versions = {version: (models["baseline"] if version == served.version else
+                              _tf_readable(uri, scratch, f"version-{version}"), known)
+                    for version, (uri, known) in served.retained.items()} if served.uri else {}
+        results["pairs"] = records.pairs(models["candidate"], versions, inputs.shards) if versions else {}
 
         _write_warmup(run.warmup, inputs.warm_images, config.model_name)
         serving = serving_check(models["candidate"], _tf_readable(run.warmup, scratch, "warmup"), config.model_name)
@@ -180,37 +209,55 @@ def evaluate(config: GateConfig, inputs: GateInputs) -> tuple[dict, dict]:
 
 def decide(candidate: dict, baseline: dict | None, served_version: int | None, shared: list[str] | None,
            floor: Floor, max_regression: float, serving: dict, validation_ok: bool,
-           validation_failures: list[str]) -> Decision:
-    """Blessed or not, and why, from the metrics alone: no file, no model, no TFMA."""
-    reasons, notes = [], []
-    accuracy = candidate["accuracy"]
-    if accuracy < floor.value or (not floor.inclusive and accuracy <= floor.value):
-        if floor.majority_label is None:
-            reasons.append(f"accuracy {accuracy:.4f} is below the required {floor.value:.4f} (--min-accuracy)")
-        else:
-            reasons.append(f"accuracy {accuracy:.4f} does not beat {floor.value:.4f}, what always answering the most "
-                           f"common class ({floor.majority_label}) scores on the eval split")
+           validation_failures: list[str], evidence: rule.Evidence | None = None) -> Decision:
+    """Blessed or not, and why, from the metrics and per-record correctness alone: no file, no model,
+    no TFMA. Without `evidence`, or under --decision point, the accuracies are compared as they are."""
+    reasons, notes, noise = _floor_reasons(candidate["accuracy"], floor), [], []
     shared_classes = shared_comparison(candidate, baseline, shared) if baseline is not None and shared else None
+    compared = rule.comparison(evidence, served_version) if baseline is not None else None
+    if compared is not None and compared["decision"] == "evidence":
+        more, noise, said = rule.verdict(compared, shared, max_regression)
+        reasons += more
+    else:
+        reasons += _point_reasons(candidate["accuracy"], baseline, shared_classes, served_version, max_regression)
+        said = []
     if shared_classes is not None:
-        drop = shared_classes["baseline_accuracy"] - shared_classes["accuracy"]
-        if drop > max_regression + 1e-9:
-            reasons.append(f"on the {len(shared)} classes both models know, accuracy {shared_classes['accuracy']:.4f} "
-                           f"is {drop:.4f} below the served version {served_version} "
-                           f"({shared_classes['baseline_accuracy']:.4f}); allowed regression {max_regression}")
         notes.append("per class, candidate vs served: " + ", ".join(
             f"{name} {value:.4f} vs {shared_classes['baseline_per_class_accuracy'][name]:.4f}"
             for name, value in shared_classes["per_class_accuracy"].items()))
-    elif baseline is not None:
-        drop = baseline["accuracy"] - accuracy
-        if drop > max_regression + 1e-9:
-            reasons.append(f"accuracy {accuracy:.4f} is {drop:.4f} below the served version {served_version} "
-                           f"({baseline['accuracy']:.4f}); allowed regression {max_regression}")
     reasons += [f"serving check: {problem}" for problem in serving["problems"]]
     if not validation_ok and not reasons:
         reasons.append("TFMA's validation failed: " + "; ".join(validation_failures))
+    notes += [f"{line}; {'not a reason to refuse' if reasons else 'blessed'}" for line in noise] + said
     if serving.get("real_server", {}).get("status") == "skipped":
         notes.append(f"real TF Serving check skipped: {serving['real_server']['reason']}")
-    return Decision(not reasons, reasons, notes, shared_classes)
+    return Decision(not reasons, reasons, notes, shared_classes, compared)
+
+
+def _floor_reasons(accuracy: float, floor: Floor) -> list[str]:
+    if accuracy >= floor.value and (floor.inclusive or accuracy > floor.value):
+        return []
+    if floor.majority_label is None:
+        return [f"accuracy {accuracy:.4f} is below the required {floor.value:.4f} (--min-accuracy)"]
+    return [f"accuracy {accuracy:.4f} does not beat {floor.value:.4f}, what always answering the most "
+            f"common class ({floor.majority_label}) scores on the eval split"]
+
+
+def _point_reasons(accuracy: float, baseline: dict | None, shared_classes: dict | None, served_version: int | None,
+                   max_regression: float) -> list[str]:
+    """--decision point: the accuracies as they are, at most --max-regression apart."""
+    if shared_classes is not None:
+        drop = shared_classes["baseline_accuracy"] - shared_classes["accuracy"]
+        if drop > max_regression + 1e-9:
+            return [f"on the {len(shared_classes['classes'])} classes both models know, accuracy "
+                    f"{shared_classes['accuracy']:.4f} is {drop:.4f} below the served version {served_version} "
+                    f"({shared_classes['baseline_accuracy']:.4f}); allowed regression {max_regression}"]
+    elif baseline is not None:
+        drop = baseline["accuracy"] - accuracy
+        if drop > max_regression + 1e-9:
+            return [f"accuracy {accuracy:.4f} is {drop:.4f} below the served version {served_version} "
+                    f"({baseline['accuracy']:.4f}); allowed regression {max_regression}"]
+    return []
 
 
 def write(config: GateConfig, inputs: GateInputs, metrics: dict, results: dict, serving: dict,
@@ -231,6 +278,7 @@ def write(config: GateConfig, inputs: GateInputs, metrics: dict, results: dict, 
         "baseline": baseline,
         "baseline_version": served.version if baseline is not None else None,
         "shared_classes": decision.shared_classes,
+        "comparison": decision.comparison,
         "served_version": served.version,
         "thresholds": {"min_accuracy": floor.value, "min_accuracy_inclusive": floor.inclusive,
                        "min_accuracy_source": floor.source, "max_regression": config.max_regression,

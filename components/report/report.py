@@ -14,7 +14,7 @@ from components.common.files import exists, write_text
 from components.contracts import stages
 from components.contracts.layout import RunDir
 from components.contracts.program import printable
-from components.contracts.results import GateMetrics, InputProbe, TrainMetrics, Validation
+from components.contracts.results import Comparison, GateMetrics, InputProbe, TrainMetrics, Validation
 from components.contracts.summaries import PushSummary, RunReport
 
 # The keys of a stage's summary that its section of the report shows.
@@ -63,8 +63,10 @@ def build_report(run: RunDir, skipped: str | None = None, failed: str | None = N
             "profiler": train.profiler,
         }
     if validation is not None:
+        # `comparison` only when the gate made one, so reports of runs gated before it read as they did.
         report.validation = validation.model_dump(include={
-            "blessed", "reasons", "notes", "metrics", "labels", "thresholds", "baseline_version", "validation_uri"})
+            "blessed", "reasons", "notes", "metrics", "labels", "thresholds", "baseline_version", "validation_uri"}
+            | ({"comparison"} if validation.comparison is not None else set()))
     if push is not None:
         report.push = push.model_dump(include=PUSH_KEYS)
     report.plots = _plots(run, report, train, validation)
@@ -124,6 +126,10 @@ def render_markdown(report: RunReport) -> str:
                      " (no served version to compare with)"), ""]
         lines += [f"- {reason}" for reason in v.reasons]
         lines += [f"- note: {note}" for note in v.notes] + [""]
+        if v.comparison is not None:
+            lines += comparison_in_words(v.comparison, v.thresholds.max_regression)
+            if report.plots.get("comparison"):
+                lines += [f"![paired difference]({os.path.basename(report.plots['comparison'])})", ""]
         lines += _metrics_table(v.metrics)
         lines += _per_class_table(v.metrics)
         if report.plots.get("confusion_matrix"):
@@ -193,6 +199,36 @@ def cheapest_fix(probe: InputProbe, image_size: int | None) -> str | None:
     return f"ingest the source again into a new ROOT with `{' '.join(flags)}`: " + "; ".join(reasons)
 
 
+def comparison_in_words(comparison: Comparison, max_regression: float) -> list[str]:
+    """The paired difference with its interval, p-value and what the eval set can detect, as sentences."""
+    lines = []
+    for c, whom in ((comparison, f"served version {comparison.version}"),
+                    (comparison.best_retained, "the most accurate retained version {}")):
+        if c is None:
+            continue
+        (lower, upper), (b, c_) = c.interval, c.discordant
+        if upper < -max_regression:
+            verdict = "worse by more than the allowed regression, with evidence"
+        elif c.difference < -max_regression:
+            verdict = "a drop beyond the allowance, but within noise"
+        else:
+            verdict = "within the allowed regression"
+        lines.append(f"Candidate minus {whom.format(c.version)} on {c.example_count} eval records: "
+                     f"{c.difference:+.3f} ({comparison.confidence:.0%} interval {lower:+.3f} to {upper:+.3f}; "
+                     f"McNemar's exact p = {c.p_value:.2g}; {b} records only the candidate got right, {c_} only the "
+                     f"served version). Allowed regression {max_regression:g}: {verdict}.")
+    rule = ("decided on the interval (--decision evidence)" if comparison.decision == "evidence" else
+            "decided on the point estimates (--decision point)")
+    lines.append(f"This eval set detects drops of about {comparison.detectable_difference:.3f} with 80% power; {rule}.")
+    return [line for text in lines for line in (text, "")]
+
+
+def _comparison_plot(comparison: Comparison, max_regression: float, uri: str) -> None:
+    rows = [(f"vs version {c.version}", c.difference, *c.interval)
+            for c in (comparison, comparison.best_retained) if c is not None]
+    draw.differences(rows, max_regression, uri, title=f"{comparison.confidence:.0%} paired intervals")
+
+
 def _metrics_table(metrics: GateMetrics) -> list[str]:
     scalars = {k: v for k, v in metrics.to_json().items() if isinstance(v, (int, float)) and not isinstance(v, bool)
                and k != "top_k"}
@@ -223,6 +259,9 @@ def _plots(run: RunDir, report: RunReport, train: TrainMetrics | None, validatio
     elif validation is not None and validation.metrics.confusion_matrix:
         plots["confusion_matrix"] = run.confusion_matrix
         draw.confusion_matrix(validation.metrics.confusion_matrix, validation.labels, run.confusion_matrix)
+    if validation is not None and validation.comparison is not None:
+        plots["comparison"] = run.comparison_plot
+        _comparison_plot(validation.comparison, validation.thresholds.max_regression, run.comparison_plot)
     rates = _rates(report)
     if rates:
         plots["throughput"] = run.throughput_plot

@@ -4,7 +4,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from components.gate.gate import Floor, decide
+from components.gate.rule import Evidence
 
 SERVED = {"ok": True, "problems": [], "real_server": {"status": "passed"}}
 MAJORITY = Floor(0.5, False, "must beat 0.5000, the share of the most common class (red) in the eval split", "red")
@@ -16,22 +19,23 @@ def metrics(accuracy: float, per_class: dict[str, float] | None = None, examples
 
 
 def verdict(candidate, baseline=None, *, version=None, shared=None, floor=MAJORITY, max_regression=0.01,
-            serving=SERVED, validation_ok=True, failures=()):
-    return decide(candidate, baseline, version, shared, floor, max_regression, serving, validation_ok, list(failures))
+            serving=SERVED, validation_ok=True, failures=(), evidence=None):
+    return decide(candidate, baseline, version, shared, floor, max_regression, serving, validation_ok, list(failures),
+                  evidence)
 
 
 def test_no_baseline_blesses_above_the_floor():
-    assert verdict(metrics(0.75)) == (True, [], [], None)
+    assert verdict(metrics(0.75)) == (True, [], [], None, None)
 
 
 def test_below_the_required_accuracy_says_so():
-    blessed, reasons, _, _ = verdict(metrics(0.85), floor=REQUIRED)
+    blessed, reasons, *_ = verdict(metrics(0.85), floor=REQUIRED)
     assert not blessed and reasons == ["accuracy 0.8500 is below the required 0.9000 (--min-accuracy)"]
     assert verdict(metrics(0.9), floor=REQUIRED).blessed  # --min-accuracy is met at equality
 
 
 def test_the_majority_share_must_be_beaten_not_matched():
-    blessed, reasons, _, _ = verdict(metrics(0.5))
+    blessed, reasons, *_ = verdict(metrics(0.5))
     assert not blessed and reasons == [
         "accuracy 0.5000 does not beat 0.5000, what always answering the most common class (red) scores "
         "on the eval split"]
@@ -45,7 +49,7 @@ def test_regression_beyond_the_allowance_is_refused():
 
 
 def test_regression_within_the_allowance_is_blessed():
-    assert verdict(metrics(0.88), metrics(0.9), version=3, max_regression=0.05) == (True, [], [], None)
+    assert verdict(metrics(0.88), metrics(0.9), version=3, max_regression=0.05) == (True, [], [], None, None)
 
 
 SHARED = ["red", "green", "blue"]
@@ -58,7 +62,7 @@ PER_CLASS = "per class, candidate vs served: red 0.5000 vs 1.0000, green 0.7500 
 
 
 def test_added_classes_compare_on_the_classes_both_know():
-    blessed, reasons, notes, shared = verdict(CANDIDATE, BASELINE, version=3, shared=SHARED, floor=WHITE)
+    blessed, reasons, notes, shared, _ = verdict(CANDIDATE, BASELINE, version=3, shared=SHARED, floor=WHITE)
     assert shared["classes"] == SHARED and shared["example_count"] == 10
     assert shared["accuracy"] == 0.7 and shared["baseline_accuracy"] == 0.9
     assert shared["per_class_accuracy"] == {"red": 0.5, "green": 0.75, "blue": 1.0}
@@ -78,15 +82,15 @@ def test_shared_classes_replace_the_overall_comparison():
 def test_a_failed_serving_check_refuses_and_notes_the_skipped_server():
     serving = {"ok": False, "problems": ["the SavedModel has no serving_default signature"],
                "real_server": {"status": "skipped", "reason": "the in-process check failed first"}}
-    blessed, reasons, notes, _ = verdict(metrics(0.75), serving=serving, validation_ok=False, failures=["x"])
+    blessed, reasons, notes, *_ = verdict(metrics(0.75), serving=serving, validation_ok=False, failures=["x"])
     assert not blessed and reasons == ["serving check: the SavedModel has no serving_default signature"]
     assert notes == ["real TF Serving check skipped: the in-process check failed first"]
 
 
 def test_tfma_validation_failure_is_a_reason_only_when_there_is_no_other():
-    blessed, reasons, _, _ = verdict(metrics(0.75), validation_ok=False, failures=["accuracy too low", "change"])
+    blessed, reasons, *_ = verdict(metrics(0.75), validation_ok=False, failures=["accuracy too low", "change"])
     assert not blessed and reasons == ["TFMA's validation failed: accuracy too low; change"]
-    _, reasons, _, _ = verdict(metrics(0.85), floor=REQUIRED, validation_ok=False, failures=["accuracy too low"])
+    _, reasons, *_ = verdict(metrics(0.85), floor=REQUIRED, validation_ok=False, failures=["accuracy too low"])
     assert reasons == ["accuracy 0.8500 is below the required 0.9000 (--min-accuracy)"]
 
 
@@ -95,3 +99,82 @@ def test_the_gate_decides_without_tensorflow():
             "print([m for m in ('tensorflow', 'tensorflow_model_analysis') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+# ---------------------------------------------------------------- the evidence rule (paired, per record)
+
+
+def right(count: int, wrong: set[int]) -> list[bool]:
+    return [i not in wrong for i in range(count)]
+
+
+def evidence(pairs: dict, decision: str = "evidence", confidence: float = 0.95) -> Evidence:
+    return Evidence(decision, confidence, pairs)
+
+
+# 175 eval records: the served version misses 3, the candidate 7 (4 more, none the served model gets right).
+SERVED_RIGHT = right(175, {0, 1, 2})
+CANDIDATE_RIGHT = right(175, {0, 1, 2, 3, 4, 5, 6})
+
+
+def test_a_few_records_below_the_served_version_is_blessed_as_not_significant():
+    decision = verdict(metrics(168 / 175), metrics(172 / 175), version=3,
+                       evidence=evidence({3: (CANDIDATE_RIGHT, SERVED_RIGHT)}))
+    assert decision.blessed and decision.reasons == []
+    noise, small = decision.notes
+    assert noise.startswith("accuracy 0.9600 is 0.0229 below the served version 3 (0.9829), 95% interval of the "
+                            "difference [-0.05") and noise.endswith("McNemar's exact p = 0.12: not significant; blessed")
+    assert small == ("175 eval images can only detect drops of about 0.04; --max-regression 0.01 is below what "
+                     "this eval set can see: add eval data or raise --eval-fraction")
+    comparison = decision.comparison
+    assert comparison["discordant"] == [0, 4] and comparison["difference"] == pytest.approx(-4 / 175)
+    assert comparison["interval"][0] < -4 / 175 < 0 < comparison["interval"][1]
+    assert comparison["decision"] == "evidence" and comparison["best_retained"] is None
+
+
+def test_point_decision_keeps_todays_rule_and_wording():
+    decision = verdict(metrics(168 / 175), metrics(172 / 175), version=3,
+                       evidence=evidence({3: (CANDIDATE_RIGHT, SERVED_RIGHT)}, decision="point"))
+    assert not decision.blessed and decision.reasons == [
+        "accuracy 0.9600 is 0.0229 below the served version 3 (0.9829); allowed regression 0.01"]
+    assert decision.notes == [] and decision.comparison["decision"] == "point"
+
+
+def test_clearly_worse_is_refused_with_the_interval_and_p_value():
+    worse = right(175, set(range(40)))  # wrong on 37 records the served version gets right
+    decision = verdict(metrics(135 / 175), metrics(172 / 175), version=3, evidence=evidence({3: (worse, SERVED_RIGHT)}))
+    (reason,) = decision.reasons
+    lower, upper = decision.comparison["interval"]
+    assert not decision.blessed and upper < -0.01 and decision.comparison["p_value"] < 1e-9
+    assert reason == (f"accuracy 0.7714 is 0.2114 below the served version 3 (0.9829), 95% interval of the difference "
+                      f"[{lower:+.3f}, {upper:+.3f}], McNemar's exact p = {decision.comparison['p_value']:.2g}: "
+                      "worse by more than the allowed regression 0.01 with evidence")
+
+
+def test_a_slow_slide_is_refused_against_the_best_retained_version():
+    """Versions 1, 2, 3 each a little worse than the one before, each blessed as within noise; the
+    fourth candidate is again only a little below version 3, but clearly below version 1."""
+    versions = {1: right(400, set(range(4))), 2: right(400, set(range(14))), 3: right(400, set(range(24)))}
+    candidate = right(400, set(range(34)))
+    for version, below in ((2, 1), (3, 2)):  # how each served version was once blessed
+        pair = {below: (versions[version], versions[below])}
+        step = verdict(metrics(0.9), metrics(0.9), version=below, evidence=evidence(pair))
+        assert step.blessed and "not significant; blessed" in step.notes[0]
+    decision = verdict(metrics(366 / 400), metrics(376 / 400), version=3,
+                       evidence=evidence({v: (candidate, versions[v]) for v in versions}))
+    best = decision.comparison["best_retained"]
+    assert best["version"] == 1 and best["difference"] == pytest.approx(-30 / 400) and best["interval"][1] < -0.01
+    assert not decision.blessed and len(decision.reasons) == 1
+    assert decision.reasons[0].startswith("accuracy 0.9150 is 0.0750 below version 1, the most accurate retained "
+                                          "version on these records (0.9900), 95% interval of the difference [")
+    assert any("below the served version 3" in note and "not significant; not a reason to refuse" in note
+               for note in decision.notes)
+
+
+def test_evidence_on_the_classes_both_know_names_them():
+    served = right(10, set())
+    decision = verdict(CANDIDATE, BASELINE, version=3, shared=SHARED, floor=WHITE,
+                       evidence=evidence({3: (right(10, {0, 1, 2}), served)}))
+    assert decision.blessed and decision.notes[0] == PER_CLASS
+    assert decision.notes[1].startswith("on the 3 classes both models know, accuracy 0.7000 is 0.3000 below the "
+                                        "served version 3 (1.0000)")

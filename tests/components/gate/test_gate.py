@@ -52,7 +52,38 @@ def test_model_that_learned_nothing_is_refused_in_plain_words(trained_runs):
     assert f"{summary['metrics']['accuracy']:.4f}" in regression[0]
     run_dir = os.path.join(trained_runs["root"], "runs", "flat")
     assert os.path.exists(os.path.join(run_dir, "NOT_BLESSED")) and not os.path.exists(os.path.join(run_dir, "BLESSED"))
-    assert not summary["tfma_validation_ok"]
+    # Under --decision evidence TFMA holds the floor only: its change threshold compares point estimates.
+    metrics = summary["metrics"]
+    assert summary["tfma_validation_ok"] == (metrics["accuracy"] > metrics["majority_class_rate"])
+
+
+def test_a_clearly_worse_model_is_refused_with_evidence(trained_runs):
+    """Both models answered the same 24 records one by one: the flat one's drop is far beyond noise."""
+    _, summary = trained_runs["validate"]["flat"]
+    comparison = summary["comparison"]
+    (lower, upper), (b, c) = comparison["interval"], comparison["discordant"]
+    assert comparison["decision"] == "evidence" and comparison["version"] == summary["baseline_version"]
+    assert comparison["example_count"] == 24 and c > b and comparison["p_value"] < 0.05 and upper < -0.01
+    # The paired counts add up to TFMA's accuracies.
+    assert comparison["accuracy"] == pytest.approx(summary["metrics"]["accuracy"], abs=1e-6)
+    assert comparison["baseline_accuracy"] == pytest.approx(summary["baseline"]["accuracy"], abs=1e-6)
+    (reason,) = [r for r in summary["reasons"] if "below the served version" in r]
+    assert f"95% interval of the difference [{lower:+.3f}, {upper:+.3f}]" in reason
+    assert f"McNemar's exact p = {comparison['p_value']:.2g}" in reason
+    # 24 records cannot see a drop of 0.01, and the notes say so.
+    assert any(note.startswith("24 eval images can only detect drops of about") for note in summary["notes"])
+    assert json.load(open(summary["validation_uri"]))["comparison"] == comparison
+
+
+def test_point_decision_keeps_the_point_rule_and_its_wording(trained_runs, tmp_path):
+    root = copy_root(trained_runs, tmp_path)
+    code, summary = validate_run(root, "flat", "--decision", "point")
+    accuracy, served = summary["metrics"]["accuracy"], summary["baseline"]["accuracy"]
+    assert code == 0 and not summary["blessed"] and summary["comparison"]["decision"] == "point"
+    assert f"accuracy {accuracy:.4f} is {served - accuracy:.4f} below the served version {summary['baseline_version']} " \
+           f"({served:.4f}); allowed regression 0.01" in summary["reasons"]
+    assert not any("eval images can only detect" in note for note in summary["notes"])
+    assert not summary["tfma_validation_ok"]  # TFMA's change threshold is back
 
 
 def test_serving_contract_checked_in_a_fresh_process(trained_runs):
