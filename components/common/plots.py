@@ -62,7 +62,7 @@ def differences(rows: list[tuple[str, float, float, float]], max_regression: flo
     ax.set_yticks(range(len(rows)), [name for name, *_ in rows])
     ax.set_ylim(-0.7, len(rows) - 0.3)
     ax.set_xlabel("accuracy, candidate minus served version")
-    ax.legend(loc="lower right", fontsize="small")
+    ax.legend(loc="best", fontsize="small")
     if title:
         ax.set_title(title)
     save(figure, uri)

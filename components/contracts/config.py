@@ -190,13 +190,15 @@ class GateConfig(BaseModel):
     model_name: str = Field("stoke", pattern=MODEL_NAME_PATTERN, description="model in ROOT/models to compare against")
     min_accuracy: float | None = Field(
         None, ge=0.0, le=1.0, description="lowest accuracy to bless (default: must beat the eval split's majority-class rate)")
-    max_regression: float = Field(0.01, ge=0.0, le=1.0, description="allowed absolute accuracy drop below the served version")
+    max_regression: float = Field(
+        0.01, ge=0.0, le=1.0, description="allowed absolute accuracy drop below the served version "
+                                          "(--decision evidence: a larger drop must be shown by the interval)")
     decision: Literal["evidence", "point"] = Field(
         "evidence", description="evidence: refuse a drop beyond --max-regression only when the paired interval of the "
                                 "difference (both models on the same eval records) lies wholly beyond it, also against "
                                 "the best retained version; point: compare the two accuracies as they are")
-    confidence: float = Field(0.95, gt=0.5, lt=1.0, description="confidence of the paired interval and level of "
-                                                                "McNemar's test (--decision evidence)")
+    confidence: float = Field(0.95, gt=0.5, lt=1.0, description="confidence of the paired interval of the difference "
+                                                                "(--decision evidence); McNemar's p-value is reported beside it")
     top_k: int = Field(5, gt=0, description="k of the top-k accuracy (capped at the number of classes)")
     warmup_images: int = Field(8, gt=0, le=256, description="real eval images in the warm-up requests")
 
