@@ -2,8 +2,8 @@
 
 One process per worker, the same program everywhere: the strategy (components/train/strategy.py) comes
 from TF_CONFIG and the devices, the input from components/train/input_pipeline.py. Artifacts go to
-ROOT/runs/<run-id>/: checkpoints (best by eval loss), backup (BackupAndRestore: rerunning the same
-run id resumes at the last backed-up step), tensorboard, candidate, metrics.json, curves.png.
+ROOT/runs/<run-id>/: backup (BackupAndRestore: rerunning the same run id resumes at the last
+backed-up step), tensorboard, candidate, metrics.json, curves.png.
 Only the chief writes them; other workers write their copies to temporary folders and delete them,
 which is how tf.distribute expects multi-worker saving to go.
 
@@ -24,7 +24,6 @@ from collections.abc import Callable
 import tensorflow as tf
 import tf_keras as keras
 
-from components.common.files import join
 from components.contracts import program
 from components.contracts.config import TrainConfig, from_arguments
 from components.contracts.layout import RunDir, Shard
@@ -143,7 +142,7 @@ def fit(config: TrainConfig, plan: RunPlan, model, train_data, eval_data, mine: 
     profiled = _profile_range(config.profile_steps)
     timer = StepTimer(skip=profiled)
     resume = ResumePoint()
-    callbacks = _callbacks(config, plan.run, mine, eval_data is not None, profiled, timer, resume, progress)
+    callbacks = _callbacks(config, plan.run, mine, profiled, timer, resume, progress)
     try:
         with GpuSampler() as sampler:  # each worker samples its own GPUs; nothing without NVML
             history = model.fit(train_data, epochs=config.epochs, steps_per_epoch=plan.steps_per_epoch,
@@ -160,23 +159,20 @@ def fit(config: TrainConfig, plan: RunPlan, model, train_data, eval_data, mine: 
                   profiler=profile.input_pipeline_verdict(mine.tensorboard) if profiled else None)
 
 
-def _callbacks(config: TrainConfig, run: RunDir, mine: RunDir, with_eval: bool, profiled,
+def _callbacks(config: TrainConfig, run: RunDir, mine: RunDir, profiled,
                timer: StepTimer, resume: ResumePoint, progress: Callable[[Progress], None] | None) -> list:
-    """Backup, the best checkpoint, TensorBoard, the learning-rate log and what measures the run."""
+    """Backup, TensorBoard, the learning-rate log and what measures the run."""
     from components.train import recipe
 
     callbacks = [
         keras.callbacks.BackupAndRestore(run.backup, save_freq=config.backup_every or "epoch"),
         resume,
-        keras.callbacks.ModelCheckpoint(
-            join(run.checkpoints, "best"), monitor="val_loss" if with_eval else "loss",
-            save_best_only=True, save_weights_only=True),
         keras.callbacks.TensorBoard(mine.tensorboard, profile_batch=profiled),
         timer,
         recipe.LearningRateLog(),
     ]
     if config.ema:
-        # First, so every later callback (checkpoints, TensorBoard) sees the validation of the average.
+        # First, so every later callback (TensorBoard, the history) sees the validation of the average.
         callbacks.insert(0, recipe.EmaEvaluation())
     if progress:
         callbacks.append(EpochProgress(config.epochs, progress))

@@ -80,7 +80,7 @@ def test_float32_run_writes_every_artifact(float32_run, small_spans_root):
     probe = float32_run["input"]
     assert probe["input_images_per_sec"] > 0 and probe["model_images_per_sec_synthetic"] > 0
     assert isinstance(probe["input_bound"], bool) and probe["input_wait_seconds"] >= 0
-    for name in ("checkpoints/checkpoint", "candidate/saved_model.pb", "metrics.json", "curves.png"):
+    for name in ("candidate/saved_model.pb", "metrics.json", "curves.png"):
         assert os.path.exists(os.path.join(run_dir, name)), name
     assert open(os.path.join(run_dir, "curves.png"), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     profiles = os.path.join(run_dir, "tensorboard", "plugins", "profile")
@@ -103,6 +103,11 @@ def test_the_candidate_is_the_average_the_run_evaluated(float32_run, small_spans
     loss = -np.log(probabilities[np.arange(len(labels)), labels]).mean()
     assert float32_run["eval"]["accuracy"] == pytest.approx((probabilities.argmax(1) == labels).mean(), abs=1e-6)
     assert float32_run["eval"]["loss"] == pytest.approx(loss, rel=1e-4)
+
+
+def test_no_best_checkpoint_is_written(float32_run, small_spans_root):
+    """The candidate is the end of the run: a best-by-eval-loss checkpoint would never be read."""
+    assert not os.path.exists(os.path.join(small_spans_root, "runs", "f32", "checkpoints"))
 
 
 def test_candidate_serves_image_bytes_and_examples(float32_run, small_spans_root):
@@ -207,7 +212,7 @@ def test_multi_worker_on_two_local_processes(small_spans_root, tmp_path):
     assert os.path.exists(os.path.join(run_dir, "candidate", "saved_model.pb"))
     assert json.load(open(os.path.join(run_dir, "metrics.json")))["workers"] == 2
     assert not list(scratch.glob("stoke-worker-*")), "the worker kept its copy of the model"
-    assert not [p for p in os.listdir(os.path.join(run_dir, "checkpoints")) if "workertemp" in p]
+    assert not [name for _, folders, files in os.walk(run_dir) for name in folders + files if "workertemp" in name]
 
 
 def test_killed_run_resumes_from_backup_with_the_same_step_count(small_spans_root, capsys):
