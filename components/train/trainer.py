@@ -105,7 +105,9 @@ def build(config: TrainConfig, plan: RunPlan):
 
 
 def _dataset_fn(config: TrainConfig, plan: RunPlan, shards: list[Shard], training: bool):
-    """The per-input-pipeline dataset function tf.distribute calls once per worker."""
+    """The per-input-pipeline dataset function tf.distribute calls once per worker; evaluation's
+    batches hold every eval record once, weighted, then blanks (components/train/eval_batches.py)."""
+    from components.train import eval_batches
     from components.train import input_pipeline as pipeline
 
     cache = config.cache
@@ -113,11 +115,16 @@ def _dataset_fn(config: TrainConfig, plan: RunPlan, shards: list[Shard], trainin
         cache = f"{cache}-{'train' if training else 'eval'}"
 
     def make(context: tf.distribute.InputContext):
+        # Each replica of this worker takes one batch per step.
+        replicas = context.num_replicas_in_sync // context.num_input_pipelines
         options = pipeline.PipelineOptions(
             image_size=config.image_size, batch_size=context.get_per_replica_batch_size(plan.global_batch),
             training=training, cache=cache, skip_corrupt=config.skip_corrupt, flip=config.flip,
             shuffle_buffer=config.shuffle_buffer,
-            seed=None if config.seed is None else config.seed + context.input_pipeline_id)
+            seed=None if config.seed is None else config.seed + context.input_pipeline_id,
+            eval_batches=None if training else plan.validation_steps * replicas,
+            eval_weight=1.0 if training else eval_batches.record_weight(
+                plan.eval_records, plan.validation_steps, plan.global_batch))
         return pipeline.make_dataset(shards, options, context)
     return make
 
