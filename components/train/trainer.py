@@ -168,12 +168,13 @@ def fit(config: TrainConfig, plan: RunPlan, model, train_data, eval_data, mine: 
 
 def _callbacks(config: TrainConfig, run: RunDir, mine: RunDir, profiled,
                timer: StepTimer, resume: ResumePoint, progress: Callable[[Progress], None] | None) -> list:
-    """Backup, TensorBoard, the learning-rate log and what measures the run."""
+    """Backup, one set of batch-norm statistics, TensorBoard, the learning-rate log and what measures the run."""
     from components.train import recipe
 
     callbacks = [
         keras.callbacks.BackupAndRestore(run.backup, save_freq=config.backup_every or "epoch"),
         resume,
+        ReplicaStatistics(),
         keras.callbacks.TensorBoard(mine.tensorboard, profile_batch=profiled),
         timer,
         recipe.LearningRateLog(),
@@ -241,6 +242,19 @@ class ResumePoint(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self.step = int(self.model.optimizer.iterations.numpy())
+
+
+class ReplicaStatistics(keras.callbacks.Callback):
+    """Before each validation pass, every replica takes the mean of the replicas' batch-norm moving
+    statistics (sync-on-read variables: each replica updates its own copy from its own batches), the
+    values the candidate exports; otherwise each replica would score its share of the eval records
+    with its own. The updates are linear, so the mean, and the candidate, is the same either way."""
+
+    def on_test_begin(self, logs=None):
+        with self.model.distribute_strategy.scope():
+            for variable in self.model.non_trainable_variables:
+                if variable.synchronization == tf.VariableSynchronization.ON_READ:
+                    variable.assign(variable.read_value())
 
 
 class EpochProgress(keras.callbacks.Callback):

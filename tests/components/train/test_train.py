@@ -198,7 +198,7 @@ def test_mirrored_over_two_logical_cpus(small_spans_root):
                               "--cpu-devices", "2", "--no-xla", "--epochs", "1"))
     assert (summary["strategy"], summary["replicas"], summary["global_batch_size"]) == ("mirrored", 2, 16)
     assert summary["total_steps"] == 48 // 16
-    assert os.path.exists(os.path.join(summary["model_dir"], "saved_model.pb"))
+    _assert_evaluated_once(summary, small_spans_root)  # 19 records over two replicas: 32 predictions
 
 
 def test_multi_worker_on_two_local_processes(small_spans_root, tmp_path):
@@ -215,8 +215,8 @@ def test_multi_worker_on_two_local_processes(small_spans_root, tmp_path):
         assert (summary["strategy"], summary["workers"], summary["replicas"]) == ("multi_worker", 2, 2)
         assert summary["total_steps"] == 48 // 16
     run_dir = os.path.join(small_spans_root, "runs", "mwms")
-    assert os.path.exists(os.path.join(run_dir, "candidate", "saved_model.pb"))
     assert json.load(open(os.path.join(run_dir, "metrics.json")))["workers"] == 2
+    _assert_evaluated_once(chief, small_spans_root)  # 10 and 9 records on the two workers
     assert not list(scratch.glob("stoke-worker-*")), "the worker kept its copy of the model"
     assert not [name for _, folders, files in os.walk(run_dir) for name in folders + files if "workertemp" in name]
 
