@@ -130,8 +130,7 @@ class RunDir:
     def _file(self, name: str) -> str:
         return join(self.uri, name)
 
-    # training: checkpoints (best weights), backup (resume), tensorboard, the candidate, metrics last
-    checkpoints = property(lambda self: self._file("checkpoints"))
+    # training: backup (resume), tensorboard, the candidate, metrics last
     backup = property(lambda self: self._file("backup"))
     tensorboard = property(lambda self: self._file("tensorboard"))
     candidate = property(lambda self: self._file("candidate"))

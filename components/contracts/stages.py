@@ -46,7 +46,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("train", "components.train", "published spans to a candidate SavedModel",
           config.TrainConfig, results.TrainMetrics, 24 * 60,
           reads=("data/spans/*/ (train and eval shards)",),
-          writes=("runs/ID/ (checkpoints, backup, tensorboard, candidate, curves.png, metrics.json last)",)),
+          writes=("runs/ID/ (backup, tensorboard, candidate, curves.png, metrics.json last)",)),
     Stage("gate", "components.gate", "TFMA against thresholds and the served model: blessed or not, with reasons",
           config.GateConfig, results.Validation, 120,
           reads=("runs/ID/metrics.json", "runs/ID/candidate", "data/spans/*/ (eval shards)", "models/NAME/"),

@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from components.contracts import schema
 from components.contracts.layout import Shard
+from components.train import eval_batches
 
 AUTOTUNE = tf.data.AUTOTUNE
 # Light augmentation: a random crop keeping half the image or more, at a moderate aspect ratio.
@@ -188,15 +189,20 @@ class PipelineOptions:
     skip_corrupt: bool = False
     flip: bool = True  # random horizontal flips when training
     shuffle_buffer: int = 2048
-    repeat: bool = True
+    repeat: bool = True  # training only: evaluation reads each record once
     ram_budget_fraction: float = 0.5  # share of physical memory tf.data autotuning may use
     private_threads: int | None = None  # size of a private threadpool; None shares TF's pool
     seed: int | None = None  # fixes file and record shuffles and every crop and flip
+    # Evaluation: with a number of batches, (image, label, weight) examples padded to exactly that
+    # many with blanks of weight 0; real records weigh eval_weight (components/train/eval_batches.py).
+    eval_batches: int | None = None
+    eval_weight: float = 1.0
 
 
 def make_dataset(shards: list[Shard], options: PipelineOptions,
                  input_context: tf.distribute.InputContext | None = None) -> tf.data.Dataset:
-    """(uint8 images [B, S, S, 3], int32 labels [B]) batches from shard files."""
+    """(uint8 images [B, S, S, 3], int32 labels [B]) batches from shard files, plus float32 weights [B]
+    with `eval_batches`; training repeats the records, evaluation reads each once."""
     if not shards:
         raise ValueError("no shard files to read")
     pipelines = input_context.num_input_pipelines if input_context else 1
@@ -205,9 +211,15 @@ def make_dataset(shards: list[Shard], options: PipelineOptions,
     cache = options.cache
     if cache not in (None, "memory") and pipelines > 1:
         cache = f"{cache}-{pipeline_id}"  # workers sharing a folder must not share cache files
-    dataset = _decoded(records, options) if cache is None else _decoded_cached(records, options, cache)
-    if options.repeat:
-        dataset = dataset.repeat()
+    if options.training:
+        dataset = _decoded(records, options) if cache is None else _decoded_cached(records, options, cache)
+        dataset = dataset.repeat() if options.repeat else dataset
+    else:
+        dataset = _decoded(records, options)
+        if cache is not None:  # the decoded records, before any blank: the first blank asked for ends them
+            dataset = dataset.cache("" if cache == "memory" else cache)
+        if options.eval_batches:
+            dataset = eval_batches.padded(dataset, options.eval_batches * options.batch_size, options.eval_weight)
     dataset = dataset.batch(options.batch_size, drop_remainder=True, num_parallel_calls=AUTOTUNE,
                             deterministic=_in_order(options))
     dataset = dataset.prefetch(AUTOTUNE)
@@ -223,7 +235,7 @@ def _records(shards: list[Shard], options: PipelineOptions, pipelines: int, pipe
     """This input pipeline's serialized records, files shuffled when training."""
     # Shard by FILE when every worker gets at least one file (no worker reads what it throws
     # away); by DATA otherwise (every worker reads everything and keeps 1/N of the records).
-    by_file = pipelines > 1 and len(shards) >= pipelines
+    by_file = eval_batches.by_file(len(shards), pipelines)
     files = tf.data.Dataset.from_tensor_slices(([s.uri for s in shards], [s.compression for s in shards]))
     if by_file:
         files = files.shard(pipelines, pipeline_id)
@@ -263,7 +275,7 @@ def _decoded(records: tf.data.Dataset, options: PipelineOptions) -> tf.data.Data
 
 
 def _decoded_cached(records: tf.data.Dataset, options: PipelineOptions, cache: str) -> tf.data.Dataset:
-    """Like _decoded, with decoded full images cached; crops and flips stay random on every epoch."""
+    """Training's _decoded, with decoded full images cached; crops and flips stay random on every epoch."""
     size = options.image_size
     in_order = _in_order(options)
 
@@ -271,12 +283,10 @@ def _decoded_cached(records: tf.data.Dataset, options: PipelineOptions, cache: s
         encoded, label = parse(serialized)
         image = tf.cond(tf.io.is_jpeg(encoded), lambda: _decode_jpeg(encoded, size),
                         lambda: _decode_other(encoded))
-        return (image if options.training else resize(image, size)), label
+        return image, label
 
     dataset = records.map(decode_full, num_parallel_calls=AUTOTUNE, deterministic=in_order)
     dataset = dataset.cache("" if cache == "memory" else cache)
-    if not options.training:
-        return dataset
     dataset = _with_seeds(dataset.shuffle(options.shuffle_buffer, seed=options.seed), options.seed)
 
     def augment(decoded, seed):

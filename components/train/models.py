@@ -99,11 +99,12 @@ def _caffe_preprocess(x):
 
 def compile_model(model: keras.Model, optimizer, loss, jit_compile: bool, steps_per_execution: int):
     """The recipe's optimizer and loss (components/train/recipe.py); tf_keras wraps the optimizer in
-    a LossScaleOptimizer by itself when the policy is mixed_float16."""
+    a LossScaleOptimizer by itself when the policy is mixed_float16. Accuracy is a weighted metric:
+    tf_keras hands plain `metrics` no sample weights, and evaluation's blanks weigh 0."""
     model.compile(
         optimizer=optimizer,
         loss=loss,
-        metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+        weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
         jit_compile=jit_compile,
         steps_per_execution=steps_per_execution,
     )

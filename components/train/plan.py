@@ -7,7 +7,6 @@ that cannot finish should not start.
 from __future__ import annotations
 
 import dataclasses
-import math
 import sys
 
 import tensorflow as tf
@@ -45,7 +44,8 @@ class RunPlan:
     batch_size: int
     global_batch: int
     steps_per_epoch: int
-    validation_steps: int
+    validation_steps: int  # whole batches, every eval record once (components/train/eval_batches.py)
+    eval_records: int
     total: int
     warmup: int
 
@@ -56,11 +56,11 @@ class RunPlan:
 
 def resolve(config: TrainConfig) -> RunPlan:
     """The plan of the run `config` asks for, or a TrainError saying why it cannot run."""
-    from components.train import recipe
+    from components.train import eval_batches, recipe
 
     placement = place(config)
     run, train_shards, eval_shards, labels = find_data(config)
-    corrupt, train_records, eval_records = readable_records(config, train_shards, eval_shards)
+    corrupt, train_records, eval_counts = readable_records(config, train_shards, eval_shards)
     replicas = placement.strategy.num_replicas_in_sync
     batch_size = config.batch_size or default_batch(train_records, replicas)
     global_batch = batch_size * replicas
@@ -74,7 +74,8 @@ def resolve(config: TrainConfig) -> RunPlan:
     return RunPlan(
         placement=placement, run=run, labels=labels, train_shards=train_shards, eval_shards=eval_shards,
         corrupt=corrupt, batch_size=batch_size, global_batch=global_batch, steps_per_epoch=steps_per_epoch,
-        validation_steps=math.ceil(eval_records / global_batch) if eval_records else 0, total=total,
+        validation_steps=eval_batches.steps(eval_counts, placement.workers, global_batch),
+        eval_records=sum(eval_counts), total=total,
         warmup=recipe.warmup_steps(config.warmup_epochs, steps_per_epoch, total) if config.schedule == "cosine" else 0)
 
 
@@ -140,16 +141,16 @@ def find_data(config: TrainConfig) -> tuple[RunDir, list[Shard], list[Shard], li
 
 
 def readable_records(config: TrainConfig, train_shards: list[Shard],
-                     eval_shards: list[Shard]) -> tuple[list, int, int]:
-    """The corrupt shards and the train and eval records to count on: with --skip-corrupt, what is
-    readable now (one pass over the split); otherwise what the manifests promise."""
+                     eval_shards: list[Shard]) -> tuple[list, int, list[int]]:
+    """The corrupt shards, the train records and each eval shard's records to count on: with
+    --skip-corrupt, what is readable now (one pass over the split); otherwise what the manifests promise."""
     from components.train import input_pipeline as pipeline
 
     if not config.skip_corrupt:
-        return [], sum(s.records for s in train_shards), sum(s.records for s in eval_shards)
+        return [], sum(s.records for s in train_shards), [s.records for s in eval_shards]
     scans = pipeline.scan_shards(train_shards + eval_shards)
     return ([s for s in scans if s.error], sum(s.readable for s in scans[:len(train_shards)]),
-            sum(s.readable for s in scans[len(train_shards):]))
+            [s.readable for s in scans[len(train_shards):]])
 
 
 def default_batch(train_records: int, replicas: int) -> int:

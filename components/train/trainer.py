@@ -2,8 +2,8 @@
 
 One process per worker, the same program everywhere: the strategy (components/train/strategy.py) comes
 from TF_CONFIG and the devices, the input from components/train/input_pipeline.py. Artifacts go to
-ROOT/runs/<run-id>/: checkpoints (best by eval loss), backup (BackupAndRestore: rerunning the same
-run id resumes at the last backed-up step), tensorboard, candidate, metrics.json, curves.png.
+ROOT/runs/<run-id>/: backup (BackupAndRestore: rerunning the same run id resumes at the last
+backed-up step), tensorboard, candidate, metrics.json, curves.png.
 Only the chief writes them; other workers write their copies to temporary folders and delete them,
 which is how tf.distribute expects multi-worker saving to go.
 
@@ -24,7 +24,6 @@ from collections.abc import Callable
 import tensorflow as tf
 import tf_keras as keras
 
-from components.common.files import join
 from components.contracts import program
 from components.contracts.config import TrainConfig, from_arguments
 from components.contracts.layout import RunDir, Shard
@@ -106,7 +105,9 @@ def build(config: TrainConfig, plan: RunPlan):
 
 
 def _dataset_fn(config: TrainConfig, plan: RunPlan, shards: list[Shard], training: bool):
-    """The per-input-pipeline dataset function tf.distribute calls once per worker."""
+    """The per-input-pipeline dataset function tf.distribute calls once per worker; evaluation's
+    batches hold every eval record once, weighted, then blanks (components/train/eval_batches.py)."""
+    from components.train import eval_batches
     from components.train import input_pipeline as pipeline
 
     cache = config.cache
@@ -114,11 +115,16 @@ def _dataset_fn(config: TrainConfig, plan: RunPlan, shards: list[Shard], trainin
         cache = f"{cache}-{'train' if training else 'eval'}"
 
     def make(context: tf.distribute.InputContext):
+        # Each replica of this worker takes one batch per step.
+        replicas = context.num_replicas_in_sync // context.num_input_pipelines
         options = pipeline.PipelineOptions(
             image_size=config.image_size, batch_size=context.get_per_replica_batch_size(plan.global_batch),
             training=training, cache=cache, skip_corrupt=config.skip_corrupt, flip=config.flip,
             shuffle_buffer=config.shuffle_buffer,
-            seed=None if config.seed is None else config.seed + context.input_pipeline_id)
+            seed=None if config.seed is None else config.seed + context.input_pipeline_id,
+            eval_batches=None if training else plan.validation_steps * replicas,
+            eval_weight=1.0 if training else eval_batches.record_weight(
+                plan.eval_records, plan.validation_steps, plan.global_batch))
         return pipeline.make_dataset(shards, options, context)
     return make
 
@@ -143,7 +149,7 @@ def fit(config: TrainConfig, plan: RunPlan, model, train_data, eval_data, mine: 
     profiled = _profile_range(config.profile_steps)
     timer = StepTimer(skip=profiled)
     resume = ResumePoint()
-    callbacks = _callbacks(config, plan.run, mine, eval_data is not None, profiled, timer, resume, progress)
+    callbacks = _callbacks(config, plan.run, mine, profiled, timer, resume, progress)
     try:
         with GpuSampler() as sampler:  # each worker samples its own GPUs; nothing without NVML
             history = model.fit(train_data, epochs=config.epochs, steps_per_epoch=plan.steps_per_epoch,
@@ -160,23 +166,21 @@ def fit(config: TrainConfig, plan: RunPlan, model, train_data, eval_data, mine: 
                   profiler=profile.input_pipeline_verdict(mine.tensorboard) if profiled else None)
 
 
-def _callbacks(config: TrainConfig, run: RunDir, mine: RunDir, with_eval: bool, profiled,
+def _callbacks(config: TrainConfig, run: RunDir, mine: RunDir, profiled,
                timer: StepTimer, resume: ResumePoint, progress: Callable[[Progress], None] | None) -> list:
-    """Backup, the best checkpoint, TensorBoard, the learning-rate log and what measures the run."""
+    """Backup, one set of batch-norm statistics, TensorBoard, the learning-rate log and what measures the run."""
     from components.train import recipe
 
     callbacks = [
         keras.callbacks.BackupAndRestore(run.backup, save_freq=config.backup_every or "epoch"),
         resume,
-        keras.callbacks.ModelCheckpoint(
-            join(run.checkpoints, "best"), monitor="val_loss" if with_eval else "loss",
-            save_best_only=True, save_weights_only=True),
+        ReplicaStatistics(),
         keras.callbacks.TensorBoard(mine.tensorboard, profile_batch=profiled),
         timer,
         recipe.LearningRateLog(),
     ]
     if config.ema:
-        # First, so every later callback (checkpoints, TensorBoard) sees the validation of the average.
+        # First, so every later callback (TensorBoard, the history) sees the validation of the average.
         callbacks.insert(0, recipe.EmaEvaluation())
     if progress:
         callbacks.append(EpochProgress(config.epochs, progress))
@@ -238,6 +242,19 @@ class ResumePoint(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self.step = int(self.model.optimizer.iterations.numpy())
+
+
+class ReplicaStatistics(keras.callbacks.Callback):
+    """Before each validation pass, every replica takes the mean of the replicas' batch-norm moving
+    statistics (sync-on-read variables: each replica updates its own copy from its own batches), the
+    values the candidate exports; otherwise each replica would score its share of the eval records
+    with its own. The updates are linear, so the mean, and the candidate, is the same either way."""
+
+    def on_test_begin(self, logs=None):
+        with self.model.distribute_strategy.scope():
+            for variable in self.model.non_trainable_variables:
+                if variable.synchronization == tf.VariableSynchronization.ON_READ:
+                    variable.assign(variable.read_value())
 
 
 class EpochProgress(keras.callbacks.Callback):

@@ -67,9 +67,10 @@ def tiny_records(count: int, offset: int = 0, size: int = 32) -> list[tuple[byte
 
 @pytest.fixture(scope="session")
 def small_spans_root(tmp_path_factory) -> str:
-    """ROOT with span 1 (48 train in 3 shards, 16 eval in 1) and an unpublished span 2."""
+    """ROOT with span 1 (48 train in 3 shards, 19 eval in 1: no whole number of batches of 8 or 16)
+    and an unpublished span 2."""
     root = str(tmp_path_factory.mktemp("train-root"))
-    write_span(root, 1, {"train": tiny_records(48), "eval": tiny_records(16, offset=1000)},
+    write_span(root, 1, {"train": tiny_records(48), "eval": tiny_records(19, offset=1000)},
                TRAIN_LABELS, {"train": 3, "eval": 1})
     write_span(root, 2, {"train": tiny_records(8, offset=2000)}, TRAIN_LABELS, {"train": 1}, publish=False)
     return root
