@@ -130,7 +130,7 @@ def gather(config: GateConfig) -> GateInputs:
     labels, spans = trained.labels, trained.spans
     shards = root.shards("eval", spans)
     if not sum(s.records for s in shards):
-        raise GateError(f"spans {spans} of run {config.run_id} have no eval records to validate on")
+        raise GateError(f"spans {spans} of run {config.run_id} have no eval records to gate on")
 
     counts, warm_images = _scan_eval(shards, config.warmup_images)
     majority_id, majority_count = counts.most_common(1)[0]

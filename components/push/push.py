@@ -1,7 +1,7 @@
 """`python -m components.push --root ROOT --run-id ID`: the push of a blessed candidate.
 
 Refuses a run without BLESSED, a run validated against a served version that is no longer the
-newest (validate again), and pushes a run at most once (a second push reports the first). It holds
+newest (gate it again), and pushes a run at most once (a second push reports the first). It holds
 the repository's lock from the first look at the repository to the rendered ROOT/serving, so
 concurrent pushes take turns. It writes its intent (push_intent.json) before the version and
 pushed.json after; a version whose lineage names the run counts as pushed, so a push stopped
@@ -72,7 +72,7 @@ def push(config: PushConfig) -> PushSummary:
     validation = Validation.read(run.validation)
     if validation.model_name != config.model_name:
         raise PushError(f"run {config.run_id} was validated for model {validation.model_name!r}, "
-                        f"not {config.model_name!r}; validate it against {config.model_name!r} first")
+                        f"not {config.model_name!r}; gate it against {config.model_name!r} first")
 
     with repo.lock("push"):
         earlier = earlier_push(repo, run)

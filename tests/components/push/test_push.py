@@ -99,7 +99,7 @@ sys.exit(push.run(sys.argv[1:]))
 
 def test_two_pushes_at_once_take_turns(trained_runs, tmp_path):
     """Two blessed runs validated against the same served version, pushed at the same moment:
-    one becomes the new version, the other is told to validate again; nothing nests."""
+    one becomes the new version, the other is told to gate again; nothing nests."""
     root = copy_root(trained_runs, tmp_path)
     third = trained_runs["push"]["mixed"][1]["version"]
     shutil.rmtree(os.path.join(root, "models", "stoke", str(third)))
