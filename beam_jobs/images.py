@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from beam_jobs.signatures import Pixels, pixels_of
+
 EXTENSIONS = frozenset({".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".gif", ".bmp", ".tif", ".tiff", ".webp"})
 LOSSY = frozenset({"JPEG", "MPO", "WEBP"})
 ORIENTATION = 0x0112  # EXIF tag; TensorFlow's decoders ignore it, so rotated photos are re-encoded
@@ -46,6 +48,7 @@ class Limits:
     max_side: int | None = None  # longer side kept; larger images are shrunk
     max_pixels: int | None = None  # larger images are rejected before decoding
     max_bytes: int | None = None  # larger files are rejected before reading
+    blank_std: float = 0.0  # images whose grey level varies less are rejected as blank; 0: none are
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class Normalized:
     height: int
     width: int
     reencoded: bool
+    pixels: Pixels | None = None  # dHash, grey mean and std of the picture, from the decode done here
 
 
 def normalize(data: bytes, max_side: int | None = None, max_pixels: int | None = None) -> Normalized:
@@ -73,7 +77,8 @@ def normalize(data: bytes, max_side: int | None = None, max_pixels: int | None =
         oversize = bool(max_side) and max(width, height) > max_side
         if _decodes_to_rgb8(data, image) and not oversize:
             _verify(image)
-            return Normalized(data, "jpeg" if kind in ("JPEG", "MPO") else "png", height, width, False)
+            return Normalized(data, "jpeg" if kind in ("JPEG", "MPO") else "png", height, width, False,
+                              pixels_of(image))
         pixels = _to_rgb(image, max_side)
     except Rejected:
         raise
@@ -140,4 +145,5 @@ def _encode(image: Image.Image, lossy: bool) -> Normalized:
         image.save(buffer, format="JPEG", quality=95)
     else:
         image.save(buffer, format="PNG")
-    return Normalized(buffer.getvalue(), "jpeg" if lossy else "png", image.height, image.width, True)
+    return Normalized(buffer.getvalue(), "jpeg" if lossy else "png", image.height, image.width, True,
+                      pixels_of(image))

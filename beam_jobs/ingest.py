@@ -4,7 +4,10 @@
 
     driver: list SOURCE, drop what published spans already hold, stage the list
     Beam:   ReadSources -> Spread -> Normalize -> WriteShards -> Gather   (beam_jobs/pipeline.py)
-    driver: name the shards, dead_letter.jsonl, labels.json, _MANIFEST.json last
+            (+ each record's content signature)                         (beam_jobs/signatures.py)
+    driver: keep out copies of published or listed-twice images           (beam_jobs/duplicates.py)
+    driver: name the shards, dead_letter.jsonl, labels.json, the content index, statistics.pb
+            (beam_jobs/statistics.py), _MANIFEST.json last
 
 Only the driver publishes, and only after the runner has finished, so a job that fails or is
 killed leaves a staging folder that the next run removes, never a half-written span. Options that
@@ -24,8 +27,10 @@ from collections.abc import Callable
 import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
+from beam_jobs.duplicates import Findings, settle, write_index
 from beam_jobs.pipeline import STAGED_DEAD_LETTERS, STAGED_SHARDS, build
 from beam_jobs.sources import Source, identities, list_source
+from beam_jobs.statistics import label_conflicts, write_statistics
 from components.common import clock
 from components.common.files import filesystem, join, read_json, write_json, write_text
 from components.common.lease import LeaseError, LeaseHeld, exclusive
@@ -84,15 +89,17 @@ def _ingest(config: IngestConfig, pipeline_args: list[str], root: Root, started:
     staging = join(root.spans, f"{STAGING_PREFIX}{uuid.uuid4().hex[:12]}")
     try:
         chunks = stage_sources(staging, fresh, labels)
-        if fresh:
-            with _Progress(staging, sum(s.size for s in fresh), progress):
-                run_pipeline(chunks, staging, config, pipeline_args)
-        shards = read_json(join(staging, STAGED_SHARDS)) if fresh else []
-        dead = read_json(join(staging, STAGED_DEAD_LETTERS)) if fresh else []
+        shards, dead, findings = _convert(root, manifests, staging, chunks, fresh, config, pipeline_args, progress)
         dead += [{"uri": s.uri, "reason": r, "size": s.size, "version": s.version} for s, r in refused]
-        check(fresh, refused, shards, dead, config.max_bad_fraction)
+        copies = len(findings.dropped)
+        if copies and copies == len(fresh) + len(refused):
+            return IngestSummary(published=False, span=None, new_sources=copies, removed_debris=removed,
+                                 duplicates=copies, message=f"nothing new in {config.source}: {copies} new files, "
+                                 "all copies of images already published (duplicates, kept out)",
+                                 dead_letters=dead[:20])
+        check(fresh, refused, shards, dead, config.max_bad_fraction, copies)
         lease.check()
-        manifest = publish(root, number, staging, shards, dead, labels, fresh, refused, config)
+        manifest = publish(root, number, shards, dead, labels, fresh, refused, config, findings)
     finally:
         _remove(staging)
 
@@ -111,7 +118,24 @@ def _ingest(config: IngestConfig, pipeline_args: list[str], root: Root, started:
         dead_letters=dead[:20],
         dead_letter_uri=root.dead_letter(number),
         removed_debris=removed,
+        duplicates=copies,
+        anomalies=manifest.anomalies,
+        near_duplicates=findings.near,
     )
+
+
+def _convert(root, manifests, staging, chunks, fresh, config, pipeline_args, progress):
+    """Runs the Beam job over the fresh sources; returns the staged shards without duplicates,
+    the dead letters (duplicates included) and what the duplicate check found."""
+    if not fresh:
+        return [], [], Findings(kept=[], dropped=[])
+    with _Progress(staging, sum(s.size for s in fresh), progress):
+        run_pipeline(chunks, staging, config, pipeline_args)
+    dead = read_json(join(staging, STAGED_DEAD_LETTERS))
+    indexes = [(m.span, root.content_index(m.span)) for m in manifests]
+    shards, copies, findings = settle(staging, read_json(join(staging, STAGED_SHARDS)), fresh, indexes,
+                                      config.compression)
+    return shards, dead + copies, findings
 
 
 def remove_debris(root: Root) -> list[str]:
@@ -184,22 +208,25 @@ def pipeline_options(pipeline_args: list[str]) -> PipelineOptions:
     return options
 
 
-def check(fresh, refused, shards, dead, max_bad_fraction: float) -> None:
-    """Every new source is in a shard or a dead letter, and not too many are dead."""
+def check(fresh, refused, shards, dead, max_bad_fraction: float, duplicates: int = 0) -> None:
+    """Every new source is in a shard or a dead letter, and not too many are bad: `duplicates` of
+    the dead letters are good files already published, which do not count."""
     records = sum(s["records"] for s in shards)
     if records + len(dead) != len(fresh) + len(refused):
         raise IngestError(f"{len(fresh) + len(refused)} new sources but {records} records and "
                           f"{len(dead)} dead letters; nothing was published")
-    total = len(fresh) + len(refused)
-    if total and len(dead) / total > max_bad_fraction:
-        reasons = "; ".join(f"{d['uri']}: {d['reason']}" for d in dead[:3])
+    total, bad = len(fresh) + len(refused), len(dead) - duplicates
+    if total and bad / total > max_bad_fraction:
+        culprits = [d for d in dead if not d["reason"].startswith("duplicate of")]
+        reasons = "; ".join(f"{d['uri']}: {d['reason']}" for d in culprits[:3])
         raise IngestError(
-            f"{len(dead)} of {total} new sources ({len(dead) / total:.1%}) are bad, more than "
+            f"{bad} of {total} new sources ({bad / total:.1%}) are bad, more than "
             f"--max-bad-fraction {max_bad_fraction}; nothing was published. First: {reasons}")
 
 
-def publish(root, number, staging, shards, dead, labels, fresh, refused, config) -> SpanManifest:
-    """Moves the shards to their names, then writes dead letters and, last, the manifest."""
+def publish(root, number, shards, dead, labels, fresh, refused, config, findings) -> SpanManifest:
+    """Moves the shards to their names, then writes dead letters, the content index and the
+    statistics and, last, the manifest."""
     span = root.span(number)
     fs, span_path = filesystem(span)
     fs.makedirs(span_path, exist_ok=True)
@@ -213,19 +240,23 @@ def publish(root, number, staging, shards, dead, labels, fresh, refused, config)
     if labels != root.read_labels():
         write_json(root.labels, labels)
     write_text(root.dead_letter(number), "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in dead))
+    write_index(root.content_index(number), findings.kept)
+    anomalies = label_conflicts(findings.conflicts)
+    write_statistics(root.statistics(number), findings.kept, anomalies)
     manifest = SpanManifest(
         span=number,
         created=clock.now(),
         source=config.source,
         compression=config.compression,
         counts={**{split: sum(s["records"] for s in named if s["split"] == split) for split in schema.SPLITS},
-                "dead_letter": len(dead)},
+                "dead_letter": len(dead), "duplicates": len(findings.dropped)},
         labels=labels,
         shards=named,
         sources=[{"uri": s.uri, "size": s.size, "version": s.version}
                  for s in fresh + [source for source, _ in refused]],
         settings=config.model_dump(exclude={"source", "root"}),
         max_side=config.max_side or None,
+        anomalies=anomalies,
     )
     manifest.write(root.manifest(number))
     return manifest
@@ -286,6 +317,12 @@ def _describe(summary: dict) -> str:
     text = (f"{os.path.basename(summary['span_uri'])}: {counts['train']:,} train + {counts['eval']:,} eval "
             f"records in {summary['shards']} shards; {summary['new_sources']:,} new files in "
             f"{summary['seconds']:,.1f} s ({summary['images_per_sec'] or 0:,.0f} images/s)")
+    if counts.get("duplicates"):
+        text += f"\n{counts['duplicates']} copies of images already published or listed twice were kept out"
+    near = summary.get("near_duplicates") or {}
+    if near.get("count"):
+        text += f"\n{near['count']} new images look like one in the other split (near-duplicates, kept):"
+        text += "".join(f"\n  {p['uri']} ~ {p['other_uri']}" for p in near["examples"])
     if counts["dead_letter"]:
         text += f"\n{counts['dead_letter']} set aside, reasons in {summary['dead_letter_uri']}:"
         text += "".join(f"\n  {d['uri']}: {d['reason']}" for d in summary["dead_letters"])

@@ -1,12 +1,19 @@
 """The Beam half of ingest: staged source lists in, rolling shard files and dead letters out.
 
     ReadSources -> Spread -> Normalize -> WriteShards       (rolling files per bundle)
+                                │              └─ Signatures (one small JSON line per record)
                                 └─ DeadLetter               (with_exception_handling)
-    both -> Gather into the staging folder, for the driver (beam_jobs/ingest.py) to publish
+    all -> the staging folder, for the driver (beam_jobs/ingest.py) to check and publish
+
+Each record's signature (SHA-256 of the source bytes, dHash, grey mean and std, size, label,
+split, and the staged file and position its record went to) is computed from the bytes and the
+decode that Normalize does anyway: duplicates, the content index and the statistics need no second
+pass over the images.
 """
 from __future__ import annotations
 
 import json
+import uuid
 
 import apache_beam as beam
 import fsspec
@@ -16,7 +23,8 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_jobs.images import Limits, Rejected, normalize
 from beam_jobs.shards import RollingShards
-from components.common.files import join, write_json
+from beam_jobs.signatures import sha256
+from components.common.files import join, write_json, write_text
 from components.contracts import schema
 from components.contracts.config import IngestConfig
 
@@ -25,6 +33,8 @@ MB = 1024 * 1024
 # Staging is the job's own business, so these names live here and not in the ROOT layout.
 STAGED_SHARDS = "shards.json"
 STAGED_DEAD_LETTERS = "dead.json"
+STAGED_SIGNATURES = "signatures.json"  # the committed bundles' signature files (JSON lines)
+SIGNATURES = "signatures"  # WriteShards' tagged output
 
 IMAGES = Metrics.counter("ingest", "images")
 REENCODED = Metrics.counter("ingest", "reencoded")
@@ -32,19 +42,26 @@ BYTES_READ = Metrics.counter("ingest", "bytes_read")
 DEAD_LETTERS = Metrics.counter("ingest", "dead_letters")
 
 
-def to_example(source: dict, limits: Limits | None = None) -> tuple[str, bytes]:
-    """Reads, verifies and normalizes one source into (split, serialized tf.Example)."""
+def to_example(source: dict, limits: Limits | None = None) -> tuple[str, bytes, dict]:
+    """Reads, verifies and normalizes one source into (split, serialized tf.Example, signature)."""
     limits = limits or Limits()
     data = read_source(source, limits.max_bytes)
     image = normalize(data, limits.max_side, limits.max_pixels)
+    if limits.blank_std and image.pixels.std < limits.blank_std:
+        raise Rejected(f"blank image: std {image.pixels.std:.1f} of 0-255 grey, below --blank-std {limits.blank_std:g}")
     IMAGES.inc()
     BYTES_READ.inc(len(data))
     if image.reencoded:
         REENCODED.inc()
+    signature = {
+        "uri": source["uri"], "sha256": sha256(data), "dhash": image.pixels.dhash, "mean": image.pixels.mean,
+        "std": image.pixels.std, "label": source["label"], "split": source["split"], "format": image.format,
+        "width": image.width, "height": image.height, "bytes": len(image.encoded),
+    }
     return source["split"], schema.encode_example(
         encoded=image.encoded, image_format=image.format, height=image.height, width=image.width,
         label=source["label_id"], text=source["label"], source=source["uri"],
-    )
+    ), signature
 
 
 def read_source(source: dict, max_bytes: int | None) -> bytes:
@@ -73,22 +90,38 @@ def dead_letter(failure) -> dict:
 
 
 class WriteShards(beam.DoFn):
-    """Streams records into rolling per-split files and emits a description of each file."""
+    """Streams records into rolling per-split files and emits a description of each file; with
+    signatures, also writes one JSON-lines file per bundle of each record's signature with the file
+    and position of its record, and emits its name (tagged SIGNATURES). Through fsspec, as the
+    shards are: Beam's own file sinks cannot reach every store fsspec can."""
 
     def __init__(self, folder: str, max_bytes: int, compression: str):
         self.folder, self.max_bytes, self.compression = folder, max_bytes, compression
 
     def start_bundle(self):
         self.shards = RollingShards(self.folder, self.max_bytes, self.compression)
+        self.signatures = []
 
     def process(self, record):
-        closed = self.shards.write(*record)
+        split, example, *signature = record
+        closed = self.shards.write(split, example)
         if closed:
             yield closed
+        if signature:
+            file, index = self.shards.position(split)
+            self.signatures.append(json.dumps({**signature[0], "file": file, "index": index}) + "\n")
 
     def finish_bundle(self):
         for closed in self.shards.close():
-            yield WindowedValue(closed, GlobalWindow().max_timestamp(), [GlobalWindow()])
+            yield _windowed(closed)
+        if self.signatures:
+            uri = join(self.folder, f"signatures-{uuid.uuid4().hex}.jsonl")
+            write_text(uri, "".join(self.signatures))
+            yield beam.pvalue.TaggedOutput(SIGNATURES, _windowed(uri))
+
+
+def _windowed(value) -> WindowedValue:
+    return WindowedValue(value, GlobalWindow().max_timestamp(), [GlobalWindow()])
 
 
 class Gather(beam.PTransform):
@@ -110,13 +143,15 @@ def build(pipeline, chunks: list[str], staging: str, config: IngestConfig) -> No
         | "Spread" >> beam.Reshuffle()
     )
     limits = Limits(max_side=config.max_side, max_pixels=int(config.max_megapixels * 1e6),
-                    max_bytes=int(config.max_file_mb * MB))
+                    max_bytes=int(config.max_file_mb * MB), blank_std=config.blank_std)
     good, bad = sources | "Normalize" >> beam.Map(to_example, limits).with_exception_handling(
         exc_class=Rejected
     )
     max_bytes = int(config.shard_mb * MB)
-    _ = (good | "WriteShards" >> beam.ParDo(WriteShards(staging, max_bytes, config.compression))
-         | "GatherShards" >> Gather(join(staging, STAGED_SHARDS)))
+    written = good | "WriteShards" >> beam.ParDo(WriteShards(staging, max_bytes, config.compression)).with_outputs(
+        SIGNATURES, main="shards")
+    _ = written.shards | "GatherShards" >> Gather(join(staging, STAGED_SHARDS))
+    _ = written[SIGNATURES] | "GatherSignatures" >> Gather(join(staging, STAGED_SIGNATURES))
     _ = bad | "DeadLetter" >> beam.Map(dead_letter) | "GatherDeadLetters" >> Gather(join(staging, STAGED_DEAD_LETTERS))
 
 

@@ -9,7 +9,9 @@ ISA-L saves the same at several times the speed (benchmarks/ingest.py measures b
 """
 from __future__ import annotations
 
+import struct
 import uuid
+from collections.abc import Iterator
 
 import fsspec
 from isal import isal_zlib
@@ -69,7 +71,51 @@ class RollingShards:
         current.write(record)
         return closed
 
+    def position(self, split: str) -> tuple[str, int]:
+        """The file and index of the last record written to `split`."""
+        current = self._open[split]
+        return current.uri, current.records - 1
+
     def close(self) -> list[dict]:
         closed = [{"split": split, **f.close()} for split, f in sorted(self._open.items())]
         self._open.clear()
         return closed
+
+
+def read_records(uri: str, compression: str) -> Iterator[bytes]:
+    """The records of one staged file (as RecordFile wrote it; at most one shard's size in memory)."""
+    with fsspec.open(uri, "rb") as f:
+        data = f.read()
+    if compression != "none":
+        data = isal_zlib.decompress(data, WINDOW_BITS[compression])
+    offset = 0
+    while offset < len(data):
+        (length,) = struct.unpack_from("<Q", data, offset)
+        yield data[offset + 12:offset + 12 + length]  # after the length and its CRC; the data's CRC follows
+        offset += 12 + length + 4
+
+
+def prune(shards: list[dict], dropped: list[dict], compression: str) -> list[dict]:
+    """The staged shards without the records `dropped` names (by file and index).
+
+    Duplicates are found only once every record is written (beam_jobs/duplicates.py), so a shard
+    holding one is copied without it here: a file that holds nothing else is just removed, so a
+    re-upload costs no copying, and a shard without duplicates is left alone."""
+    gone: dict[str, set[int]] = {}
+    for signature in dropped:
+        gone.setdefault(signature["file"], set()).add(signature["index"])
+    kept = []
+    for shard in shards:
+        drop = gone.get(shard["file"], set())
+        if drop and len(drop) < shard["records"]:
+            copy = RecordFile(shard["file"] + ".pruned", compression)
+            for index, record in enumerate(read_records(shard["file"], compression)):
+                if index not in drop:
+                    copy.write(record)
+            kept.append({**shard, **copy.close()})
+        elif not drop:
+            kept.append(shard)
+        if drop:
+            fs, path = filesystem(shard["file"])
+            fs.rm(path)
+    return kept

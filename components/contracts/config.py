@@ -58,6 +58,9 @@ class IngestConfig(BaseModel):
     max_bad_fraction: float = Field(
         0.05, ge=0.0, le=1.0, description="fail, publishing nothing, when more sources than this are bad"
     )
+    blank_std: float = Field(
+        2.0, ge=0.0, description="set aside images whose grey level (0-255) has a standard deviation below this, "
+        "such as a dead camera's blank frames; 0 keeps them")
     compression: Literal["gzip", "zlib", "none"] = Field("gzip", description="codec of the shard files")
     allow_outside_source: bool = Field(
         False, description="let a manifest's rows name local paths, s3:// or gs:// files outside the manifest's "

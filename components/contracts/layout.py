@@ -19,6 +19,11 @@ from components.contracts.results import SpanManifest
 MANIFEST = "_MANIFEST.json"
 DEAD_LETTER = "dead_letter.jsonl"
 LABELS = "labels.json"
+# Beside a span's shards: what its records hold. The content index is one line per record, sorted by
+# SHA-256 (`sha256 TAB dhash TAB split TAB "label" TAB "uri"`, label and URI as JSON strings), so a
+# new arrival's hashes merge against it in one streaming pass; spans of 0.1 have neither file.
+CONTENT_INDEX = "content_index.tsv.gz"
+STATISTICS = "statistics.pb"  # a binary tensorflow_metadata DatasetFeatureStatisticsList, one dataset per split
 SPAN_PATTERN = re.compile(r"^span-(\d{5,})$")
 METRICS = "metrics.json"  # in a run folder: written last by training, so its presence means finished
 WARMUP_FILE = "tf_serving_warmup_requests"  # TF Serving's name, in a run and in assets.extra/ of a version
@@ -59,6 +64,12 @@ class Root:
 
     def dead_letter(self, number: int) -> str:
         return join(self.span(number), DEAD_LETTER)
+
+    def content_index(self, number: int) -> str:
+        return join(self.span(number), CONTENT_INDEX)
+
+    def statistics(self, number: int) -> str:
+        return join(self.span(number), STATISTICS)
 
     @property
     def runs(self) -> str:

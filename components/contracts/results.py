@@ -57,7 +57,27 @@ def _problems(error: ValidationError) -> str:
 class SpanCounts(Result):
     train: int
     eval: int
-    dead_letter: int
+    dead_letter: int  # every line of dead_letter.jsonl, duplicates included
+    # dead letters copying a published image or another of the arrival, not bad files (None: written by 0.1)
+    duplicates: int | None = None
+
+
+class LabelConflict(Result):
+    """A duplicate whose copy carries another label: kept out, and a question for the data check."""
+
+    uri: str
+    label: str
+    duplicate_of: str
+    other_label: str
+    other_span: int | None = None  # None: the copy is in this span
+
+
+class Anomaly(Result):
+    """Something in a span a later check should look at: how many, and the first examples."""
+
+    kind: Literal["label_conflict"]
+    count: int
+    examples: list[LabelConflict]
 
 
 class ShardEntry(Result):
@@ -88,6 +108,7 @@ class SpanManifest(Result):
     sources: list[SourceEntry]
     settings: dict = {}  # the ingest settings, SOURCE and ROOT aside
     max_side: int | None = None  # longest side of any image in the span; None: as large as they came
+    anomalies: list[Anomaly] | None = None  # None: written by 0.1, which did not look
 
 
 # ---------------------------------------------------------------- a run: training

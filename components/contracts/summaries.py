@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import ConfigDict
 
 from components.contracts.results import (
+    Anomaly,
     Comparison,
     GateMetrics,
     LossAccuracy,
@@ -40,6 +41,22 @@ class DeadLetter(Result):
     version: str
 
 
+class NearPair(Result):
+    """Two pictures within a few bits of dHash (a re-encoded or resized copy) in different splits."""
+
+    uri: str
+    split: str
+    other_uri: str
+    other_split: str
+    other_span: int | None = None  # None: this span
+    distance: int
+
+
+class NearDuplicates(Result):
+    count: int  # new records with a near-duplicate in the other split
+    examples: list[NearPair]  # the first 5
+
+
 class IngestSummary(Summary):
     """Ingest: a published span; nothing new (`message`); or nothing published (`error`)."""
 
@@ -58,6 +75,9 @@ class IngestSummary(Summary):
     images_per_sec: float | None = None
     dead_letters: list[DeadLetter] | None = None  # the first 20
     dead_letter_uri: str | None = None
+    duplicates: int | None = None  # exact copies kept out (also in dead_letters, not counted as bad)
+    anomalies: list[Anomaly] | None = None
+    near_duplicates: NearDuplicates | None = None  # reported, not dropped
 
 
 class Check(Result):

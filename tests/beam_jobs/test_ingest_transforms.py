@@ -26,7 +26,7 @@ def test_normalize_splits_good_records_from_dead_letters(tmp_path):
         good, bad = (p | beam.Create(sources)
                      | beam.Map(to_example, None).with_exception_handling(exc_class=Rejected))
         parsed = good | beam.MapTuple(
-            lambda split, data: (split, tf.train.Example.FromString(data)
+            lambda split, data, _: (split, tf.train.Example.FromString(data)
                                  .features.feature[schema.SOURCE].bytes_list.value[0].decode()))
         assert_that(parsed, equal_to([("eval", str(tmp_path / "good.png"))]), label="good")
         reasons = bad | beam.Map(dead_letter) | beam.Map(lambda d: (d["uri"].rsplit("/", 1)[-1], d["reason"][:20]))

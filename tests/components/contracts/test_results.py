@@ -45,6 +45,8 @@ def test_files_of_the_previous_version_load_and_write_back_the_same(name, tmp_pa
 
 
 def _without_new_nulls(written, original):
+    if isinstance(written, list) and isinstance(original, list) and len(written) == len(original):
+        return [_without_new_nulls(w, o) for w, o in zip(written, original)]
     if not isinstance(written, dict) or not isinstance(original, dict):
         return written
     return {k: _without_new_nulls(v, original.get(k)) for k, v in written.items() if k in original or v is not None}

@@ -1,0 +1,185 @@
+"""What a span holds, by content: exact copies never cross splits, blank frames are set aside, and
+statistics.pb describes the shards. Real image files through the real Beam job."""
+import hashlib
+import io
+import json
+import os
+import shutil
+
+from PIL import Image
+from tensorflow_metadata.proto.v0 import statistics_pb2
+
+from components.common.files import read_json
+from components.contracts import schema
+from components.contracts.layout import MANIFEST, Root
+from tests.beam_jobs import images
+from tests.beam_jobs.test_ingest import IN_MEMORY, dead_letters, ingest, records
+
+
+def photos(folder, count, label="cat", start=0):
+    """`count` different pictures (each its own pattern, not only its own noise), as JPEG and PNG."""
+    (folder / label).mkdir(parents=True, exist_ok=True)
+    for i in range(start, start + count):
+        pixels = images.pixels(48, 64, seed=i)
+        pixels = pixels[:, ::-1] if i % 2 else pixels  # mirrored: another picture, not a near-duplicate
+        pixels = (pixels.astype(int) + i * 37) % 256
+        picture = Image.fromarray(pixels.astype("uint8"))
+        fmt = "PNG" if i % 3 == 0 else "JPEG"
+        (folder / label / f"{i}.{fmt.lower().replace('jpeg', 'jpg')}").write_bytes(images.encode(picture, fmt))
+
+
+def contents_by_split(root):
+    """The decoded pictures of every published span, by split."""
+    found = {"train": set(), "eval": set()}
+    for manifest in Root(str(root)).manifests():
+        for record in records(root, manifest.model_dump()):
+            found[record["split"]].add(hashlib.sha256(record["pixels"].tobytes()).hexdigest())
+    return found
+
+
+def manifest_of(summary):
+    return read_json(os.path.join(summary["span_uri"], MANIFEST))
+
+
+def test_a_reupload_under_new_names_publishes_nothing_and_no_content_crosses_splits(tmp_path, capsys):
+    first, root = tmp_path / "first", tmp_path / "root"
+    photos(first, 12, "cat")
+    photos(first, 12, "dog", start=12)
+    code, summary = ingest(first, root, "--eval-fraction", "0.5", *IN_MEMORY, capsys=capsys)
+    assert code == 0 and summary["published"] and summary["counts"]["duplicates"] == 0
+
+    again = tmp_path / "uploads" / "2026-12-02"  # another folder, other names; a PNG now named .jpg
+    for path in sorted(first.rglob("*.*")):
+        target = again / path.parent.name / f"copy of {path.stem}.jpg"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+    code, summary = ingest(again, root, "--eval-fraction", "0.5", *IN_MEMORY, capsys=capsys)
+    assert code == 0 and not summary["published"] and summary["duplicates"] == 24
+    assert "nothing new" in summary["message"] and "24 new files" in summary["message"]
+    assert summary["dead_letters"][0]["reason"].startswith(f"duplicate of {first}")
+
+    listed = tmp_path / "listed"  # the same copies again, named by a CSV manifest this time
+    (listed / "img").mkdir(parents=True)
+    rows = ["uri,label"]
+    for n, path in enumerate(sorted(first.rglob("*.*"))):
+        shutil.copyfile(path, listed / "img" / f"{n}.jpeg")
+        rows.append(f"img/{n}.jpeg,{path.parent.name}")
+    (listed / "manifest.csv").write_text("\n".join(rows) + "\n")
+    code, summary = ingest(listed / "manifest.csv", root, *IN_MEMORY, capsys=capsys)
+    assert code == 0 and not summary["published"] and summary["duplicates"] == 24
+
+    split = contents_by_split(root)
+    assert len(split["train"]) + len(split["eval"]) == 24 and not split["train"] & split["eval"]
+    assert Root(str(root)).span_numbers() == [1]
+
+
+def test_the_same_picture_under_two_labels_is_kept_out_and_recorded(tmp_path, capsys):
+    first, second, root = tmp_path / "first", tmp_path / "second", tmp_path / "root"
+    photos(first, 3, "cat")
+    assert ingest(first, root, *IN_MEMORY, capsys=capsys)[1]["span"] == 1
+    photos(second, 2, "dog", start=10)
+    shutil.copyfile(first / "cat" / "1.jpg", second / "dog" / "mislabelled.jpg")
+    code, summary = ingest(second, root, *IN_MEMORY, capsys=capsys)
+    assert code == 0 and summary["span"] == 2 and summary["counts"]["duplicates"] == 1
+    [copy] = [d for d in dead_letters(root, 2) if d["uri"].endswith("mislabelled.jpg")]
+    split = read_json(str(root / "data" / "spans" / "span-00001" / MANIFEST))  # where cat/1.jpg went
+    assert copy["reason"].startswith(f"duplicate of {first / 'cat' / '1.jpg'} (span 1, split ")
+    assert copy["reason"].endswith(") labelled cat") and split["counts"]["duplicates"] == 0
+    [anomaly] = manifest_of(summary)["anomalies"]
+    assert anomaly["kind"] == "label_conflict" and anomaly["count"] == 1 and summary["anomalies"] == [anomaly]
+    assert anomaly["examples"] == [{"uri": str(second / "dog" / "mislabelled.jpg"), "label": "dog",
+                                    "duplicate_of": str(first / "cat" / "1.jpg"), "other_label": "cat",
+                                    "other_span": 1}]
+    stats = statistics(root, 2)
+    label = [f for f in stats.datasets[0].features if f.path.step == [schema.TEXT]][0]
+    assert [(c.name, c.num) for c in label.custom_stats] == [("label_conflicts", 1)]
+
+
+def test_copies_within_one_arrival_are_published_once(tmp_path, capsys):
+    source, root = tmp_path / "source", tmp_path / "root"
+    photos(source, 4, "cat")
+    photos(source, 1, "dog", start=20)
+    for name in ("b-copy.jpg", "z-copy.jpg"):
+        shutil.copyfile(source / "cat" / "1.jpg", source / "cat" / name)
+    shutil.copyfile(source / "cat" / "1.jpg", source / "dog" / "a-copy.jpg")  # another label too
+    code, summary = ingest(source, root, "--eval-fraction", "0.5", *IN_MEMORY, capsys=capsys)
+    assert code == 0 and summary["counts"]["duplicates"] == 3
+    assert summary["counts"]["train"] + summary["counts"]["eval"] == 5
+    kept = str(source / "cat" / "1.jpg")  # the smallest URI of the four
+    found = records(root, manifest_of(summary))
+    assert [r[schema.SOURCE] for r in found].count(kept) == 1
+    assert not any("copy" in r[schema.SOURCE] for r in found)
+    reasons = {os.path.basename(d["uri"]): d["reason"] for d in dead_letters(root, 1)}
+    split = next(r["split"] for r in found if r[schema.SOURCE] == kept)
+    assert reasons["b-copy.jpg"] == reasons["z-copy.jpg"] == f"duplicate of {kept} (this span, split {split})"
+    assert reasons["a-copy.jpg"] == f"duplicate of {kept} (this span, split {split}) labelled cat"
+    assert manifest_of(summary)["anomalies"][0]["count"] == 1
+
+
+def blank_jpeg(level: int) -> bytes:
+    return images.encode(Image.new("RGB", (64, 48), (level, level, level)), "JPEG", quality=90)
+
+
+def test_blank_frames_are_dead_letters_and_never_reach_the_shards(tmp_path, capsys):
+    source, root = tmp_path / "source", tmp_path / "root"
+    photos(source, 10, "cat")
+    (source / "dead-camera").mkdir()
+    for i in range(30):
+        (source / "dead-camera" / f"frame-{i:02d}.jpg").write_bytes(blank_jpeg(i * 8))
+    code, summary = ingest(source, root, "--max-bad-fraction", "0.8", *IN_MEMORY, capsys=capsys)
+    assert code == 0 and summary["counts"]["dead_letter"] == 30 and summary["counts"]["duplicates"] == 0
+    assert all(d["reason"].startswith("blank image: std 0.0") for d in dead_letters(root, 1))
+    assert {r[schema.TEXT] for r in records(root, manifest_of(summary))} == {"cat"}
+
+    code, summary = ingest(source, tmp_path / "other", "--blank-std", "0", *IN_MEMORY, capsys=capsys)
+    assert code == 0 and summary["counts"]["dead_letter"] == 0  # 0 keeps them
+
+    code, summary = ingest(source, tmp_path / "strict", *IN_MEMORY, capsys=capsys)  # default 0.05
+    assert code == 1 and "30 of 40 new sources (75.0%) are bad" in summary["error"]
+
+
+def statistics(root, span):
+    with open(Root(str(root)).statistics(span), "rb") as f:
+        return statistics_pb2.DatasetFeatureStatisticsList.FromString(f.read())
+
+
+def test_statistics_describe_each_split_of_the_shards(tmp_path, capsys):
+    source, root = tmp_path / "source", tmp_path / "root"
+    photos(source, 9, "cat")
+    photos(source, 6, "dog", start=9)
+    code, summary = ingest(source, root, "--eval-fraction", "0.4", *IN_MEMORY, capsys=capsys)
+    manifest = manifest_of(summary)
+    stats = statistics(root, 1)
+    assert [d.name for d in stats.datasets] == ["train", "eval"]
+    for dataset in stats.datasets:
+        shards = sum(s["records"] for s in manifest["shards"] if s["split"] == dataset.name)
+        assert dataset.num_examples == shards == manifest["counts"][dataset.name] > 0
+        features = {"/".join(f.path.step): f for f in dataset.features}
+        assert set(features) >= {schema.TEXT, schema.FORMAT, "image/width", "image/height", "image/aspect_ratio",
+                                 "image/encoded_bytes", "image/pixel_mean", "image/pixel_std"}
+        labels = features[schema.TEXT].string_stats.rank_histogram.buckets
+        assert sum(b.sample_count for b in labels) == shards and {b.label for b in labels} <= {"cat", "dog"}
+        width = features["image/width"].num_stats
+        assert width.min == width.max == 64 and sum(b.sample_count for b in width.histograms[0].buckets) == shards
+        assert features["image/pixel_std"].num_stats.min > 2.0
+
+
+def test_reencoded_copies_across_splits_are_reported_not_dropped(tmp_path, capsys):
+    source, root = tmp_path / "source", tmp_path / "root"
+    (source / "img").mkdir(parents=True)
+    original = images.photo_jpeg(320, 240)
+    smaller = Image.open(io.BytesIO(original)).resize((160, 120))
+    (source / "img" / "a.jpg").write_bytes(original)
+    (source / "img" / "b.jpg").write_bytes(images.encode(smaller, "JPEG", quality=60))
+    (source / "img" / "c.png").write_bytes(images.encode(Image.open(io.BytesIO(original)), "PNG"))
+    photos(source / "img", 3, "other")
+    rows = ["uri,label,split", "img/a.jpg,cat,train", "img/b.jpg,cat,eval", "img/c.png,cat,train"]
+    rows += [f"img/other/{p.name},dog,eval" for p in sorted((source / "img" / "other").iterdir())]
+    (source / "manifest.csv").write_text("\n".join(rows) + "\n")
+    code, summary = ingest(source / "manifest.csv", root, *IN_MEMORY, capsys=capsys)
+    assert code == 0 and summary["counts"] == {"train": 2, "eval": 4, "dead_letter": 0, "duplicates": 0}
+    near = summary["near_duplicates"]
+    assert near["count"] == 3  # a and c (train) look like b (eval), and b like them
+    pair = next(p for p in near["examples"] if p["uri"].endswith("b.jpg"))
+    assert pair["split"] == "eval" and pair["other_split"] == "train" and pair["distance"] <= 4
+    assert json.dumps(near)  # plain JSON in the summary
