@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import groupby
 
@@ -26,6 +25,7 @@ import fsspec
 
 from beam_jobs.pipeline import STAGED_SIGNATURES
 from beam_jobs.shards import prune
+from components.common.content_index import parse, read_index
 from components.common.files import exists, join, read_json
 from components.contracts.results import LabelConflict
 from components.contracts.summaries import NearDuplicates, NearPair
@@ -58,26 +58,6 @@ def find(signatures: list[dict], indexes: list[tuple[int, str]]) -> Findings:
     findings = _decide(ordered, published)
     findings.near = near.report({s["uri"] for s in findings.kept})
     return findings
-
-
-def read_index(uri: str) -> Iterator[str]:
-    """The lines of a content index, without their newline."""
-    with fsspec.open(uri, "rt", compression="gzip", encoding="utf-8") as f:
-        for line in f:
-            yield line.rstrip("\n")
-
-
-def write_index(uri: str, kept: list[dict]) -> None:
-    """A span's content index: one line per record, sorted by SHA-256 (see contracts/layout.py)."""
-    with fsspec.open(uri, "wt", compression="gzip", encoding="utf-8") as f:
-        for s in sorted(kept, key=lambda s: (s["sha256"], s["uri"])):
-            f.write(f"{s['sha256']}\t{s['dhash']}\t{s['split']}\t{json.dumps(s['label'])}\t{json.dumps(s['uri'])}\n")
-
-
-def parse(line: str) -> tuple[str, str, str, str, str]:
-    """(sha256, dhash, split, label, uri) of an index line."""
-    sha, dhash, split, label, uri = line.split("\t", 4)
-    return sha, dhash, split, json.loads(label), json.loads(uri)
 
 
 def _scan(number: int, uri: str, hashes: list[str], published: dict, near: _Near) -> None:

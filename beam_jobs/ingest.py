@@ -27,11 +27,12 @@ from collections.abc import Callable
 import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
-from beam_jobs.duplicates import Findings, settle, write_index
+from beam_jobs.duplicates import Findings, settle
 from beam_jobs.pipeline import STAGED_DEAD_LETTERS, STAGED_SHARDS, build
 from beam_jobs.sources import Source, identities, list_source
 from beam_jobs.statistics import label_conflicts, write_statistics
 from components.common import clock
+from components.common.content_index import write_index
 from components.common.files import filesystem, join, read_json, write_json, write_text
 from components.common.lease import LeaseError, LeaseHeld, exclusive
 from components.contracts import program, schema
@@ -77,7 +78,7 @@ def _ingest(config: IngestConfig, pipeline_args: list[str], root: Root, started:
         listing = list_source(config.source, config.eval_fraction, config.allow_outside_source)
     except (FileNotFoundError, ValueError) as error:
         raise IngestError(str(error)) from None
-    manifests = root.manifests()
+    manifests = root.manifests(quarantined=True)  # quarantined spans are published: their files are known
     known = identities(manifests)
     fresh = [s for s in listing.sources if s.identity not in known]
     refused = [(s, reason) for s, reason in listing.rejected if s.identity not in known]
@@ -143,7 +144,7 @@ def remove_debris(root: Root) -> list[str]:
     fs, spans = filesystem(root.spans)
     if not fs.isdir(spans):
         return []
-    published = {m.span for m in root.manifests()}
+    published = {m.span for m in root.manifests(quarantined=True)}
     debris = [root.span(n) for n in root.span_numbers() if n not in published]
     debris += [join(root.spans, name) for name in _names(fs, spans) if name.startswith(STAGING_PREFIX)]
     for uri in debris:

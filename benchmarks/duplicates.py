@@ -23,7 +23,8 @@ import time
 
 import psutil
 
-from beam_jobs.duplicates import find, write_index
+from beam_jobs.duplicates import find
+from components.common.content_index import write_index
 from components.contracts.layout import Root
 from components.contracts.results import SpanManifest
 
@@ -60,7 +61,7 @@ def measure(root: str, arrival_file: str) -> dict:
     """In a process of its own: one lookup, its time and its peak memory above what it started with."""
     with open(arrival_file) as f:
         signatures = [json.loads(line) for line in f]
-    manifests = Root(root).manifests()
+    manifests = Root(root).manifests(quarantined=True)
     before = psutil.Process().memory_info().rss
     started = time.perf_counter()
     found = find(signatures, [(m.span, Root(root).content_index(m.span)) for m in manifests])
