@@ -61,7 +61,7 @@ def watch_bucket(source: str = DEMO_SOURCE, root: str = DEMO_ROOT, settle_second
 @task(retries=3, retry_delay_seconds=[5, 15, 45], retry_condition_fn=lambda task, run, state: not _broken(state))
 def new_files(source: str, root: str) -> list[str]:
     """URIs in SOURCE (with size and version) that no published span holds yet."""
-    known = identities(Root(root).manifests())
+    known = identities(Root(root).manifests(quarantined=True))
     listing = list_source(source, eval_fraction=0.0)
     fresh = [s for s in listing.sources + [r for r, _ in listing.rejected] if s.identity not in known]
     return sorted(f"{s.uri}\t{s.size}\t{s.version}" for s in fresh)

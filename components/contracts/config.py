@@ -67,6 +67,26 @@ class IngestConfig(BaseModel):
         "folder (otherwise they are dead letters)")
 
 
+class DataCheckConfig(BaseModel):
+    """A new span's statistics against the published history: errors quarantine the span."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    root: str = Field(description="artifact ROOT: local path or fsspec URI")
+    span: int | None = Field(None, gt=0, description="span to check (default: the newest published)")
+    # 0.25: spans are often a few hundred records, where a class's share moves by a few points from
+    # sampling alone (one standard error is 0.05 at 100 records and a share of 0.5); a quarter of the
+    # records changing class is a different mix, not noise. TFDV's comparator takes any threshold.
+    max_label_drift: float = Field(
+        0.25, gt=0, le=1, description="quarantine the span when a class's share of its records differs from the "
+        "history's by more than this (L-infinity, as TFDV's drift comparator); over half of it warns")
+    max_same_image_share: float = Field(
+        0.2, gt=0, le=1, description="quarantine the span when more than this share of its records share one "
+        "dHash (a flood of near-identical frames)")
+    min_class_examples: int = Field(
+        5, ge=0, description="warn about a class with fewer training records than this in the span and its history")
+
+
 def option(name: str) -> str:
     """The command-line option of a setting: `shard_mb` -> `--shard-mb`."""
     return "--" + name.replace("_", "-")

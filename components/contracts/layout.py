@@ -24,6 +24,11 @@ LABELS = "labels.json"
 # new arrival's hashes merge against it in one streaming pass; spans of 0.1 have neither file.
 CONTENT_INDEX = "content_index.tsv.gz"
 STATISTICS = "statistics.pb"  # a binary tensorflow_metadata DatasetFeatureStatisticsList, one dataset per split
+# The data check's verdict on a published span (components/datacheck): while _QUARANTINE.json exists,
+# training and the gate do not read the span; `stoke spans release N` writes _RELEASED.json (the
+# quarantine record, who and when) and only then removes the marker, so the evidence stays.
+QUARANTINE = "_QUARANTINE.json"
+RELEASED = "_RELEASED.json"
 SPAN_PATTERN = re.compile(r"^span-(\d{5,})$")
 METRICS = "metrics.json"  # in a run folder: written last by training, so its presence means finished
 WARMUP_FILE = "tf_serving_warmup_requests"  # TF Serving's name, in a run and in assets.extra/ of a version
@@ -71,6 +76,16 @@ class Root:
     def statistics(self, number: int) -> str:
         return join(self.span(number), STATISTICS)
 
+    def quarantine(self, number: int) -> str:
+        return join(self.span(number), QUARANTINE)
+
+    def released(self, number: int) -> str:
+        return join(self.span(number), RELEASED)
+
+    def is_quarantined(self, number: int) -> bool:
+        fs, path = filesystem(self.quarantine(number))
+        return fs.exists(path)
+
     @property
     def runs(self) -> str:
         return join(self.uri, "runs")
@@ -98,22 +113,34 @@ class Root:
         names = (posixpath.basename(p.rstrip("/")) for p in fs.ls(path, detail=False))
         return sorted(int(m.group(1)) for m in map(SPAN_PATTERN.match, names) if m)
 
-    def manifests(self, spans: list[int] | None = None) -> list[SpanManifest]:
-        """Manifests of the published spans (those whose _MANIFEST.json exists), oldest first."""
+    def manifests(self, spans: list[int] | None = None, *, quarantined: bool = False) -> list[SpanManifest]:
+        """Manifests of the published spans (those whose _MANIFEST.json exists), oldest first.
+
+        Quarantined spans are left out unless `quarantined`: training and the gate read what is left,
+        while ingest (duplicates, labels, what is already known) counts every published span. Naming a
+        quarantined span in `spans` raises SpanQuarantined rather than quietly reading less."""
         fs, _ = filesystem(self.spans)
         found = []
         for number in self.span_numbers():
             if spans is not None and number not in spans:
                 continue
             uri = self.manifest(number)
-            if fs.exists(filesystem(uri)[1]):
-                found.append(SpanManifest.read(uri))
+            if not fs.exists(filesystem(uri)[1]):
+                continue
+            if not quarantined and self.is_quarantined(number):
+                if spans is not None:
+                    raise SpanQuarantined(f"span {number} is quarantined by the data check (see "
+                                          f"{self.quarantine(number)}); after looking at it, let it in with "
+                                          f"`stoke spans release {number} --root {self.uri}`")
+                continue
+            found.append(SpanManifest.read(uri))
         return found
 
-    def shards(self, split: str, spans: list[int] | None = None) -> list[Shard]:
-        """Shard files of one split across the published spans (unpublished span folders are ignored)."""
+    def shards(self, split: str, spans: list[int] | None = None, *, quarantined: bool = False) -> list[Shard]:
+        """Shard files of one split across the published spans (unpublished span folders are ignored;
+        quarantined ones too, unless `quarantined`)."""
         found = []
-        for manifest in self.manifests(spans):
+        for manifest in self.manifests(spans, quarantined=quarantined):
             folder = self.span(manifest.span)
             found += [Shard(join(folder, entry.file), TF_COMPRESSION[manifest.compression], entry.records,
                             manifest.span) for entry in manifest.shards if entry.split == split]
@@ -122,10 +149,14 @@ class Root:
     def label_names(self, spans: list[int] | None = None) -> list[str]:
         """labels.json (append-only, so it covers every span), else the longest list of a manifest."""
         names = self.read_labels()
-        for manifest in self.manifests(spans):
+        for manifest in self.manifests(spans, quarantined=True):
             if len(manifest.labels) > len(names):
                 names = list(manifest.labels)
         return names
+
+
+class SpanQuarantined(ValueError):
+    """A span named explicitly that the data check holds back; the message says how to release it."""
 
 
 class RunDir:

@@ -43,6 +43,10 @@ STAGES: tuple[Stage, ...] = (
           config.IngestConfig, summaries.IngestSummary, 240,
           reads=("data/labels.json", "data/spans/*/_MANIFEST.json"),
           writes=("data/labels.json", "data/spans/span-N/ (shards, dead_letter.jsonl, _MANIFEST.json last)")),
+    Stage("datacheck", "components.datacheck", "the new span's statistics against the published history: "
+          "errors quarantine it", config.DataCheckConfig, summaries.DataCheckSummary, 30,
+          reads=("data/spans/*/ (statistics.pb, _MANIFEST.json, content index)",),
+          writes=("data/spans/span-N/_QUARANTINE.json (on an error)",), flow_decides=("root", "span")),
     Stage("train", "components.train", "published spans to a candidate SavedModel",
           config.TrainConfig, results.TrainMetrics, 24 * 60,
           reads=("data/spans/*/ (train and eval shards)",),

@@ -156,6 +156,74 @@ class PushSummary(Summary):
     metrics: HeadlineMetrics | None = None
 
 
+# ---------------------------------------------------------------- the data check
+
+
+class DataAnomaly(Result):
+    """One thing the data check found in a span: how bad, how many records, and a few of them."""
+
+    kind: Literal["label_conflict", "label_drift", "same_image_flood", "image_size", "rare_class"]
+    severity: Literal["error", "warning"]
+    message: str
+    count: int | None = None  # records concerned (None: a property of the whole span)
+    examples: list[str] = []  # a few URIs, where records can be named
+
+
+class Quarantine(Result):
+    """ROOT/data/spans/span-N/_QUARANTINE.json: the span is held back from training and the gate
+    until someone releases it (`stoke spans release N`)."""
+
+    span: int
+    reasons: list[str]  # the errors' messages, first first
+    anomalies: list[DataAnomaly]
+    quarantined_at: str
+
+
+class Release(Result):
+    """ROOT/data/spans/span-N/_RELEASED.json: the quarantine record, kept, and who let the span in."""
+
+    span: int
+    released_by: str
+    released_at: str
+    quarantine: Quarantine
+
+
+class DataCheckSummary(Summary):
+    """The data check of one span: its anomalies, and whether they quarantined it; or why nothing was checked."""
+
+    checked: bool
+    span: int | None = None
+    status: Literal["ok", "warning", "quarantined", "released"] | None = None
+    anomalies: list[DataAnomaly] | None = None
+    history_spans: list[int] | None = None  # the spans compared with (published, not quarantined, with statistics)
+    label_counts: dict[str, int] | None = None  # the span's records per class (train and eval)
+    history_label_counts: dict[str, int] | None = None
+    label_drift: float | None = None  # L-infinity distance of the class shares; None without history
+    quarantine_uri: str | None = None
+    message: str | None = None
+    error: str | None = None
+
+
+class SpanStatus(Result):
+    """A row of `stoke spans`."""
+
+    span: int
+    status: Literal["ok", "quarantined", "released"]
+    train: int
+    eval: int
+    dead_letter: int
+    reason: str | None = None  # the first reason of the quarantine
+    released_by: str | None = None
+
+
+class SpansSummary(Summary):
+    """`stoke spans`: every published span and its status; or the span just released."""
+
+    spans: list[SpanStatus] | None = None
+    released: SpanStatus | None = None
+    error: str | None = None
+
+
 # ---------------------------------------------------------------- the run report
 
 
@@ -221,6 +289,7 @@ class RunReport(Summary):
     train: TrainSection | None = None
     validation: ValidationSection | None = None
     push: PushSummary | None = None  # the summary's keys a report shows, null when the push has none
+    data: DataCheckSummary | None = None  # reports written before the data check have no key
     plots: dict[str, str]  # curves, gpus, confusion_matrix, throughput: PNG URIs
     report_md: str
     report_json: str

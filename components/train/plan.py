@@ -14,7 +14,7 @@ import tf_keras as keras
 
 from components.common.files import exists
 from components.contracts.config import DEFAULT_BATCH, MIN_STEPS_PER_EPOCH, SMALL_BATCH, TrainConfig
-from components.contracts.layout import Root, RunDir, Shard, new_run_id, parse_spans
+from components.contracts.layout import Root, RunDir, Shard, SpanQuarantined, new_run_id, parse_spans
 
 
 class TrainError(Exception):
@@ -124,8 +124,11 @@ def find_data(config: TrainConfig) -> tuple[RunDir, list[Shard], list[Shard], li
         run = root.run(config.run_id or new_run_id())
     except ValueError as exc:
         raise TrainError(str(exc)) from None
-    train_shards = root.shards("train", spans)
-    eval_shards = root.shards("eval", spans)
+    try:
+        train_shards = root.shards("train", spans)
+        eval_shards = root.shards("eval", spans)
+    except SpanQuarantined as exc:
+        raise TrainError(str(exc)) from None
     if not train_shards:
         raise TrainError(f"no published span with training records under {root.spans}"
                          + (f" among spans {config.spans}" if spans else "") + "; run `stoke ingest` first")

@@ -1,0 +1,5 @@
+import sys
+
+from components.datacheck.datacheck import run
+
+sys.exit(run())

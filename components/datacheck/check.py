@@ -1,0 +1,149 @@
+"""The data check's core: a span's statistics against its history's, decided without any I/O.
+
+`profile` reads what the checks need from a tensorflow_metadata DatasetFeatureStatisticsList (what
+ingest writes as statistics.pb, and what TFDV writes); `decide` compares a span's profile with the
+history's and returns the anomalies, each an error (the span is quarantined) or a warning (reported).
+The label-drift measure is TFDV's for categorical features: the L-infinity distance between the
+two distributions, the largest difference of any one class's share.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+from tensorflow_metadata.proto.v0 import statistics_pb2
+
+from components.contracts import schema
+from components.contracts.config import DataCheckConfig
+from components.contracts.results import Anomaly
+from components.contracts.summaries import DataAnomaly
+
+EXAMPLES = 5  # URIs named per anomaly; the count covers them all
+SIZES = {"image/width": "width", "image/height": "height"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """What the checks need of one span's statistics."""
+
+    labels: dict[str, Counter]  # split -> class -> records
+    ranges: dict[str, tuple[float, float]]  # image/width, image/height -> (min, max) over the splits
+    buckets: dict[str, list[tuple[float, float, float]]]  # the same -> standard histogram (low, high, count)
+
+    def label_counts(self, split: str | None = None) -> Counter:
+        """Records per class, of one split or all."""
+        return sum((c for s, c in self.labels.items() if split in (None, s)), Counter())
+
+
+@dataclasses.dataclass
+class Verdict:
+    anomalies: list[DataAnomaly]
+    label_counts: dict[str, int]
+    history_label_counts: dict[str, int]
+    label_drift: float | None
+
+    @property
+    def errors(self) -> list[DataAnomaly]:
+        return [a for a in self.anomalies if a.severity == "error"]
+
+
+def profile(statistics: statistics_pb2.DatasetFeatureStatisticsList) -> Profile:
+    labels, ranges, buckets = {}, {}, {}
+    for dataset in statistics.datasets:
+        labels[dataset.name] = Counter()
+        for feature in dataset.features:
+            name = feature.path.step[0] if feature.path.step else feature.name
+            if name == schema.TEXT:
+                labels[dataset.name].update({v.value: int(v.frequency) for v in feature.string_stats.top_values})
+            elif name in SIZES and feature.num_stats.common_stats.num_non_missing:
+                stats = feature.num_stats
+                low, high = ranges.get(name, (stats.min, stats.max))
+                ranges[name] = (min(low, stats.min), max(high, stats.max))
+                buckets.setdefault(name, []).extend(
+                    (b.low_value, b.high_value, b.sample_count) for h in stats.histograms
+                    if h.type == statistics_pb2.Histogram.STANDARD for b in h.buckets)
+    return Profile(labels, ranges, buckets)
+
+
+def decide(span: int, new: Profile, history: list[Profile], config: DataCheckConfig, *, classes: list[str],
+           conflicts: list[Anomaly] = (), dhashes: dict[str, list[str]] | None = None) -> Verdict:
+    """Every check of span `span`; without history only those that need none (conflicts, floods,
+    rare classes within the span). `conflicts` are the manifest's anomalies; `dhashes` maps each
+    dHash of the span to its records' URIs."""
+    mine = new.label_counts()
+    theirs = sum((h.label_counts() for h in history), Counter())
+    anomalies = label_conflicts(conflicts)
+    drift = None
+    if history and sum(mine.values()) and sum(theirs.values()):
+        drift, found = label_drift(span, mine, theirs, config.max_label_drift)
+        anomalies += found
+    anomalies += same_image_flood(dhashes or {}, config.max_same_image_share)
+    if history:
+        anomalies += image_sizes(new, history)
+    train = sum((p.label_counts("train") for p in [new, *history]), Counter())
+    anomalies += rare_classes(train, classes or sorted(train), config.min_class_examples, bool(history))
+    return Verdict(anomalies, dict(sorted(mine.items())), dict(sorted(theirs.items())), drift)
+
+
+def label_conflicts(found: list[Anomaly]) -> list[DataAnomaly]:
+    """Ingest's label conflicts (the manifest's `anomalies`: a count and the first examples), as errors."""
+    return [DataAnomaly(
+        kind="label_conflict", severity="error", count=a.count, examples=[c.uri for c in a.examples[:EXAMPLES]],
+        message=f"{a.count} new images are copies of images labelled otherwise (e.g. {a.examples[0].uri} labelled "
+                f"{a.examples[0].label!r} is {a.examples[0].duplicate_of} labelled {a.examples[0].other_label!r})")
+        for a in found if a.kind == "label_conflict" and a.count and a.examples]
+
+
+def label_drift(span: int, mine: Counter, theirs: Counter, limit: float) -> tuple[float, list[DataAnomaly]]:
+    """The L-infinity distance of the class shares, and an error above `limit` or a warning above half."""
+    total, past = sum(mine.values()), sum(theirs.values())
+    shares = {name: (mine[name] / total, theirs[name] / past) for name in set(mine) | set(theirs)}
+    name, (now, before) = max(sorted(shares.items()), key=lambda item: abs(item[1][0] - item[1][1]))
+    distance = abs(now - before)
+    if distance <= limit / 2:
+        return distance, []
+    severity = "error" if distance > limit else "warning"
+    bound = limit if severity == "error" else limit / 2
+    return distance, [DataAnomaly(
+        kind="label_drift", severity=severity, count=mine[name],
+        message=f"label mix shifted by {distance:.2f} (L-infinity, over {bound:g}): class {name!r} is "
+                f"{now:.0%} of span {span}'s {total} records against {before:.0%} of the history's {past}")]
+
+
+def same_image_flood(dhashes: dict[str, list[str]], limit: float) -> list[DataAnomaly]:
+    """An error when more than `limit` of the span's records share one dHash (two at least)."""
+    total = sum(map(len, dhashes.values()))
+    if not total:
+        return []
+    dhash, uris = max(sorted(dhashes.items()), key=lambda item: len(item[1]))
+    if len(uris) < 2 or len(uris) / total <= limit:
+        return []
+    return [DataAnomaly(
+        kind="same_image_flood", severity="error", count=len(uris), examples=sorted(uris)[:EXAMPLES],
+        message=f"{len(uris)} of the span's {total} records ({len(uris) / total:.0%}, over {limit:g}) look the same "
+                f"(dHash {dhash}): a stuck camera or a looping upload?")]
+
+
+def image_sizes(new: Profile, history: list[Profile]) -> list[DataAnomaly]:
+    """A warning per dimension whose range leaves the history's; the count is read off the histogram."""
+    found = []
+    for feature, word in SIZES.items():
+        past = [h.ranges[feature] for h in history if feature in h.ranges]
+        if feature not in new.ranges or not past:
+            continue
+        (low, high), floor, top = new.ranges[feature], min(p[0] for p in past), max(p[1] for p in past)
+        if floor <= low and high <= top:
+            continue
+        outside = sum(c for lo, hi, c in new.buckets.get(feature, []) if hi < floor or lo > top)
+        found.append(DataAnomaly(
+            kind="image_size", severity="warning", count=max(1, round(outside)),
+            message=f"image {word}s {low:g}-{high:g} px against the history's {floor:g}-{top:g} px "
+                    f"(at least {max(1, round(outside))} records outside)"))
+    return found
+
+
+def rare_classes(train: Counter, classes: list[str], minimum: int, with_history: bool) -> list[DataAnomaly]:
+    where = "the span and its history" if with_history else "the span"
+    return [DataAnomaly(kind="rare_class", severity="warning", count=train[name],
+                        message=f"class {name!r} has {train[name]} training records in {where} (fewer than {minimum})")
+            for name in classes if train[name] < minimum]

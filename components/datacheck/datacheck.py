@@ -1,0 +1,97 @@
+"""`python -m components.datacheck --root ROOT [--span N]`: a new span against the published history.
+
+Gathers the span's statistics.pb, manifest and content index and the statistics of the other
+published spans that are not quarantined (the history), lets check.py decide, and on an error writes
+the span's quarantine marker: training and the gate then leave the span out until `stoke spans
+release N`. A released span is checked again without being held back a second time.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from tensorflow_metadata.proto.v0 import statistics_pb2
+
+from components.common import clock
+from components.common.content_index import parse, read_index
+from components.common.files import exists, filesystem
+from components.contracts import program
+from components.contracts.config import DataCheckConfig, from_arguments
+from components.contracts.layout import Root
+from components.contracts.results import ResultError
+from components.contracts.summaries import DataCheckSummary, Quarantine
+from components.datacheck.check import decide, profile
+
+
+class DataCheckError(Exception):
+    """A span that cannot be checked; the message says why."""
+
+
+def run(argv: list[str] | None = None) -> int:
+    args = program.arguments("stoke datacheck", __doc__, DataCheckConfig).parse_args(argv)
+    return program.main("stoke datacheck", args.json, lambda: check_span(from_arguments(DataCheckConfig, args)),
+                        describe, errors=(DataCheckError, ResultError, OSError))
+
+
+def check_span(config: DataCheckConfig) -> DataCheckSummary:
+    root = Root(config.root)
+    published = root.manifests(quarantined=True)
+    if not published:
+        return DataCheckSummary(checked=False, message=f"no published span under {root.spans} to check")
+    number = config.span or published[-1].span
+    manifest = next((m for m in published if m.span == number), None)
+    if manifest is None:
+        raise DataCheckError(f"span {number} is not published under {root.spans}")
+    if not exists(root.statistics(number)):
+        return DataCheckSummary(checked=False, span=number, message=f"span {number} has no statistics "
+                                "(published before 0.2): not checked")
+    history = [m.span for m in published if m.span != number and exists(root.statistics(m.span))
+               and not root.is_quarantined(m.span)]
+    verdict = decide(number, profile(read_statistics(root.statistics(number))),
+                     [profile(read_statistics(root.statistics(n))) for n in history], config,
+                     classes=manifest.labels, conflicts=manifest.anomalies or [], dhashes=dhashes(root, number))
+    summary = DataCheckSummary(
+        checked=True, span=number, anomalies=verdict.anomalies, history_spans=history,
+        label_counts=verdict.label_counts, history_label_counts=verdict.history_label_counts,
+        label_drift=None if verdict.label_drift is None else round(verdict.label_drift, 4),
+        status="warning" if verdict.anomalies else "ok")
+    if verdict.errors:
+        summary.status = hold_back(root, number, verdict.errors)
+        summary.quarantine_uri = root.quarantine(number) if summary.status == "quarantined" else None
+    return summary
+
+
+def hold_back(root: Root, number: int, errors) -> str:
+    """Quarantines the span, unless someone released it after looking (or it is held back already)."""
+    if exists(root.released(number)):
+        return "released"
+    if not root.is_quarantined(number):
+        Quarantine(span=number, reasons=[e.message for e in errors], anomalies=errors,
+                   quarantined_at=clock.now()).write(root.quarantine(number))
+    return "quarantined"
+
+
+def read_statistics(uri: str) -> statistics_pb2.DatasetFeatureStatisticsList:
+    fs, path = filesystem(uri)
+    statistics = statistics_pb2.DatasetFeatureStatisticsList()
+    statistics.ParseFromString(fs.cat_file(path))
+    return statistics
+
+
+def dhashes(root: Root, number: int) -> dict[str, list[str]]:
+    """dHash -> URIs of the span's records, from its content index (empty without one)."""
+    found = defaultdict(list)
+    if exists(root.content_index(number)):
+        for line in read_index(root.content_index(number)):
+            _, dhash, _, _, uri = parse(line)
+            found[dhash].append(uri)
+    return dict(found)
+
+
+def describe(summary: dict) -> str:
+    if not summary.get("checked"):
+        return summary.get("message") or "not checked"
+    lines = [f"span {summary['span']}: {summary['status']}"]
+    lines += [f"{a['severity']}: {a['message']}" for a in summary.get("anomalies") or []]
+    if summary.get("status") == "quarantined":
+        lines.append(f"held back from training; after a look: stoke spans release {summary['span']} --root ROOT")
+    return "\n".join(lines)

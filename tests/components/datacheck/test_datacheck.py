@@ -1,0 +1,114 @@
+"""The data check on spans the real Beam ingest published from real digit images: a mild shift of
+the label mix warns, a large one quarantines the span, training and the gate leave it out, and
+`stoke spans release N` lets it in."""
+import json
+import shutil
+
+import pytest
+
+from beam_jobs.ingest import run as ingest
+from components.common.files import exists
+from components.contracts.layout import Root, SpanQuarantined
+from components.contracts.summaries import Quarantine, Release
+from components.datacheck import datacheck, spans
+from components.train import trainer
+from flows.demo import NAMES, write_digits
+
+IN_MEMORY = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
+SHORT_TRAINING = ["--preset", "demo", "--epochs", "1", "--steps-per-epoch", "2", "--probe-steps", "0",
+                  "--profile-steps", "none", "--batch-size", "8"]
+
+
+def last_json(code, capsys, expected=0) -> dict:
+    out = capsys.readouterr().out.strip().splitlines()
+    assert code == expected, out[-1:]
+    return json.loads(out[-1])
+
+
+def add_digits(pool, source, name: str, count: int, start: int):
+    """Copies `count` digits of class `name`, from digit number `start` on, into the source folder."""
+    files = sorted(p for p in (pool / name).iterdir() if int(p.stem.split("-")[1]) >= start)[:count]
+    (source / name).mkdir(parents=True, exist_ok=True)
+    for path in files:
+        shutil.copy(path, source / name / path.name)
+
+
+# Span 1: the first 100 digits (every class about 10%); span 2: 4 each of four classes (a mild shift:
+# 25% against about 10%); span 3: 12 ones and 4 twos (a large one: 75% ones).
+ARRIVALS = {1: [(name, 100, 0) for name in NAMES],
+            2: [(name, 4, 100) for name in ("zero", "two", "four", "six")],
+            3: [("one", 12, 200), ("two", 4, 300)]}
+
+
+@pytest.fixture(scope="module")
+def spans_root(tmp_path_factory):
+    """Three spans ingested by the real Beam job, each checked as it arrived."""
+    base = tmp_path_factory.mktemp("datacheck")
+    pool, source, root = base / "pool", base / "source", str(base / "root")
+    write_digits(str(pool), limit=500)
+    checked = {}
+    for number, arrival in ARRIVALS.items():
+        for name, count, start in arrival:
+            add_digits(pool, source, name, count, start)
+        if number == 1:  # the first 100 digits only
+            for path in source.rglob("*.png"):
+                if int(path.stem.split("-")[1]) >= 100:
+                    path.unlink()
+        assert ingest([str(source), "--root", root, *IN_MEMORY]) == 0
+        checked[number] = datacheck.check_span(datacheck.DataCheckConfig(root=root))
+    return root, checked
+
+
+def spans_root_source(root):
+    return Root(root).manifests(quarantined=True)[0].source
+
+
+def test_a_mild_shift_only_warns(spans_root):
+    root, checked = spans_root
+    summary = checked[2]
+    assert summary.span == 2 and summary.status == "warning" and summary.history_spans == [1]
+    assert [(a.kind, a.severity) for a in summary.anomalies if a.kind == "label_drift"] == [("label_drift", "warning")]
+    assert 0.125 < summary.label_drift <= 0.25
+    assert not Root(root).is_quarantined(2)
+    assert checked[1].status in ("ok", "warning") and checked[1].label_drift is None
+
+
+def test_a_large_shift_quarantines_the_span_and_training_leaves_it_out(spans_root, capsys):
+    root, checked = spans_root
+    summary = checked[3]
+    assert summary.status == "quarantined" and summary.label_drift > 0.5 and summary.history_spans == [1, 2]
+    assert summary.label_counts == {"one": 12, "two": 4}
+    marker = Quarantine.read(Root(root).quarantine(3))
+    assert "'one'" in marker.reasons[0] and marker.anomalies[0].kind == "label_drift"
+    assert {s.span for s in Root(root).shards("train")} == {1, 2}
+    assert {m.span for m in Root(root).manifests(quarantined=True)} == {1, 2, 3}
+    with pytest.raises(SpanQuarantined, match="stoke spans release 3"):
+        Root(root).shards("train", [3])
+    # Still published for ingest: its files are known and it is no debris to clean up.
+    assert ingest([str(spans_root_source(root)), "--root", root, *IN_MEMORY]) == 0
+    assert Root(root).is_quarantined(3) and exists(Root(root).manifest(3))
+    assert Root(root).span_numbers() == [1, 2, 3]
+
+    metrics = last_json(trainer.run(["--root", root, "--run-id", "held", *SHORT_TRAINING, "--json"]), capsys)
+    assert metrics["spans"] == [1, 2]
+    refused = last_json(trainer.run(["--root", root, "--spans", "3", *SHORT_TRAINING, "--json"]), capsys, 1)
+    assert "stoke spans release 3" in refused["error"]
+
+
+def test_release_lets_the_span_in_and_keeps_the_evidence(spans_root, capsys):
+    root, _ = spans_root
+    listed = last_json(spans.run(["--root", root, "--json"]), capsys)["spans"]
+    assert [(s["span"], s["status"]) for s in listed] == [(1, "ok"), (2, "ok"), (3, "quarantined")]
+    assert "label mix" in listed[2]["reason"]
+
+    released = last_json(spans.run(["release", "3", "--root", root, "--by", "ana", "--json"]), capsys)["released"]
+    assert (released["status"], released["released_by"]) == ("released", "ana")
+    record = Release.read(Root(root).released(3))
+    assert record.quarantine.span == 3 and record.quarantine.anomalies
+    assert not exists(Root(root).quarantine(3))
+    assert {s.span for s in Root(root).shards("train")} == {1, 2, 3}
+    again = last_json(spans.run(["release", "3", "--root", root, "--json"]), capsys, 1)
+    assert "released already, by ana" in again["error"]
+    # Checking a released span again reports its anomalies and holds nothing back.
+    rechecked = datacheck.check_span(datacheck.DataCheckConfig(root=root, span=3))
+    assert rechecked.status == "released" and not Root(root).is_quarantined(3)
