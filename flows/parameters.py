@@ -42,8 +42,8 @@ def timeouts_model(stages: tuple[Stage, ...] = STAGES) -> type[BaseModel]:
 # One parameter group per stage with settings, named as the stage: the flow's parameters and the
 # option groups of `stoke run`.
 SETTINGS: dict[str, type[BaseModel]] = {s.name: settings_model(s) for s in STAGES if s.settings is not None}
-PreflightSettings, IngestSettings, TrainSettings, GateSettings, PushSettings = (
-    SETTINGS[name] for name in ("preflight", "ingest", "train", "gate", "push"))
+PreflightSettings, IngestSettings, DataCheckSettings, TrainSettings, GateSettings, PushSettings = (
+    SETTINGS[name] for name in ("preflight", "ingest", "datacheck", "train", "gate", "push"))
 Timeouts = timeouts_model()
 
 

@@ -2,6 +2,8 @@
 
     1 preflight  components.preflight   the machine: disks, read speed, GPUs, /dev/shm, limits
     2 ingest     beam_jobs.ingest       new files -> a new span of GZIP TFRecords (retried: it is exactly-once)
+    2b datacheck components.datacheck   the new span against the published history; errors quarantine it,
+                                        and training goes on with the other spans
     3 train      components.train       all published spans -> candidate SavedModel (tag `gpu`; never retried:
                                         a rerun of the same run id resumes from its backup instead)
     4 gate       components.gate        TFMA against thresholds and the served baseline -> blessed or not
@@ -29,6 +31,7 @@ from flows.parameters import (
     DEMO_ROOT,
     DEMO_SOURCE,
     BeamArgs,
+    DataCheckSettings,
     GateSettings,
     IngestSettings,
     PreflightSettings,
@@ -50,13 +53,14 @@ def unless_timed_out(task, task_run, state) -> bool:
     return not (isinstance(error, StageError) and error.timed_out)
 
 
-@flow(name="train", description="preflight -> ingest -> train -> gate -> push -> report")
+@flow(name="train", description="preflight -> ingest -> datacheck -> train -> gate -> push -> report")
 def train(
     source: str = DEMO_SOURCE,
     root: str = DEMO_ROOT,
     preflight: PreflightSettings | None = PreflightSettings(),
     ingest: IngestSettings = IngestSettings(),
     beam_args: BeamArgs = [],
+    datacheck: DataCheckSettings = DataCheckSettings(),
     train: TrainSettings = TrainSettings(),
     gate: GateSettings = GateSettings(),
     push: PushSettings = PushSettings(),
@@ -74,9 +78,13 @@ def train(
         if preflight is not None:
             check_machine(source, root, preflight, run, timeouts.preflight)                   # 1
         ingested = ingest_span(source, root, ingest, beam_args, run, timeouts.ingest)         # 2
-        if skip_unchanged and not ingested.published and served_versions(root, model_name):
-            return write_report(run, skipped=f"{ingested.message or 'nothing new'}; "
-                                f"model {model_name} is already served, so nothing was trained")
+        held = ingested.published and check_span(root, ingested.span, datacheck, run,        # 2b
+                                                 timeouts.datacheck).status == "quarantined"
+        if skip_unchanged and (held or not ingested.published) and served_versions(root, model_name):
+            what = held_back(root, ingested.span) if held else ingested.message or "nothing new"
+            return write_report(run, skipped=f"{what}; model {model_name} is already served, so nothing was trained")
+        if held and not Root(root).manifests():
+            return write_report(run, skipped=f"{held_back(root, ingested.span)}, and no other span is left to train on")
         train_model(root, train, run, timeouts.train)                                         # 3
         verdict = gate_model(root, model_name, gate, run, timeouts.gate)                      # 4
         if verdict.blessed:
@@ -113,6 +121,20 @@ def ingest_span(source: str, root: str, settings: IngestSettings, beam_args: lis
     with Progress("ingest") as progress:
         return run_program(stage("ingest"), ingest_arguments(source, root, settings, beam_args), run,
                            timeout_minutes, progress)
+
+
+@task(name="datacheck", retries=1, retry_delay_seconds=30, retry_condition_fn=unless_timed_out)
+def check_span(root: str, span: int, settings: DataCheckSettings, run: RunDir,
+               timeout_minutes: float) -> summaries.DataCheckSummary:
+    """Compares the new span with the published history; an error quarantines it, not the run."""
+    summary = run_program(stage("datacheck"), ["--root", root, "--span", str(span), *to_arguments(settings)], run,
+                          timeout_minutes)
+    logger = get_run_logger()
+    for anomaly in summary.anomalies or []:
+        logger.warning("datacheck %s: %s", anomaly.severity, anomaly.message)
+    if summary.status == "quarantined":
+        logger.warning("%s; training goes on without it", held_back(root, span))
+    return summary
 
 
 @task(name="train", tags=[GPU_TAG], retries=0)
@@ -187,6 +209,11 @@ def ensure_gpu_limit() -> None:
             client.read_concurrency_limit_by_tag(GPU_TAG)
         except ObjectNotFound:
             client.create_concurrency_limit(tag=GPU_TAG, concurrency_limit=GPU_SLOTS)
+
+
+def held_back(root: str, span: int) -> str:
+    """What the data check held back, and how to let it in."""
+    return f"span {span} is quarantined by the data check (release it with `stoke spans release {span} --root {root}`)"
 
 
 def served_versions(root: str, model_name: str) -> list[int]:
