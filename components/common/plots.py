@@ -68,6 +68,22 @@ def differences(rows: list[tuple[str, float, float, float]], max_regression: flo
     save(figure, uri)
 
 
+def label_shares(span: dict[str, int], history: dict[str, int], uri: str, title: str = "") -> None:
+    """Each class's share of the span's records beside its share of the history's, as paired bars."""
+    names = sorted(set(span) | set(history))
+    figure, ax = pyplot().subplots(figsize=(max(5.0, 0.6 * len(names) + 2), 3.6))
+    for offset, (counts, label, colour) in enumerate(((history, "history", "tab:grey"), (span, "this span", "tab:blue"))):
+        total = sum(counts.values()) or 1
+        ax.bar([i + 0.4 * offset - 0.2 for i in range(len(names))], [counts.get(n, 0) / total for n in names],
+               width=0.4, label=f"{label} ({sum(counts.values())} records)", color=colour)
+    ax.set_xticks(range(len(names)), names, rotation=45, ha="right")
+    ax.set_ylabel("share of records")
+    ax.legend(loc="best", fontsize="small")
+    if title:
+        ax.set_title(title)
+    save(figure, uri)
+
+
 def gpu_use(result: dict, uri: str) -> bool:
     """Draws utilization and PCIe traffic per GPU over time into a PNG at `uri` (local or fsspec).
     Returns False, writing nothing, when there are no samples to draw."""

@@ -193,6 +193,8 @@ class RunDir:
     gpus_plot = property(lambda self: self._file("gpus.png"))
     throughput_plot = property(lambda self: self._file("throughput.png"))
     comparison_plot = property(lambda self: self._file("comparison.png"))  # the paired difference, by the report
+    labels_plot = property(lambda self: self._file("labels.png"))  # the new span's label mix against the history's
+    root = property(lambda self: posixpath.dirname(posixpath.dirname(self.uri.rstrip("/"))))  # ROOT of ROOT/runs/ID
 
     def summary(self, stage: str) -> str:
         """Where the flow keeps a stage program's JSON summary."""

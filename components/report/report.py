@@ -16,10 +16,11 @@ from components.contracts.layout import RunDir
 from components.contracts.program import printable
 from components.contracts.results import Comparison, GateMetrics, InputProbe, TrainMetrics, Validation
 from components.contracts.summaries import PushSummary, RunReport
+from components.report import data as data_section
 
 # The keys of a stage's summary that its section of the report shows.
 INGEST_KEYS = {"published", "span", "span_uri", "counts", "new_sources", "images_per_sec", "seconds",
-               "dead_letters", "dead_letter_uri", "message", "error"}
+               "dead_letters", "dead_letter_uri", "message", "error", "duplicates", "near_duplicates"}
 PUSH_KEYS = {"pushed", "already_pushed", "version", "previous_version", "model_uri", "serving_uri", "commands",
              "image", "retired", "message"}
 
@@ -30,7 +31,10 @@ def build_report(run: RunDir, skipped: str | None = None, failed: str | None = N
     present = {name: summary for name, summary in found.items() if summary is not None}
     preflight, ingest, train, validation, push = (present.get(name) for name in
                                                    ("preflight", "ingest", "train", "gate", "push"))
+    data = present.get("datacheck")
     status, message = _outcome(validation, push, skipped, failed)
+    if data is not None and data.status == "quarantined" and not skipped:
+        message += f" Span {data.span} was held back: the data check quarantined it (see Data)."
     pushed = _pushed(push)
     report = RunReport(
         run_id=run.run_id, run_dir=run.uri, stages=list(present),
@@ -69,7 +73,8 @@ def build_report(run: RunDir, skipped: str | None = None, failed: str | None = N
             | ({"comparison"} if validation.comparison is not None else set()))
     if push is not None:
         report.push = push.model_dump(include=PUSH_KEYS)
-    report.plots = _plots(run, report, train, validation)
+    report.data = data
+    report.plots = {**_plots(run, report, train, validation), **data_section.plot(run, data)}
     return report
 
 
@@ -105,6 +110,7 @@ def render_markdown(report: RunReport) -> str:
                 lines += [f"- `{d.uri}`: {d.reason}" for d in i.dead_letters] + [""]
         else:
             lines += [i.message or i.error or "nothing published", ""]
+    lines += data_section.section(report.data, report.ingest, RunDir(report.run_dir).root, report.plots)
     if report.train is not None:
         t = report.train
         lines += ["## Training", "",
