@@ -29,7 +29,7 @@ from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions,
 
 from beam_jobs.duplicates import Findings, settle
 from beam_jobs.pipeline import STAGED_DEAD_LETTERS, STAGED_SHARDS, build
-from beam_jobs.sources import Source, identities, list_source
+from beam_jobs.sources import Source, identities, known, list_source
 from beam_jobs.statistics import label_conflicts, write_statistics
 from components.common import clock
 from components.common.content_index import write_index
@@ -79,9 +79,9 @@ def _ingest(config: IngestConfig, pipeline_args: list[str], root: Root, started:
     except (FileNotFoundError, ValueError) as error:
         raise IngestError(str(error)) from None
     manifests = root.manifests(quarantined=True)  # quarantined spans are published: their files are known
-    known = identities(manifests)
-    fresh = [s for s in listing.sources if s.identity not in known]
-    refused = [(s, reason) for s, reason in listing.rejected if s.identity not in known]
+    published = identities(manifests)
+    fresh = [s for s in listing.sources if known(s) not in published]
+    refused = [(s, reason) for s, reason in listing.rejected if known(s) not in published]
     if not fresh and not refused:
         return IngestSummary(published=False, span=None, new_sources=0, removed_debris=removed,
                              message=f"nothing new in {config.source}: every file is already in a published span")

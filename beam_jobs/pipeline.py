@@ -24,7 +24,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 from beam_jobs.images import Limits, Rejected, normalize
 from beam_jobs.shards import RollingShards
 from beam_jobs.signatures import sha256
-from components.common.files import join, write_json, write_text
+from components.common.files import is_uri, join, write_json, write_text
 from components.contracts import schema
 from components.contracts.config import IngestConfig
 
@@ -70,13 +70,18 @@ def read_source(source: dict, max_bytes: int | None) -> bytes:
     if max_bytes and source["size"] > max_bytes:
         raise Rejected(_too_large(source["size"], max_bytes))
     try:
-        with fsspec.open(source["uri"]) as f:
+        with open_source(source["uri"]) as f:
             data = f.read(max_bytes + 1 if max_bytes else -1)
     except FileNotFoundError:
         raise Rejected("not found: removed after it was listed") from None
     if max_bytes and len(data) > max_bytes:
         raise Rejected(_too_large(len(data), max_bytes))
     return data
+
+
+def open_source(uri: str):
+    """A source file for reading: a local path literally (a name may hold `::`), a URI through fsspec."""
+    return fsspec.open(uri).open() if is_uri(uri) else open(uri, "rb")
 
 
 def _too_large(size: int, max_bytes: int) -> str:

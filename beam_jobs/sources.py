@@ -10,18 +10,23 @@ import csv
 import hashlib
 import io
 import json
+import os
 import posixpath
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
+import fsspec
+
 from beam_jobs.images import EXTENSIONS
-from components.common.files import filesystem, is_local, join, protocol, uri_of
+from beam_jobs.local import CHAINING, canonical, local_path, walk
+from components.common.files import filesystem, is_local, is_uri, join, protocol, uri_of
 from components.contracts.results import SpanManifest
 
 MANIFEST_SUFFIXES = (".csv", ".jsonl")
 SPLIT_NAMES = {"train": "train", "eval": "eval", "validation": "eval"}
 # The stores a manifest row may name, by the family each scheme belongs to; http://, ftp://,
 # memory:// and the rest of fsspec's schemes are never read on a manifest's say-so.
+LOCAL = fsspec.filesystem("file")
 STORES = {"file": "file", "local": "file", "s3": "s3", "s3a": "s3", "gs": "gs", "gcs": "gs"}
 
 
@@ -51,12 +56,18 @@ class Listing:
 def list_source(source: str, eval_fraction: float, allow_outside: bool = False) -> Listing:
     """Every image of SOURCE with its label and split; unusable entries with their reasons.
 
-    A manifest's rows name files under the manifest's own folder, unless `allow_outside`."""
-    fs, path = filesystem(source)
-    if not fs.exists(path):
+    A manifest's rows, and the links of a folder, name files under the source, unless `allow_outside`.
+    A local SOURCE is read at its real path, however it is spelled."""
+    if CHAINING in source:
+        raise ValueError(f"source {source}: '::' (fsspec's chaining) is not read; name a folder or a manifest")
+    local = local_path(source)
+    fs, path = filesystem(local) if local else filesystem(source)
+    if not (os.path.exists(local) if local else fs.exists(path)):
         raise FileNotFoundError(f"source {source} does not exist")
-    if fs.isdir(path):
-        listing = _list_folder(fs, path)
+    if local and os.path.isdir(local):
+        listing = _list_folder(local, allow_outside)
+    elif fs.isdir(path):
+        listing = _list_bucket_folder(fs, path)
     elif path.lower().endswith(MANIFEST_SUFFIXES):
         listing = _list_manifest(fs, path, allow_outside)
     else:
@@ -66,8 +77,14 @@ def list_source(source: str, eval_fraction: float, allow_outside: bool = False) 
 
 
 def identities(manifests: list[SpanManifest]) -> set[tuple[str, int, str]]:
-    """The source identities that published spans already hold."""
-    return {(s.uri, s.size, s.version) for m in manifests for s in m.sources}
+    """The source identities that published spans already hold, local paths by their real path
+    (`known(source)` spells a listed source alike)."""
+    return {(canonical(s.uri), s.size, s.version) for m in manifests for s in m.sources}
+
+
+def known(source: Source) -> tuple[str, int, str]:
+    """A listed source's identity as `identities` spells it."""
+    return (canonical(source.uri), source.size, source.version)
 
 
 def is_candidate(relative_path: str) -> bool:
@@ -88,13 +105,26 @@ def _with_split(source: Source, eval_fraction: float) -> Source:
     return Source(**{**source.as_dict(), "split": split_of(source.key, eval_fraction)})
 
 
-def _list_folder(fs, base: str) -> Listing:
+def _list_folder(base: str, allow_outside: bool) -> Listing:
+    """A local folder, walked by real paths (beam_jobs/local.py)."""
+    found, refused = walk(base, allow_outside, is_candidate)
+    listing = _labelled((Source(path, int(st.st_size), str(st.st_mtime), key=relative) for path, relative, st in found))
+    return Listing(listing.sources, listing.rejected + [(Source(path, 0, ""), reason) for path, reason in refused])
+
+
+def _list_bucket_folder(fs, base: str) -> Listing:
+    base = posixpath.normpath(base)
+    found = ((path, info) for path, info in sorted(fs.find(base, detail=True, withdirs=False).items())
+             if is_candidate(posixpath.relpath(path, base)))
+    return _labelled(Source(uri_of(fs, path), int(info["size"]), _version(info), key=posixpath.relpath(path, base))
+                     for path, info in found)
+
+
+def _labelled(listed) -> Listing:
+    """Labels from the first folder below the source; a file directly in it has none."""
     sources, rejected = [], []
-    for path, info in sorted(fs.find(base, detail=True, withdirs=False).items()):
-        relative = posixpath.relpath(path, base)
-        if not is_candidate(relative):
-            continue
-        source = Source(uri_of(fs, path), int(info["size"]), _version(info), key=relative)
+    for source in listed:
+        relative = source.key
         if "/" not in relative:
             rejected.append((source, "not inside a class folder, so it has no label"))
         else:
@@ -104,7 +134,7 @@ def _list_folder(fs, base: str) -> Listing:
 
 def _list_manifest(fs, path: str, allow_outside: bool) -> Listing:
     rows = _read_rows(fs, path)
-    folder = posixpath.dirname(path)
+    folder = posixpath.normpath(posixpath.dirname(path))
     sources, rejected, seen = [], [], set()
     entries = []
     for number, row in enumerate(rows, start=1):
@@ -144,7 +174,10 @@ def _list_manifest(fs, path: str, allow_outside: bool) -> Listing:
 def resolve(fs, folder: str, given: str, allow_outside: bool) -> tuple[str, str]:
     """A manifest row's file as (uri, split key), normalized so that every spelling of one path
     (`a.png`, `./a.png`, `img/../a.png`, absolute) is one URI and one key: the path below the
-    manifest's folder. Raises ValueError(uri, reason) for a row that must not be read."""
+    manifest's folder; a local file by its real path, so a link must point inside too.
+    Raises ValueError(uri, reason) for a row that must not be read."""
+    if CHAINING in given:
+        raise ValueError(given, "'::' (fsspec's chaining) is not read: name one file")
     scheme, has_scheme, _ = given.partition("://")
     if has_scheme and scheme.lower() not in STORES:
         raise ValueError(given, f"scheme {scheme.lower()}:// is not read: local paths, s3:// and gs:// only")
@@ -152,7 +185,7 @@ def resolve(fs, folder: str, given: str, allow_outside: bool) -> tuple[str, str]
         target, path = filesystem(given)  # an absolute path is a local one, whatever the manifest's store
     else:
         target, path = fs, join(folder, given)
-    path = posixpath.normpath(path)
+    path = os.path.realpath(path) if is_local(target) else posixpath.normpath(path)
     uri = uri_of(target, path)
     inside = _store(target) == _store(fs) and (path == folder or path.startswith(folder.rstrip("/") + "/"))
     if not inside and not allow_outside:
@@ -179,7 +212,7 @@ def _read_rows(fs, path: str) -> list[dict]:
 
 
 def _info(uri: str) -> dict | None:
-    fs, path = filesystem(uri)
+    fs, path = filesystem(uri) if is_uri(uri) else (LOCAL, uri)  # a local path is literal: no chaining
     try:
         info = fs.info(path)
     except FileNotFoundError:

@@ -19,7 +19,7 @@ from prefect import flow, get_run_logger, task
 from prefect.events import emit_event
 from prefect.states import Failed
 
-from beam_jobs.sources import identities, list_source
+from beam_jobs.sources import identities, known, list_source
 from components.contracts.layout import Root
 from components.contracts.results import ResultError
 from flows.parameters import DEMO_ROOT, DEMO_SOURCE
@@ -61,9 +61,9 @@ def watch_bucket(source: str = DEMO_SOURCE, root: str = DEMO_ROOT, settle_second
 @task(retries=3, retry_delay_seconds=[5, 15, 45], retry_condition_fn=lambda task, run, state: not _broken(state))
 def new_files(source: str, root: str) -> list[str]:
     """URIs in SOURCE (with size and version) that no published span holds yet."""
-    known = identities(Root(root).manifests(quarantined=True))
+    published = identities(Root(root).manifests(quarantined=True))
     listing = list_source(source, eval_fraction=0.0)
-    fresh = [s for s in listing.sources + [r for r, _ in listing.rejected] if s.identity not in known]
+    fresh = [s for s in listing.sources + [r for r, _ in listing.rejected] if known(s) not in published]
     return sorted(f"{s.uri}\t{s.size}\t{s.version}" for s in fresh)
 
 

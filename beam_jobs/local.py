@@ -1,0 +1,91 @@
+"""Local sources by their real paths: one file has one URI however SOURCE was spelled.
+
+`SRC`, `SRC//`, `./SRC`, `SRC/../SRC` and a symlink to SRC are one folder, so the files below it get
+one URI each (their real path) and a second ingest finds nothing new. A link inside the source is
+followed, and what it points at must be inside the source too, as a manifest row must be. Paths are
+taken literally: `::` in a file's name is part of the name, never fsspec's chaining.
+"""
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+from components.common.files import is_uri
+
+CHAINING = "::"  # fsspec reads `a::b` as "a, through b": never on a source's or a row's say-so
+LOCAL_SCHEMES = ("file", "local")
+
+
+def local_path(location: str) -> str | None:
+    """The real, absolute path of a local location (a plain path or file://); None for a bucket."""
+    scheme, has_scheme, rest = location.partition("://")
+    if has_scheme and scheme.lower() not in LOCAL_SCHEMES:
+        return None
+    return os.path.realpath(rest if has_scheme else location)
+
+
+def canonical(uri: str) -> str:
+    """What a published or listed URI names, for telling known files from new ones: local paths by
+    their real path, so spans published under another spelling of SOURCE keep matching."""
+    if is_uri(uri) and uri.partition("://")[0].lower() not in LOCAL_SCHEMES:
+        return uri
+    path = uri.partition("://")[2] if is_uri(uri) else uri
+    if not path.startswith("/"):
+        return uri  # not a path that listing makes
+    real = os.path.join(_real_folder(os.path.dirname(path)), os.path.basename(path))
+    return os.path.realpath(real) if os.path.islink(real) else real
+
+
+@lru_cache(maxsize=65536)
+def _real_folder(folder: str) -> str:
+    return os.path.realpath(folder)
+
+
+def inside(path: str, folder: str) -> bool:
+    """`path` is `folder` or below it; both real paths."""
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def outside_reason(folder: str) -> str:
+    return f"outside the source {folder} (a link points there); --allow-outside-source reads it"
+
+
+def walk(base: str, allow_outside: bool, wanted) -> tuple[list[tuple[str, str, os.stat_result]], list[tuple[str, str]]]:
+    """Files below the real folder `base` whose relative path `wanted` accepts, as (path, relative,
+    stat), and the entries refused, as (path, reason). Linked folders are followed once each."""
+    found, refused, seen = [], [], {base}
+
+    def failed(error: OSError) -> None:
+        refused.append((error.filename or base, f"cannot be listed: {error.strerror}"))
+
+    for folder, dirs, files in os.walk(base, onerror=failed, followlinks=True):
+        keep = []
+        for name in sorted(dirs):
+            path = os.path.join(folder, name)
+            target = os.path.realpath(path)
+            if name.startswith(".") or target in seen:
+                continue  # hidden, or a folder already listed (a second link to it, a loop)
+            if not allow_outside and not inside(target, base):
+                refused.append((path, outside_reason(base)))
+                continue
+            seen.add(target)
+            keep.append(name)
+        dirs[:] = keep
+        for name in sorted(files):
+            path = os.path.join(folder, name)
+            relative = os.path.relpath(path, base)
+            if wanted(relative):
+                entry = _file(path, base, allow_outside)
+                (refused if isinstance(entry, str) else found).append(
+                    (path, entry) if isinstance(entry, str) else (path, relative, entry))
+    return found, refused
+
+
+def _file(path: str, base: str, allow_outside: bool) -> os.stat_result | str:
+    """The file's status, or why it is refused."""
+    if os.path.islink(path) and not allow_outside and not inside(os.path.realpath(path), base):
+        return outside_reason(base)
+    try:
+        return os.stat(path)
+    except OSError as error:
+        return f"cannot be read: {error.strerror}"
