@@ -27,6 +27,7 @@ from collections.abc import Callable
 import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
+from beam_jobs.debris import STAGING_PREFIX, MisplacedSpan, remove, remove_debris
 from beam_jobs.duplicates import Findings, settle
 from beam_jobs.pipeline import STAGED_DEAD_LETTERS, STAGED_SHARDS, build
 from beam_jobs.sources import Source, identities, known, list_source
@@ -42,7 +43,6 @@ from components.contracts.results import ResultError, SpanManifest
 from components.contracts.summaries import IngestSummary, Progress
 
 CHUNK = 10_000  # sources per staged list file: keeps the job graph small on any runner
-STAGING_PREFIX = "_staging-"
 
 
 class IngestError(Exception):
@@ -72,7 +72,10 @@ def ingest(config: IngestConfig, pipeline_args: list[str],
 def _ingest(config: IngestConfig, pipeline_args: list[str], root: Root, started: float, lease,
             progress: Callable[[Progress], None]) -> IngestSummary:
     number = max(root.span_numbers(), default=0) + 1  # counted before debris goes: never reuse a name
-    removed = remove_debris(root)
+    try:
+        removed = remove_debris(root)
+    except MisplacedSpan as error:
+        raise IngestError(str(error)) from None
 
     try:
         listing = list_source(config.source, config.eval_fraction, config.allow_outside_source)
@@ -102,7 +105,7 @@ def _ingest(config: IngestConfig, pipeline_args: list[str], root: Root, started:
         lease.check()
         manifest = publish(root, number, shards, dead, labels, fresh, refused, config, findings)
     finally:
-        _remove(staging)
+        remove(staging)
 
     seconds = time.monotonic() - started
     return IngestSummary(
@@ -137,19 +140,6 @@ def _convert(root, manifests, staging, chunks, fresh, config, pipeline_args, pro
     shards, copies, findings = settle(staging, read_json(join(staging, STAGED_SHARDS)), fresh, indexes,
                                       config.compression)
     return shards, dead + copies, findings
-
-
-def remove_debris(root: Root) -> list[str]:
-    """Removes what a killed job left: staging folders and span folders without a manifest."""
-    fs, spans = filesystem(root.spans)
-    if not fs.isdir(spans):
-        return []
-    published = {m.span for m in root.manifests(quarantined=True)}
-    debris = [root.span(n) for n in root.span_numbers() if n not in published]
-    debris += [join(root.spans, name) for name in _names(fs, spans) if name.startswith(STAGING_PREFIX)]
-    for uri in debris:
-        _remove(uri)
-    return debris
 
 
 def extended_labels(root: Root, manifests: list[SpanManifest], fresh: list[Source]) -> list[str]:
@@ -294,16 +284,6 @@ class _Progress:
             with self.lock:
                 if not self.done.is_set():
                     self.show(event)
-
-
-def _names(fs, path: str) -> list[str]:
-    return [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(path, detail=False)]
-
-
-def _remove(uri: str) -> None:
-    fs, path = filesystem(uri)
-    if fs.exists(path):
-        fs.rm(path, recursive=True)
 
 
 def _last_line(error: BaseException) -> str:
