@@ -8,12 +8,20 @@ taken literally: `::` in a file's name is part of the name, never fsspec's chain
 from __future__ import annotations
 
 import os
+import stat
 from functools import lru_cache
 
 from components.common.files import is_uri
 
 CHAINING = "::"  # fsspec reads `a::b` as "a, through b": never on a source's or a row's say-so
 LOCAL_SCHEMES = ("file", "local")
+NOT_REGULAR = "not a regular file (a FIFO, socket or device): never opened"
+NOT_UTF8 = "file name is not valid UTF-8 (shown with \\x escapes): rename it to ingest it"
+
+
+def shown(path: str) -> str:
+    """A path as text: bytes that are not UTF-8 (os gives them as surrogates) as \\x escapes."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
 def local_path(location: str) -> str | None:
@@ -56,7 +64,7 @@ def walk(base: str, allow_outside: bool, wanted) -> tuple[list[tuple[str, str, o
     found, refused, seen = [], [], {base}
 
     def failed(error: OSError) -> None:
-        refused.append((error.filename or base, f"cannot be listed: {error.strerror}"))
+        refused.append((shown(error.filename or base), f"cannot be listed: {error.strerror}"))
 
     for folder, dirs, files in os.walk(base, onerror=failed, followlinks=True):
         keep = []
@@ -66,7 +74,7 @@ def walk(base: str, allow_outside: bool, wanted) -> tuple[list[tuple[str, str, o
             if name.startswith(".") or target in seen:
                 continue  # hidden, or a folder already listed (a second link to it, a loop)
             if not allow_outside and not inside(target, base):
-                refused.append((path, outside_reason(base)))
+                refused.append((shown(path), outside_reason(base)))
                 continue
             seen.add(target)
             keep.append(name)
@@ -77,15 +85,19 @@ def walk(base: str, allow_outside: bool, wanted) -> tuple[list[tuple[str, str, o
             if wanted(relative):
                 entry = _file(path, base, allow_outside)
                 (refused if isinstance(entry, str) else found).append(
-                    (path, entry) if isinstance(entry, str) else (path, relative, entry))
+                    (shown(path), entry) if isinstance(entry, str) else (path, relative, entry))
     return found, refused
 
 
 def _file(path: str, base: str, allow_outside: bool) -> os.stat_result | str:
-    """The file's status, or why it is refused."""
+    """The file's status, or why it is refused: a FIFO or device is never opened (a read could
+    wait forever), a name that is not UTF-8 could not be recorded."""
+    if shown(path) != path:
+        return NOT_UTF8
     if os.path.islink(path) and not allow_outside and not inside(os.path.realpath(path), base):
         return outside_reason(base)
     try:
-        return os.stat(path)
+        status = os.stat(path)
     except OSError as error:
         return f"cannot be read: {error.strerror}"
+    return status if stat.S_ISREG(status.st_mode) else NOT_REGULAR

@@ -13,6 +13,8 @@ pass over the images.
 from __future__ import annotations
 
 import json
+import os
+import stat
 import uuid
 
 import apache_beam as beam
@@ -22,6 +24,7 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_jobs.images import Limits, Rejected, normalize
+from beam_jobs.local import NOT_REGULAR
 from beam_jobs.shards import RollingShards
 from beam_jobs.signatures import sha256
 from components.common.files import is_uri, join, write_json, write_text
@@ -80,8 +83,16 @@ def read_source(source: dict, max_bytes: int | None) -> bytes:
 
 
 def open_source(uri: str):
-    """A source file for reading: a local path literally (a name may hold `::`), a URI through fsspec."""
-    return fsspec.open(uri).open() if is_uri(uri) else open(uri, "rb")
+    """A source file for reading: a local path literally (a name may hold `::`), a URI through fsspec.
+    A local file that became a FIFO or device after listing is refused without blocking."""
+    if is_uri(uri):
+        return fsspec.open(uri).open()
+    descriptor = os.open(uri, os.O_RDONLY | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise Rejected(NOT_REGULAR)
+    os.set_blocking(descriptor, True)
+    return os.fdopen(descriptor, "rb")
 
 
 def _too_large(size: int, max_bytes: int) -> str:

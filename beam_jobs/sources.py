@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 import fsspec
 
 from beam_jobs.images import EXTENSIONS
-from beam_jobs.local import CHAINING, canonical, local_path, walk
+from beam_jobs.local import CHAINING, NOT_REGULAR, canonical, local_path, walk
 from components.common.files import filesystem, is_local, is_uri, join, protocol, uri_of
 from components.contracts.results import SpanManifest
 
@@ -138,10 +138,11 @@ def _list_manifest(fs, path: str, allow_outside: bool) -> Listing:
     sources, rejected, seen = [], [], set()
     entries = []
     for number, row in enumerate(rows, start=1):
-        given = (row.get("uri") or "").strip()
-        if not given:
-            rejected.append((Source(f"{uri_of(fs, path)}#row{number}", 0, ""), "manifest row has no uri"))
+        problem = row if isinstance(row, str) else _row_problem(row)
+        if problem:
+            rejected.append((Source(f"{uri_of(fs, path)}#row{number}", 0, ""), problem))
             continue
+        given = row["uri"].strip()
         try:
             uri, key = resolve(fs, folder, given, allow_outside)
         except ValueError as refused:
@@ -164,8 +165,8 @@ def _list_manifest(fs, path: str, allow_outside: bool) -> Listing:
     with ThreadPoolExecutor(max_workers=16) as pool:  # one metadata request per file on object stores
         infos = list(pool.map(lambda e: _info(e[0]), entries))
     for (uri, label, split, key), info in zip(entries, infos):
-        if info is None:
-            rejected.append((Source(uri, 0, ""), "not found"))
+        if isinstance(info, str):
+            rejected.append((Source(uri, 0, ""), info))
         else:
             sources.append(Source(uri, int(info["size"]), _version(info), label, split, key=key))
     return Listing(sources, rejected)
@@ -178,11 +179,14 @@ def resolve(fs, folder: str, given: str, allow_outside: bool) -> tuple[str, str]
     Raises ValueError(uri, reason) for a row that must not be read."""
     if CHAINING in given:
         raise ValueError(given, "'::' (fsspec's chaining) is not read: name one file")
-    scheme, has_scheme, _ = given.partition("://")
+    scheme, has_scheme, rest = given.partition("://")
     if has_scheme and scheme.lower() not in STORES:
         raise ValueError(given, f"scheme {scheme.lower()}:// is not read: local paths, s3:// and gs:// only")
     if has_scheme or given.startswith("/"):
-        target, path = filesystem(given)  # an absolute path is a local one, whatever the manifest's store
+        try:  # an absolute path is a local one, whatever the manifest's store; schemes in any case
+            target, path = filesystem(f"{scheme.lower()}://{rest}" if has_scheme else given)
+        except Exception as error:  # fsspec's errors for a URI it cannot parse vary by store
+            raise ValueError(given, f"cannot be read: {error}") from None
     else:
         target, path = fs, join(folder, given)
     path = os.path.realpath(path) if is_local(target) else posixpath.normpath(path)
@@ -197,27 +201,56 @@ def _store(fs) -> str:
     return "file" if is_local(fs) else STORES.get(protocol(fs), protocol(fs))
 
 
-def _read_rows(fs, path: str) -> list[dict]:
+def _row_problem(row) -> str:
+    """Why a parsed row cannot name a file, or "" when it can."""
+    if not isinstance(row, dict):
+        return f"manifest row is {type(row).__name__}, not an object with uri and label"
+    if not (row.get("uri") or "") or (isinstance(row["uri"], str) and not row["uri"].strip()):
+        return "manifest row has no uri"
+    wrong = [k for k in ("uri", "label", "split") if row.get(k) is not None and not isinstance(row[k], str)]
+    return f"manifest row's {wrong[0]} is not a string" if wrong else ""
+
+
+def _read_rows(fs, path: str) -> list[dict | str]:
+    """The manifest's rows as dicts; a row that cannot be parsed as the reason (a dead letter)."""
     text = fs.cat_file(path).decode("utf-8-sig")
     if path.lower().endswith(".jsonl"):
+        return [_json_row(line) for line in text.splitlines() if line.strip()]
+    reader, rows = csv.reader(io.StringIO(text)), []
+    while True:
         try:
-            return [json.loads(line) for line in text.splitlines() if line.strip()]
-        except json.JSONDecodeError as error:
-            raise ValueError(f"manifest {path} is not valid JSON lines: {error}") from None
-    reader = csv.reader(io.StringIO(text))
-    rows = [r for r in reader if r and any(cell.strip() for cell in r)]
-    if rows and rows[0][0].strip().lower() == "uri":
+            row = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as error:  # a field over csv's limit (128 KB), a stray NUL: this row only
+            rows.append(f"manifest line {reader.line_num} is not a CSV row: {error}")
+            continue
+        if row and any(cell.strip() for cell in row):
+            rows.append(dict(zip(("uri", "label", "split"), row)))
+    if rows and isinstance(rows[0], dict) and rows[0]["uri"].strip().lower() == "uri":
         rows = rows[1:]
-    return [dict(zip(("uri", "label", "split"), r)) for r in rows]
+    return rows
 
 
-def _info(uri: str) -> dict | None:
+def _json_row(line: str) -> dict | str:
+    try:
+        return json.loads(line)
+    except (ValueError, RecursionError) as error:  # RecursionError: nesting deeper than the parser goes
+        return f"manifest row is not valid JSON: {str(error)[:200] or type(error).__name__}"
+
+
+def _info(uri: str) -> dict | str:
+    """The file's metadata, or why it is refused before it is ever opened."""
     fs, path = filesystem(uri) if is_uri(uri) else (LOCAL, uri)  # a local path is literal: no chaining
     try:
         info = fs.info(path)
     except FileNotFoundError:
-        return None
-    return info if info.get("type") != "directory" else None
+        return "not found"
+    except OSError as error:
+        return f"cannot be read: {error.strerror or error}"
+    if info.get("type") == "directory":
+        return "not found"
+    return info if info.get("type") == "file" else NOT_REGULAR
 
 
 def _version(info: dict) -> str:

@@ -17,6 +17,12 @@ from tests.beam_jobs import images
 from tests.waiting import wait_for
 
 IN_MEMORY = ["--direct_running_mode=in_memory"]
+# The ingest program, except that reading a file named stuck.jpg never ends.
+HANGS_ON_STUCK = """import sys, time
+from beam_jobs import ingest, pipeline
+read = pipeline.read_source
+pipeline.read_source = lambda s, m: time.sleep(3600) if s["uri"].endswith("stuck.jpg") else read(s, m)
+sys.exit(ingest.run(sys.argv[1:]))"""
 
 
 def ingest(source, root, *extra, capsys=None):
@@ -142,9 +148,9 @@ def test_a_killed_job_publishes_nothing_and_the_rerun_cleans_up(tmp_path):
     (source / "cat").mkdir(parents=True)
     for i in range(40):
         (source / "cat" / f"{i:02d}.jpg").write_bytes(images.rgb_jpeg(seed=i))
-    os.mkfifo(source / "cat" / "stuck.jpg")  # a read that never ends: the job hangs mid-way
+    (source / "cat" / "stuck.jpg").write_bytes(images.rgb_jpeg(seed=99))  # its read never ends: the job hangs
     spans = root / "data" / "spans"
-    job = subprocess.Popen([sys.executable, "-m", "beam_jobs.ingest", str(source), "--root", str(root)],
+    job = subprocess.Popen([sys.executable, "-c", HANGS_ON_STUCK, str(source), "--root", str(root)],
                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for(lambda: list(spans.glob("_staging-*/*.part")), "the job to start writing", every=0.05)
@@ -153,8 +159,6 @@ def test_a_killed_job_publishes_nothing_and_the_rerun_cleans_up(tmp_path):
         job.wait()
     assert Root(str(root)).manifests() == []
 
-    (source / "cat" / "stuck.jpg").unlink()
-    (source / "cat" / "stuck.jpg").write_bytes(images.rgb_jpeg(seed=99))
     (spans / "span-00001").mkdir()  # as if killed while publishing, before the manifest
     (spans / "span-00001" / "train-00000-of-00001.tfrecord.gz").write_bytes(b"partial")
     result = subprocess.run([sys.executable, "-m", "beam_jobs.ingest", str(source), "--root", str(root), "--json"],

@@ -13,6 +13,7 @@ from beam_jobs.ingest import run
 from components.contracts import schema
 from components.contracts.layout import MANIFEST
 from tests.beam_jobs import images
+from tests.beam_jobs.test_ingest import HANGS_ON_STUCK
 from tests.waiting import wait_for
 
 
@@ -72,8 +73,8 @@ def test_a_second_ingest_into_a_bucket_is_refused_while_the_first_runs(s3_bucket
     (source / "cat").mkdir(parents=True)
     for i in range(3):
         (source / "cat" / f"{i}.jpg").write_bytes(images.rgb_jpeg(seed=i))
-    os.mkfifo(source / "cat" / "stuck.jpg")  # a read that never ends: the first job holds the lease meanwhile
-    first = subprocess.Popen([sys.executable, "-m", "beam_jobs.ingest", str(source), "--root", root],
+    (source / "cat" / "stuck.jpg").write_bytes(images.rgb_jpeg(seed=9))  # its read never ends: the job holds the lease
+    first = subprocess.Popen([sys.executable, "-c", HANGS_ON_STUCK, str(source), "--root", root],
                              start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     fs = fsspec.filesystem("s3")
     try:
@@ -82,7 +83,7 @@ def test_a_second_ingest_into_a_bucket_is_refused_while_the_first_runs(s3_bucket
         staging = fs.glob(f"{root}/data/spans/_staging-*")
         assert len(staging) == 1, "the first job never staged its list"
 
-        # In a child with a timeout: an ingest that is not refused would wait on the FIFO too.
+        # In a child with a timeout, should an ingest that is not refused hang too.
         second = subprocess.run([sys.executable, "-m", "beam_jobs.ingest", str(source), "--root", root, "--json"],
                                 capture_output=True, text=True, timeout=60)
         assert second.returncode == 1
