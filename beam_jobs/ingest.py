@@ -32,6 +32,7 @@ from beam_jobs.duplicates import Findings, settle
 from beam_jobs.pipeline import STAGED_DEAD_LETTERS, STAGED_SHARDS, build
 from beam_jobs.sources import Source, identities, known, list_source
 from beam_jobs.statistics import label_conflicts, write_statistics
+from beam_jobs.unchanged import without_unchanged
 from components.common import clock
 from components.common.content_index import write_index
 from components.common.files import filesystem, join, read_json, write_json, write_text
@@ -85,9 +86,11 @@ def _ingest(config: IngestConfig, pipeline_args: list[str], root: Root, started:
     published = identities(manifests)
     fresh = [s for s in listing.sources if known(s) not in published]
     refused = [(s, reason) for s, reason in listing.rejected if known(s) not in published]
+    fresh, unchanged = without_unchanged(fresh, manifests, root)
     if not fresh and not refused:
-        return IngestSummary(published=False, span=None, new_sources=0, removed_debris=removed,
-                             message=f"nothing new in {config.source}: every file is already in a published span")
+        touched = f" ({unchanged} with a new version but the same content, recognised by content)" if unchanged else ""
+        return IngestSummary(published=False, span=None, new_sources=0, removed_debris=removed, unchanged=unchanged,
+                             message=f"nothing new in {config.source}: every file is already in a published span{touched}")
 
     labels = extended_labels(root, manifests, fresh)
     staging = join(root.spans, f"{STAGING_PREFIX}{uuid.uuid4().hex[:12]}")
@@ -122,6 +125,7 @@ def _ingest(config: IngestConfig, pipeline_args: list[str], root: Root, started:
         dead_letters=dead[:20],
         dead_letter_uri=root.dead_letter(number),
         removed_debris=removed,
+        unchanged=unchanged,
         duplicates=copies,
         anomalies=manifest.anomalies,
         near_duplicates=findings.near,
@@ -298,6 +302,8 @@ def _describe(summary: dict) -> str:
     text = (f"{os.path.basename(summary['span_uri'])}: {counts['train']:,} train + {counts['eval']:,} eval "
             f"records in {summary['shards']} shards; {summary['new_sources']:,} new files in "
             f"{summary['seconds']:,.1f} s ({summary['images_per_sec'] or 0:,.0f} images/s)")
+    if summary.get("unchanged"):
+        text += f"\n{summary['unchanged']} files with a new version but published content were not new (recognised by content)"
     if counts.get("duplicates"):
         text += f"\n{counts['duplicates']} copies of images already published or listed twice were kept out"
     near = summary.get("near_duplicates") or {}

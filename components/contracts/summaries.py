@@ -75,6 +75,7 @@ class IngestSummary(Summary):
     images_per_sec: float | None = None
     dead_letters: list[DeadLetter] | None = None  # the first 20
     dead_letter_uri: str | None = None
+    unchanged: int | None = None  # files with a new version (mtime, ETag) but published content: not new
     duplicates: int | None = None  # exact copies kept out (also in dead_letters, not counted as bad)
     anomalies: list[Anomaly] | None = None
     near_duplicates: NearDuplicates | None = None  # reported, not dropped

@@ -120,7 +120,7 @@ def test_a_rerun_publishes_nothing_and_new_files_make_a_new_span(tmp_path, capsy
     assert manifest["labels"] == ["cat", "ant"]  # appended: cat keeps id 0
     assert sorted((r[schema.TEXT], r[schema.LABEL]) for r in records(root, manifest)) == [("ant", 1), ("cat", 0)]
 
-    os.utime(source / "cat" / "0.jpg", (1, 1))  # a changed file is new again
+    (source / "cat" / "0.jpg").write_bytes(images.rgb_jpeg(seed=7))  # a changed file is new again
     assert ingest(source, root, *IN_MEMORY, capsys=capsys)[1]["new_sources"] == 1
 
 
