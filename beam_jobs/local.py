@@ -7,6 +7,7 @@ taken literally: `::` in a file's name is part of the name, never fsspec's chain
 """
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from functools import lru_cache
@@ -16,6 +17,7 @@ from components.common.files import is_uri
 CHAINING = "::"  # fsspec reads `a::b` as "a, through b": never on a source's or a row's say-so
 LOCAL_SCHEMES = ("file", "local")
 NOT_REGULAR = "not a regular file (a FIFO, socket or device): never opened"
+TOO_LONG = "path longer than the system allows (PATH_MAX 4096): nothing below this folder is read"
 NOT_UTF8 = "file name is not valid UTF-8 (shown with \\x escapes): rename it to ingest it"
 
 
@@ -64,7 +66,8 @@ def walk(base: str, allow_outside: bool, wanted) -> tuple[list[tuple[str, str, o
     found, refused, seen = [], [], {base}
 
     def failed(error: OSError) -> None:
-        refused.append((shown(error.filename or base), f"cannot be listed: {error.strerror}"))
+        too_long = error.errno == errno.ENAMETOOLONG
+        refused.append((shown(error.filename or base), TOO_LONG if too_long else f"cannot be listed: {error.strerror}"))
 
     for folder, dirs, files in os.walk(base, onerror=failed, followlinks=True):
         keep = []
