@@ -67,9 +67,10 @@ def run(args: argparse.Namespace) -> int:
         summary = state.result()
     else:
         summary = _failed_summary(args.root, run_id, state)
-        print(f"stoke run: error: {summary['message']}", file=sys.stderr, flush=True)
+        print(f"stoke run: error: {printable(str(summary['message']))}", file=sys.stderr, flush=True)
     summary.setdefault("model_name", args.model_name)
-    print(json.dumps(summary, sort_keys=True, default=str) if args.json else _describe(summary), flush=True)
+    print(json.dumps(summary, sort_keys=True, default=str) if args.json else _describe(printable(summary)),
+          flush=True)
     return 0 if state.is_completed() else 1
 
 
