@@ -9,28 +9,26 @@ With a size limit, a larger image is shrunk here, once, instead of on every epoc
 at the smallest DCT scale (1/2, 1/4, 1/8) that still covers 80% of the limit, so libjpeg skips
 most of the inverse DCT, and a resize takes it the rest of the way when it is still too large.
 A pixel cap, checked against the header before any pixel is decoded, keeps a small file that
-declares a huge image (a decompression bomb) from taking gigabytes and seconds of CPU.
+declares a huge image (a decompression bomb) from taking gigabytes and seconds of CPU; containers
+that hide their image's size (ICO, CUR) are refused (components/common/image_header.py).
 """
 from __future__ import annotations
 
 import io
 import math
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageOps
 
 from beam_jobs.signatures import Pixels, pixels_of
+from components.common.image_header import ImageRefused, open_image
 
 EXTENSIONS = frozenset({".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".gif", ".bmp", ".tif", ".tiff", ".webp"})
 LOSSY = frozenset({"JPEG", "MPO", "WEBP"})
 ORIENTATION = 0x0112  # EXIF tag; TensorFlow's decoders ignore it, so rotated photos are re-encoded
 PNG_RGB8 = (8, 2)  # IHDR bit depth and colour type of plain 8-bit truecolour
 SHORTFALL = 0.8  # a JPEG shrunk by DCT scaling alone may end this far below the size limit
-
-# PIL warns past 89 MP on open; the pixel cap below turns such images into dead letters instead.
-warnings.simplefilter("ignore", Image.DecompressionBombWarning)
 
 
 class Rejected(Exception):
@@ -68,12 +66,9 @@ def normalize(data: bytes, max_side: int | None = None, max_pixels: int | None =
         raise Rejected("empty file")
     kind = "image"
     try:
-        image = Image.open(io.BytesIO(data))
+        image = open_image(data, max_pixels)  # formats and pixels from the header, before decoding
         kind = image.format
         width, height = image.size
-        if max_pixels and width * height > max_pixels:
-            raise Rejected(f"too many pixels to decode safely: {width}x{height} is {width * height / 1e6:,.0f} MP, "
-                           f"more than the limit of {max_pixels / 1e6:g} MP (--max-megapixels)")
         oversize = bool(max_side) and max(width, height) > max_side
         if _decodes_to_rgb8(data, image) and not oversize:
             _verify(image)
@@ -82,8 +77,8 @@ def normalize(data: bytes, max_side: int | None = None, max_pixels: int | None =
         pixels = _to_rgb(image, max_side)
     except Rejected:
         raise
-    except UnidentifiedImageError:
-        raise Rejected("not an image: no known image format in the file") from None
+    except ImageRefused as refused:
+        raise Rejected(str(refused)) from None
     except Image.DecompressionBombError as error:
         raise Rejected(f"too large to decode safely: {error}") from None
     except Exception as error:  # PIL raises many types for damaged files; all mean the same here.

@@ -18,10 +18,13 @@ import time
 import urllib.parse
 import urllib.request
 
+from pydantic import ValidationError
+
 from components.common import processes
 from components.common.files import exists, is_uri, read_json
-from components.contracts.config import add_arguments, from_arguments
+from components.contracts.config import add_arguments, check_model_name, from_arguments
 from components.contracts.layout import Root, new_run_id
+from components.contracts.program import BAD_SETTINGS, printable, settings_message
 from flows import parameters as p
 
 SERVER_START_SECONDS = 120
@@ -49,15 +52,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Runs the train flow once and prints its summary; exit 0 also when the model was refused."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    try:
+        run_id, settings = _checked(args)
+    except ValueError as error:
+        print(f"stoke run: error: {printable(str(error))}", file=sys.stderr, flush=True)
+        return BAD_SETTINGS
     from flows.train import train
 
-    run_id = args.run_id or new_run_id()
-    try:
-        Root(args.root).run(run_id)
-    except ValueError as error:
-        print(f"stoke run: error: --run-id: {error}", file=sys.stderr, flush=True)
-        return 2
-    settings = {name: from_arguments(model, args) for name, model in p.SETTINGS.items()}
     if not args.run_preflight:
         settings["preflight"] = None
     state = train(source=args.source, root=args.root, run_id=run_id, model_name=args.model_name,
@@ -66,10 +67,26 @@ def run(args: argparse.Namespace) -> int:
         summary = state.result()
     else:
         summary = _failed_summary(args.root, run_id, state)
-        print(f"stoke run: error: {summary['message']}", file=sys.stderr, flush=True)
+        print(f"stoke run: error: {printable(str(summary['message']))}", file=sys.stderr, flush=True)
     summary.setdefault("model_name", args.model_name)
-    print(json.dumps(summary, sort_keys=True, default=str) if args.json else _describe(summary), flush=True)
+    print(json.dumps(summary, sort_keys=True, default=str) if args.json else _describe(printable(summary)),
+          flush=True)
     return 0 if state.is_completed() else 1
+
+
+def _checked(args: argparse.Namespace) -> tuple[str, dict]:
+    """The run id and every stage's settings, checked before anything runs or is written."""
+    run_id = args.run_id or new_run_id()
+    for flag, check in (("--run-id", lambda: Root(args.root).run(run_id)),
+                        ("--model-name", lambda: check_model_name(args.model_name))):
+        try:
+            check()
+        except ValueError as error:
+            raise ValueError(f"{flag}: {error}") from None
+    try:
+        return run_id, {name: from_arguments(model, args) for name, model in p.SETTINGS.items()}
+    except ValidationError as error:
+        raise ValueError(settings_message(error)) from None
 
 
 def _failed_summary(root: str, run_id: str, state) -> dict:

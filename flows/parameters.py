@@ -14,6 +14,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, create_model
 
+from components.contracts.config import SETTINGS_CONFIG
 from components.contracts.stages import STAGES, Stage
 
 # The demo's data and artifact ROOT, relative to where `make run` runs.
@@ -25,7 +26,7 @@ def settings_model(of: Stage) -> type[BaseModel]:
     """The stage's settings without the fields the flow decides; validation kept."""
     fields = {key: (field.annotation, copy.copy(field)) for key, field in of.settings.model_fields.items()
               if key not in of.flow_decides}
-    return create_model(f"{of.name.title()}Settings", __config__=ConfigDict(extra="forbid", protected_namespaces=()),
+    return create_model(f"{of.name.title()}Settings", __config__=SETTINGS_CONFIG,
                         __doc__=of.settings.__doc__, **fields)
 
 
@@ -34,7 +35,7 @@ def timeouts_model(stages: tuple[Stage, ...] = STAGES) -> type[BaseModel]:
     fields = {s.name: (float, Field(s.timeout_minutes, gt=0, description=f"minutes for {s.name}",
                                     validation_alias=AliasChoices(s.name, *s.aliases)))
               for s in stages if s.timeout_minutes is not None}
-    return create_model("Timeouts", __config__=ConfigDict(extra="forbid", populate_by_name=True),
+    return create_model("Timeouts", __config__=ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False),
                         __doc__="Minutes each stage program may run before it is stopped (SIGTERM, then SIGKILL).",
                         **fields)
 

@@ -23,7 +23,7 @@ from pydantic import BaseModel
 
 from components.common import processes
 from components.contracts.config import option
-from components.contracts.program import printable
+from components.contracts.program import escape_logs, printable
 from components.contracts.results import ResultError
 from components.contracts.summaries import Progress, event
 
@@ -31,12 +31,16 @@ from components.contracts.summaries import Progress, event
 KILL_GRACE_SECONDS = 10.0
 TAIL_LINES = 20
 
+# File names reach every log line of a run (a stage's command line, a source in a message): Prefect's
+# run loggers escape control and format characters in every message, whoever logs it.
+escape_logs("prefect.flow_runs", "prefect.task_runs")
+
 
 class StageError(RuntimeError):
     """A stage program that failed, timed out or printed no summary; the message says which."""
 
     def __init__(self, message: str, summary: dict | None = None, timed_out: bool = False):
-        super().__init__(message)
+        super().__init__(printable(message))  # shown by Prefect's state messages and tracebacks
         self.summary, self.timed_out = summary, timed_out
 
 

@@ -25,6 +25,7 @@ from prefect.runtime import flow_run
 
 from components.common.files import exists, filesystem, read_json
 from components.contracts import results, summaries
+from components.contracts.config import check_model_name
 from components.contracts.layout import Root, RunDir, new_run_id
 from components.contracts.stages import Stage, stage
 from flows.parameters import (
@@ -71,6 +72,7 @@ def train(
 ) -> dict:
     """Turns what is new in SOURCE into a span, trains on every span, and pushes a blessed model.
     `preflight: null` skips the machine checks."""
+    check_model_name(model_name)  # before anything is ingested or trained, as the run id below
     run = Root(root).run(run_id or flow_run_id())
     get_run_logger().info("run %s: %s -> %s", run.run_id, source, run.uri)
     ensure_gpu_limit()

@@ -21,8 +21,11 @@ from prefect.states import Failed
 
 from beam_jobs.sources import identities, known, list_source
 from components.contracts.layout import Root
+from components.contracts.program import escape_logs
 from components.contracts.results import ResultError
 from flows.parameters import DEMO_ROOT, DEMO_SOURCE
+
+escape_logs("prefect.flow_runs", "prefect.task_runs")  # bucket and file names in every message
 
 EVENT = "stoke.data.arrived"
 TRAIN_FLOW = "train"

@@ -8,6 +8,7 @@ import http.client
 import json
 import shutil
 import subprocess
+import time
 import urllib.error
 import urllib.request
 
@@ -50,10 +51,11 @@ def rest_predict(url: str, images: list[bytes], timeout: float = 60.0) -> list[d
     """POSTs to `<model url>:predict` and returns one dict per image (TF Serving's row format)."""
     request = urllib.request.Request(url.rstrip("/") + ":predict", data=json.dumps(rest_body(images)).encode(),
                                      headers={"Content-Type": "application/json"}, method="POST")
+    deadline = time.monotonic() + timeout  # for the whole answer: a server dripping bytes cannot outlast it
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             content_type = response.headers.get_content_type()
-            data = response.read(MAX_ANSWER_BYTES + 1)
+            data = _read_until(response, deadline, url, timeout)
     except urllib.error.HTTPError as exc:
         detail = _snippet(exc.read(64 << 10))
         try:
@@ -63,6 +65,8 @@ def rest_predict(url: str, images: list[bytes], timeout: float = 60.0) -> list[d
         raise PredictError(f"{url} answered {exc.code}: {_snippet(detail.encode())}") from None
     except http.client.HTTPException as exc:
         raise PredictError(f"{url} sent something that is not an HTTP answer ({type(exc).__name__})") from None
+    except TimeoutError:
+        raise PredictError(f"{url} did not answer within {timeout:g} s") from None
     except (urllib.error.URLError, OSError) as exc:
         raise PredictError(f"cannot reach {url}: {getattr(exc, 'reason', exc)}") from None
     if len(data) > MAX_ANSWER_BYTES:
@@ -70,7 +74,7 @@ def rest_predict(url: str, images: list[bytes], timeout: float = 60.0) -> list[d
                            "for these images; is it a TF Serving model URL?")
     try:
         answer = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: JSON nested deeper than Python recurses
         raise PredictError(f"{url} answered something that is not JSON ({content_type}): {_snippet(data)}") from None
     predictions = answer.get("predictions") if isinstance(answer, dict) else None
     if not isinstance(predictions, list) or len(predictions) != len(images):
@@ -80,6 +84,29 @@ def rest_predict(url: str, images: list[bytes], timeout: float = 60.0) -> list[d
             raise PredictError(f"{url} answered predictions in an unexpected form (want probabilities, class_ids "
                                f"and labels per image): {_snippet(json.dumps(row).encode())}")
     return predictions
+
+
+def _read_until(response, deadline: float, url: str, timeout: float) -> bytes:
+    """The answer's body, at most MAX_ANSWER_BYTES + 1 of it, read by the deadline: each read waits
+    at most what is left of it, so the whole answer takes at most `timeout` after the request."""
+    chunks, size = [], 0
+    while size <= MAX_ANSWER_BYTES:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise PredictError(f"{url} did not answer within {timeout:g} s")
+        _socket_timeout(response, left)
+        chunk = response.read1(min(1 << 20, MAX_ANSWER_BYTES + 1 - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def _socket_timeout(response, seconds: float) -> None:
+    sock = getattr(getattr(response.fp, "raw", None), "_sock", None)
+    if sock is not None:
+        sock.settimeout(seconds)
 
 
 def _is_row(row) -> bool:

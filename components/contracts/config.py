@@ -36,10 +36,23 @@ def check_run_id(run_id: str) -> str:
 RunId = Annotated[str, AfterValidator(check_run_id)]
 
 
+def check_model_name(name: str) -> str:
+    if not isinstance(name, str) or not re.fullmatch(MODEL_NAME_PATTERN, name):
+        raise ValueError(f"bad model name {name!r}: letters, digits, '_' and '-' only (1 to 64)")
+    return name
+
+
+ServedModelName = Annotated[str, AfterValidator(check_model_name)]
+
+# Every settings model refuses inf and nan: a number that can never be reached (`--shard-mb inf`)
+# would otherwise pass `gt=0` and fail late, deep in Beam or Keras, instead of as a setting.
+SETTINGS_CONFIG = ConfigDict(extra="forbid", protected_namespaces=(), allow_inf_nan=False)
+
+
 class IngestConfig(BaseModel):
     """Raw images to a new span of sharded TFRecords."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = SETTINGS_CONFIG
 
     source: str = Field(
         description="folder of class subfolders, or a CSV/JSONL manifest of uri,label[,split]; "
@@ -47,19 +60,20 @@ class IngestConfig(BaseModel):
     )
     root: str = Field(description="artifact ROOT: local path or fsspec URI")
     eval_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="share of sources for eval, by path hash")
-    shard_mb: float = Field(128.0, gt=0, description="target size of one shard file in MB")
+    # Upper bounds far beyond any real use, so a typo or 1e308 is a settings error, not a Beam one.
+    shard_mb: float = Field(128.0, gt=0, le=16384, description="target size of one shard file in MB")
     max_side: int = Field(
-        512, ge=0, description="shrink images whose longer side is larger, once, on ingest (JPEG by DCT scaling); "
+        512, ge=0, le=65535, description="shrink images whose longer side is larger, once, on ingest (JPEG by DCT scaling); "
         "0 keeps full size. 512 suits training at up to about 320 px; raise it for a larger --image-size")
     max_megapixels: float = Field(
-        schema.MAX_MEGAPIXELS, gt=0, description="set aside images with more pixels than this, read from the header before "
-        "decoding (a small file can declare a huge image)")
-    max_file_mb: float = Field(64.0, gt=0, description="set aside source files larger than this, unread")
+        schema.MAX_MEGAPIXELS, gt=0, le=10000, description="set aside images with more pixels than this, read from "
+        "the header before decoding (a small file can declare a huge image)")
+    max_file_mb: float = Field(64.0, gt=0, le=16384, description="set aside source files larger than this, unread")
     max_bad_fraction: float = Field(
         0.05, ge=0.0, le=1.0, description="fail, publishing nothing, when more sources than this are bad"
     )
     blank_std: float = Field(
-        2.0, ge=0.0, description="set aside images whose grey level (0-255) has a standard deviation below this, "
+        2.0, ge=0.0, le=255.0, description="set aside images whose grey level (0-255) has a standard deviation below this, "
         "such as a dead camera's blank frames; 0 keeps them")
     compression: Literal["gzip", "zlib", "none"] = Field("gzip", description="codec of the shard files")
     allow_outside_source: bool = Field(
@@ -70,7 +84,7 @@ class IngestConfig(BaseModel):
 class DataCheckConfig(BaseModel):
     """A new span's statistics against the published history: errors quarantine the span."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = SETTINGS_CONFIG
 
     root: str = Field(description="artifact ROOT: local path or fsspec URI")
     span: int | None = Field(None, gt=0, description="span to check (default: the newest published)")
@@ -149,7 +163,7 @@ PRESETS: dict[str, dict] = {
 class TrainConfig(BaseModel):
     """Published spans to a candidate SavedModel: tf.data input, Keras under a tf.distribute strategy."""
 
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    model_config = SETTINGS_CONFIG
 
     root: str = Field(description="artifact ROOT: local path or a URI TensorFlow reads (gs://)")
     preset: PresetName = Field(
@@ -206,11 +220,11 @@ class TrainConfig(BaseModel):
 class GateConfig(BaseModel):
     """The gate: TFMA on the run's eval split, against the newest served version, plus a serving check."""
 
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    model_config = SETTINGS_CONFIG
 
     root: str = Field(description="artifact ROOT: local path or fsspec URI")
     run_id: RunId = Field(description="run folder under ROOT/runs holding the candidate")
-    model_name: str = Field("stoke", pattern=MODEL_NAME_PATTERN, description="model in ROOT/models to compare against")
+    model_name: ServedModelName = Field("stoke", description="model in ROOT/models to compare against")
     min_accuracy: float | None = Field(
         None, ge=0.0, le=1.0, description="lowest accuracy to bless (default: must beat the eval split's majority-class rate)")
     max_regression: float = Field(
@@ -229,11 +243,11 @@ class GateConfig(BaseModel):
 class PushConfig(BaseModel):
     """A blessed candidate into the TF Serving model repository, plus the serving image build context."""
 
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    model_config = SETTINGS_CONFIG
 
     root: str = Field(description="artifact ROOT: local path or fsspec URI")
     run_id: RunId = Field(description="run folder under ROOT/runs holding the blessed candidate")
-    model_name: str = Field("stoke", pattern=MODEL_NAME_PATTERN, description="model name in ROOT/models and TF Serving")
+    model_name: ServedModelName = Field("stoke", description="model name in ROOT/models and TF Serving")
     keep: int = Field(3, gt=0, description="newest versions kept in the repository (older ones are retired)")
     build_image: bool = Field(True, description="build the serving image when a container engine answers")
 
@@ -241,7 +255,7 @@ class PushConfig(BaseModel):
 class PreflightConfig(BaseModel):
     """Preflight (`stoke preflight`): the machine, checked before any GPU hour is spent."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = SETTINGS_CONFIG
 
     root: str = Field(description="artifact ROOT: local path or fsspec URI")
     source: str | None = Field(None, description="raw image source; its disk is checked too when local")

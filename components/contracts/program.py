@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import unicodedata
 from collections.abc import Callable
@@ -53,7 +54,7 @@ def progress_printer(as_json: bool) -> Callable[[Progress], None]:
             sys.stdout.write(json.dumps(event.to_json(), sort_keys=True) + "\n")
             sys.stdout.flush()
         else:
-            print(event.describe(), file=sys.stderr, flush=True)
+            print(printable(event.describe()), file=sys.stderr, flush=True)
 
     return show
 
@@ -75,13 +76,29 @@ def printable(value):
 _HIDDEN = {"Cc", "Cf", "Zl", "Zp"}  # control, format (e.g. U+202E), line and paragraph separators
 
 
+class PrintableLogs(logging.Filter):
+    """Escapes every record's message (`printable`) before any handler sees it: console, file or a
+    Prefect API handler. Tracebacks, formatted by handlers, are left as they are."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = printable(record.getMessage()), ()
+        return True
+
+
+def escape_logs(*names: str) -> None:
+    """Installs PrintableLogs on the loggers `names` (once each)."""
+    for name in names:
+        if not any(isinstance(f, PrintableLogs) for f in logging.getLogger(name).filters):
+            logging.getLogger(name).addFilter(PrintableLogs())
+
+
 def settings_message(error: ValidationError) -> str:
     """`--eval-fraction: Input should be less than 1` for each rejected setting."""
     return "; ".join(f"{option('-'.join(map(str, e['loc'])))}: {e['msg']}" for e in error.errors())
 
 
 def _fail(prog: str, as_json: bool, message: str, failed: Result | None, code: int) -> int:
-    print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+    print(f"{prog}: error: {printable(message)}", file=sys.stderr, flush=True)
     if as_json:
         summary = type(failed).model_validate({**failed.to_json(), "error": message}).to_json() if failed else {
             "error": message}

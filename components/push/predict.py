@@ -7,25 +7,26 @@ Serving model URL such as http://host:8501/v1/models/stoke (optionally .../versi
 """
 from __future__ import annotations
 
-import io
 import posixpath
 import sys
 
 from components.common.files import filesystem
+from components.common.image_header import ImageRefused, open_image
 from components.common.serving import PredictError, rest_predict
 from components.contracts import program
-from components.contracts.schema import SERVING_INPUT, SERVING_SIGNATURE
+from components.contracts.schema import MAX_MEGAPIXELS, SERVING_INPUT, SERVING_SIGNATURE
 
 
 def check_image(name: str, data: bytes) -> None:
-    """Fails with a clear message unless `data` decodes as an image."""
-    from PIL import Image, UnidentifiedImageError
-
+    """Fails with a clear message unless `data` decodes as an image that the serving signature
+    takes: an accepted format with at most MAX_MEGAPIXELS, both read from the header first."""
     try:
-        with Image.open(io.BytesIO(data)) as image:
+        image = open_image(data, int(MAX_MEGAPIXELS * 1e6))
+    except ImageRefused as refused:
+        raise PredictError(f"{name} is not a readable image ({refused})") from None
+    try:
+        with image:
             image.load()
-    except UnidentifiedImageError:
-        raise PredictError(f"{name} is not a readable image (unknown or corrupt format)") from None
     except (OSError, ValueError, SyntaxError) as exc:
         raise PredictError(f"{name} is not a readable image ({exc})") from None
 

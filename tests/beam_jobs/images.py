@@ -139,3 +139,38 @@ BROKEN = {
     "truncated.png": truncated_png,
     "text.jpg": not_an_image,
 }
+
+
+def jpeg_declaring(width: int, height: int) -> bytes:
+    """A small JPEG whose SOF header declares width x height."""
+    data = bytearray(rgb_jpeg())
+    sof = data.index(b"\xff\xc0")
+    data[sof + 5:sof + 9] = struct.pack(">HH", height, width)
+    return bytes(data)
+
+
+def icon(inner: bytes, kind: int = 1) -> bytes:
+    """An ICO (kind 1) or CUR (kind 2) whose one directory entry says 256x256 and embeds `inner`
+    (a PNG or a BMP) as it is: the header says nothing of the inner image's size."""
+    header = struct.pack("<HHH", 0, kind, 1)
+    entry = struct.pack("<BBBBHHII", 0, 0, 0, 0, 1, 32, len(inner), 6 + 16)
+    return header + entry + inner
+
+
+def sparse_png(width: int, height: int) -> bytes:
+    """A real, whole 1-bit PNG of width x height: a few KB that decode to width x height pixels."""
+    return encode(Image.new("1", (width, height)), "PNG")
+
+
+def gif_wider_than_its_screen(width: int, height: int) -> bytes:
+    """A GIF whose logical screen says 16x16 and whose first frame is width x height."""
+    data = bytearray(encode(Image.new("P", (width, height)), "GIF"))
+    data[6:10] = struct.pack("<HH", 16, 16)
+    return bytes(data)
+
+
+def with_a_huge_second_frame(fmt: str, width: int, height: int) -> bytes:
+    """A small first frame (TIFF page, MPO picture, GIF/WebP/APNG frame) and a huge second one."""
+    mode = "RGB" if fmt in ("MPO", "WEBP", "PNG") else "1"
+    first = Image.fromarray(pixels(24, 32))
+    return encode(first, fmt, save_all=True, append_images=[Image.new(mode, (width, height))])

@@ -6,6 +6,7 @@ import http.server
 import json
 import socket
 import threading
+import time
 
 import pytest
 
@@ -21,6 +22,16 @@ class OddServer(http.server.BaseHTTPRequestHandler):
     def do_POST(self):
         self.rfile.read(int(self.headers["Content-Length"]))
         kind = self.path.split("/")[1]
+        if kind == "drip":  # one byte at a time, each well within the timeout, never the whole answer
+            self._head(200, "application/json", 1000)
+            try:
+                for _ in range(1000):
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
+                    time.sleep(0.2)
+            except OSError:
+                pass
+            return
         if kind == "huge":  # claims and streams far more than any predict answer
             self._head(200, "application/json", 1 << 30)
             chunk = b"[" * (1 << 20)
@@ -35,6 +46,8 @@ class OddServer(http.server.BaseHTTPRequestHandler):
             "html": (200, "text/html", HTML),
             "html-error": (502, "text/html", HTML),
             "list": (200, "application/json", b"[1, 2, 3]"),
+            "deep": (200, "application/json", b"[" * 50_000 + b"]" * 50_000),
+            "deep-object": (200, "application/json", b'{"a":' * 50_000 + b"1" + b"}" * 50_000),
             "rows": (200, "application/json", json.dumps({"predictions": [{"probabilities": "high"}]}).encode()),
         }[kind]
         self._head(status, kind_type, len(body))
@@ -77,6 +90,8 @@ def _error_line(capsys, argv: list[str]) -> tuple[str, str]:
     ("html", "not JSON (text/html)"),
     ("html-error", "answered 502"),
     ("list", "without one prediction per image"),
+    ("deep", "not JSON"),
+    ("deep-object", "not JSON"),
     ("rows", "unexpected form"),
     ("huge", "larger than"),
 ])
@@ -102,3 +117,21 @@ def test_a_server_that_does_not_speak_http(image, capsys):
     finally:
         listener.close()
     assert "not an HTTP answer" in error
+
+
+def test_a_dripping_server_cannot_outlast_the_deadline(odd_server, image):
+    from components.common.serving import PredictError, rest_predict
+
+    started = time.monotonic()
+    with pytest.raises(PredictError, match="did not answer within 1 s"):
+        rest_predict(f"{odd_server}/drip/v1/models/stoke", [b"x"], timeout=1.0)
+    assert time.monotonic() - started < 3
+
+
+def test_a_silent_server_is_a_timeout_line(image, capsys):
+    with socket.socket() as silent:  # accepts (backlog) but never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        from components.common import serving
+        with pytest.raises(serving.PredictError, match="did not answer within 0.5 s"):
+            serving.rest_predict(f"http://127.0.0.1:{silent.getsockname()[1]}/v1/models/stoke", [b"x"], timeout=0.5)
