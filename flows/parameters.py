@@ -110,6 +110,47 @@ def read_beam_args(path: str) -> str:
     return " ".join(shlex.quote(line) for line in lines)
 
 
+# The job variables a flow run may set (work pools): names and labels of what the worker creates,
+# its output, how long it waits, and the GPUs a Kubernetes job asks for (bounded by the pool).
+# Everything else (command, env, working_dir, image, volumes, networks, service account, the job
+# manifest...) belongs to the deployment: `stoke deploy` fixes it in the pool's base job template
+# (flows/work_pools.py lock_template), and the flow refuses a run that tries to set it.
+OPEN_VARIABLES = frozenset({"name", "labels", "stream_output", "gpus", "finished_job_ttl",
+                            "job_watch_timeout_seconds", "pod_watch_timeout_seconds", "auto_remove"})
+
+
+def check_job_variables(variables: dict) -> None:
+    """Refuses a flow run created with job variables outside OPEN_VARIABLES."""
+    locked = sorted(set(variables or {}) - OPEN_VARIABLES)
+    if locked:
+        raise ValueError(f"this run sets the job variables {', '.join(locked)}, which belong to the deployment "
+                         "(command, env, image, mounts and accounts are fixed by `stoke deploy`); a run may set "
+                         f"only {', '.join(sorted(OPEN_VARIABLES))}")
+
+
+def run_job_variables() -> dict:
+    """The job variables the running flow run was created with; {} outside a flow run."""
+    from prefect import get_client
+    from prefect.runtime import flow_run
+
+    if not flow_run.id:
+        return {}
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(flow_run.id).job_variables or {}
+
+
 def deployment_beam_args() -> list[str]:
-    """The deployment's Beam options, from the environment of the process running the flow."""
-    return shlex.split(os.environ.get(BEAM_ARGS_ENV, ""))
+    """The deployment's Beam options: those `stoke deploy` registered with the deployment (its `env`
+    job variable, which a run cannot change and the locked pool does not pass on), else those in the
+    environment of the process running the flow (`stoke up`'s, or the worker's)."""
+    return shlex.split(_registered_env().get(BEAM_ARGS_ENV) or os.environ.get(BEAM_ARGS_ENV, ""))
+
+
+def _registered_env() -> dict:
+    from prefect import get_client
+    from prefect.runtime import deployment
+
+    if not deployment.id:
+        return {}
+    with get_client(sync_client=True) as client:
+        return (client.read_deployment(deployment.id).job_variables or {}).get("env") or {}
