@@ -171,10 +171,11 @@ class ServerError(RuntimeError):
 
 def _start_server(port: int, log_path: str) -> subprocess.Popen:
     log = open(log_path, "ab")
-    # Its own process group: Ctrl-C reaches us, and we stop the server ourselves, in order.
+    # Its own process group: Ctrl-C reaches us, and we stop the server ourselves, in order. Killed
+    # outright (SIGKILL, a container stop past its grace), we cannot: the kernel sends it SIGTERM.
     server = processes.start(
         [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        stdout=log, stderr=subprocess.STDOUT)
+        stdout=log, stderr=subprocess.STDOUT, preexec_fn=processes.dies_with_this_process())
     log.close()
     deadline = time.monotonic() + SERVER_START_SECONDS
     while time.monotonic() < deadline:
