@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -187,10 +188,11 @@ class ServerError(RuntimeError):
 
 def _start_server(port: int, log_path: str) -> subprocess.Popen:
     log = open(log_path, "ab")
-    # Its own process group: Ctrl-C reaches us, and we stop the server ourselves, in order.
+    # Its own process group: Ctrl-C reaches us, and we stop the server ourselves, in order. Killed
+    # outright (SIGKILL, a container stop past its grace), we cannot: the kernel sends it SIGTERM.
     server = processes.start(
         [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        stdout=log, stderr=subprocess.STDOUT)
+        stdout=log, stderr=subprocess.STDOUT, preexec_fn=processes.dies_with_this_process())
     log.close()
     deadline = time.monotonic() + SERVER_START_SECONDS
     while time.monotonic() < deadline:
@@ -207,12 +209,20 @@ def _start_server(port: int, log_path: str) -> subprocess.Popen:
     raise ServerError(f"the Prefect server did not answer within {SERVER_START_SECONDS} s; see {log_path}")
 
 
+# Names of the query (or `;`/space separated) parameters a database URL may carry a credential in:
+# password, sslpassword, passfile, sslkey, api_key, auth_token, client_secret, credentials...
+_SECRET_PARAMETER = re.compile(
+    r"(?i)(^|[?&;\s])([^=?&;#\s/]*(?:pass|pwd|secret|token|key|credential|auth)[^=?&;#\s]*)=([^&;#\s]*)")
+
+
 def without_password(url: str) -> str:
-    """A database URL fit to print: its password, if any, as ***."""
+    """A database URL fit to print: the password of its user info and every parameter whose name says
+    password, secret, token, key or credential, as ***; the user name, host and other parameters kept."""
     parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)))
+    userinfo, at, host = parts.netloc.rpartition("@")
+    if at and ":" in userinfo:  # rebuilt only then: urlunsplit drops the // of sqlite:////abs/path
+        url = urllib.parse.urlunsplit(parts._replace(netloc=f"{userinfo.split(':', 1)[0]}:***@{host}"))
+    return _SECRET_PARAMETER.sub(r"\1\2=***", url)
 
 
 def _interrupt(signum, frame):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import shlex
 from typing import Annotated
 
@@ -53,21 +54,51 @@ Timeouts = timeouts_model()
 # `stoke deploy --beam-args-file`): anyone who can start a run could otherwise pass
 # `--environment_type=beam:env:harness_subprocess_python:v1 --environment_config=COMMAND` and
 # have COMMAND run through a shell on the workers.
-RUN_BEAM_OPTIONS = ("direct_num_workers", "direct_running_mode", "num_workers", "max_num_workers",
-                    "autoscaling_algorithm", "machine_type", "worker_machine_type", "disk_size_gb",
-                    "number_of_worker_harness_threads", "parallelism")
+# Each with the values it may take: a whole number within bounds (the direct runner's workers and
+# threads within this machine's cores: each is a process or thread holding decoded images, and 16
+# of them took 4.5 GB for 20 images), or one of a few words. A cloud runner's sizes are bounded
+# so one run cannot ask for a fleet.
+MAX_CLOUD_WORKERS = 64
+_MACHINE_TYPE = r"[a-z][a-z0-9-]{0,62}"
+RUN_BEAM_OPTIONS = {
+    "direct_num_workers": lambda: (1, os.cpu_count() or 1, "this machine's cores"),
+    "direct_running_mode": ("in_memory", "multi_threading", "multi_processing"),
+    "num_workers": lambda: (1, MAX_CLOUD_WORKERS, "MAX_CLOUD_WORKERS"),
+    "max_num_workers": lambda: (1, MAX_CLOUD_WORKERS, "MAX_CLOUD_WORKERS"),
+    "autoscaling_algorithm": ("NONE", "THROUGHPUT_BASED"),
+    "machine_type": _MACHINE_TYPE,
+    "worker_machine_type": _MACHINE_TYPE,
+    "disk_size_gb": lambda: (10, 2000, "2 TB"),
+    "number_of_worker_harness_threads": lambda: (1, 4 * (os.cpu_count() or 1), "4 per core of this machine"),
+    "parallelism": lambda: (1, MAX_CLOUD_WORKERS, "MAX_CLOUD_WORKERS"),
+}
 BEAM_ARGS_ENV = "STOKE_BEAM_ARGS"
 
 
 def check_beam_args(args: list[str]) -> list[str]:
-    """The run's Beam options, each `--name=value` with a name from RUN_BEAM_OPTIONS."""
+    """The run's Beam options, each `--name=value` with a name from RUN_BEAM_OPTIONS and a value it allows."""
     for arg in args:
-        name = arg.split("=", 1)[0]
+        name, _, value = arg.partition("=")
         if not arg.startswith("--") or "=" not in arg or name[2:] not in RUN_BEAM_OPTIONS:
-            raise ValueError(f"{arg.split('=', 1)[0]!r} is not an option a run may set; runner, environment and "
+            raise ValueError(f"{name!r} is not an option a run may set; runner, environment and "
                              "credentials belong to the deployment (`stoke up` or `stoke deploy` --beam-args-file). "
                              f"A run may set --NAME=VALUE for: {', '.join(RUN_BEAM_OPTIONS)}")
+        problem = _value_problem(RUN_BEAM_OPTIONS[name[2:]], value)
+        if problem:
+            raise ValueError(f"{arg!r}: {problem}; a run may set {name} only within these bounds")
     return args
+
+
+def _value_problem(allowed, value: str) -> str | None:
+    """Why VALUE is not one ALLOWED admits (bounds, words or a pattern), or None."""
+    if callable(allowed):
+        low, high, why = allowed()
+        if not re.fullmatch(r"[0-9]{1,9}", value) or not low <= int(value) <= high:
+            return f"a whole number from {low} to at most {high} ({why}) is needed"
+        return None
+    if isinstance(allowed, tuple):
+        return None if value in allowed else f"one of {', '.join(allowed)} is needed"
+    return None if re.fullmatch(allowed, value) else "a machine type such as n1-standard-4 is needed"
 
 
 BeamArgs = Annotated[list[str], AfterValidator(check_beam_args)]
@@ -80,6 +111,47 @@ def read_beam_args(path: str) -> str:
     return " ".join(shlex.quote(line) for line in lines)
 
 
+# The job variables a flow run may set (work pools): names and labels of what the worker creates,
+# its output, how long it waits, and the GPUs a Kubernetes job asks for (bounded by the pool).
+# Everything else (command, env, working_dir, image, volumes, networks, service account, the job
+# manifest...) belongs to the deployment: `stoke deploy` fixes it in the pool's base job template
+# (flows/work_pools.py lock_template), and the flow refuses a run that tries to set it.
+OPEN_VARIABLES = frozenset({"name", "labels", "stream_output", "gpus", "finished_job_ttl",
+                            "job_watch_timeout_seconds", "pod_watch_timeout_seconds", "auto_remove"})
+
+
+def check_job_variables(variables: dict) -> None:
+    """Refuses a flow run created with job variables outside OPEN_VARIABLES."""
+    locked = sorted(set(variables or {}) - OPEN_VARIABLES)
+    if locked:
+        raise ValueError(f"this run sets the job variables {', '.join(locked)}, which belong to the deployment "
+                         "(command, env, image, mounts and accounts are fixed by `stoke deploy`); a run may set "
+                         f"only {', '.join(sorted(OPEN_VARIABLES))}")
+
+
+def run_job_variables() -> dict:
+    """The job variables the running flow run was created with; {} outside a flow run."""
+    from prefect import get_client
+    from prefect.runtime import flow_run
+
+    if not flow_run.id:
+        return {}
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(flow_run.id).job_variables or {}
+
+
 def deployment_beam_args() -> list[str]:
-    """The deployment's Beam options, from the environment of the process running the flow."""
-    return shlex.split(os.environ.get(BEAM_ARGS_ENV, ""))
+    """The deployment's Beam options: those `stoke deploy` registered with the deployment (its `env`
+    job variable, which a run cannot change and the locked pool does not pass on), else those in the
+    environment of the process running the flow (`stoke up`'s, or the worker's)."""
+    return shlex.split(_registered_env().get(BEAM_ARGS_ENV) or os.environ.get(BEAM_ARGS_ENV, ""))
+
+
+def _registered_env() -> dict:
+    from prefect import get_client
+    from prefect.runtime import deployment
+
+    if not deployment.id:
+        return {}
+    with get_client(sync_client=True) as client:
+        return (client.read_deployment(deployment.id).job_variables or {}).get("env") or {}

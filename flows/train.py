@@ -40,7 +40,9 @@ from flows.parameters import (
     Timeouts,
     TrainSettings,
     check_beam_args,
+    check_job_variables,
     deployment_beam_args,
+    run_job_variables,
 )
 from flows.stages import StageError, run_stage, to_arguments
 
@@ -72,6 +74,7 @@ def train(
 ) -> dict:
     """Turns what is new in SOURCE into a span, trains on every span, and pushes a blessed model.
     `preflight: null` skips the machine checks."""
+    check_job_variables(run_job_variables())  # before anything runs: no run chooses its command or env
     check_model_name(model_name)  # before anything is ingested or trained, as the run id below
     run = Root(root).run(run_id or flow_run_id())
     get_run_logger().info("run %s: %s -> %s", run.run_id, source, run.uri)

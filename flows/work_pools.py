@@ -13,20 +13,26 @@ registers train/nightly and watch-bucket/poll (flows/deployments.py, the same sc
 trigger) to that pool, creating the pool when the server has none of that name. Only train/nightly
 asks for GPUs: a poll that lists a bucket would otherwise hold one all day.
 Also read: STOKE_WORK_POOL_NAME (default `stoke`), STOKE_IMAGE, STOKE_GPUS, STOKE_ROOT_VOLUME,
-STOKE_DOCKER_NETWORK. Flow runs inherit the worker's Prefect settings (API URL, auth string);
-anything else they need, such as bucket credentials, goes into the pool's `env` job variable.
+STOKE_DOCKER_NETWORK. Flow runs inherit the worker's Prefect settings (API URL, auth string).
+The pool's base job template is locked (lock_template): command, env, image, volumes, account and
+the rest are fixed here, so whoever may start a flow run cannot choose them. A process flow run
+inherits the worker's environment (bucket credentials go there); a Docker container or a
+Kubernetes Job gets only Prefect's own settings from the worker (credentials: the image, a mounted
+file, a workload identity, or envFrom in the template's job manifest).
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
+import re
 import sys
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from flows.parameters import read_beam_args
+from flows.parameters import OPEN_VARIABLES, read_beam_args
 
 POOL_ENV = "STOKE_WORK_POOL"
 POOL_TYPES = ("process", "docker", "kubernetes")
@@ -84,28 +90,80 @@ class WorkPool(BaseModel):
         return {"image": self.image, "gpus": self.gpus if gpu else 0, "root_claim": self.root_volume}
 
 
+# Prefect substitutes any {{ placeholder }} from whatever job variables a run passes, and merges a
+# run's `env` into a dict `env` of job_configuration whatever the schema says. So the lock fixes
+# every variable outside OPEN_VARIABLES in job_configuration, removes it from the schema, and
+# leaves job_configuration no `env` at all: the flow reads the deployment's Beam options from the
+# deployment itself (flows/parameters.py deployment_beam_args).
+_PLACEHOLDER = re.compile(r"\{\{\s*([\w.]+)\s*\}\}")
+_UNSET = object()  # a variable without value or default: Prefect drops its key from the configuration
+
+
+def lock_template(template: dict, pool: WorkPool, beam_args: str | None) -> dict:
+    """`template` with every variable outside OPEN_VARIABLES fixed to the train deployment's value
+    (else its default) in job_configuration and removed from the variables schema."""
+    from flows.parameters import BEAM_ARGS_ENV
+
+    fixed = pool.job_variables(gpu=True, env={BEAM_ARGS_ENV: beam_args} if beam_args else None)
+    locked = copy.deepcopy(template)
+    properties = locked["variables"].setdefault("properties", {})
+    # As Prefect does: a variable without a value, or whose default is null, drops its key.
+    values = {name: _UNSET if fixed.get(name, spec.get("default")) is None else fixed.get(name, spec.get("default"))
+              for name, spec in properties.items() if name not in OPEN_VARIABLES}
+    for name in values:
+        del properties[name]
+    if "required" in locked["variables"]:
+        locked["variables"]["required"] = [n for n in locked["variables"]["required"] if n in properties]
+    if "gpus" in properties:
+        properties["gpus"] = {**properties["gpus"], "minimum": 0, "maximum": pool.gpus}
+    locked["job_configuration"] = _fill(locked["job_configuration"], values)
+    locked["job_configuration"].pop("env", None)
+    return locked
+
+
+def _fill(node, values: dict):
+    """NODE with the placeholders of VALUES replaced: a whole-value placeholder by the value itself."""
+    if isinstance(node, dict):
+        filled = {key: _fill(value, values) for key, value in node.items()}
+        return {key: value for key, value in filled.items() if value is not _UNSET}
+    if isinstance(node, list):
+        return [item for item in (_fill(value, values) for value in node) if item is not _UNSET]
+    if not isinstance(node, str):
+        return node
+    whole = _PLACEHOLDER.fullmatch(node.strip())
+    if whole and whole.group(1) in values:
+        return values[whole.group(1)]
+
+    def text(match: re.Match) -> str:
+        value = values.get(match.group(1), match.group(0))
+        return "" if value is None or value is _UNSET else str(value)
+    return _PLACEHOLDER.sub(text, node)
+
+
 def deploy(source: str, root: str, pool: WorkPool, base_job_template: dict | None = None,
            beam_args: str | None = None, **options) -> list[str]:
-    """Creates the pool if missing and registers the deployments to it; returns their names.
-    `beam_args`: the Beam runner options of the train deployment's ingest."""
+    """Creates the pool if missing, locks its template (lock_template) and registers the deployments
+    to it; returns their names. `beam_args`: the Beam runner options of the train deployment's ingest."""
     from flows.deployments import build_deployments
     from flows.parameters import BEAM_ARGS_ENV
 
-    ensure_pool(pool, base_job_template)
+    ensure_pool(pool, base_job_template, beam_args)
     names = []
     for deployment in build_deployments(source, root, **options):
         training = deployment.flow_name == "train"
         env = {BEAM_ARGS_ENV: beam_args} if training and beam_args else None
-        deployment.job_variables = pool.job_variables(gpu=training, env=env)
+        deployment.job_variables = {key: value for key, value in pool.job_variables(gpu=training, env=env).items()
+                                    if key in OPEN_VARIABLES or key == "env"}  # env: read by the flow only
         deployment.apply(work_pool_name=pool.name)
         names.append(f"{deployment.flow_name}/{deployment.name}")
     return names
 
 
-def ensure_pool(pool: WorkPool, base_job_template: dict | None = None) -> None:
-    """Creates the pool with the given template, or the worker type's default; an existing pool is kept."""
+def ensure_pool(pool: WorkPool, base_job_template: dict | None = None, beam_args: str | None = None) -> None:
+    """Creates the pool with the given template, or the worker type's default, locked; an existing
+    pool of the same type gets its template locked again (what an earlier deploy or a person loosened)."""
     from prefect import get_client
-    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
     from prefect.exceptions import ObjectNotFound
     from prefect.utilities.asyncutils import run_coro_as_sync
     from prefect.workers.utilities import get_default_base_job_template_for_infrastructure_type
@@ -115,14 +173,15 @@ def ensure_pool(pool: WorkPool, base_job_template: dict | None = None) -> None:
             existing = client.read_work_pool(pool.name)
         except ObjectNotFound:
             existing = None
-        if existing is not None:
-            if existing.type != pool.type:
-                raise WorkPoolError(f"work pool {pool.name!r} exists with type {existing.type!r}, not {pool.type!r}; "
-                                    "choose another STOKE_WORK_POOL_NAME")
-            return
-        template = base_job_template or run_coro_as_sync(
-            get_default_base_job_template_for_infrastructure_type(pool.type)) or {}
-        client.create_work_pool(WorkPoolCreate(name=pool.name, type=pool.type, base_job_template=template))
+        if existing is not None and existing.type != pool.type:
+            raise WorkPoolError(f"work pool {pool.name!r} exists with type {existing.type!r}, not {pool.type!r}; "
+                                "choose another STOKE_WORK_POOL_NAME")
+        template = lock_template(base_job_template or run_coro_as_sync(
+            get_default_base_job_template_for_infrastructure_type(pool.type)) or {}, pool, beam_args)
+        if existing is None:
+            client.create_work_pool(WorkPoolCreate(name=pool.name, type=pool.type, base_job_template=template))
+        else:
+            client.update_work_pool(pool.name, WorkPoolUpdate(base_job_template=template))
 
 
 class WorkPoolError(RuntimeError):

@@ -38,6 +38,14 @@ WAIT_ENV = "STOKE_LOCK_WAIT_SECONDS"  # how long lock() waits for another holder
 # Fault drill: with this set to N, the push process kills itself (SIGKILL) after copying N files,
 # the way a preempted machine stops mid-copy.
 KILL_AFTER_FILES_ENV = "STOKE_KILL_AFTER_FILES"
+# The kill drill of a push's later steps: SIGKILL right after the named step (tests only).
+KILL_AFTER_STEP_ENV = "STOKE_KILL_AFTER_STEP"
+KILL_STEPS = ("published", "recorded", "retired")
+
+
+def kill_drill(step: str) -> None:
+    if os.environ.get(KILL_AFTER_STEP_ENV) == step:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class RepositoryError(Exception):

@@ -11,6 +11,8 @@ the difference lies below -max_regression, against the newest served version or 
 most accurate on these records; --decision point compares the two accuracies as they are (TFMA then
 holds the same change threshold). When the candidate knows classes the served version does not
 (labels are append-only, so they come last), the two are compared on the classes both know.
+A candidate that lacks a class the served version answers, or holds them in another order, is
+refused whatever its accuracy (labelset.py: its own labels against the served version's lineage).
 A fresh process then checks the serving contract with the warm-up requests the push will ship.
 
 Writes ROOT/runs/ID/: tfma/, validation.json, confusion_matrix.png, warmup/, and BLESSED or
@@ -36,6 +38,7 @@ from components.contracts.config import GateConfig, from_arguments
 from components.contracts.layout import Root, RunDir, Shard
 from components.contracts.results import ResultError, TrainMetrics, Validation
 from components.gate import records, rule
+from components.gate.labelset import known_classes, label_set_reasons
 from components.gate.tfma import eval_config_for, label_name, read_tfma, run_tfma
 
 # Loading the model, replaying the warm-up and, when there is one, starting the real server.
@@ -77,6 +80,7 @@ class Served:
     # Every retained version comparable with the candidate: version -> (uri, how many of the candidate's
     # classes it knows), for the paired comparisons (the newest one's, and the best retained one's).
     retained: dict = dataclasses.field(default_factory=dict)
+    refusals: list[str] = dataclasses.field(default_factory=list)  # the label-set rule's reasons
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +116,8 @@ def gate(config: GateConfig) -> dict:
                    eval_label_counts={label_name(inputs.labels, k): v for k, v in sorted(inputs.counts.items())})
     decision = decide(metrics, results.get("baseline"), inputs.served.version, inputs.served.shared, inputs.floor,
                       config.max_regression, serving, results["validation_ok"], results["validation_failures"],
-                      rule.Evidence(config.decision, config.confidence, results["pairs"]))
+                      rule.Evidence(config.decision, config.confidence, results["pairs"]),
+                      label_reasons=inputs.served.refusals)
     return write(config, inputs, metrics, results, serving, decision)
 
 
@@ -151,36 +156,22 @@ def _floor(min_accuracy: float | None, majority_rate: float, majority_label: str
 
 
 def _served(repo: Repository, labels: list[str]) -> Served:
-    """The served version to compare with: on every class, on the classes both know, or not at all."""
+    """The served version to compare with: on every class, on the classes both know, or refused."""
     version = repo.newest()
     if version is None:
         return Served(None, None, None, ["no served version yet: only the accuracy floor applies"])
-    known = {v: _known_classes(repo, v, labels) for v in repo.versions()}
+    lineages = {v: repo.lineage(v) for v in repo.versions()}
+    known = {v: known_classes(lineage.labels if lineage else None, labels) for v, lineage in lineages.items()}
     retained = {v: (repo.version_uri(v), len(classes)) for v, classes in known.items() if classes is not None}
     served_labels = known[version]
     if served_labels is None:
-        lineage = repo.lineage(version)
-        return Served(version, None, None, [
-            f"baseline comparison skipped: the label set changed (served version {version} "
-            f"has {len(lineage.labels)} labels, the candidate {len(labels)}); only the accuracy floor applies"])
+        return Served(version, None, None, [], refusals=label_set_reasons(lineages[version].labels, labels, version))
     if served_labels == list(labels):
         return Served(version, repo.version_uri(version), None, [], retained)
     return Served(version, repo.version_uri(version), served_labels, [
         f"the label set grew (served version {version} knows {len(served_labels)} classes, the "
         f"candidate added {', '.join(labels[len(served_labels):])}): compared on the {len(served_labels)} "
         "classes both know"], retained)
-
-
-def _known_classes(repo: Repository, version: int, labels: list[str]) -> list[str] | None:
-    """The candidate's classes `version` knows (labels are append-only, so its own are a prefix), or
-    None when its label set changed otherwise."""
-    lineage = repo.lineage(version)
-    served_labels = list(lineage.labels) if lineage else None
-    if served_labels is None or served_labels == list(labels):
-        return list(labels)
-    if 0 < len(served_labels) < len(labels) and list(labels[:len(served_labels)]) == served_labels:
-        return served_labels
-    return None
 
 
 def evaluate(config: GateConfig, inputs: GateInputs) -> tuple[dict, dict]:
@@ -209,10 +200,12 @@ def evaluate(config: GateConfig, inputs: GateInputs) -> tuple[dict, dict]:
 
 def decide(candidate: dict, baseline: dict | None, served_version: int | None, shared: list[str] | None,
            floor: Floor, max_regression: float, serving: dict, validation_ok: bool,
-           validation_failures: list[str], evidence: rule.Evidence | None = None) -> Decision:
+           validation_failures: list[str], evidence: rule.Evidence | None = None,
+           label_reasons: list[str] = ()) -> Decision:
     """Blessed or not, and why, from the metrics and per-record correctness alone: no file, no model,
-    no TFMA. Without `evidence`, or under --decision point, the accuracies are compared as they are."""
-    reasons, notes, noise = _floor_reasons(candidate["accuracy"], floor), [], []
+    no TFMA. Without `evidence`, or under --decision point, the accuracies are compared as they are.
+    `label_reasons` (labelset.label_set_reasons) refuse whatever the accuracy."""
+    reasons, notes, noise = [*label_reasons, *_floor_reasons(candidate["accuracy"], floor)], [], []
     shared_classes = shared_comparison(candidate, baseline, shared) if baseline is not None and shared else None
     compared = rule.comparison(evidence, served_version) if baseline is not None else None
     if compared is not None and compared["decision"] == "evidence":

@@ -9,7 +9,9 @@ between the two is finished by the next attempt instead of repeated. The
 version folder gets the candidate, `assets.extra/tf_serving_warmup_requests` (the requests
 validation replayed) and `assets.extra/stoke_lineage.json`; it appears atomically
 (components/common/repository.py). Then retention keeps the newest --keep versions and ROOT/serving
-is rendered again; the image is built when a container engine answers.
+is rendered again; the image is built when a container engine answers. A retry of a push killed
+after its version appeared finishes those two steps (retention only while its version is still
+the newest) before it reports the version.
 """
 from __future__ import annotations
 
@@ -18,8 +20,8 @@ import json
 import subprocess
 
 from components.common import clock, processes
-from components.common.files import exists, filesystem, remove
-from components.common.repository import ASSETS_EXTRA, LINEAGE_FILE, Repository, RepositoryError
+from components.common.files import exists, filesystem, join, read_json, remove
+from components.common.repository import ASSETS_EXTRA, LINEAGE_FILE, Repository, RepositoryError, kill_drill
 from components.contracts import program
 from components.contracts.config import PushConfig, from_arguments
 from components.contracts.layout import WARMUP_FILE, Root, RunDir
@@ -76,18 +78,33 @@ def push(config: PushConfig) -> PushSummary:
 
     with repo.lock("push"):
         earlier = earlier_push(repo, run)
-        if earlier is not None:
-            cmds = serving.commands(root.serving, config.model_name, earlier.version)
-            summary = PushSummary(
-                pushed=False, already_pushed=True, run_id=config.run_id, model_name=config.model_name,
-                version=earlier.version, model_uri=earlier.model_uri, serving_uri=root.serving, commands=cmds,
-                message=f"run {config.run_id} was already pushed as version {earlier.version} on "
-                        f"{earlier.pushed_at}; nothing to do")
-        else:
-            summary = _publish(config, root, run, repo, validation)
+        summary = (_finish(config, root, repo, earlier) if earlier is not None
+                   else _publish(config, root, run, repo, validation))
     summary.image = (serving.build_image(summary.serving_uri, summary.commands.docker_build)
                      if config.build_image else {"built": False, "reason": "--no-build-image"})
     return summary
+
+
+def _finish(config: PushConfig, root: Root, repo: Repository, earlier: Pushed) -> PushSummary:
+    """A run pushed before: the steps after its version appeared are finished if a kill stopped them.
+    Retention only while its version is the newest (a later push applied its own --keep); the
+    serving context is rendered again when it does not hold the repository's versions."""
+    from components.push import serving_image as serving
+
+    retired = repo.apply_retention(config.keep, clock.now()) if repo.newest() == earlier.version else []
+    rendered_uri = join(root.serving, "commands.json")
+    rendered = read_json(rendered_uri) if exists(rendered_uri) else None
+    stale = rendered is None or rendered.get("versions") != repo.versions()
+    if stale:
+        rendered = serving.render(root, config.model_name)
+    finished = (f"; finished what it left undone: {'retired ' + str(retired) + ', ' if retired else ''}"
+                f"rendered {rendered['serving_uri']}") if retired or stale else "; nothing to do"
+    return PushSummary(
+        pushed=False, already_pushed=True, run_id=config.run_id, model_name=config.model_name,
+        version=earlier.version, model_uri=earlier.model_uri, serving_uri=rendered["serving_uri"],
+        commands=rendered["commands"], versions=rendered["versions"], retired=retired,
+        message=f"run {config.run_id} was already pushed as version {earlier.version} on {earlier.pushed_at}"
+                + finished)
 
 
 def _publish(config: PushConfig, root: Root, run: RunDir, repo: Repository, validation: Validation) -> PushSummary:
@@ -111,9 +128,12 @@ def _publish(config: PushConfig, root: Root, run: RunDir, repo: Repository, vali
         f"{ASSETS_EXTRA}/{LINEAGE_FILE}": json.dumps(lineage.to_json(), indent=2, sort_keys=True).encode(),
         f"{ASSETS_EXTRA}/{WARMUP_FILE}": warmup_fs.cat_file(warmup_path),
     })
+    kill_drill("published")
     Pushed(version=version, model_uri=model_uri, pushed_at=lineage.pushed_at).write(run.pushed)
     remove(run.push_intent)
+    kill_drill("recorded")
     retired = repo.apply_retention(config.keep, clock.now())
+    kill_drill("retired")
     rendered = serving.render(root, config.model_name)
     return PushSummary(
         pushed=True,

@@ -102,6 +102,82 @@ def test_printed_database_urls_hide_their_password():
     assert without_password("/home/me/.prefect/prefect.db") == "/home/me/.prefect/prefect.db"
 
 
+@pytest.mark.parametrize("url, secrets", [
+    ("postgresql://db/prefect?password=hunter2", ["hunter2"]),
+    ("postgresql://db/prefect?sslmode=require&sslpassword=hunter2", ["hunter2"]),
+    ("postgresql://db/prefect?PassWord=hunter2&user=me", ["hunter2"]),
+    ("postgresql://db/prefect?passfile=/home/me/.pgpass", ["/home/me/.pgpass", "%2Fhome%2Fme"]),
+    ("postgresql://db/prefect?sslkey=/k/client.key&api_token=t0k&client_secret=s3c", ["client.key", "t0k", "s3c"]),
+    ("postgresql://prefect@db/prefect?password=p%40ss", ["p%40ss", "p@ss"]),
+    ("postgresql://prefect:@db/prefect?connect_timeout=5&sslpassword=", ["prefect:@"]),
+    ("postgresql://u:pw@db/prefect?password=hunter2 host=db password=x2", ["hunter2", "=x2"]),
+    ("postgresql://u:p%3Ass@db/prefect?password=a&password=b", ["p%3Ass", "=a", "=b"]),
+    ("postgresql://db/prefect?password=hunter2#frag", ["hunter2"]),
+    ("postgresql://db/prefect;password=hunter2", ["hunter2"]),
+])
+def test_printed_database_urls_hide_every_credential_they_carry(url, secrets):
+    from flows.commands import without_password
+
+    shown = without_password(url)
+    assert "db" in shown and not any(secret in shown for secret in secrets), shown
+
+
+def test_printed_database_urls_keep_what_is_not_a_credential():
+    from flows.commands import without_password
+
+    assert without_password("postgresql+asyncpg://prefect:pw@db:5432/prefect?sslmode=require&application_name=stoke") \
+        == "postgresql+asyncpg://prefect:***@db:5432/prefect?sslmode=require&application_name=stoke"
+    for kept in ("sqlite+aiosqlite:////home/me/.prefect/prefect.db", "/home/key/prefect.db",
+                 "postgresql://prefect@db/prefect?sslmode=verify-full"):
+        assert without_password(kept) == kept
+
+
+def _children(pid: int) -> list[tuple[int, str]]:
+    """(pid, command line) of the processes whose parent is PID."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == pid:
+            found.append((int(entry), command))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_up_killed_outright_takes_its_server_down(tmp_path):
+    """SIGKILL (or a container stop past its grace period) gives `stoke up` no chance to stop its
+    Prefect server; the server must end with it instead of holding the port, orphaned."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env.update(PREFECT_HOME=str(tmp_path / "home"))
+    (tmp_path / "in").mkdir()
+    up = subprocess.Popen([os.path.join(BIN, "stoke"), "up", "--source", str(tmp_path / "in"), "--root",
+                           str(tmp_path / "root"), "--port", str(port), "--poll-seconds", "3600"],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        wait_for(lambda: listening(port), "the Prefect server of stoke up", 180, process=up)
+        (server,) = [pid for pid, command in _children(up.pid) if "server start" in command]
+        up.kill()
+        up.wait(timeout=30)
+        wait_for(lambda: not _alive(server) and not listening(port), "the orphaned server to end", 30)
+    finally:
+        if up.poll() is None:
+            up.kill()
+
+
 def test_up_refuses_a_port_in_use(tmp_path):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

@@ -2,10 +2,12 @@
 Kubernetes object of the kustomization, Dockerfiles through BuildKit's own parser."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 import yaml
@@ -13,6 +15,31 @@ import yaml
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 INFRA = os.path.join(REPO, "infra")
 BIN = os.path.dirname(sys.executable)
+
+
+@contextlib.contextmanager
+def prefect_server(env: dict, home, port: int):
+    """`prefect server start` with ENV on 127.0.0.1:PORT, its log under HOME, until the block ends."""
+    from components.common import processes
+    from tests.waiting import wait_for
+
+    log = open(home / "server.log", "wb")
+    server = processes.start([os.path.join(BIN, "prefect"), "server", "start", "--host", "127.0.0.1",
+                              "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: _healthy(port) or server.poll() is not None, "the Prefect server", 120)
+        assert server.poll() is None, (home / "server.log").read_text()[-3000:]
+        yield env
+    finally:
+        processes.stop(server, 30)
+
+
+def _healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
 
 
 def infra(*parts: str) -> str:

@@ -13,7 +13,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import urllib.request
 
 import pytest
 
@@ -21,6 +20,7 @@ from components.common import processes
 from components.common.repository import Repository
 from flows.demo import write_digits
 from tests.flows.conftest import TINY_BEAM, TINY_MODEL
+from tests.infra.conftest import prefect_server
 from tests.waiting import free_port, wait_for
 
 BIN = os.path.dirname(sys.executable)
@@ -52,23 +52,8 @@ def prefect(postgres, tmp_path_factory):
            "PREFECT_SERVER_DATABASE_CONNECTION_URL": postgres,
            # Events reach the triggers, and workers their runs, within a second instead of several.
            "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL": "0.5", "PREFECT_WORKER_QUERY_SECONDS": "1"}
-    log = open(home / "server.log", "wb")
-    server = processes.start([os.path.join(BIN, "prefect"), "server", "start", "--host", "127.0.0.1",
-                              "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        wait_for(lambda: _healthy(port) or server.poll() is not None, "the Prefect server", 120)
-        assert server.poll() is None, (home / "server.log").read_text()[-3000:]
+    with prefect_server(env, home, port):
         yield env
-    finally:
-        processes.stop(server, 30)
-
-
-def _healthy(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
 
 
 def test_a_process_worker_runs_train_nightly_by_hand_and_on_arrival(prefect, tmp_path):

@@ -129,11 +129,14 @@ def test_deploy_registers_both_deployments_to_the_pool(prefect_api, template, tm
     assert names_again == names
     with get_client(sync_client=True) as client:
         registered = client.read_work_pool("stoke-k8s")
-        assert registered.type == "kubernetes" and registered.base_job_template == template
+        assert registered.type == "kubernetes"
+        assert registered.base_job_template == work_pools.lock_template(template, pool, options)
         nightly = client.read_deployment_by_name("train/nightly")
         poll = client.read_deployment_by_name("watch-bucket/poll")
     assert nightly.work_pool_name == poll.work_pool_name == "stoke-k8s"
     assert nightly.job_variables["gpus"] == 1 and poll.job_variables["gpus"] == 0
+    assert "image" not in nightly.job_variables and "root_claim" not in nightly.job_variables  # the pool fixes them
+    # The flow reads the deployment's Beam options from here; the locked pool passes no env on.
     assert nightly.job_variables["env"] == {"STOKE_BEAM_ARGS": options} and "env" not in poll.job_variables
     assert nightly.parameters["root"] == work_pools.ROOT_MOUNT and nightly.entrypoint == "flows.train.train"
     assert nightly.schedules and poll.schedules  # the same schedules `stoke up` serves
@@ -145,3 +148,66 @@ def test_stoke_deploy_without_the_setting_says_what_to_set(monkeypatch, capsys):
     monkeypatch.delenv("STOKE_WORK_POOL", raising=False)
     assert work_pools.main(["--source", "s3://b/in", "--root", "/r"]) == 1
     assert "set STOKE_WORK_POOL to one of process, docker, kubernetes" in capsys.readouterr().err
+
+
+ATTACKS = {"command": "sh -c 'touch /tmp/owned'", "env": {"STOKE_BEAM_ARGS": "--environment_config=sh",
+           "LD_PRELOAD": "/tmp/x.so", "PYTHONPATH": "/tmp/evil"}, "working_dir": "/tmp/evil",
+           "image": "evil:latest", "service_account_name": "admin", "namespace": "kube-system",
+           "volumes": ["/:/host"], "privileged": True, "container_create_kwargs": {"privileged": True},
+           "networks": ["host"], "image_pull_policy": "Always", "job_manifest": {}}
+
+
+@pytest.mark.parametrize("kind", ["process", "docker", "kubernetes"])
+def test_a_flow_run_cannot_override_what_the_deployment_fixes(kind, template):
+    """Whoever may create a flow run passes job variables; the locked template leaves only names,
+    labels, output and (bounded) GPUs to them: command, env, image, account and mounts are fixed."""
+    from prefect.utilities.asyncutils import run_coro_as_sync
+    from prefect.workers.utilities import get_default_base_job_template_for_infrastructure_type
+
+    pool = WorkPool(type=kind)
+    base = template if kind == "kubernetes" else run_coro_as_sync(
+        get_default_base_job_template_for_infrastructure_type(kind))
+    locked = work_pools.lock_template(base, pool, "--runner=DirectRunner")
+    variables = set(locked["variables"]["properties"])
+    assert variables <= work_pools.OPEN_VARIABLES, variables
+    assert not variables & set(ATTACKS)
+    config = worker_config(kind, locked, {**pool.job_variables(gpu=True), **ATTACKS})
+    honest = worker_config(kind, locked, pool.job_variables(gpu=True))
+    assert config == honest
+    assert "touch" not in json.dumps(config) and "evil" not in json.dumps(config) and "admin" not in json.dumps(config)
+    assert not config.get("env")  # no env in the job configuration: nothing for a run's env to merge into
+
+
+def test_kubernetes_gpus_stay_per_deployment_and_bounded(template):
+    locked = work_pools.lock_template(template, WorkPool(type="kubernetes", gpus=1), None)
+    schema = locked["variables"]
+    jsonschema.validate({"gpus": 0}, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"gpus": 8}, schema)
+
+
+def worker_config(kind: str, template: dict, variables: dict) -> dict:
+    """The job configuration the pool's real worker code builds for one flow run."""
+    if kind == "process":
+        from prefect.workers.process import ProcessJobConfiguration as Config
+    elif kind == "docker":
+        from prefect_docker.worker import DockerWorkerJobConfiguration as Config
+    else:
+        from prefect_kubernetes.worker import KubernetesWorkerJobConfiguration as Config
+    config = asyncio.run(Config.from_template_and_values(template, variables))
+    return json.loads(config.model_dump_json())
+
+
+@pytest.mark.parametrize("gpu", [True, False])
+def test_the_locked_kubernetes_template_still_renders_a_valid_job(template, gpu):
+    pool = WorkPool(type="kubernetes")
+    locked = work_pools.lock_template(template, pool, "--runner=DirectRunner")
+    job = render_job(locked, {"gpus": 1 if gpu else 0, "env": {"PYTHONPATH": "/tmp/evil"}, "image": "evil:1"})
+    spec = job["spec"]["template"]["spec"]
+    spec.pop("completions"), spec.pop("parallelism")
+    kubernetes_validate.validate(job, "1.30.0", strict=True)
+    (container,) = spec["containers"]
+    assert container["image"] == work_pools.TRAINING_IMAGE and int(container["resources"]["limits"]["nvidia.com/gpu"]) == int(gpu)
+    assert "/tmp/evil" not in json.dumps(job)
+    # The Beam options reach the flow from its deployment record, not from the Job's env.
+    assert not [e for e in container["env"] if e["name"] in ("STOKE_BEAM_ARGS", "PYTHONPATH")]

@@ -178,3 +178,44 @@ def test_evidence_on_the_classes_both_know_names_them():
     assert decision.blessed and decision.notes[0] == PER_CLASS
     assert decision.notes[1].startswith("on the 3 classes both models know, accuracy 0.7000 is 0.3000 below the "
                                         "served version 3 (1.0000)")
+
+
+# The label-set rule, decided from the candidate's own labels (metrics.json) against the served
+# version's lineage: labels.json plays no part, so moving it aside changes nothing.
+from components.gate.labelset import known_classes, label_set_reasons  # noqa: E402
+
+SERVED_LABELS = ["red", "green", "blue"]
+
+
+@pytest.mark.parametrize("candidate, known", [
+    (["red", "green", "blue"], ["red", "green", "blue"]),
+    (["red", "green", "blue", "white"], ["red", "green", "blue"]),
+])
+def test_a_candidate_keeping_every_served_class_in_place_is_compared(candidate, known):
+    assert known_classes(SERVED_LABELS, candidate) == known and label_set_reasons(SERVED_LABELS, candidate, 3) == []
+
+
+@pytest.mark.parametrize("candidate, says", [
+    (["red", "green"], "does not know blue"),                     # trained on span 1 only
+    (["red"], "does not know green, blue"),
+    (["red", "green", "white"], "does not know blue"),           # one swapped for another
+    (["red", "blue", "green"], "another order"),                 # same classes, other ids
+    (["white", "red", "green", "blue"], "another order"),        # a class prepended shifts every id
+    ([], "does not know red, green, blue"),
+])
+def test_a_candidate_that_drops_or_reorders_served_classes_is_refused_with_a_reason(candidate, says):
+    assert known_classes(SERVED_LABELS, candidate) is None
+    reasons = label_set_reasons(SERVED_LABELS, candidate, 3)
+    assert len(reasons) == 1 and says in reasons[0] and "served version 3" in reasons[0]
+
+
+def test_without_served_labels_there_is_nothing_to_refuse():
+    assert known_classes(None, ["red"]) == ["red"] and label_set_reasons(None, ["red"], 3) == []
+
+
+def test_a_refused_label_set_refuses_a_candidate_above_the_floor():
+    # The reproduction: a 0.37 model that dropped a class, above a 0.34 floor, no baseline to compare.
+    floor = Floor(0.34, False, "must beat 0.3400, the share of the most common class (red)", "red")
+    reasons = label_set_reasons(SERVED_LABELS, ["red", "green"], 3)
+    decision = decide(metrics(0.37), None, 3, None, floor, 0.01, SERVED, True, [], None, label_reasons=reasons)
+    assert not decision.blessed and decision.reasons == reasons

@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from components.common.repository import KILL_AFTER_FILES_ENV, Repository
+from components.common.repository import KILL_AFTER_FILES_ENV, KILL_AFTER_STEP_ENV, KILL_STEPS, Repository
 from components.push import lineage, predict, rollback
 from tests.components.conftest import tiny_image
 from tests.components.gate_runs import copy_root, gate_scenario, listing, push_run, validate_run
@@ -83,6 +83,41 @@ def test_interrupted_push_leaves_no_partial_version(trained_runs, tmp_path):
     assert code == 0 and pushed["pushed"] and pushed["cleaned_partial"]
     assert not any(n.startswith(".push-") for n in os.listdir(repo.path))
     assert pushed["version"] > third  # never reuses a number, not even a failed one
+
+
+@pytest.mark.parametrize("step", KILL_STEPS)
+def test_a_push_killed_after_publishing_is_finished_by_its_retry(trained_runs, tmp_path, step):
+    """Killed once the version exists, before retention or the serving render: the retry reports the
+    version it pushed and finishes the rest, so --keep holds and ROOT/serving serves what exists."""
+    root = copy_root(trained_runs, tmp_path)
+    repo = Repository(root, "stoke")
+    first, third = trained_runs["push"]["good"][1]["version"], trained_runs["push"]["mixed"][1]["version"]
+    shutil.rmtree(os.path.join(root, "models", "stoke", str(third)))
+    os.remove(os.path.join(root, "runs", "mixed", "pushed.json"))
+    env = dict(os.environ, **{KILL_AFTER_STEP_ENV: step})
+    killed = subprocess.run([sys.executable, "-m", "components.push", "--root", root, "--run-id", "mixed", "--keep",
+                             "1", "--no-build-image", "--json"], env=env, capture_output=True, text=True)
+    assert killed.returncode == -9, killed.stderr
+    new = repo.newest()
+    assert new > third and first in repo.versions() + repo.retired()
+    code, again = push_run(root, "mixed", "--keep", "1")
+    assert code == 0 and again["already_pushed"] and again["version"] == new, again
+    assert repo.versions() == [new] and again["versions"] == [new] and again["retired"] in ([first], [])
+    rendered = json.load(open(os.path.join(root, "serving", "commands.json")))
+    assert rendered["versions"] == [new] and again["commands"] == rendered["commands"]
+    assert os.listdir(os.path.join(root, "serving", "models", "stoke")) == [str(new)]
+    code, twice = push_run(root, "mixed", "--keep", "1")  # and a third attempt finds nothing left to do
+    assert code == 0 and twice["already_pushed"] and twice["retired"] == [] and twice["versions"] == [new]
+
+
+def test_a_retry_of_an_old_push_leaves_newer_pushes_alone(trained_runs, tmp_path):
+    """An already pushed run that is no longer the newest: its retry must not apply its own --keep
+    to versions another push made."""
+    root = copy_root(trained_runs, tmp_path)
+    repo = Repository(root, "stoke")
+    before = repo.versions()
+    code, again = push_run(root, "good", "--keep", "1")
+    assert code == 0 and again["already_pushed"] and repo.versions() == before and again["retired"] == []
 
 
 # `stoke push` in a child process whose publish starts 3 s late: long enough that a second push,
