@@ -12,9 +12,9 @@ import datetime
 import posixpath
 import re
 
-from components.common.files import filesystem, join, read_json
+from components.common.files import filesystem, join
 from components.contracts.config import check_run_id
-from components.contracts.results import SpanManifest
+from components.contracts.results import ResultError, SpanManifest, load_json
 
 MANIFEST = "_MANIFEST.json"
 DEAD_LETTER = "dead_letter.jsonl"
@@ -103,7 +103,13 @@ class Root:
 
     def read_labels(self) -> list[str]:
         fs, path = filesystem(self.labels)
-        return read_json(self.labels) if fs.exists(path) else []
+        if not fs.exists(path):
+            return []
+        labels = load_json(self.labels)
+        if not isinstance(labels, list) or not all(isinstance(name, str) for name in labels):
+            raise ResultError(f"{self.labels} is not a list of label names; restore it from a backup, or remove it "
+                              "and ingest rebuilds it from the spans' manifests")
+        return labels
 
     def span_numbers(self) -> list[int]:
         """Numbers of every span folder, published or not."""

@@ -26,10 +26,7 @@ class Result(BaseModel):
 
     @classmethod
     def read(cls, uri: str):
-        try:
-            return cls.check(read_json(uri), uri)
-        except json.JSONDecodeError as error:
-            raise ResultError(f"{uri} is not JSON: {error}") from None
+        return cls.check(load_json(uri), uri)
 
     @classmethod
     def check(cls, data, uri: str):
@@ -45,6 +42,22 @@ class Result(BaseModel):
     def to_json(self) -> dict:
         """The plain JSON object, as written to the file and printed as a stage's summary."""
         return self.model_dump(mode="json")
+
+
+def load_json(uri: str):
+    """The JSON value in the file at `uri`. A file that is not one (not UTF-8, not JSON, nested deeper
+    than Python's parser goes, or a folder) is a ResultError naming it: every reader of ROOT's files
+    then ends in one line, never a traceback."""
+    try:
+        return read_json(uri)
+    except json.JSONDecodeError as error:
+        raise ResultError(f"{uri} is not JSON: {error}") from None
+    except UnicodeDecodeError:
+        raise ResultError(f"{uri} is not UTF-8 text, so it is not JSON") from None
+    except RecursionError:
+        raise ResultError(f"{uri} is nested too deep to be one of Stoke's files") from None
+    except IsADirectoryError:
+        raise ResultError(f"{uri} is a folder, not a file") from None
 
 
 def _problems(error: ValidationError) -> str:
