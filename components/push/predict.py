@@ -21,13 +21,11 @@ def check_image(name: str, data: bytes) -> None:
     """Fails with a clear message unless `data` decodes as an image that the serving signature
     takes: an accepted format with at most MAX_MEGAPIXELS, both read from the header first."""
     try:
-        image = open_image(data, int(MAX_MEGAPIXELS * 1e6))
+        with open_image(data, int(MAX_MEGAPIXELS * 1e6)) as image:
+            image.load()
     except ImageRefused as refused:
         raise PredictError(f"{name} is not a readable image ({refused})") from None
-    try:
-        with image:
-            image.load()
-    except (OSError, ValueError, SyntaxError) as exc:
+    except (OSError, ValueError, SyntaxError) as exc:  # Pillow's word for a damaged file, header or pixels
         raise PredictError(f"{name} is not a readable image ({exc})") from None
 
 
