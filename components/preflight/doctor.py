@@ -17,7 +17,7 @@ from components.contracts.results import ResultError, SpanManifest
 from components.preflight.checks import Check, Report
 from components.preflight.gpus import gpu_check, tensorflow_check
 from components.preflight.limits import cpu_check, memlock_check, open_files_check, shm_check
-from components.preflight.storage import disk_health, free_space, local_path, read_throughput
+from components.preflight.storage import disk_health, free_space, local_path, read_throughput, writable
 
 
 def run_checks(root: str, source: str | None = None, require_gpu: bool = False,
@@ -34,6 +34,7 @@ def run_checks(root: str, source: str | None = None, require_gpu: bool = False,
         Check("disk health", "skip", f"ROOT {root} is not a local path; its store keeps its own disks")]
     checks.append(_guarded("read throughput", read_throughput, root, manifests, sample_mb, min_read_mbps))
     checks.append(_guarded("free space", free_space, root, manifests))
+    checks.append(_guarded("ROOT writable", writable, root))
     gpu = _guarded("GPU", gpu_check, require_gpu)
     gpus = gpu.facts.get("count", 0)
     checks += [gpu, _guarded("TensorFlow GPUs", tensorflow_check, require_gpu, gpus),

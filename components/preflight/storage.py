@@ -7,6 +7,7 @@ import os
 import shutil
 import tempfile
 import time
+import uuid
 from collections import defaultdict
 
 from components.common.files import filesystem, is_local, join, protocol, read_json, uri_of
@@ -229,6 +230,24 @@ def free_space(root: str, manifests: list[SpanManifest]) -> Check:
         return Check("free space", "warn", summary + " (less than two spans left)",
                      "free space under ROOT before the next ingest", facts)
     return Check("free space", "ok", summary, facts=facts)
+
+
+def writable(root: str) -> Check:
+    """ROOT takes a small file and gives it back: training, gate and push all write under it.
+    A local ROOT that does not exist yet is tried at its nearest existing folder, where the stages
+    would create it."""
+    local = local_path(root)
+    folder = _existing(local) if local else root
+    fs, path = filesystem(folder)
+    probe = join(path, f".stoke-preflight-{uuid.uuid4().hex[:12]}")
+    try:
+        fs.pipe_file(probe, b"stoke preflight\n")
+        fs.rm(probe)
+    except OSError as e:
+        return Check("ROOT writable", "fail", f"cannot write under {folder}: {e.strerror or e}",
+                     "make ROOT writable (mount it read-write, fix its owner or the bucket's permissions)",
+                     {"path": folder})
+    return Check("ROOT writable", "ok", f"{folder} takes a new file", facts={"path": folder})
 
 
 def _size(nbytes: int) -> str:

@@ -472,3 +472,29 @@ def test_a_broken_span_manifest_is_a_failed_check_naming_it(tmp_path):
     report = doctor.run_checks(root, sample_mb=4)
     [check] = [c for c in report.checks if c.name == "span manifests"]
     assert check.status == "fail" and check.summary.startswith(f"{manifest} is not JSON")
+
+
+def test_a_read_only_root_fails_preflight(tmp_path, monkeypatch, capfd):
+    """Training, gate and push all write under ROOT, so a ROOT they cannot write fails. Tests run as
+    root, where chmod 0o555 does not stop writes, so the write under ROOT raises EROFS here, as a
+    read-only mount would."""
+    import errno
+
+    from fsspec.implementations.local import LocalFileSystem
+
+    root = tmp_path / "root"
+    root.mkdir()
+    real = LocalFileSystem.pipe_file
+
+    def read_only(self, path, *args, **kwargs):
+        if str(path).startswith(str(root)):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
+        return real(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(LocalFileSystem, "pipe_file", read_only)
+    check = storage.writable(str(root))
+    assert check.status == "fail" and "Read-only file system" in check.summary and check.fix
+    assert doctor.run(["--root", str(root), "--json", "--sample-mb", "4"]) == 1  # in-process, patched
+    assert "stoke preflight: ROOT writable failed" in capfd.readouterr().err
+    monkeypatch.undo()
+    assert storage.writable(str(root)).status == "ok" and os.listdir(root) == []
