@@ -31,7 +31,7 @@ import tempfile
 from typing import NamedTuple
 
 from components.common import clock, plots, processes
-from components.common.files import exists, filesystem, is_local, join, remove, write_text
+from components.common.files import check_writable, exists, filesystem, is_local, join, remove, write_text
 from components.common.repository import SAVED_MODEL, Repository, RepositoryError
 from components.contracts import program, schema
 from components.contracts.config import GateConfig, from_arguments
@@ -53,7 +53,7 @@ class GateError(Exception):
 def run(argv: list[str] | None = None) -> int:
     args = program.arguments("stoke gate", __doc__, GateConfig).parse_args(argv)
     return program.main("stoke gate", args.json, lambda: gate(from_arguments(GateConfig, args)),
-                        _describe, errors=(GateError, RepositoryError, ResultError))
+                        _describe, errors=(GateError, RepositoryError, ResultError, OSError))
 
 
 def _describe(summary: dict) -> str:
@@ -112,6 +112,7 @@ class Decision(NamedTuple):
 def gate(config: GateConfig) -> dict:
     """Gathers the inputs, evaluates, decides and writes; returns validation.json's content."""
     inputs = gather(config)
+    check_writable(inputs.run.uri)  # before TFMA's minutes, not after them
     results, serving = evaluate(config, inputs)
     metrics = dict(results["candidate"], majority_class_rate=inputs.majority_rate,
                    eval_label_counts={label_name(inputs.labels, k): v for k, v in sorted(inputs.counts.items())})

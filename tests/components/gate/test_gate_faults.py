@@ -1,4 +1,5 @@
-"""`stoke gate` on a truncated eval shard: one error line naming the shard, never a traceback."""
+"""`stoke gate` on a truncated eval shard or a read-only ROOT: one error line naming the shard or
+the path, never a traceback."""
 from __future__ import annotations
 
 import json
@@ -7,6 +8,7 @@ import os
 import pytest
 
 from components.contracts.layout import Root
+from tests.components.faults import read_only
 from tests.components.gate_runs import copy_root, gate_scenario
 
 
@@ -50,3 +52,15 @@ def test_a_shard_that_breaks_inside_tfma_is_named_too(trained_runs, tmp_path, ca
     _truncate(shards[0].uri)
     code, err, _ = _gate(root, capsys)
     assert code == 1 and err.count("\n") == 1 and shards[0].uri in err and "Traceback" not in err, err
+
+
+def test_a_read_only_root_is_one_line_naming_the_path(trained_runs, tmp_path, capsys, monkeypatch):
+    """Tests run as root, which writes anywhere: read_only() makes every write under ROOT raise EROFS.
+    The gate finds out before TFMA runs, not when it writes its results."""
+    root = copy_root(trained_runs, tmp_path)
+    read_only(monkeypatch, root)
+    code, err, summary = _gate(root, capsys)
+    assert code == 1, err
+    run = os.path.join(root, "runs", "good")
+    assert err == f"stoke gate: error: {run} cannot be written: read-only file system\n", err
+    assert summary["error"] == f"{run} cannot be written: read-only file system"
