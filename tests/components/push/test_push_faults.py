@@ -9,6 +9,7 @@ import errno
 import os
 import shutil
 
+import fsspec.implementations.local as local_fs
 import pytest
 
 from components.common.repository import Repository
@@ -62,3 +63,46 @@ def test_rollback_on_a_read_only_root_is_one_line_and_moves_nothing(trained_runs
     assert "cannot be written: read-only file system" in line and root in line, line
     monkeypatch.undo()
     assert listing(root) == before and Repository(root, "stoke").rolled_back() == []
+
+
+def _disk_fills(monkeypatch, repo_path: str, after: int = 1, cleanup_fails: bool = False) -> None:
+    """Drill: the copy into the repository raises ENOSPC once `after` files are in, as a full disk
+    does; with `cleanup_fails`, removing the partial copy fails too."""
+    copied = []
+    real_copy, real_rm = local_fs.LocalFileSystem.cp_file, local_fs.LocalFileSystem.rm
+
+    def cp_file(self, path1, path2, **kwargs):
+        if str(path2).startswith(repo_path) and len(copied) >= after:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path2))
+        copied.append(path2)
+        return real_copy(self, path1, path2, **kwargs)
+
+    def rm(self, path, *args, **kwargs):
+        if cleanup_fails and ".push-" in str(path):
+            raise OSError(errno.EIO, os.strerror(errno.EIO), str(path))
+        return real_rm(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(local_fs.LocalFileSystem, "cp_file", cp_file)
+    monkeypatch.setattr(local_fs.LocalFileSystem, "rm", rm)
+
+
+@pytest.mark.parametrize("cleanup_fails", [False, True])
+def test_a_disk_that_fills_mid_push_is_one_line_and_the_next_push_succeeds(trained_runs, tmp_path, capsys,
+                                                                           monkeypatch, cleanup_fails):
+    root = _before_third_push(trained_runs, tmp_path)
+    repo = Repository(root, "stoke")
+    before = repo.versions()
+    _disk_fills(monkeypatch, repo.path, cleanup_fails=cleanup_fails)
+    code, summary = push_run(root, "mixed", "--no-build-image")
+    line = _one_line(capsys, "stoke push")
+    assert code == 1 and "cannot be written: no space left on device" in line and repo.path in line, line
+    assert summary["pushed"] is False
+    monkeypatch.undo()
+    names = os.listdir(repo.path)
+    assert repo.versions() == before and not [n for n in names if n.isdigit() and int(n) not in before]
+    assert any(n.startswith(".push-") for n in names) == cleanup_fails  # left only when removing it failed
+    assert not os.path.exists(os.path.join(root, "runs", "mixed", "pushed.json"))
+    code, pushed = push_run(root, "mixed", "--no-build-image")  # space again: the push goes through
+    assert code == 0 and pushed["pushed"] and repo.versions() == before + [pushed["version"]], pushed
+    assert bool(pushed["cleaned_partial"]) == cleanup_fails
+    assert not any(n.startswith(".push-") for n in os.listdir(repo.path))
