@@ -86,3 +86,20 @@ def uri_of(fs: fsspec.AbstractFileSystem, path: str) -> str:
 def is_uri(location: str) -> bool:
     """A location with a scheme (`s3://b/k`, `file:///x`), not a local path."""
     return "://" in location
+
+
+def check_writable(uri: str) -> None:
+    """Raises OSError naming `uri` when a local folder cannot be created or written (a read-only
+    or full disk, wrong permissions), before a long stage spends its time and then fails to record it.
+    Object stores are not probed: their writes fail with the store's own message."""
+    fs, path = filesystem(uri)
+    if not is_local(fs):
+        return
+    probe = os.path.join(path, f".stoke-write-probe-{os.getpid()}")
+    try:
+        os.makedirs(path, exist_ok=True)
+        with open(probe, "wb"):
+            pass
+        os.remove(probe)
+    except OSError as error:
+        raise OSError(error.errno, error.strerror, path) from None

@@ -216,10 +216,18 @@ class Repository:
             self.fs.rm(target, recursive=True)
             raise RepositoryError(f"{lost}: stopping before anything becomes visible to TF Serving") from None
         except BaseException:
-            if self.fs.exists(target):
-                self.fs.rm(target, recursive=True)
+            self._discard(target)
             raise
         return join(self.uri, str(version))
+
+    def _discard(self, target: str) -> None:
+        """Removes a failed push's copy, best effort: when that fails too (a disk gone bad), the error
+        that stopped the push is the one reported, and the next push's remove_partial() removes it."""
+        try:
+            if self.fs.exists(target):
+                self.fs.rm(target, recursive=True)
+        except OSError:
+            pass
 
     def _write(self, path: str, data: bytes, create: bool = False) -> None:
         self.fs.makedirs(posixpath.dirname(path), exist_ok=True)

@@ -4,6 +4,7 @@ flows read."""
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import sys
@@ -38,7 +39,7 @@ def main(prog: str, as_json: bool, work: Callable[[], Result | dict], describe: 
     except ValidationError as error:
         return _fail(prog, as_json, settings_message(error), failed, BAD_SETTINGS)
     except errors as error:
-        return _fail(prog, as_json, str(error), failed, FAILED)
+        return _fail(prog, as_json, os_error_line(error) if isinstance(error, OSError) else str(error), failed, FAILED)
     if isinstance(summary, Result):
         summary = summary.to_json()
     print(json.dumps(summary, sort_keys=True) if as_json else describe(printable(summary)), flush=True)
@@ -90,6 +91,20 @@ def escape_logs(*names: str) -> None:
     for name in names:
         if not any(isinstance(f, PrintableLogs) for f in logging.getLogger(name).filters):
             logging.getLogger(name).addFilter(PrintableLogs())
+
+
+def os_error_line(error: OSError) -> str:
+    """`/root/runs/x cannot be written: read-only file system`: the path and what the system said,
+    for the OSErrors a program turns into its one error line (a full disk, a read-only ROOT)."""
+    path = error.filename if error.filename is not None else error.filename2
+    why = (error.strerror or type(error).__name__).lower()
+    if path is None:
+        return str(error)
+    if error.errno in (errno.EROFS, errno.ENOSPC, errno.EDQUOT):
+        return f"{path} cannot be written: {why}"
+    if error.errno in (errno.EACCES, errno.EPERM):
+        return f"{path} cannot be written or read: {why} (check the owner and mode of ROOT)"
+    return f"{path}: {why}"
 
 
 def settings_message(error: ValidationError) -> str:

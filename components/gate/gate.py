@@ -31,7 +31,7 @@ import tempfile
 from typing import NamedTuple
 
 from components.common import clock, plots, processes
-from components.common.files import exists, filesystem, is_local, join, remove, write_text
+from components.common.files import check_writable, exists, filesystem, is_local, join, remove, write_text
 from components.common.repository import SAVED_MODEL, Repository, RepositoryError
 from components.contracts import program, schema
 from components.contracts.config import GateConfig, from_arguments
@@ -39,6 +39,7 @@ from components.contracts.layout import Root, RunDir, Shard
 from components.contracts.results import ResultError, TrainMetrics, Validation
 from components.gate import records, rule
 from components.gate.labelset import known_classes, label_set_reasons
+from components.gate.shards import named_corruption
 from components.gate.tfma import eval_config_for, label_name, read_tfma, run_tfma
 
 # Loading the model, replaying the warm-up and, when there is one, starting the real server.
@@ -52,7 +53,7 @@ class GateError(Exception):
 def run(argv: list[str] | None = None) -> int:
     args = program.arguments("stoke gate", __doc__, GateConfig).parse_args(argv)
     return program.main("stoke gate", args.json, lambda: gate(from_arguments(GateConfig, args)),
-                        _describe, errors=(GateError, RepositoryError, ResultError))
+                        _describe, errors=(GateError, RepositoryError, ResultError, OSError))
 
 
 def _describe(summary: dict) -> str:
@@ -111,6 +112,7 @@ class Decision(NamedTuple):
 def gate(config: GateConfig) -> dict:
     """Gathers the inputs, evaluates, decides and writes; returns validation.json's content."""
     inputs = gather(config)
+    check_writable(inputs.run.uri)  # before TFMA's minutes, not after them
     results, serving = evaluate(config, inputs)
     metrics = dict(results["candidate"], majority_class_rate=inputs.majority_rate,
                    eval_label_counts={label_name(inputs.labels, k): v for k, v in sorted(inputs.counts.items())})
@@ -137,7 +139,8 @@ def gather(config: GateConfig) -> GateInputs:
     if not sum(s.records for s in shards):
         raise GateError(f"spans {spans} of run {config.run_id} have no eval records to gate on")
 
-    counts, warm_images = _scan_eval(shards, config.warmup_images)
+    with named_corruption(shards, GateError):
+        counts, warm_images = _scan_eval(shards, config.warmup_images)
     majority_id, majority_count = counts.most_common(1)[0]
     majority_rate = majority_count / sum(counts.values())
     return GateInputs(run=run, candidate=candidate, labels=labels, spans=spans, shards=shards, counts=counts,
@@ -186,12 +189,13 @@ def evaluate(config: GateConfig, inputs: GateInputs) -> tuple[dict, dict]:
         models = {"candidate": _tf_readable(inputs.candidate, scratch, "candidate")}
         if served.uri:
             models["baseline"] = _tf_readable(served.uri, scratch, "baseline")
-        run_tfma(eval_config, models, inputs.shards, run.tfma)
-        results = read_tfma(run.tfma, inputs.labels, inputs.top_k)
-        versions = {version: (models["baseline"] if version == served.version else
-                              _tf_readable(uri, scratch, f"version-{version}"), known)
-                    for version, (uri, known) in served.retained.items()} if served.uri else {}
-        results["pairs"] = records.pairs(models["candidate"], versions, inputs.shards) if versions else {}
+        with named_corruption(inputs.shards, GateError):
+            run_tfma(eval_config, models, inputs.shards, run.tfma)
+            results = read_tfma(run.tfma, inputs.labels, inputs.top_k)
+            versions = {version: (models["baseline"] if version == served.version else
+                                  _tf_readable(uri, scratch, f"version-{version}"), known)
+                        for version, (uri, known) in served.retained.items()} if served.uri else {}
+            results["pairs"] = records.pairs(models["candidate"], versions, inputs.shards) if versions else {}
 
         _write_warmup(run.warmup, inputs.warm_images, config.model_name)
         serving = serving_check(models["candidate"], _tf_readable(run.warmup, scratch, "warmup"), config.model_name)

@@ -48,7 +48,7 @@ class PushError(Exception):
 def run(argv: list[str] | None = None) -> int:
     args = program.arguments("stoke push", __doc__, PushConfig).parse_args(argv)
     return program.main("stoke push", args.json, lambda: push(from_arguments(PushConfig, args)), _describe,
-                        errors=(PushError, RepositoryError, ServingError, ResultError),
+                        errors=(PushError, RepositoryError, ServingError, ResultError, OSError),
                         failed=PushSummary(pushed=False))
 
 

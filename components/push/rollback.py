@@ -57,7 +57,7 @@ def run(argv: list[str] | None = None) -> int:
                 f"{ROLLED_BACK_PREFIX}{summary['rolled_back']}); serving version {summary['serving_version']}")
 
     return program.main("stoke rollback", args.json, lambda: rollback(args.root, args.model_name, args.reason),
-                        describe, errors=(RepositoryError, ServingError))
+                        describe, errors=(RepositoryError, ServingError, OSError))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import sys
 import tensorflow as tf
 import tf_keras as keras
 
-from components.common.files import exists
+from components.common.files import check_writable, exists
 from components.contracts.config import DEFAULT_BATCH, MIN_STEPS_PER_EPOCH, SMALL_BATCH, TrainConfig
 from components.contracts.layout import Root, RunDir, Shard, SpanQuarantined, new_run_id, parse_spans
 
@@ -140,6 +140,7 @@ def find_data(config: TrainConfig) -> tuple[RunDir, list[Shard], list[Shard], li
               "a new ROOT with a larger --max-side", file=sys.stderr, flush=True)
     if exists(run.metrics):
         raise TrainError(f"run {run.run_id} already finished ({run.metrics}); choose a new --run-id")
+    check_writable(run.uri)  # a read-only or full ROOT fails here, not after training
     return run, train_shards, eval_shards, labels
 
 

@@ -45,7 +45,7 @@ def run(argv: list[str] | None = None) -> int:
     progress = program.progress_printer(as_json=True) if args.json else None
     return program.main("stoke train", args.json,
                         lambda: train(from_arguments(TrainConfig, args).resolved(), progress),
-                        _describe, errors=(TrainError, ResultError))
+                        _describe, errors=(TrainError, ResultError, OSError))
 
 
 def _describe(summary: dict) -> str:

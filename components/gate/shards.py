@@ -1,0 +1,64 @@
+"""The gate's eval shards when TensorFlow cannot read them: which shard, and why, in one line.
+
+A truncated or bit-flipped shard makes TensorFlow raise DataLossError wherever it is read (the
+label scan, TFMA inside Beam, the paired comparison), and Beam wraps what its workers raise. Each
+read runs under `named_corruption`, which turns any such failure into a GateError naming the
+shards that break, found by reading every record once (CRC checked, nothing parsed).
+"""
+from __future__ import annotations
+
+import contextlib
+
+# What TensorFlow's record reader, or Beam's own (a ValueError), says about a damaged file, in
+# whatever exception Beam re-raises.
+_SIGNS = ("DataLossError", "corrupted record", "truncated record", "Data loss", "Not a valid TFRecord",
+          "Compressed file ended", "Error -3 while decompressing")
+
+
+def damaged(error: BaseException) -> bool:
+    """Whether `error`, an exception it wraps or its message, is TensorFlow's DataLossError."""
+    import tensorflow as tf
+
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, tf.errors.DataLossError) or any(sign in str(error) for sign in _SIGNS):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def broken(shards) -> list[str]:
+    """'<uri> (<why>; N of M records readable)' for each shard that does not read to its end."""
+    import tensorflow as tf
+
+    out = []
+    for shard in shards:
+        records = tf.data.TFRecordDataset(shard.uri, compression_type=shard.compression)
+        readable = int(records.ignore_errors().reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
+        why = None
+        try:
+            for _ in records.skip(readable).take(1):
+                pass
+        except (tf.errors.DataLossError, tf.errors.OutOfRangeError) as exc:
+            why = exc.message.split("[Op:")[0].split("}}")[-1].strip() or type(exc).__name__
+        if why is None and readable < shard.records:
+            why = f"ends after {readable} records"
+        if why is not None:
+            out.append(f"{shard.uri} ({why}; {readable} of {shard.records} records readable)")
+    return out
+
+
+@contextlib.contextmanager
+def named_corruption(shards, refuse):
+    """Runs the block; a damaged-record failure becomes `refuse(message)` naming the bad shards."""
+    try:
+        yield
+    except Exception as error:
+        if not damaged(error):
+            raise
+        bad = broken(shards)
+        if not bad:
+            raise
+        raise refuse(f"corrupt eval shard: {', '.join(bad)}; restore or re-ingest the span, "
+                     "then gate again") from None
