@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 
+from components.common.shard_scan import scan_shards
+
 # What TensorFlow's record reader, or Beam's own (a ValueError), says about a damaged file, in
 # whatever exception Beam re-raises.
 _SIGNS = ("DataLossError", "corrupted record", "truncated record", "Data loss", "Not a valid TFRecord",
@@ -30,23 +32,8 @@ def damaged(error: BaseException) -> bool:
 
 def broken(shards) -> list[str]:
     """'<uri> (<why>; N of M records readable)' for each shard that does not read to its end."""
-    import tensorflow as tf
-
-    out = []
-    for shard in shards:
-        records = tf.data.TFRecordDataset(shard.uri, compression_type=shard.compression)
-        readable = int(records.ignore_errors().reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
-        why = None
-        try:
-            for _ in records.skip(readable).take(1):
-                pass
-        except (tf.errors.DataLossError, tf.errors.OutOfRangeError) as exc:
-            why = exc.message.split("[Op:")[0].split("}}")[-1].strip() or type(exc).__name__
-        if why is None and readable < shard.records:
-            why = f"ends after {readable} records"
-        if why is not None:
-            out.append(f"{shard.uri} ({why}; {readable} of {shard.records} records readable)")
-    return out
+    return [f"{scan.uri} ({scan.error}; {scan.readable} of {scan.expected} records readable)"
+            for scan in scan_shards(shards) if scan.error]
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ import os
 
 import tensorflow as tf
 
+from components.common.shard_scan import ShardScan
 from components.contracts import schema
 from components.contracts.layout import Shard
 from components.train import eval_batches
@@ -245,7 +246,7 @@ def _records(shards: list[Shard], options: PipelineOptions, pipelines: int, pipe
     def read(uri, compression):
         records = tf.data.TFRecordDataset(uri, compression_type=compression, buffer_size=4 << 20)
         # A bad CRC ends that shard's reading (the reader cannot find the next record boundary);
-        # the training report counts the records lost (see scan_shards).
+        # the training report counts the records lost (see components/common/shard_scan.py).
         return records.ignore_errors() if options.skip_corrupt else records
 
     records = files.interleave(read, cycle_length=min(len(shards), 16), block_length=1,
@@ -343,41 +344,6 @@ def stored_images(shards: list[Shard], image_size: int, sample: int = 256) -> di
     records_total = sum(s.records for s in shards)
     return {"stored_short_side": sorted(sides)[len(sides) // 2], "jpeg_share": jpegs / len(sides),
             "decoded_gb": records_total * sum(decoded) / len(decoded) / 1e9, "memory_gb": _physical_memory() / 1e9}
-
-
-# ---------------------------------------------------------------- corrupt shards
-
-@dataclasses.dataclass(frozen=True)
-class ShardScan:
-    uri: str
-    expected: int
-    readable: int
-    error: str | None
-
-    @property
-    def lost(self) -> int:
-        return max(self.expected - self.readable, 0)
-
-
-def scan_shards(shards: list[Shard]) -> list[ShardScan]:
-    """Reads every record of every shard (CRC checked, nothing parsed) and reports which break.
-
-    Costs one pass of decompression over the split, which is why training only runs it with
-    --skip-corrupt (to count what it skipped) or after a read failed (to name the shard)."""
-    results = []
-    for shard in shards:
-        records = tf.data.TFRecordDataset(shard.uri, compression_type=shard.compression, buffer_size=4 << 20)
-        readable = int(records.ignore_errors().reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
-        error = None
-        try:
-            for _ in records.skip(readable).take(1):
-                pass
-        except (tf.errors.DataLossError, tf.errors.OutOfRangeError) as exc:
-            error = exc.message.split("[Op:")[0].split("}}")[-1].strip() or type(exc).__name__
-        if error is None and readable < shard.records:
-            error = f"ends after {readable} records"
-        results.append(ShardScan(shard.uri, shard.records, readable, error))
-    return results
 
 
 class CorruptShardError(RuntimeError):

@@ -13,6 +13,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from components.common.files import check_writable, exists
+from components.common.shard_scan import scan_shards
 from components.contracts.config import DEFAULT_BATCH, MIN_STEPS_PER_EPOCH, SMALL_BATCH, TrainConfig
 from components.contracts.layout import Root, RunDir, Shard, SpanQuarantined, new_run_id, parse_spans
 
@@ -148,11 +149,10 @@ def readable_records(config: TrainConfig, train_shards: list[Shard],
                      eval_shards: list[Shard]) -> tuple[list, int, list[int]]:
     """The corrupt shards, the train records and each eval shard's records to count on: with
     --skip-corrupt, what is readable now (one pass over the split); otherwise what the manifests promise."""
-    from components.train import input_pipeline as pipeline
 
     if not config.skip_corrupt:
         return [], sum(s.records for s in train_shards), [s.records for s in eval_shards]
-    scans = pipeline.scan_shards(train_shards + eval_shards)
+    scans = scan_shards(train_shards + eval_shards)
     return ([s for s in scans if s.error], sum(s.readable for s in scans[:len(train_shards)]),
             [s.readable for s in scans[len(train_shards):]])
 

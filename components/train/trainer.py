@@ -24,6 +24,7 @@ from collections.abc import Callable
 import tensorflow as tf
 import tf_keras as keras
 
+from components.common.shard_scan import scan_shards
 from components.contracts import program
 from components.contracts.config import TrainConfig, from_arguments
 from components.contracts.layout import RunDir, Shard
@@ -156,7 +157,7 @@ def fit(config: TrainConfig, plan: RunPlan, model, train_data, eval_data, mine: 
                                 validation_data=eval_data, validation_steps=plan.validation_steps or None,
                                 callbacks=callbacks, verbose=2)
     except tf.errors.DataLossError:
-        bad = [s for s in pipeline.scan_shards(plan.train_shards + plan.eval_shards) if s.error]
+        bad = [s for s in scan_shards(plan.train_shards + plan.eval_shards) if s.error]
         if not bad:
             raise
         raise TrainError(str(pipeline.CorruptShardError(bad))) from None

@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
+from components.common.shard_scan import scan_shards
 from components.contracts.layout import Root
 from components.train import input_pipeline as pipeline
 
@@ -187,7 +188,7 @@ def corrupt_spans_root(small_spans_root, tmp_path_factory):
 
 
 def test_scan_names_the_corrupt_shard_and_counts_lost_records(corrupt_spans_root):
-    scans = pipeline.scan_shards(Root(corrupt_spans_root).shards("train"))
+    scans = scan_shards(Root(corrupt_spans_root).shards("train"))
     assert [s.error is not None for s in scans] == [False, True, False]
     bad = scans[1]
     assert bad.uri.endswith("train-00001-of-00003.tfrecord.gz")
