@@ -30,7 +30,7 @@ from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions,
 from beam_jobs.debris import STAGING_PREFIX, MisplacedSpan, remove, remove_debris
 from beam_jobs.duplicates import Findings, settle
 from beam_jobs.pipeline import STAGED_DEAD_LETTERS, STAGED_SHARDS, build
-from beam_jobs.sources import Source, identities, known, list_source
+from beam_jobs.sources import Source, identities, known, list_named, list_source
 from beam_jobs.statistics import label_conflicts, write_statistics
 from beam_jobs.unchanged import without_unchanged
 from components.common import clock
@@ -78,10 +78,7 @@ def _ingest(config: IngestConfig, pipeline_args: list[str], root: Root, started:
     except MisplacedSpan as error:
         raise IngestError(str(error)) from None
 
-    try:
-        listing = list_source(config.source, config.eval_fraction, config.allow_outside_source)
-    except (FileNotFoundError, ValueError) as error:
-        raise IngestError(str(error)) from None
+    listing = listed(config)
     manifests = root.manifests(quarantined=True)  # quarantined spans are published: their files are known
     published = identities(manifests)
     fresh = [s for s in listing.sources if known(s) not in published]
@@ -144,6 +141,28 @@ def _convert(root, manifests, staging, chunks, fresh, config, pipeline_args, pro
     shards, copies, findings = settle(staging, read_json(join(staging, STAGED_SHARDS)), fresh, indexes,
                                       config.compression)
     return shards, dead + copies, findings
+
+
+def listed(config: IngestConfig):
+    """What SOURCE holds: every file, or only those bucket notifications announced (--arrived)."""
+    try:
+        if config.arrived:
+            return list_named(config.source, announced(config.arrived), config.eval_fraction)
+        return list_source(config.source, config.eval_fraction, config.allow_outside_source)
+    except (FileNotFoundError, ValueError) as error:
+        raise IngestError(str(error)) from None
+
+
+def announced(uri: str) -> list[str]:
+    """The URIs of an --arrived file, one a line."""
+    fs, path = filesystem(uri)
+    try:
+        text = fs.cat_file(path).decode("utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"--arrived {uri} does not exist") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"--arrived {uri} is not UTF-8 text") from None
+    return [line.strip() for line in text.splitlines() if line.strip()]
 
 
 def extended_labels(root: Root, manifests: list[SpanManifest], fresh: list[Source]) -> list[str]:

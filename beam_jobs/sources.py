@@ -13,7 +13,7 @@ import json
 import os
 import posixpath
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import fsspec
 
@@ -51,6 +51,7 @@ class Source:
 class Listing:
     sources: list[Source]
     rejected: list[tuple[Source, str]]  # files that cannot be ingested at all, with the reason
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # named, but no file of SOURCE: why
 
 
 def list_source(source: str, eval_fraction: float, allow_outside: bool = False) -> Listing:
@@ -74,6 +75,49 @@ def list_source(source: str, eval_fraction: float, allow_outside: bool = False) 
         raise ValueError(f"source {source} is neither a folder nor a .csv/.jsonl manifest")
     sources = [s if s.split else _with_split(s, eval_fraction) for s in listing.sources]
     return Listing(sources, listing.rejected)
+
+
+def list_named(source: str, uris: list[str], eval_fraction: float = 0.0) -> Listing:
+    """The files of a folder SOURCE that `uris` name (as bucket notifications do), listed as
+    `list_source` lists them; what is outside SOURCE or gone goes to `skipped`, and what is not an
+    image (hidden, a sidecar) is left out, as a listing leaves it out. Only the named files are read."""
+    local = local_path(source)
+    fs, base = (LOCAL, local) if local else filesystem(source)
+    if base.lower().endswith(MANIFEST_SUFFIXES):
+        raise ValueError(f"source {source} is a manifest: notifications name the files of a folder")
+    base = posixpath.normpath(base)
+    fs.invalidate_cache()  # a file announced a moment ago is not in a listing cached before it
+    found, skipped = [], []
+    for uri in uris:
+        path = _path_in(fs, uri)
+        relative = posixpath.relpath(path, base) if path and path.startswith(base.rstrip("/") + "/") else None
+        if relative is None:
+            skipped.append((uri, f"not under {source}"))
+        elif is_candidate(relative):
+            found.append((uri_of(fs, path), relative))
+    with ThreadPoolExecutor(max_workers=16) as pool:  # one metadata request per file on object stores
+        infos = list(pool.map(lambda entry: _info(entry[0]), found))
+    listed, rejected = [], []
+    for (uri, relative), info in zip(found, infos):
+        if info == "not found":
+            skipped.append((uri, "not found: removed since it was announced"))
+        elif isinstance(info, str):
+            rejected.append((Source(uri, 0, ""), info))
+        else:
+            listed.append(Source(uri, int(info["size"]), _version(info), key=relative))
+    listing = _labelled(listed)
+    sources = [_with_split(s, eval_fraction) for s in listing.sources]
+    return Listing(sources, listing.rejected + rejected, skipped)
+
+
+def _path_in(fs, uri: str) -> str | None:
+    """`uri` as a normalized path of the store `fs`, or None when it is of another store."""
+    scheme, has_scheme, rest = uri.partition("://")
+    if CHAINING in uri or (has_scheme and STORES.get(scheme.lower()) != _store(fs)) or (not has_scheme and not is_local(fs)):
+        return None
+    if is_local(fs):
+        return os.path.realpath(rest if has_scheme else uri)
+    return posixpath.normpath(rest)
 
 
 def identities(manifests: list[SpanManifest]) -> set[tuple[str, int, str]]:

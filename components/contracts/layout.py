@@ -178,6 +178,7 @@ class RunDir:
     def _file(self, name: str) -> str:
         return join(self.uri, name)
 
+    arrived = property(lambda self: self._file("arrived.txt"))  # files notifications announced: all ingest reads
     # training: backup (resume), tensorboard, the candidate, metrics last
     backup = property(lambda self: self._file("backup"))
     tensorboard = property(lambda self: self._file("tensorboard"))
