@@ -12,6 +12,7 @@ import io
 import json
 import os
 import posixpath
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
@@ -124,6 +125,15 @@ def identities(manifests: list[SpanManifest]) -> set[tuple[str, int, str]]:
     """The source identities that published spans already hold, local paths by their real path
     (`known(source)` spells a listed source alike)."""
     return {(canonical(s.uri), s.size, s.version) for m in manifests for s in m.sources}
+
+
+def held(manifests: Iterable[SpanManifest], wanted: set[tuple[str, int, str]]) -> set[tuple[str, int, str]]:
+    """Which of the identities `wanted` the manifests hold; with `Root.each_manifest`, one span's
+    sources are in memory at a time, not every published one (as `identities` holds them)."""
+    found = set()
+    for manifest in manifests:
+        found.update(i for i in ((canonical(s.uri), s.size, s.version) for s in manifest.sources) if i in wanted)
+    return found
 
 
 def known(source: Source) -> tuple[str, int, str]:

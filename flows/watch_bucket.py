@@ -35,7 +35,7 @@ from prefect import flow, get_run_logger, task
 from prefect.events import emit_event
 from prefect.states import Failed
 
-from beam_jobs.sources import identities, known, list_named, list_source
+from beam_jobs.sources import held, identities, known, list_named, list_source
 from components.contracts.layout import Root
 from components.contracts.program import escape_logs
 from components.contracts.results import ResultError
@@ -132,8 +132,8 @@ def named_new_files(source: str, root: str, uris: list[str]) -> list[str]:
     listing = list_named(source, uris)
     for uri, why in listing.skipped:
         logger.warning("ignored %s: %s", uri, why)
-    published = identities(Root(root).manifests(quarantined=True))
     listed = listing.sources + [r for r, _ in listing.rejected]
+    published = held(Root(root).each_manifest(quarantined=True), {known(s) for s in listed})
     return sorted({s.uri for s in listed if known(s) not in published})
 
 

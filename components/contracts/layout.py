@@ -11,6 +11,7 @@ import dataclasses
 import datetime
 import posixpath
 import re
+from collections.abc import Iterator
 
 from components.common.files import filesystem, join
 from components.contracts.config import check_run_id
@@ -125,8 +126,11 @@ class Root:
         Quarantined spans are left out unless `quarantined`: training and the gate read what is left,
         while ingest (duplicates, labels, what is already known) counts every published span. Naming a
         quarantined span in `spans` raises SpanQuarantined rather than quietly reading less."""
+        return list(self.each_manifest(spans, quarantined=quarantined))
+
+    def each_manifest(self, spans: list[int] | None = None, *, quarantined: bool = False) -> Iterator[SpanManifest]:
+        """`manifests`, read one at a time: a reader that keeps little of each holds one span's in memory."""
         fs, _ = filesystem(self.spans)
-        found = []
         for number in self.span_numbers():
             if spans is not None and number not in spans:
                 continue
@@ -139,8 +143,7 @@ class Root:
                                           f"{self.quarantine(number)}); after looking at it, let it in with "
                                           f"`stoke spans release {number} --root {self.uri}`")
                 continue
-            found.append(SpanManifest.read(uri))
-        return found
+            yield SpanManifest.read(uri)
 
     def shards(self, split: str, spans: list[int] | None = None, *, quarantined: bool = False) -> list[Shard]:
         """Shard files of one split across the published spans (unpublished span folders are ignored;

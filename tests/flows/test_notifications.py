@@ -134,6 +134,11 @@ def test_a_crash_between_event_and_delete_redelivers_without_a_second_span(annou
     nightly = ingest(IngestConfig(source=announced["source"], root=announced["root"]), TINY_BEAM)
     assert nightly.published and nightly.new_sources == 1  # the full listing finds what was not announced
 
+    upload(announced, announced["images"][:1])  # the same bytes again: the same ETag, already published
+    again = watch_bucket(source=announced["source"], root=announced["root"], notifications=announced["queue"],
+                         **QUICK)
+    assert not again["emitted"] and again["reason"] == "nothing new" and in_queue(announced["url"]) == 0
+
 
 @pytest.fixture(scope="module")
 def pubsub(tmp_path_factory):
