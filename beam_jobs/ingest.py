@@ -27,6 +27,7 @@ from collections.abc import Callable
 import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
+from beam_jobs import bounded
 from beam_jobs.debris import STAGING_PREFIX, MisplacedSpan, remove, remove_debris
 from beam_jobs.duplicates import Findings, settle
 from beam_jobs.pipeline import STAGED_DEAD_LETTERS, STAGED_SHARDS, build
@@ -35,7 +36,7 @@ from beam_jobs.statistics import label_conflicts, write_statistics
 from beam_jobs.unchanged import without_unchanged
 from components.common import clock
 from components.common.content_index import write_index
-from components.common.files import filesystem, join, read_json, write_json, write_text
+from components.common.files import exists, filesystem, join, read_json, write_json, write_text
 from components.common.lease import LeaseError, LeaseHeld, exclusive
 from components.contracts import program, schema
 from components.contracts.config import IngestConfig, from_arguments
@@ -103,7 +104,7 @@ def _ingest(config: IngestConfig, pipeline_args: list[str], root: Root, started:
                                  dead_letters=dead[:20])
         check(fresh, refused, shards, dead, config.max_bad_fraction, copies)
         lease.check()
-        manifest = publish(root, number, shards, dead, labels, fresh, refused, config, findings)
+        manifest = publish_or_withdraw(root, number, shards, dead, labels, fresh, refused, config, findings)
     finally:
         remove(staging)
 
@@ -184,22 +185,24 @@ def extended_labels(root: Root, manifests: list[SpanManifest], fresh: list[Sourc
 
 def stage_sources(staging: str, fresh: list[Source], labels: list[str]) -> list[str]:
     index = {name: i for i, name in enumerate(labels)}
-    fs, path = filesystem(staging)
-    fs.makedirs(path, exist_ok=True)
     chunks = []
     for start in range(0, len(fresh), CHUNK):
         uri = join(staging, f"sources-{start // CHUNK:05d}.jsonl")
         lines = (json.dumps({**s.as_dict(), "label_id": index[s.label]}) for s in fresh[start:start + CHUNK])
-        fs.pipe_file(filesystem(uri)[1], ("\n".join(lines) + "\n").encode())
+        write_text(uri, "\n".join(lines) + "\n")
         chunks.append(uri)
     return chunks
 
 
 def run_pipeline(chunks: list[str], staging: str, config: IngestConfig, pipeline_args: list[str]) -> None:
     options = pipeline_options(pipeline_args)
-    try:
+
+    def job():
         with beam.Pipeline(options=options) as pipeline:
             build(pipeline, chunks, staging, config)
+
+    try:
+        bounded.run(job)
     except Exception as error:  # the runner wraps worker errors in its own types
         raise IngestError(f"the Beam job failed, nothing was published: {_last_line(error)} "
                           "(STOKE_DEBUG=1 shows Beam's log)") from error
@@ -236,6 +239,17 @@ def check(fresh, refused, shards, dead, max_bad_fraction: float, duplicates: int
         raise IngestError(
             f"{bad} of {total} new sources ({bad / total:.1%}) are bad, more than "
             f"--max-bad-fraction {max_bad_fraction}; nothing was published. First: {reasons}")
+
+
+def publish_or_withdraw(root: Root, number: int, *details) -> SpanManifest:
+    """Publishes the span, or removes what a failed write (a full disk) left of it: before its
+    manifest lands the folder was never published, so no reader can hold it."""
+    try:
+        return publish(root, number, *details)
+    except OSError as error:
+        if not exists(root.manifest(number)):
+            remove(root.span(number))
+        raise IngestError(f"{program.os_error_line(error)}; nothing was published") from None
 
 
 def publish(root, number, shards, dead, labels, fresh, refused, config, findings) -> SpanManifest:
@@ -342,10 +356,11 @@ def run(argv: list[str] | None = None) -> int:
     if not os.environ.get("STOKE_DEBUG"):
         # Beam relays every worker's log lines; the summary says what matters.
         logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
-    return program.main("stoke ingest", args.json,
+    code = program.main("stoke ingest", args.json,
                         lambda: ingest(from_arguments(IngestConfig, args), pipeline_args,
                                        program.progress_printer(args.json)), _describe,
                         errors=(IngestError, ResultError, OSError), failed=IngestSummary(published=False))
+    return bounded.exit_code(code)
 
 
 if __name__ == "__main__":
