@@ -12,16 +12,15 @@ import io
 import json
 import os
 import posixpath
-from collections.abc import Iterable
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 import fsspec
 
 from beam_jobs.images import EXTENSIONS
-from beam_jobs.local import CHAINING, NOT_REGULAR, canonical, local_path, walk
+from beam_jobs.local import CHAINING, NOT_REGULAR, local_path, walk
 from components.common.files import filesystem, is_local, is_uri, join, protocol, uri_of
-from components.contracts.results import SpanManifest
 
 MANIFEST_SUFFIXES = (".csv", ".jsonl")
 SPLIT_NAMES = {"train": "train", "eval": "eval", "validation": "eval"}
@@ -53,6 +52,11 @@ class Listing:
     sources: list[Source]
     rejected: list[tuple[Source, str]]  # files that cannot be ingested at all, with the reason
     skipped: list[tuple[str, str]] = field(default_factory=list)  # named, but no file of SOURCE: why
+
+    def entries(self) -> Iterator[tuple[Source, str | None]]:
+        """Every file listed, with the reason it is refused, or None."""
+        yield from ((source, None) for source in self.sources)
+        yield from self.rejected
 
 
 def list_source(source: str, eval_fraction: float, allow_outside: bool = False) -> Listing:
@@ -119,26 +123,6 @@ def _path_in(fs, uri: str) -> str | None:
     if is_local(fs):
         return os.path.realpath(rest if has_scheme else uri)
     return posixpath.normpath(rest)
-
-
-def identities(manifests: list[SpanManifest]) -> set[tuple[str, int, str]]:
-    """The source identities that published spans already hold, local paths by their real path
-    (`known(source)` spells a listed source alike)."""
-    return {(canonical(s.uri), s.size, s.version) for m in manifests for s in m.sources}
-
-
-def held(manifests: Iterable[SpanManifest], wanted: set[tuple[str, int, str]]) -> set[tuple[str, int, str]]:
-    """Which of the identities `wanted` the manifests hold; with `Root.each_manifest`, one span's
-    sources are in memory at a time, not every published one (as `identities` holds them)."""
-    found = set()
-    for manifest in manifests:
-        found.update(i for i in ((canonical(s.uri), s.size, s.version) for s in manifest.sources) if i in wanted)
-    return found
-
-
-def known(source: Source) -> tuple[str, int, str]:
-    """A listed source's identity as `identities` spells it."""
-    return (canonical(source.uri), source.size, source.version)
 
 
 def is_candidate(relative_path: str) -> bool:

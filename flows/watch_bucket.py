@@ -2,7 +2,8 @@
 
 Polling (the default; also the fallback and, through the nightly run's full listing, the reconcile):
 
-    list SOURCE - what the published spans' manifests hold  = new files
+    list SOURCE - what the published spans hold             = new files (streamed against
+                                                              each span's sorted source index)
     wait settle_seconds, list again                        -> still changing? wait for the next poll
     a train run for this SOURCE already queued or running?  -> it (or the next poll) picks them up
     emit stoke.data.arrived {source, new_files}            -> train/nightly runs (deployment trigger)
@@ -35,7 +36,8 @@ from prefect import flow, get_run_logger, task
 from prefect.events import emit_event
 from prefect.states import Failed
 
-from beam_jobs.sources import held, identities, known, list_named, list_source
+from beam_jobs.compare import compare
+from beam_jobs.sources import list_named, list_source
 from components.contracts.layout import Root
 from components.contracts.program import escape_logs
 from components.contracts.results import ResultError
@@ -91,10 +93,9 @@ def watch_bucket(source: str = DEMO_SOURCE, root: str = DEMO_ROOT, settle_second
 @task(retries=3, retry_delay_seconds=[5, 15, 45], retry_condition_fn=lambda task, run, state: not _broken(state))
 def new_files(source: str, root: str) -> list[str]:
     """URIs in SOURCE (with size and version) that no published span holds yet."""
-    published = identities(Root(root).manifests(quarantined=True))
     listing = list_source(source, eval_fraction=0.0)
-    fresh = [s for s in listing.sources + [r for r, _ in listing.rejected] if known(s) not in published]
-    return sorted(f"{s.uri}\t{s.size}\t{s.version}" for s in fresh)
+    found = compare(listing.entries(), Root(root))
+    return sorted(f"{s.uri}\t{s.size}\t{s.version}" for s in found.fresh + [r for r, _ in found.refused])
 
 
 def watch_queue(source: str, root: str, queue, settle_seconds: float, wait_seconds: float) -> dict:
@@ -132,9 +133,8 @@ def named_new_files(source: str, root: str, uris: list[str]) -> list[str]:
     listing = list_named(source, uris)
     for uri, why in listing.skipped:
         logger.warning("ignored %s: %s", uri, why)
-    listed = listing.sources + [r for r, _ in listing.rejected]
-    published = held(Root(root).each_manifest(quarantined=True), {known(s) for s in listed})
-    return sorted({s.uri for s in listed if known(s) not in published})
+    found = compare(listing.entries(), Root(root))
+    return sorted({s.uri for s in found.fresh + [r for r, _ in found.refused]})
 
 
 @task(retries=2, retry_delay_seconds=5)

@@ -24,6 +24,11 @@ LABELS = "labels.json"
 # SHA-256 (`sha256 TAB dhash TAB split TAB "label" TAB "uri"`, label and URI as JSON strings), so a
 # new arrival's hashes merge against it in one streaming pass; spans of 0.1 have neither file.
 CONTENT_INDEX = "content_index.tsv.gz"
+# What a span's sources are, by identity: `# sources N` then N lines sorted as strings,
+# `"uri" TAB size TAB "version"` (URI and version as JSON strings, local paths by their real path),
+# so a listing sorted alike merges against every span's index in one streaming pass. Derived from
+# the manifest's `sources`: a span published without one gets it built from its manifest.
+SOURCE_INDEX = "source_index.tsv.gz"
 STATISTICS = "statistics.pb"  # a binary tensorflow_metadata DatasetFeatureStatisticsList, one dataset per split
 # The data check's verdict on a published span (components/datacheck): while _QUARANTINE.json exists,
 # training and the gate do not read the span; `stoke spans release N` writes _RELEASED.json (the
@@ -73,6 +78,9 @@ class Root:
 
     def content_index(self, number: int) -> str:
         return join(self.span(number), CONTENT_INDEX)
+
+    def source_index(self, number: int) -> str:
+        return join(self.span(number), SOURCE_INDEX)
 
     def statistics(self, number: int) -> str:
         return join(self.span(number), STATISTICS)
@@ -128,8 +136,15 @@ class Root:
         quarantined span in `spans` raises SpanQuarantined rather than quietly reading less."""
         return list(self.each_manifest(spans, quarantined=quarantined))
 
-    def each_manifest(self, spans: list[int] | None = None, *, quarantined: bool = False) -> Iterator[SpanManifest]:
-        """`manifests`, read one at a time: a reader that keeps little of each holds one span's in memory."""
+    def published(self) -> list[int]:
+        """Numbers of the published spans, quarantined ones included."""
+        fs, _ = filesystem(self.spans)
+        return [n for n in self.span_numbers() if fs.exists(filesystem(self.manifest(n))[1])]
+
+    def each_manifest(self, spans: list[int] | None = None, *, quarantined: bool = False,
+                      sources: bool = True) -> Iterator[SpanManifest]:
+        """`manifests`, read one at a time: a reader that keeps little of each holds one span's in memory.
+        Without `sources` each manifest's `sources` list (by far its biggest part) is left empty."""
         fs, _ = filesystem(self.spans)
         for number in self.span_numbers():
             if spans is not None and number not in spans:
@@ -143,7 +158,7 @@ class Root:
                                           f"{self.quarantine(number)}); after looking at it, let it in with "
                                           f"`stoke spans release {number} --root {self.uri}`")
                 continue
-            yield SpanManifest.read(uri)
+            yield SpanManifest.read(uri) if sources else SpanManifest.check(_without_sources(load_json(uri)), uri)
 
     def shards(self, split: str, spans: list[int] | None = None, *, quarantined: bool = False) -> list[Shard]:
         """Shard files of one split across the published spans (unpublished span folders are ignored;
@@ -162,6 +177,10 @@ class Root:
             if len(manifest.labels) > len(names):
                 names = list(manifest.labels)
         return names
+
+
+def _without_sources(data):
+    return {**data, "sources": []} if isinstance(data, dict) else data
 
 
 class SpanQuarantined(ValueError):
