@@ -33,7 +33,7 @@ from beam_jobs.debris import STAGING_PREFIX, MisplacedSpan, remove, remove_debri
 from beam_jobs.duplicates import Findings, settle
 from beam_jobs.pipeline import STAGED_DEAD_LETTERS, STAGED_SHARDS, build
 from beam_jobs.source_index import identity, write_source_index
-from beam_jobs.sources import Source, list_named, list_source
+from beam_jobs.sources import Source, each_listed, list_named
 from beam_jobs.statistics import label_conflicts, write_statistics
 from beam_jobs.unchanged import without_unchanged
 from components.common import clock
@@ -148,12 +148,10 @@ def listed(config: IngestConfig) -> Iterator[tuple[Source, str | None]]:
     each with the reason it is refused, or None."""
     try:
         if config.arrived:
-            listing = list_named(config.source, announced(config.arrived), config.eval_fraction)
-        else:
-            listing = list_source(config.source, config.eval_fraction, config.allow_outside_source)
+            return list_named(config.source, announced(config.arrived), config.eval_fraction).entries()
+        return each_listed(config.source, config.eval_fraction, config.allow_outside_source)
     except (FileNotFoundError, ValueError) as error:
         raise IngestError(str(error)) from None
-    return listing.entries()
 
 
 def announced(uri: str) -> list[str]:

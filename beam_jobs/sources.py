@@ -12,7 +12,7 @@ import io
 import json
 import os
 import posixpath
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
@@ -64,6 +64,13 @@ def list_source(source: str, eval_fraction: float, allow_outside: bool = False) 
 
     A manifest's rows, and the links of a folder, name files under the source, unless `allow_outside`.
     A local SOURCE is read at its real path, however it is spelled."""
+    return _collected(each_listed(source, eval_fraction, allow_outside))
+
+
+def each_listed(source: str, eval_fraction: float, allow_outside: bool = False) -> Iterator[tuple[Source, str | None]]:
+    """`list_source` one file at a time, each with the reason it is refused or None: a local folder
+    is walked as it is read, so its listing is never in memory whole. Raises FileNotFoundError or
+    ValueError for a SOURCE that cannot be listed at all, before the first file."""
     if CHAINING in source:
         raise ValueError(f"source {source}: '::' (fsspec's chaining) is not read; name a folder or a manifest")
     local = local_path(source)
@@ -71,15 +78,14 @@ def list_source(source: str, eval_fraction: float, allow_outside: bool = False) 
     if not (os.path.exists(local) if local else fs.exists(path)):
         raise FileNotFoundError(f"source {source} does not exist")
     if local and os.path.isdir(local):
-        listing = _list_folder(local, allow_outside)
+        entries = _each_in_folder(local, allow_outside)
     elif fs.isdir(path):
-        listing = _list_bucket_folder(fs, path)
+        entries = _list_bucket_folder(fs, path).entries()
     elif path.lower().endswith(MANIFEST_SUFFIXES):
-        listing = _list_manifest(fs, path, allow_outside)
+        entries = _list_manifest(fs, path, allow_outside).entries()
     else:
         raise ValueError(f"source {source} is neither a folder nor a .csv/.jsonl manifest")
-    sources = [s if s.split else _with_split(s, eval_fraction) for s in listing.sources]
-    return Listing(sources, listing.rejected)
+    return ((s if reason or s.split else _with_split(s, eval_fraction), reason) for s, reason in entries)
 
 
 def list_named(source: str, uris: list[str], eval_fraction: float = 0.0) -> Listing:
@@ -143,11 +149,13 @@ def _with_split(source: Source, eval_fraction: float) -> Source:
     return Source(**{**source.as_dict(), "split": split_of(source.key, eval_fraction)})
 
 
-def _list_folder(base: str, allow_outside: bool) -> Listing:
+def _each_in_folder(base: str, allow_outside: bool) -> Iterator[tuple[Source, str | None]]:
     """A local folder, walked by real paths (beam_jobs/local.py)."""
-    found, refused = walk(base, allow_outside, is_candidate)
-    listing = _labelled((Source(path, int(st.st_size), str(st.st_mtime), key=relative) for path, relative, st in found))
-    return Listing(listing.sources, listing.rejected + [(Source(path, 0, ""), reason) for path, reason in refused])
+    for path, relative, entry in walk(base, allow_outside, is_candidate):
+        if isinstance(entry, str):
+            yield Source(path, 0, ""), entry
+        else:
+            yield _label(Source(path, int(entry.st_size), str(entry.st_mtime), key=relative))
 
 
 def _list_bucket_folder(fs, base: str) -> Listing:
@@ -159,14 +167,23 @@ def _list_bucket_folder(fs, base: str) -> Listing:
 
 
 def _labelled(listed) -> Listing:
+    return _collected(map(_label, listed))
+
+
+def _label(source: Source) -> tuple[Source, str | None]:
     """Labels from the first folder below the source; a file directly in it has none."""
+    if "/" not in source.key:
+        return source, "not inside a class folder, so it has no label"
+    return Source(**{**source.as_dict(), "label": source.key.split("/", 1)[0]}), None
+
+
+def _collected(entries: Iterable[tuple[Source, str | None]]) -> Listing:
     sources, rejected = [], []
-    for source in listed:
-        relative = source.key
-        if "/" not in relative:
-            rejected.append((source, "not inside a class folder, so it has no label"))
+    for source, reason in entries:
+        if reason is None:
+            sources.append(source)
         else:
-            sources.append(Source(**{**source.as_dict(), "label": relative.split("/", 1)[0]}))
+            rejected.append((source, reason))
     return Listing(sources, rejected)
 
 

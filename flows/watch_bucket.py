@@ -37,7 +37,7 @@ from prefect.events import emit_event
 from prefect.states import Failed
 
 from beam_jobs.compare import compare
-from beam_jobs.sources import list_named, list_source
+from beam_jobs.sources import each_listed, list_named
 from components.contracts.layout import Root
 from components.contracts.program import escape_logs
 from components.contracts.results import ResultError
@@ -93,8 +93,7 @@ def watch_bucket(source: str = DEMO_SOURCE, root: str = DEMO_ROOT, settle_second
 @task(retries=3, retry_delay_seconds=[5, 15, 45], retry_condition_fn=lambda task, run, state: not _broken(state))
 def new_files(source: str, root: str) -> list[str]:
     """URIs in SOURCE (with size and version) that no published span holds yet."""
-    listing = list_source(source, eval_fraction=0.0)
-    found = compare(listing.entries(), Root(root))
+    found = compare(each_listed(source, eval_fraction=0.0), Root(root))
     return sorted(f"{s.uri}\t{s.size}\t{s.version}" for s in found.fresh + [r for r, _ in found.refused])
 
 
