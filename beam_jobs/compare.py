@@ -4,8 +4,8 @@
     spans    -> each span's sorted source index, merged k-way           (beam_jobs/source_index.py)
     one streaming pass over both, grouped by URI -> new files only
 
-Memory holds a chunk of the listing while it is sorted, one line per span while merging, and what
-is new; never every published identity. The same pass finds the files a span holds under their URI
+Memory holds a chunk of the listing while it is sorted, one line per open index while merging, and
+what is new; never every published identity. The same pass finds the files a span holds under their URI
 at the same size but another version (a `touch`, a re-upload): the only ones whose content
 beam_jobs/unchanged.py needs to compare.
 """
@@ -13,15 +13,19 @@ from __future__ import annotations
 
 import heapq
 import json
+import os
 import tempfile
-from collections.abc import Iterable
+import uuid
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import groupby
 
 from beam_jobs.source_index import BrokenIndex, exists_for, identity, read_source_index, rebuild
 from beam_jobs.sources import Source
-from beam_jobs.spill import SortedLines
+from beam_jobs.spill import SortedLines, read_lines
 from components.contracts.layout import Root
+
+FAN_IN = 128  # span indexes open at once: well below any limit on open files
 
 
 @dataclass
@@ -42,12 +46,27 @@ def compare(listed: Iterable[tuple[Source, str | None]], root: Root) -> Comparis
         rebuilt: set[int] = set()
         while True:
             try:
-                return _merge(lines, heapq.merge(*(read_source_index(uri, n) for n, uri in indexes.items())))
+                return _merge(lines, _published(indexes, workdir))
             except BrokenIndex as broken:
                 if broken.number in rebuilt:
                     raise  # rebuilt from the manifest and still unreadable: the store itself fails
                 rebuilt.add(broken.number)
                 indexes[broken.number] = rebuild(root, broken.number, workdir)
+
+
+def _published(indexes: dict[int, str], workdir: str) -> Iterator[str]:
+    """Every span's identities in one sorted stream. Past FAN_IN spans, groups are merged into local
+    files first, so no more than FAN_IN indexes are open at once whatever the number of spans."""
+    streams = [read_source_index(uri, number) for number, uri in indexes.items()]
+    while len(streams) > FAN_IN:
+        merged = []
+        for start in range(0, len(streams), FAN_IN):
+            path = os.path.join(workdir, f"merged-{uuid.uuid4().hex[:8]}")
+            with open(path, "w", encoding="ascii", newline="\n") as f:
+                f.writelines(line + "\n" for line in heapq.merge(*streams[start:start + FAN_IN]))
+            merged.append(read_lines(path))
+        streams = merged
+    return heapq.merge(*streams)
 
 
 def _line(source: Source, reason: str | None) -> str:

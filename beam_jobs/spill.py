@@ -39,7 +39,7 @@ class SortedLines:
         self._pending.sort()
         if not self._chunks:
             return iter(list(self._pending))
-        return heapq.merge(*(_read(path) for path in self._chunks), iter(list(self._pending)))
+        return heapq.merge(*(read_lines(path) for path in self._chunks), iter(list(self._pending)))
 
     def _spill(self) -> None:
         if self._folder is None:
@@ -63,7 +63,7 @@ class SortedLines:
         self.close()
 
 
-def _read(path: str) -> Iterator[str]:
+def read_lines(path: str) -> Iterator[str]:
     with open(path, encoding="utf-8", newline="\n") as f:
         for line in f:
             yield line[:-1]

@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from beam_jobs import compare as compare_module
 from beam_jobs import spill
 from beam_jobs.compare import compare
 from beam_jobs.ingest import ingest as run_ingest
@@ -109,8 +110,10 @@ def test_a_broken_manifest_behind_a_missing_index_is_one_line_naming_it(tmp_path
 
 
 def test_the_streamed_merge_gives_the_set_difference(tmp_path, monkeypatch):
-    """Many spans, a listing spilled in chunks of 7, awkward URIs: new, refused and touched exactly."""
+    """Many spans merged two at a time, a listing spilled in chunks of 7, awkward URIs: new, refused
+    and touched exactly."""
     monkeypatch.setattr(spill, "CHUNK", 7)
+    monkeypatch.setattr(compare_module, "FAN_IN", 2)
     rng = random.Random(3)
     uris = AWKWARD + [f"s3://b/c{i % 10}/{i}.png" for i in range(150)]
     published = [(u, rng.randint(1, 3), f"v{rng.randint(1, 2)}") for u in uris if rng.random() < 0.7]
