@@ -164,7 +164,7 @@ class Root:
         """Shard files of one split across the published spans (unpublished span folders are ignored;
         quarantined ones too, unless `quarantined`)."""
         found = []
-        for manifest in self.manifests(spans, quarantined=quarantined):
+        for manifest in self.each_manifest(spans, quarantined=quarantined, sources=False):
             folder = self.span(manifest.span)
             found += [Shard(join(folder, entry.file), TF_COMPRESSION[manifest.compression], entry.records,
                             manifest.span) for entry in manifest.shards if entry.split == split]
@@ -173,7 +173,7 @@ class Root:
     def label_names(self, spans: list[int] | None = None) -> list[str]:
         """labels.json (append-only, so it covers every span), else the longest list of a manifest."""
         names = self.read_labels()
-        for manifest in self.manifests(spans, quarantined=True):
+        for manifest in self.each_manifest(spans, quarantined=True, sources=False):
             if len(manifest.labels) > len(names):
                 names = list(manifest.labels)
         return names
