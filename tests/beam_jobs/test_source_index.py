@@ -140,3 +140,14 @@ def test_a_span_published_before_indexes_existed_is_known_to_ingest(ingested, tm
     code, summary = ingest(source, root.uri, *IN_MEMORY, capsys=capsys)
     assert code == 0 and not summary["published"] and "nothing new" in summary["message"]
     assert os.path.exists(root.source_index(1))
+
+
+def test_a_whole_index_is_what_is_read_not_the_manifest(tmp_path):
+    root = Root(str(tmp_path / "root"))
+    publish(root, 1, [("s3://b/a.png", 1, "v")])
+    listed = [(Source("s3://b/a.png", 1, "v"), None)]
+    assert compare(listed, root).fresh == []
+    publish(root, 1, [])  # the manifest no longer names the file; the index it was built from does
+    assert compare(listed, root).fresh == []
+    os.remove(root.source_index(1))
+    assert [s.uri for s in compare(listed, root).fresh] == ["s3://b/a.png"]
