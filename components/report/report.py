@@ -115,23 +115,7 @@ def render_markdown(report: RunReport) -> str:
             lines += [i.message or i.error or "nothing published", ""]
     lines += data_section.section(report.data, report.ingest, RunDir(report.run_dir).root, report.plots)
     if report.train is not None:
-        t = report.train
-        lines += ["## Training", "",
-                  "| model | spans | epochs | steps | strategy | precision | images/s | eval accuracy | eval loss |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-                  f"| {t.model} | {t.spans} | {t.epochs} | {t.total_steps} | {t.strategy} "
-                  f"x{t.replicas} | {t.precision} | {_num(t.images_per_sec)} | "
-                  f"{_num(t.eval.accuracy, 4)} | {_num(t.eval.loss, 4)} |",
-                  "", f"Input: {t.verdict}", ""]
-        if t.data_service:
-            s = t.data_service
-            lines += [f"Input pipeline on the tf.data service at `{s.address}` ({s.processing_mode}): {s.workers} "
-                      f"workers when training started, {_num(s.workers_at_end)} at its end.", ""]
-        if t.profiler:
-            lines += [f"Profiler (input-pipeline analyzer on {t.profiler.steps} traced steps, TensorBoard's "
-                      f"Profile tab): {t.profiler.conclusion}", ""]
-        lines += [f"![{name}]({os.path.basename(uri)})" for name, uri in report.plots.items()
-                  if name in ("curves", "throughput", "gpus")] + [""]
+        lines += _training_lines(report.train, report.plots)
     if report.validation is not None:
         v = report.validation
         lines += ["## Validation", "", f"**{'Blessed' if v.blessed else 'Not blessed'}**"
@@ -159,6 +143,26 @@ def render_markdown(report: RunReport) -> str:
 
 
 # ---------------------------------------------------------------- pieces
+
+
+def _training_lines(t, plots: dict) -> list[str]:
+    """The report's Training section."""
+    lines = ["## Training", "",
+             "| model | spans | epochs | steps | strategy | precision | images/s | eval accuracy | eval loss |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+             f"| {t.model} | {t.spans} | {t.epochs} | {t.total_steps} | {t.strategy} "
+             f"x{t.replicas} | {t.precision} | {_num(t.images_per_sec)} | "
+             f"{_num(t.eval.accuracy, 4)} | {_num(t.eval.loss, 4)} |",
+             "", f"Input: {t.verdict}", ""]
+    if t.data_service:
+        service = t.data_service
+        lines += [f"Input pipeline on the tf.data service at `{service.address}` ({service.processing_mode}): "
+                  f"{service.workers} workers when training started, {_num(service.workers_at_end)} at its end.", ""]
+    if t.profiler:
+        lines += [f"Profiler (input-pipeline analyzer on {t.profiler.steps} traced steps, TensorBoard's "
+                  f"Profile tab): {t.profiler.conclusion}", ""]
+    return lines + [f"![{name}]({os.path.basename(uri)})" for name, uri in plots.items()
+                    if name in ("curves", "throughput", "gpus")] + [""]
 
 
 def _pushed(push: PushSummary | None) -> bool:
