@@ -56,9 +56,14 @@ def main() -> int:
             _start(servers, "worker", "--dispatcher", dispatcher)
             result |= _measure(shards, {"two_workers": (dispatcher, list(servers))}, args)
         finally:
-            for server in servers:
+            for server in reversed(servers):  # workers first: they stop at once while the dispatcher answers
                 server.terminate()
-                server.wait(timeout=30)
+                try:
+                    server.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    print(f"warning: {' '.join(server.args[2:5])} did not stop within 30 s of SIGTERM; killed",
+                          file=sys.stderr, flush=True)
+                    server.kill()
     base = result["in_process"]
     for served in (result["one_worker"], result["two_workers"]):
         served["same_records_as_in_process"] = served.pop("labels") == base["labels"]
@@ -72,7 +77,7 @@ def main() -> int:
 
 def _start(servers: list, *argv: str) -> str:
     """Starts `stoke data-service ROLE ...` on a free port; returns its address."""
-    process = subprocess.Popen([*SERVER, *argv, "--port", "0"], stderr=subprocess.PIPE, text=True,
+    process = subprocess.Popen([*SERVER, *argv, "--port", "0"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     servers.append(process)
     for line in process.stderr:
@@ -98,7 +103,7 @@ def _measure(shards, configs: dict, args) -> dict:
 
 
 def _dataset(shards, address: str | None, **changes):
-    options = pipeline.PipelineOptions(image_size=32, batch_size=32, training=True, flip=False, **changes)
+    options = pipeline.PipelineOptions(**{"image_size": 32, "batch_size": 32, "training": True, "flip": False, **changes})
     dataset = pipeline.make_dataset(shards, options)
     return dataset if address is None else service_input.through_service(dataset, address)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import os
 import signal
 import socket
 import sys
@@ -31,6 +32,7 @@ WORKER_TIMEOUT_SECONDS = 30.0  # a worker silent this long is gone: its tasks le
 # How often the dispatcher looks for silent workers and finished jobs (TensorFlow's default, 10
 # minutes, would keep a lost worker on the books that long).
 CHECK_MS = 1000
+STOP_SECONDS = 10.0
 
 
 class ServeError(RuntimeError):
@@ -87,9 +89,15 @@ def serve(args: argparse.Namespace, prog: str) -> dict:
         summary = {"role": "worker", "address": f"{host}:{_port(server._address)}", "dispatcher": dispatcher}
     print(f"{prog}: serving at {summary['address']} (stop with SIGTERM or Ctrl-C)", file=sys.stderr, flush=True)
     _wait_for_stop()
-    server._stop()
-    print(f"{prog}: stopped", file=sys.stderr, flush=True)
-    return {**summary, "stopped": True}
+    # A worker whose dispatcher is gone while a trainer still reads from it never finishes stopping
+    # (its task threads wait for the dispatcher): give it STOP_SECONDS, then leave regardless.
+    stopping = threading.Thread(target=server._stop, daemon=True)
+    stopping.start()
+    stopping.join(STOP_SECONDS)
+    clean = not stopping.is_alive()
+    print(f"{prog}: stopped" + ("" if clean else f" (its tasks did not end within {STOP_SECONDS:g} s)"),
+          file=sys.stderr, flush=True)
+    return {**summary, "stopped": True, "clean": clean}
 
 
 def _wait_for_stop() -> None:
@@ -135,4 +143,7 @@ def _describe(summary: dict) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(run())
+    code = run()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # not sys.exit: finalizing TensorFlow's server objects would wait on a stuck stop again

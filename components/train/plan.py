@@ -120,8 +120,8 @@ def data_service(config: TrainConfig) -> dict | None:
     if config.data_service is None:
         return None
     if config.cache:
-        raise TrainError("--cache and --data-service do not go together: a worker's files change from epoch to "
-                         "epoch, so its cache would hold part of the split; cache on the workers' side is not offered")
+        raise TrainError("--cache and --data-service do not go together: a worker's files change from pass to "
+                         "pass, so its cache would hold part of the split")
     try:
         return service_input.connect(config.data_service)
     except service_input.ServiceError as exc:

@@ -127,9 +127,9 @@ def _dataset_fn(config: TrainConfig, plan: RunPlan, shards: list[Shard], trainin
             eval_batches=None if training else plan.validation_steps * replicas,
             eval_weight=1.0 if training else eval_batches.record_weight(
                 plan.eval_records, plan.validation_steps, plan.global_batch))
-        if service:  # trainers of one multi-worker run share the service's job, and so its epochs
+        if service:  # trainers of one multi-worker run share one job of the service: one dataset, one seed
             job = f"stoke-{plan.run.run_id}" if plan.placement.workers > 1 else None
-            return _through_service(shards, options, service["address"], job)
+            return _through_service(shards, dataclasses.replace(options, seed=config.seed), service["address"], job)
         return pipeline.make_dataset(shards, options, context)
     return make
 
