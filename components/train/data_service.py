@@ -32,7 +32,7 @@ WORKER_TIMEOUT_SECONDS = 30.0  # a worker silent this long is gone: its tasks le
 # How often the dispatcher looks for silent workers and finished jobs (TensorFlow's default, 10
 # minutes, would keep a lost worker on the books that long).
 CHECK_MS = 1000
-STOP_SECONDS = 10.0
+_LEFT_RUNNING: list = []
 
 
 class ServeError(RuntimeError):
@@ -89,15 +89,15 @@ def serve(args: argparse.Namespace, prog: str) -> dict:
         summary = {"role": "worker", "address": f"{host}:{_port(server._address)}", "dispatcher": dispatcher}
     print(f"{prog}: serving at {summary['address']} (stop with SIGTERM or Ctrl-C)", file=sys.stderr, flush=True)
     _wait_for_stop()
-    # A worker whose dispatcher is gone while a trainer still reads from it never finishes stopping
-    # (its task threads wait for the dispatcher): give it STOP_SECONDS, then leave regardless.
-    stopping = threading.Thread(target=server._stop, daemon=True)
-    stopping.start()
-    stopping.join(STOP_SECONDS)
-    clean = not stopping.is_alive()
-    print(f"{prog}: stopped" + ("" if clean else f" (its tasks did not end within {STOP_SECONDS:g} s)"),
-          file=sys.stderr, flush=True)
-    return {**summary, "stopped": True, "clean": clean}
+    if args.role == "dispatcher":
+        server._stop()
+    else:
+        # A worker is left to end with the process: it keeps no state (the dispatcher hands its work to
+        # others), and its stop (also its object's finalizer) holds Python's lock while it waits for its
+        # tasks' readers, forever when the dispatcher is already gone. Kept referenced until os._exit.
+        _LEFT_RUNNING.append(server)
+    print(f"{prog}: stopped", file=sys.stderr, flush=True)
+    return {**summary, "stopped": True}
 
 
 def _wait_for_stop() -> None:
@@ -146,4 +146,4 @@ if __name__ == "__main__":
     code = run()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code)  # not sys.exit: finalizing TensorFlow's server objects would wait on a stuck stop again
+    os._exit(code)  # not sys.exit: finalizing the worker's server object would stop it, and wait (above)

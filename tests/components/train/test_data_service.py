@@ -161,6 +161,20 @@ def test_a_bad_address_is_one_line_everywhere(address, small_spans_root, capfd):
     assert all("grpc://HOST:PORT" in line for line in lines)
 
 
+def test_the_flow_and_its_deployments_take_the_address_as_a_train_setting():
+    from pydantic import ValidationError
+
+    from flows.parameters import TrainSettings
+    from flows.stages import to_arguments
+
+    settings = TrainSettings(data_service="127.0.0.1:5050")
+    assert settings.data_service == "grpc://127.0.0.1:5050"
+    argv = to_arguments(settings)
+    assert argv[argv.index("--data-service") + 1] == "grpc://127.0.0.1:5050"  # what the train program is given
+    with pytest.raises(ValidationError, match="grpc://HOST:PORT"):
+        TrainSettings(data_service="http://127.0.0.1:5050")
+
+
 def test_no_dispatcher_there_is_one_line(small_spans_root, capfd):
     from components.train import trainer
 
