@@ -23,6 +23,8 @@ TOOLS = {
     "spans": ("components.datacheck.spans", "published spans and their status; `spans release N` lets a "
               "quarantined one in"),
     "deploy": ("flows.work_pools", "register the deployments to a process, Docker or Kubernetes work pool"),
+    "data-service": ("components.train.data_service", "a tf.data service dispatcher or worker, for "
+                     "`stoke train --data-service`"),
 }
 
 

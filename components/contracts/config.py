@@ -44,6 +44,24 @@ def check_model_name(name: str) -> str:
 
 ServedModelName = Annotated[str, AfterValidator(check_model_name)]
 
+# A tf.data service dispatcher or worker: HOST:PORT, the dispatcher also as grpc://HOST:PORT (how
+# tf.data names it). HOST is a name or an IPv4 address, or an IPv6 one in brackets; nothing else
+# (a path, credentials, another scheme) is taken, since the address reaches gRPC as it is.
+SERVICE_ADDRESS = re.compile(r"^(?:grpc://)?(?P<host>[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{1,5})")
+
+
+def check_service_address(address: str) -> str:
+    """`address` as grpc://HOST:PORT, or a ValueError saying what a service address looks like."""
+    match = SERVICE_ADDRESS.fullmatch(address) if isinstance(address, str) else None
+    if not match or not 0 < int(match["port"]) < 65536:
+        raise ValueError(f"bad tf.data service address {address!r}: grpc://HOST:PORT is needed, "
+                         "with a port from 1 to 65535 (e.g. grpc://127.0.0.1:5050)")
+    return f"grpc://{match['host']}:{int(match['port'])}"
+
+
+ServiceAddress = Annotated[str, AfterValidator(check_service_address)]
+DISPATCHER_PORT, WORKER_PORT = 5050, 5051  # `stoke data-service`'s defaults
+
 # Every settings model refuses inf and nan: a number that can never be reached (`--shard-mb inf`)
 # would otherwise pass `gt=0` and fail late, deep in Beam or Keras, instead of as a setting.
 SETTINGS_CONFIG = ConfigDict(extra="forbid", protected_namespaces=(), allow_inf_nan=False)
@@ -214,6 +232,9 @@ class TrainConfig(BaseModel):
     probe_steps: int | None = Field(None, ge=0, description="steps of the input-bound probe after training (0: skip; "
                                     "default: the preset's)")
     cpu_devices: int | None = Field(None, gt=0, description="split the CPU into N logical devices (mirrored without GPUs)")
+    data_service: ServiceAddress | None = Field(
+        None, description="grpc://HOST:PORT of a tf.data service dispatcher (`stoke data-service`): the training "
+        "input pipeline up to the batch runs on its workers, evaluation stays here")
 
     def resolved(self) -> TrainConfig:
         """These settings with every field left unset (None) taken from the preset."""

@@ -1,11 +1,10 @@
-"""The typed results stages hand each other through ROOT: the span manifest, a run's metrics.json,
-validation.json and pushed.json, and the lineage of a served version. The stage programs' own
-summaries, the run report and progress events are in summaries.py, on the same base.
+"""The typed results stages hand each other through ROOT: the span manifest, a run's metrics.json, validation.json
+and pushed.json, and the lineage of a served version. The stage programs' own summaries, the run report and
+progress events are in summaries.py, on the same base.
 
-Each is written and read through its model. Keys are strict both ways: a missing key fails, and so
-does an unknown one, so a key renamed on one side fails loudly in a test instead of turning into
-None in a report. Files written by earlier versions keep loading (tests/components/contracts holds
-one of each).
+Each is written and read through its model. Keys are strict both ways: a missing key fails, and so does an unknown
+one, so a key renamed on one side fails loudly in a test instead of turning into None in a report. Files written by
+earlier versions keep loading (tests/components/contracts holds one of each).
 """
 from __future__ import annotations
 
@@ -45,9 +44,8 @@ class Result(BaseModel):
 
 
 def load_json(uri: str):
-    """The JSON value in the file at `uri`. A file that is not one (not UTF-8, not JSON, nested deeper
-    than Python's parser goes, or a folder) is a ResultError naming it: every reader of ROOT's files
-    then ends in one line, never a traceback."""
+    """The JSON value in the file at `uri`. A file that is not one (not UTF-8, not JSON, nested deeper than Python's
+    parser goes, or a folder) is a ResultError naming it: every reader of ROOT's files ends in one line, not a traceback."""
     try:
         return read_json(uri)
     except json.JSONDecodeError as error:
@@ -142,14 +140,21 @@ class InputProbe(Result):
     real_vs_synthetic: float | None = None
     input_wait_seconds: float | None = None
     input_bound: bool | None = None
-    # What the cheapest fix depends on: the training shards' codec, the run's --cache, and a
-    # sample of the stored records (components/train/input_pipeline.py: stored_images).
+    # What the cheapest fix depends on: the shards' codec, --cache, a sample of the stored records (stored_images).
     compression: str | None = None
     cache: str | None = None
     stored_short_side: int | None = None
     jpeg_share: float | None = None
     decoded_gb: float | None = None  # the training split decoded, as --cache would hold it
     memory_gb: float | None = None
+
+
+class DataServiceUse(Result):
+    """The tf.data service the training input ran on (components/train/service_input.py)."""
+    address: str
+    processing_mode: str
+    workers: int  # registered (a lost worker stays on the list) when training started
+    workers_at_end: int | None = None  # None: the dispatcher no longer answered
 
 
 class ProfilerVerdict(Result):
@@ -221,14 +226,14 @@ class TrainMetrics(Result):
     input: InputProbe
     gpu: dict  # the GPU sampler's record (components/train/gpu_sampler.py)
     corrupt: Corrupt
-    # "ema": the moving average of the weights was evaluated each epoch and exported; "final": the
-    # weights of the last step (also what the files written before this key hold).
+    # "ema": the weights' moving average was evaluated each epoch and exported; "final": the last step's (as before).
     exported_weights: Literal["ema", "final"] | None = None
     schedule: Schedule | None = None
     seed: int | None = None
     best_epoch: BestEpoch | None = None  # by eval accuracy; the candidate is still the end of the run
     warnings: list[str] | None = None  # e.g. a run too short to converge
     profiler: ProfilerVerdict | None = None  # None: no trace (--profile-steps none) or no profile plugin
+    data_service: DataServiceUse | None = None  # None: the input ran in the trainer
 
 
 # ---------------------------------------------------------------- a run: the gate

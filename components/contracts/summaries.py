@@ -12,6 +12,7 @@ from pydantic import ConfigDict
 from components.contracts.results import (
     Anomaly,
     Comparison,
+    DataServiceUse,
     GateMetrics,
     LossAccuracy,
     ProfilerVerdict,
@@ -255,6 +256,7 @@ class TrainSection(Result):
     input_wait_seconds: float | None
     verdict: str  # was the accelerator waiting for input, and the cheapest fix if so
     profiler: ProfilerVerdict | None = None  # reports of 0.1.0 have no key
+    data_service: DataServiceUse | None = None  # None: the input ran in the trainer
 
 
 class ValidationSection(Result):

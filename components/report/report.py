@@ -7,11 +7,13 @@ about it, so `write_report` can rebuild the report of any run, also one that fai
 """
 from __future__ import annotations
 
+import math
 import os
 
 from components.common import plots as draw
 from components.common.files import exists, write_text
 from components.contracts import stages
+from components.contracts.config import DISPATCHER_PORT
 from components.contracts.layout import RunDir
 from components.contracts.program import printable
 from components.contracts.results import Comparison, GateMetrics, InputProbe, TrainMetrics, Validation
@@ -65,6 +67,7 @@ def build_report(run: RunDir, skipped: str | None = None, failed: str | None = N
             "input_wait_seconds": probe.input_wait_seconds,
             "verdict": _verdict(probe, train.image_size),
             "profiler": train.profiler,
+            "data_service": train.data_service,
         }
     if validation is not None:
         # `comparison` only when the gate made one, so reports of runs gated before it read as they did.
@@ -112,19 +115,7 @@ def render_markdown(report: RunReport) -> str:
             lines += [i.message or i.error or "nothing published", ""]
     lines += data_section.section(report.data, report.ingest, RunDir(report.run_dir).root, report.plots)
     if report.train is not None:
-        t = report.train
-        lines += ["## Training", "",
-                  "| model | spans | epochs | steps | strategy | precision | images/s | eval accuracy | eval loss |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-                  f"| {t.model} | {t.spans} | {t.epochs} | {t.total_steps} | {t.strategy} "
-                  f"x{t.replicas} | {t.precision} | {_num(t.images_per_sec)} | "
-                  f"{_num(t.eval.accuracy, 4)} | {_num(t.eval.loss, 4)} |",
-                  "", f"Input: {t.verdict}", ""]
-        if t.profiler:
-            lines += [f"Profiler (input-pipeline analyzer on {t.profiler.steps} traced steps, TensorBoard's "
-                      f"Profile tab): {t.profiler.conclusion}", ""]
-        lines += [f"![{name}]({os.path.basename(uri)})" for name, uri in report.plots.items()
-                  if name in ("curves", "throughput", "gpus")] + [""]
+        lines += _training_lines(report.train, report.plots)
     if report.validation is not None:
         v = report.validation
         lines += ["## Validation", "", f"**{'Blessed' if v.blessed else 'Not blessed'}**"
@@ -154,6 +145,26 @@ def render_markdown(report: RunReport) -> str:
 # ---------------------------------------------------------------- pieces
 
 
+def _training_lines(t, plots: dict) -> list[str]:
+    """The report's Training section."""
+    lines = ["## Training", "",
+             "| model | spans | epochs | steps | strategy | precision | images/s | eval accuracy | eval loss |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+             f"| {t.model} | {t.spans} | {t.epochs} | {t.total_steps} | {t.strategy} "
+             f"x{t.replicas} | {t.precision} | {_num(t.images_per_sec)} | "
+             f"{_num(t.eval.accuracy, 4)} | {_num(t.eval.loss, 4)} |",
+             "", f"Input: {t.verdict}", ""]
+    if t.data_service:
+        service = t.data_service
+        lines += [f"Input pipeline on the tf.data service at `{service.address}` ({service.processing_mode}): "
+                  f"{service.workers} workers when training started, {_num(service.workers_at_end)} at its end.", ""]
+    if t.profiler:
+        lines += [f"Profiler (input-pipeline analyzer on {t.profiler.steps} traced steps, TensorBoard's "
+                  f"Profile tab): {t.profiler.conclusion}", ""]
+    return lines + [f"![{name}]({os.path.basename(uri)})" for name, uri in plots.items()
+                    if name in ("curves", "throughput", "gpus")] + [""]
+
+
 def _pushed(push: PushSummary | None) -> bool:
     return bool(push and (push.pushed or push.already_pushed))
 
@@ -180,7 +191,7 @@ def _verdict(probe: InputProbe, image_size: int | None = None) -> str:
     if probe.input_bound:
         text = (f"**input-bound**: the input pipeline delivers {_num(rate)} images/s, the model could take "
                 f"{_num(model)}; the accelerator waited about {_num(probe.input_wait_seconds, 1)} s")
-        fix = cheapest_fix(probe, image_size)
+        fix = cheapest_fix(probe, image_size) or data_service_fix(probe)
         return f"{text}. Cheapest fix: {fix}" if fix else text
     return f"not input-bound: input {_num(rate)} images/s against the model's {_num(model)} images/s"
 
@@ -203,6 +214,19 @@ def cheapest_fix(probe: InputProbe, image_size: int | None) -> str | None:
     if not flags:
         return None
     return f"ingest the source again into a new ROOT with `{' '.join(flags)}`: " + "; ".join(reasons)
+
+
+def data_service_fix(probe: InputProbe) -> str | None:
+    """When this host's cores cannot feed the model: how many tf.data service workers of its speed
+    would (the model's rate over the input pipeline's rate here, which one such worker delivers)."""
+    if not probe.input_images_per_sec or not probe.model_images_per_sec_synthetic:
+        return None
+    workers = math.ceil(probe.model_images_per_sec_synthetic / probe.input_images_per_sec)
+    return (f"more CPU: run the input pipeline on {workers} tf.data service workers of this host's speed "
+            f"({_num(probe.model_images_per_sec_synthetic)} images/s for the model over {_num(probe.input_images_per_sec)} "
+            f"per worker): `stoke data-service dispatcher --host HOST` on one machine, `stoke data-service worker "
+            f"--dispatcher HOST:{DISPATCHER_PORT} --host WORKER` on each of {workers}, then train with "
+            f"`--data-service grpc://HOST:{DISPATCHER_PORT}`")
 
 
 def comparison_in_words(comparison: Comparison, max_regression: float) -> list[str]:

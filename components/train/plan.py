@@ -49,6 +49,7 @@ class RunPlan:
     eval_records: int
     total: int
     warmup: int
+    data_service: dict | None = None  # the tf.data service training reads from: address, mode, workers
 
     @property
     def replicas(self) -> int:
@@ -60,6 +61,7 @@ def resolve(config: TrainConfig) -> RunPlan:
     from components.train import eval_batches, recipe
 
     placement = place(config)
+    service = data_service(config)
     run, train_shards, eval_shards, labels = find_data(config)
     corrupt, train_records, eval_counts = readable_records(config, train_shards, eval_shards)
     replicas = placement.strategy.num_replicas_in_sync
@@ -76,7 +78,7 @@ def resolve(config: TrainConfig) -> RunPlan:
         placement=placement, run=run, labels=labels, train_shards=train_shards, eval_shards=eval_shards,
         corrupt=corrupt, batch_size=batch_size, global_batch=global_batch, steps_per_epoch=steps_per_epoch,
         validation_steps=eval_batches.steps(eval_counts, placement.workers, global_batch),
-        eval_records=sum(eval_counts), total=total,
+        eval_records=sum(eval_counts), total=total, data_service=service,
         warmup=recipe.warmup_steps(config.warmup_epochs, steps_per_epoch, total) if config.schedule == "cosine" else 0)
 
 
@@ -109,6 +111,21 @@ def place(config: TrainConfig) -> Placement:
     if config.seed is not None:
         keras.utils.set_random_seed(config.seed)  # Python, NumPy and TensorFlow: initialisation, dropout
     return placement
+
+
+def data_service(config: TrainConfig) -> dict | None:
+    """The tf.data service the input runs on, once its dispatcher answers and has a worker."""
+    from components.train import service_input
+
+    if config.data_service is None:
+        return None
+    if config.cache:
+        raise TrainError("--cache and --data-service do not go together: a worker's files change from pass to "
+                         "pass, so its cache would hold part of the split")
+    try:
+        return service_input.connect(config.data_service)
+    except service_input.ServiceError as exc:
+        raise TrainError(str(exc)) from None
 
 
 def find_data(config: TrainConfig) -> tuple[RunDir, list[Shard], list[Shard], list[str]]:

@@ -75,7 +75,7 @@ def train(config: TrainConfig, progress: Callable[[Progress], None] | None = Non
         probe = input_probe(model, plan.placement.strategy, plan.train_shards, config, plan.global_batch,
                             plan.placement.workers, real_step_seconds=fitted.step_seconds,
                             steps=fitted.total_steps - fitted.resumed_from_step)
-    metrics = summarize(config, plan, fitted, probe)
+    metrics = summarize(config, plan, fitted, probe, _service_at_end(plan.data_service))
     if plan.placement.is_chief:
         _plot_curves(fitted.history, plan.run.curves)
         metrics.write(plan.run.metrics)  # last: its presence marks the run finished
@@ -114,6 +114,7 @@ def _dataset_fn(config: TrainConfig, plan: RunPlan, shards: list[Shard], trainin
     cache = config.cache
     if cache and cache != "memory":
         cache = f"{cache}-{'train' if training else 'eval'}"
+    service = plan.data_service if training else None
 
     def make(context: tf.distribute.InputContext):
         # Each replica of this worker takes one batch per step.
@@ -126,8 +127,20 @@ def _dataset_fn(config: TrainConfig, plan: RunPlan, shards: list[Shard], trainin
             eval_batches=None if training else plan.validation_steps * replicas,
             eval_weight=1.0 if training else eval_batches.record_weight(
                 plan.eval_records, plan.validation_steps, plan.global_batch))
+        if service:  # trainers of one multi-worker run share one job of the service: one dataset, one seed
+            job = f"stoke-{plan.run.run_id}" if plan.placement.workers > 1 else None
+            return _through_service(shards, dataclasses.replace(options, seed=config.seed), service["address"], job)
         return pipeline.make_dataset(shards, options, context)
     return make
+
+
+def _through_service(shards: list[Shard], options, address: str, job: str | None):
+    """Training batches from the tf.data service (components/train/service_input.py): the workers run
+    the whole pipeline, unsharded (the dispatcher shares the files out), up to the batch."""
+    from components.train import input_pipeline as pipeline
+    from components.train import service_input
+
+    return service_input.through_service(pipeline.make_dataset(shards, options), address, job)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,7 +203,20 @@ def _callbacks(config: TrainConfig, run: RunDir, mine: RunDir, profiled,
     return callbacks
 
 
-def summarize(config: TrainConfig, plan: RunPlan, fitted: Fitted, probe: dict) -> TrainMetrics:
+def _service_at_end(service: dict | None) -> dict | None:
+    """The tf.data service the run used, with the workers it has now (None if it no longer answers)."""
+    from components.train import service_input
+
+    if service is None:
+        return None
+    try:
+        return {**service, "workers_at_end": len(service_input.workers(service["address"]))}
+    except service_input.ServiceError:
+        return {**service, "workers_at_end": None}
+
+
+def summarize(config: TrainConfig, plan: RunPlan, fitted: Fitted, probe: dict,
+              data_service: dict | None = None) -> TrainMetrics:
     """The run's TrainMetrics, as metrics.json holds them."""
     epochs = fitted.history
     placement = plan.placement
@@ -226,6 +252,7 @@ def summarize(config: TrainConfig, plan: RunPlan, fitted: Fitted, probe: dict) -
         "best_epoch": _best_epoch(epochs, first=fitted.resumed_from_step // plan.steps_per_epoch + 1),
         "warnings": short_run_warnings(plan.total, config.weights),
         "input": probe,
+        "data_service": data_service,
         "gpu": fitted.gpu,
         "profiler": fitted.profiler,
         "corrupt": {"skipped_records": sum(s.lost for s in plan.corrupt),

@@ -187,7 +187,7 @@ def test_serving_health_check_is_the_serving_images(compose):
 
 
 def test_bucket_init_script_is_valid_shell(compose):
-    for name in ("minio-init", "init-volumes", "check-secrets"):
+    for name in ("minio-init", "init-volumes", "check-secrets", "data-worker"):
         service = compose["services"][name]
         script = (service.get("entrypoint") or service["command"])[-1]
         assert subprocess.run(["sh", "-n", "-c", script]).returncode == 0, name
@@ -220,3 +220,25 @@ def test_unauthenticated_services_do_not_follow_stoke_bind(env_example):
     opened = load_compose("compose.yaml", env={**env_example, "STOKE_BIND": "0.0.0.0"})["services"]
     assert all(port.startswith("0.0.0.0:") for port in opened["prefect-server"]["ports"] + opened["minio"]["ports"])
     assert all(port.startswith("127.0.0.1:") for port in opened["serving"]["ports"] + opened["tensorboard"]["ports"])
+
+
+def test_data_service_runs_the_stoke_commands_on_the_codes_ports_unpublished(compose):
+    from components.contracts.config import DISPATCHER_PORT, WORKER_PORT, check_service_address
+
+    services = compose["services"]
+    dispatcher, worker = services["data-dispatcher"], services["data-worker"]
+    assert programs()["data-service"][0] == "components.train.data_service"
+    entry = dispatcher["entrypoint"]
+    assert entry[:3] == ["stoke", "data-service", "dispatcher"] and int(entry[entry.index("--port") + 1]) == DISPATCHER_PORT
+    assert entry[entry.index("--work-dir") + 1].startswith(work_pools.ROOT_MOUNT + "/")  # kept across restarts
+    assert f"{work_pools.ROOT_VOLUME}:{work_pools.ROOT_MOUNT}" in dispatcher["volumes"]
+    command = shlex.split(worker["entrypoint"][-1])
+    assert command[:4] == ["exec", "stoke", "data-service", "worker"]
+    assert int(command[command.index("--port") + 1]) == WORKER_PORT
+    address = check_service_address(command[command.index("--dispatcher") + 1])
+    assert address == f"grpc://data-dispatcher:{DISPATCHER_PORT}" and entry[entry.index("--host") + 1] == "data-dispatcher"
+    assert f"grpc://127.0.0.1:{DISPATCHER_PORT}" in dispatcher["healthcheck"]["test"][-1]
+    assert f"('127.0.0.1', {WORKER_PORT})" in worker["healthcheck"]["test"][-1]
+    for service in (dispatcher, worker):
+        assert "ports" not in service and service["profiles"] == ["data-service"]
+        assert service["image"] == work_pools.TRAINING_IMAGE

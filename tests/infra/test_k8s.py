@@ -57,7 +57,8 @@ def test_every_referenced_object_exists(objects):
         for volume in spec.get("volumes", []):
             if "persistentVolumeClaim" in volume:
                 assert ("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"]) in names
-        mounted = {v["name"] for v in spec.get("volumes", [])}
+        claimed = {t["metadata"]["name"] for t in _obj["spec"].get("volumeClaimTemplates", [])}
+        mounted = {v["name"] for v in spec.get("volumes", [])} | claimed
         for container in containers(spec):
             assert {m["name"] for m in container.get("volumeMounts", [])} <= mounted
             for source in container.get("envFrom", []):
@@ -234,3 +235,59 @@ def test_only_the_training_pods_reach_each_others_worker_port(objects):
     assert [p["port"] for p in rule["ports"]] == [find(objects, "Service", "stoke-train")["spec"]["ports"][0]["port"]]
     (source,) = rule["from"]
     assert source["podSelector"]["matchLabels"].items() <= pods.items() and "namespaceSelector" not in source
+
+
+# ---------------------------------------------------------------- tf.data service
+
+
+def test_data_service_is_wired_to_the_training_job_on_the_codes_ports(objects):
+    from components.contracts.config import DISPATCHER_PORT, WORKER_PORT
+
+    dispatcher = find(objects, "StatefulSet", "stoke-data-dispatcher")
+    service = find(objects, "Service", "stoke-data-dispatcher")
+    assert dispatcher["spec"]["serviceName"] == service["metadata"]["name"] and dispatcher["spec"]["replicas"] == 1
+    (port,) = service["spec"]["ports"]
+    assert port["port"] == DISPATCHER_PORT
+    (container,) = dispatcher["spec"]["template"]["spec"]["containers"]
+    command = container["command"]
+    assert command[:3] == ["stoke", "data-service", "dispatcher"] and int(command[command.index("--port") + 1]) == DISPATCHER_PORT
+    # Fault-tolerant: the work dir is a volume of its own, kept across restarts.
+    work = command[command.index("--work-dir") + 1]
+    (mount,) = container["volumeMounts"]
+    assert mount["mountPath"] == work
+    assert mount["name"] in {t["metadata"]["name"] for t in dispatcher["spec"]["volumeClaimTemplates"]}
+    worker = find(objects, "Deployment", "stoke-data-worker")["spec"]["template"]["spec"]["containers"][0]
+    command = worker["command"]
+    assert command[:3] == ["stoke", "data-service", "worker"] and int(command[command.index("--port") + 1]) == WORKER_PORT
+    assert command[command.index("--dispatcher") + 1] == f"{service['metadata']['name']}:{DISPATCHER_PORT}"
+    for spec in (dispatcher["spec"]["template"]["spec"]["containers"][0], worker):  # each registers under its pod IP
+        assert spec["command"][spec["command"].index("--host") + 1] == "$(POD_IP)"
+        assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in spec["env"]
+    (train,) = find(objects, "Job", "stoke-train")["spec"]["template"]["spec"]["containers"]
+    args = train["args"]
+    assert args[args.index("--data-service") + 1] == f"grpc://{service['metadata']['name']}:{DISPATCHER_PORT}"
+
+
+def test_data_service_workers_scale_on_cpu(objects):
+    hpa = find(objects, "HorizontalPodAutoscaler", "stoke-data-worker")
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "stoke-data-worker"}
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["resource"]["name"] == "cpu"
+    worker = find(objects, "Deployment", "stoke-data-worker")["spec"]["template"]["spec"]["containers"][0]
+    assert worker["resources"]["requests"]["cpu"]  # utilization is measured against the request
+    assert hpa["spec"]["minReplicas"] <= find(objects, "Deployment", "stoke-data-worker")["spec"]["replicas"]
+
+
+def test_only_training_and_data_service_pods_reach_the_data_service(objects):
+    from components.contracts.config import DISPATCHER_PORT, WORKER_PORT
+
+    policy = find(objects, "NetworkPolicy", "stoke-data-service")
+    selected = policy["spec"]["podSelector"]["matchLabels"]
+    for kind, name in (("StatefulSet", "stoke-data-dispatcher"), ("Deployment", "stoke-data-worker")):
+        assert selected.items() <= find(objects, kind, name)["spec"]["template"]["metadata"]["labels"].items()
+    (rule,) = policy["spec"]["ingress"]
+    assert sorted(p["port"] for p in rule["ports"]) == [DISPATCHER_PORT, WORKER_PORT]
+    train = find(objects, "Job", "stoke-train")["spec"]["template"]["metadata"]["labels"]
+    sources = [s["podSelector"]["matchLabels"] for s in rule["from"]]
+    assert all("namespaceSelector" not in s for s in rule["from"])
+    assert any(s.items() <= train.items() for s in sources) and selected in sources

@@ -1,0 +1,216 @@
+"""Training on tf.data service: a dispatcher (fault-tolerant, with a work dir) and two workers, each a
+process of its own started through `stoke data-service`'s program, all on 127.0.0.1 and shared by
+the module. The last test stops them."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from components.common.files import write_json
+from components.contracts.layout import Root
+from components.contracts.results import TrainMetrics
+from components.report.report import write_report
+from components.train import service_input
+from flows import cli
+from tests.components.conftest import TRAIN_LABELS, tiny_image, tiny_records, write_span
+from tests.components.gate_runs import TINY, validate_run
+from tests.waiting import free_port, wait_for
+
+PROGRAM = [sys.executable, "-m", "components.train.data_service"]
+RECORDS = 30  # the record-count span: one label per record, so labels name records
+
+
+@dataclasses.dataclass
+class Server:
+    process: subprocess.Popen
+    address: str
+    lines: list  # stderr, as it arrives
+
+    def stop(self, signum=signal.SIGTERM) -> tuple[int, str]:
+        self.process.send_signal(signum)
+        out = self.process.stdout.read()  # stderr is the reader thread's
+        return self.process.wait(timeout=60), out
+
+
+def add_worker(address: str) -> Server:
+    """One more worker, once the dispatcher lists it (a killed worker stays on the list: count by name)."""
+    worker = start("worker", "--dispatcher", address)
+    wait_for(lambda: worker.address in service_input.workers(address), "the new worker to register")
+    return worker
+
+
+def errors(capfd) -> list[str]:
+    """The error lines on stderr (TensorFlow's first import in this process logs its own lines too)."""
+    return [line for line in capfd.readouterr().err.splitlines() if ": error: " in line]
+
+
+def start(*argv: str) -> Server:
+    process = subprocess.Popen([*PROGRAM, *argv, "--port", "0", "--json"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(process.stderr), daemon=True).start()
+    serving = wait_for(lambda: next((line for line in lines if ": serving at " in line), None),
+                       "the server's address", process=process)
+    return Server(process, serving.split(": serving at ")[1].split()[0], lines)
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    dispatcher = start("dispatcher", "--work-dir", str(tmp_path_factory.mktemp("dispatcher")), "--worker-timeout", "5")
+    workers = [start("worker", "--dispatcher", dispatcher.address) for _ in range(2)]
+    wait_for(lambda: len(service_input.workers(dispatcher.address)) == 2, "two workers")
+    yield {"dispatcher": dispatcher, "workers": workers, "address": dispatcher.address}
+    for server in [*workers, dispatcher]:
+        if server.process.poll() is None:
+            server.process.kill()
+            server.process.wait()
+
+
+@pytest.fixture(scope="module")
+def numbered_root(tmp_path_factory) -> str:
+    """RECORDS training records in 4 shards, record i labelled i: a batch's labels say which records it holds."""
+    root = str(tmp_path_factory.mktemp("numbered"))
+    labels = [f"r{i}" for i in range(RECORDS)]
+    write_span(root, 1, {"train": [(tiny_image(i % 3, i, 16), "jpeg", i) for i in range(RECORDS)]},
+               labels, {"train": 4})
+    return root
+
+
+def records(root: str, **changes):
+    from components.train import input_pipeline as pipeline
+
+    options = pipeline.PipelineOptions(image_size=16, batch_size=4, training=True, flip=False, seed=7)
+    return Root(root).shards("train", None), dataclasses.replace(options, **changes)
+
+
+def labels_of(batches) -> list[int]:
+    return [int(x) for _, labels in batches for x in labels.numpy()]
+
+
+def test_one_pass_through_two_workers_holds_every_record_once(service, numbered_root):
+    from components.train import input_pipeline as pipeline
+
+    shards, options = records(numbered_root, repeat=False, batch_size=1)
+    one_pass = service_input.through_service(pipeline.make_dataset(shards, options), service["address"])
+    assert sorted(labels_of(one_pass)) == list(range(RECORDS))
+
+
+def test_a_worker_killed_mid_pass_does_not_stop_the_stream(service, numbered_root):
+    from components.train.trainer import _through_service
+
+    extra = add_worker(service["address"])
+    batches = iter(_through_service(*records(numbered_root), service["address"], None))
+    labels_of([next(batches)])
+    extra.stop(signal.SIGKILL)
+    # The rest of the killed worker's file is lost for that pass; the stream goes on from the other
+    # two, and the passes after it hold every record.
+    after = labels_of(next(batches) for _ in range(3 * RECORDS // 4))
+    assert set(after) == set(range(RECORDS))
+
+
+def test_training_through_the_service_survives_a_lost_worker_and_is_blessed(service, tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("served"))
+    write_span(root, 1, {"train": tiny_records(64), "eval": tiny_records(24, offset=5000)},
+               TRAIN_LABELS, {"train": 4, "eval": 2})
+    registered = len(service_input.workers(service["address"]))
+    extra = add_worker(service["address"])
+    trainer = subprocess.Popen(
+        [sys.executable, "-m", "components.train", "--root", root, "--run-id", "svc", *TINY, "--epochs", "3",
+         "--precision", "float32", "--data-service", service["address"], "--json"],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    lines = []
+    for line in trainer.stdout:  # the first epoch's progress event: then a worker goes
+        lines.append(line)
+        if '"event"' in line:
+            extra.stop(signal.SIGKILL)
+            break
+    lines += trainer.stdout.readlines()
+    assert trainer.wait(timeout=300) == 0
+    summary = json.loads(lines[-1])
+    assert summary["total_steps"] == 3 * (64 // 8)
+    assert summary["data_service"]["address"] == service["address"]
+    assert summary["data_service"]["processing_mode"] == "distributed_epoch"
+    assert summary["data_service"]["workers"] == registered + 1  # one of them was killed after the first epoch
+    code, validation = validate_run(root, "svc")
+    assert code == 0 and validation["blessed"], validation["reasons"]
+    run = Root(root).run("svc")
+    assert TrainMetrics.read(run.metrics).data_service.address == service["address"]
+    write_json(run.summary("train"), summary)  # what the train flow keeps of the stage for its report
+    markdown = write_report(run)["markdown"]
+    assert f"Input pipeline on the tf.data service at `{service['address']}` (distributed_epoch): " \
+           f"{registered + 1} workers when training started" in markdown
+
+
+@pytest.mark.parametrize("address", ["http://127.0.0.1:5050", "grpc://127.0.0.1", "grpc://127.0.0.1:70000",
+                                     "grpc://127.0.0.1:5050/x", "grpc://user@127.0.0.1:5050", "127.0.0.1:5050\n"])
+def test_a_bad_address_is_one_line_everywhere(address, small_spans_root, capfd):
+    from components.train import trainer
+
+    assert trainer.run(["--root", small_spans_root, "--data-service", address]) == 2
+    assert cli.main(["run", "src", "--root", small_spans_root, "--data-service", address]) == 2
+    assert cli.main(["data-service", "worker", "--dispatcher", address]) == 1
+    lines = errors(capfd)
+    assert [line.split(": error: ")[0] for line in lines] == ["stoke train", "stoke run", "stoke data-service worker"]
+    assert all("grpc://HOST:PORT" in line for line in lines)
+
+
+def test_the_flow_and_its_deployments_take_the_address_as_a_train_setting():
+    from pydantic import ValidationError
+
+    from flows.parameters import TrainSettings
+    from flows.stages import to_arguments
+
+    settings = TrainSettings(data_service="127.0.0.1:5050")
+    assert settings.data_service == "grpc://127.0.0.1:5050"
+    argv = to_arguments(settings)
+    assert argv[argv.index("--data-service") + 1] == "grpc://127.0.0.1:5050"  # what the train program is given
+    with pytest.raises(ValidationError, match="grpc://HOST:PORT"):
+        TrainSettings(data_service="http://127.0.0.1:5050")
+
+
+def test_no_dispatcher_there_is_one_line(small_spans_root, capfd):
+    from components.train import trainer
+
+    nobody = f"grpc://127.0.0.1:{free_port()}"
+    assert trainer.run(["--root", small_spans_root, "--data-service", nobody]) == 1
+    assert cli.main(["data-service", "worker", "--dispatcher", nobody]) == 1
+    lines = errors(capfd)
+    assert len(lines) == 2 and all(f"no tf.data service dispatcher answers at {nobody}" in e for e in lines)
+
+
+def test_cache_and_the_service_are_refused_together(service, small_spans_root, capfd):
+    from components.train import trainer
+
+    assert trainer.run(["--root", small_spans_root, "--data-service", service["address"], "--cache", "memory"]) == 1
+    assert "--cache and --data-service do not go together" in capfd.readouterr().err
+
+
+def test_servers_serve_only_where_told(service, capfd):
+    """Workers register under the host given; a host of another machine, or a port in use, is refused."""
+    assert all(w.startswith("127.0.0.1:") for w in service_input.workers(service["address"]))
+    port = service["address"].rsplit(":", 1)[1]
+    for argv, why in ((["--host", "192.0.2.1"], "not an address of this machine"),
+                      (["--host", "no-such-host.invalid"], "not an address this machine can resolve"),
+                      (["--port", port], "another server holds it"), (["--port", "70000"], "a port from 0")):
+        assert cli.main(["data-service", "dispatcher", *argv]) == 1
+        (line,) = errors(capfd)
+        assert line.startswith("stoke data-service dispatcher: error: ") and why in line
+
+
+def test_servers_stop_cleanly_on_sigterm_even_with_the_dispatcher_gone_first(service, numbered_root):
+    from components.train.trainer import _through_service
+
+    reading = iter(_through_service(*records(numbered_root), service["address"], None))
+    next(reading)  # a trainer still holds a job when everything is stopped at once, dispatcher first
+    for server in [service["dispatcher"], *service["workers"]]:
+        code, out = server.stop()
+        summary = json.loads(out.strip().splitlines()[-1])
+        assert code == 0 and summary["stopped"] is True, server.lines
+        assert any(": stopped" in line for line in server.lines)
