@@ -18,6 +18,17 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
+def prefect_api():
+    """One Prefect test server per session (per xdist worker) for every test that runs a flow or
+    registers deployments: a harness opened and closed by one module would leave its API address
+    behind for a later flow in the same process."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=60):
+        yield
+
+
+@pytest.fixture(scope="session")
 def s3_endpoint():
     """An S3-compatible server (moto) on 127.0.0.1; s3fs, boto3 and child processes reach it through
     the standard AWS_* variables, exactly as they would reach MinIO or AWS."""

@@ -19,11 +19,8 @@ TINY_BEAM = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
 
 
 @pytest.fixture(scope="session", autouse=True)
-def prefect_server():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=60):
-        yield
+def prefect_server(prefect_api):
+    """Every flow test talks to the session's Prefect test server."""
 
 
 @pytest.fixture(scope="session")

@@ -110,14 +110,6 @@ def test_process_pool_needs_no_job_variables():
     assert WorkPool(type="process").job_variables(gpu=True) == {}
 
 
-@pytest.fixture(scope="module")
-def prefect_api():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=60):
-        yield
-
-
 def test_deploy_registers_both_deployments_to_the_pool(prefect_api, template, tmp_path):
     from prefect import get_client
 

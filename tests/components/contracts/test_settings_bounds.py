@@ -56,7 +56,7 @@ def test_stoke_run_refuses_bad_settings_before_anything_runs(tmp_path, capsys, a
     assert sorted(p.name for p in tmp_path.iterdir()) == ["images"]
 
 
-def test_the_flow_refuses_a_model_name_that_leaves_models(tmp_path):
+def test_the_flow_refuses_a_model_name_that_leaves_models(tmp_path, prefect_api):
     from flows.train import train
 
     state = train(source=str(tmp_path), root=str(tmp_path / "root"), model_name="../../evil", preflight=None,
