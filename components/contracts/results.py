@@ -229,6 +229,9 @@ class TrainMetrics(Result):
     best_epoch: BestEpoch | None = None  # by eval accuracy; the candidate is still the end of the run
     warnings: list[str] | None = None  # e.g. a run too short to converge
     profiler: ProfilerVerdict | None = None  # None: no trace (--profile-steps none) or no profile plugin
+    # The shard cache's record (components/common/shard_cache.py: copied, reused, MB/s); None when
+    # TensorFlow read ROOT's shards itself (a local disk, gs://).
+    staging: dict | None = None
 
 
 # ---------------------------------------------------------------- a run: the gate
