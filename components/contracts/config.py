@@ -275,3 +275,4 @@ class PreflightConfig(BaseModel):
         None, gt=0, description="fail when sequential reads under ROOT are slower than this (MB/s)")
     sample_mb: int = Field(64, gt=0, description="MiB to read when timing the disk")
     cache_dir: str | None = Field(None, description=CACHE_DIR_HELP)
+    cache_max_gb: float = Field(100.0, gt=0, le=1e6, description=CACHE_MAX_GB_HELP)

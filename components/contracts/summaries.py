@@ -255,6 +255,7 @@ class TrainSection(Result):
     input_wait_seconds: float | None
     verdict: str  # was the accelerator waiting for input, and the cheapest fix if so
     profiler: ProfilerVerdict | None = None  # reports of 0.1.0 have no key
+    shards: str | None = None  # how the shards reached training when ROOT is in a bucket (the shard cache)
 
 
 class ValidationSection(Result):
