@@ -18,7 +18,7 @@ from tests.flows.conftest import TINY_BEAM, TINY_MODEL
 def _run(bucket: str, cache: str, run_id: str):
     return train(source=f"s3://{bucket}/incoming", root=f"s3://{bucket}/stoke",
                  preflight=PreflightSettings(sample_mb=1), train=TrainSettings(**TINY_MODEL), beam_args=TINY_BEAM,
-                 gate=GateSettings(min_accuracy=0.0), push=PushSettings(build_image=False), cache_dir=cache,
+                 gate=GateSettings(min_accuracy=0.0, max_regression=1.0), push=PushSettings(build_image=False), cache_dir=cache,
                  run_id=run_id, return_state=True)
 
 
@@ -82,3 +82,25 @@ def test_a_second_run_reuses_the_cache_and_compares_with_the_served_version(buck
 
 def join_candidate(run) -> str:
     return f"{run.candidate}/saved_model.pb"
+
+
+def test_lineage_predict_and_rollback_work_on_the_bucket(bucket_runs, capsys):
+    import json
+
+    from components.push import lineage, predict, rollback
+
+    root = bucket_runs["root"]
+    versions = Repository(root, "stoke").versions()
+    image = fsspec.filesystem("s3").find(f"{bucket_runs['bucket']}/incoming")[0]
+
+    assert lineage.run([str(versions[0]), "--root", root, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["run_id"] == "first"
+    assert predict.run([f"{root}/models/stoke", f"s3://{image}", "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert answer["model"].endswith(f"/{versions[-1]}") and answer["predictions"][0]["label"]
+    assert len(versions) == 2  # both runs pushed (any drop is allowed): roll the second back
+    assert rollback.run(["--root", root, "--reason", "drill", "--json"]) == 0
+    capsys.readouterr()
+    assert Repository(root, "stoke").versions() == versions[:-1]
+    serving = fsspec.filesystem("s3").cat_file(f"{bucket_runs['bucket']}/stoke/serving/models.bucket.config")
+    assert f"versions: {versions[-1]}" not in serving.decode()
