@@ -23,10 +23,13 @@ run: install
 	$(STOKE) run $(DEMO) --root $(ROOT) --preset demo
 
 # Lint first (ruff, configured in pyproject.toml); pytest exits 5 when it collects no tests, which
-# is not a failure of the code.
+# is not a failure of the code. Tests run on TEST_WORKERS pytest-xdist workers, a test file's tests
+# on one worker (tests/conftest.py says why); TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 2
+
 test: install
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q || [ $$? -eq 5 ]
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup || [ $$? -eq 5 ]
 
 # Each prints one JSON object of figures measured side by side; compare the ratios, not the times.
 bench: install

@@ -2,11 +2,11 @@
 
     python -m beam_jobs.ingest SOURCE --root ROOT [--shard-mb 128] [--runner DataflowRunner ...]
 
-    driver: list SOURCE, drop what published spans already hold, stage the list
+    driver: list SOURCE, drop what published spans already hold (beam_jobs/compare.py), stage the list
     Beam:   ReadSources -> Spread -> Normalize -> WriteShards -> Gather   (beam_jobs/pipeline.py)
             (+ each record's content signature)                         (beam_jobs/signatures.py)
     driver: keep out copies of published or listed-twice images           (beam_jobs/duplicates.py)
-    driver: name the shards, dead_letter.jsonl, labels.json, the content index, statistics.pb
+    driver: name the shards, dead_letter.jsonl, labels.json, the content and source indexes, statistics.pb
             (beam_jobs/statistics.py), _MANIFEST.json last
 
 Only the driver publishes, and only after the runner has finished, so a job that fails or is
@@ -22,20 +22,23 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
+from beam_jobs import bounded
+from beam_jobs.compare import compare
 from beam_jobs.debris import STAGING_PREFIX, MisplacedSpan, remove, remove_debris
 from beam_jobs.duplicates import Findings, settle
 from beam_jobs.pipeline import STAGED_DEAD_LETTERS, STAGED_SHARDS, build
-from beam_jobs.sources import Source, identities, known, list_source
+from beam_jobs.source_index import identity, write_source_index
+from beam_jobs.sources import Source, each_listed, list_named
 from beam_jobs.statistics import label_conflicts, write_statistics
 from beam_jobs.unchanged import without_unchanged
 from components.common import clock
 from components.common.content_index import write_index
-from components.common.files import filesystem, join, read_json, write_json, write_text
+from components.common.files import exists, filesystem, join, read_json, write_json, write_text
 from components.common.lease import LeaseError, LeaseHeld, exclusive
 from components.contracts import program, schema
 from components.contracts.config import IngestConfig, from_arguments
@@ -78,25 +81,19 @@ def _ingest(config: IngestConfig, pipeline_args: list[str], root: Root, started:
     except MisplacedSpan as error:
         raise IngestError(str(error)) from None
 
-    try:
-        listing = list_source(config.source, config.eval_fraction, config.allow_outside_source)
-    except (FileNotFoundError, ValueError) as error:
-        raise IngestError(str(error)) from None
-    manifests = root.manifests(quarantined=True)  # quarantined spans are published: their files are known
-    published = identities(manifests)
-    fresh = [s for s in listing.sources if known(s) not in published]
-    refused = [(s, reason) for s, reason in listing.rejected if known(s) not in published]
-    fresh, unchanged = without_unchanged(fresh, manifests, root)
+    comparison = compare(listed(config), root)  # streams: the listing is not kept, only what is new
+    refused = comparison.refused
+    fresh, unchanged = without_unchanged(comparison.fresh, comparison.touched, root)
     if not fresh and not refused:
         touched = f" ({unchanged} with a new version but the same content, recognised by content)" if unchanged else ""
         return IngestSummary(published=False, span=None, new_sources=0, removed_debris=removed, unchanged=unchanged,
                              message=f"nothing new in {config.source}: every file is already in a published span{touched}")
 
-    labels = extended_labels(root, manifests, fresh)
+    labels = extended_labels(root, fresh)
     staging = join(root.spans, f"{STAGING_PREFIX}{uuid.uuid4().hex[:12]}")
     try:
         chunks = stage_sources(staging, fresh, labels)
-        shards, dead, findings = _convert(root, manifests, staging, chunks, fresh, config, pipeline_args, progress)
+        shards, dead, findings = _convert(root, staging, chunks, fresh, config, pipeline_args, progress)
         dead += [{"uri": s.uri, "reason": r, "size": s.size, "version": s.version} for s, r in refused]
         copies = len(findings.dropped)
         if copies and copies == len(fresh) + len(refused):
@@ -106,7 +103,7 @@ def _ingest(config: IngestConfig, pipeline_args: list[str], root: Root, started:
                                  dead_letters=dead[:20])
         check(fresh, refused, shards, dead, config.max_bad_fraction, copies)
         lease.check()
-        manifest = publish(root, number, shards, dead, labels, fresh, refused, config, findings)
+        manifest = publish_or_withdraw(root, number, shards, dead, labels, fresh, refused, config, findings)
     finally:
         remove(staging)
 
@@ -132,7 +129,7 @@ def _ingest(config: IngestConfig, pipeline_args: list[str], root: Root, started:
     )
 
 
-def _convert(root, manifests, staging, chunks, fresh, config, pipeline_args, progress):
+def _convert(root, staging, chunks, fresh, config, pipeline_args, progress):
     """Runs the Beam job over the fresh sources; returns the staged shards without duplicates,
     the dead letters (duplicates included) and what the duplicate check found."""
     if not fresh:
@@ -140,19 +137,42 @@ def _convert(root, manifests, staging, chunks, fresh, config, pipeline_args, pro
     with _Progress(staging, sum(s.size for s in fresh), progress):
         run_pipeline(chunks, staging, config, pipeline_args)
     dead = read_json(join(staging, STAGED_DEAD_LETTERS))
-    indexes = [(m.span, root.content_index(m.span)) for m in manifests]
+    indexes = [(number, root.content_index(number)) for number in root.published()]
     shards, copies, findings = settle(staging, read_json(join(staging, STAGED_SHARDS)), fresh, indexes,
                                       config.compression)
     return shards, dead + copies, findings
 
 
-def extended_labels(root: Root, manifests: list[SpanManifest], fresh: list[Source]) -> list[str]:
+def listed(config: IngestConfig) -> Iterator[tuple[Source, str | None]]:
+    """What SOURCE holds: every file, or only those bucket notifications announced (--arrived);
+    each with the reason it is refused, or None."""
+    try:
+        if config.arrived:
+            return list_named(config.source, announced(config.arrived), config.eval_fraction).entries()
+        return each_listed(config.source, config.eval_fraction, config.allow_outside_source)
+    except (FileNotFoundError, ValueError) as error:
+        raise IngestError(str(error)) from None
+
+
+def announced(uri: str) -> list[str]:
+    """The URIs of an --arrived file, one a line."""
+    fs, path = filesystem(uri)
+    try:
+        text = fs.cat_file(path).decode("utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"--arrived {uri} does not exist") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"--arrived {uri} is not UTF-8 text") from None
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def extended_labels(root: Root, fresh: list[Source]) -> list[str]:
     """The known labels with new class names appended: existing ids never change.
 
     Known means labels.json and every published manifest's list together, so a lost or stale
     labels.json cannot hand out an id twice; lists that give one id two names stop the job."""
     labels, origin = root.read_labels(), root.labels
-    for manifest in manifests:
+    for manifest in root.each_manifest(quarantined=True, sources=False):
         names, uri = manifest.labels, root.manifest(manifest.span)
         for index, (mine, theirs) in enumerate(zip(labels, names)):
             if mine != theirs:
@@ -165,22 +185,24 @@ def extended_labels(root: Root, manifests: list[SpanManifest], fresh: list[Sourc
 
 def stage_sources(staging: str, fresh: list[Source], labels: list[str]) -> list[str]:
     index = {name: i for i, name in enumerate(labels)}
-    fs, path = filesystem(staging)
-    fs.makedirs(path, exist_ok=True)
     chunks = []
     for start in range(0, len(fresh), CHUNK):
         uri = join(staging, f"sources-{start // CHUNK:05d}.jsonl")
         lines = (json.dumps({**s.as_dict(), "label_id": index[s.label]}) for s in fresh[start:start + CHUNK])
-        fs.pipe_file(filesystem(uri)[1], ("\n".join(lines) + "\n").encode())
+        write_text(uri, "\n".join(lines) + "\n")
         chunks.append(uri)
     return chunks
 
 
 def run_pipeline(chunks: list[str], staging: str, config: IngestConfig, pipeline_args: list[str]) -> None:
     options = pipeline_options(pipeline_args)
-    try:
+
+    def job():
         with beam.Pipeline(options=options) as pipeline:
             build(pipeline, chunks, staging, config)
+
+    try:
+        bounded.run(job)
     except Exception as error:  # the runner wraps worker errors in its own types
         raise IngestError(f"the Beam job failed, nothing was published: {_last_line(error)} "
                           "(STOKE_DEBUG=1 shows Beam's log)") from error
@@ -219,10 +241,21 @@ def check(fresh, refused, shards, dead, max_bad_fraction: float, duplicates: int
             f"--max-bad-fraction {max_bad_fraction}; nothing was published. First: {reasons}")
 
 
+def publish_or_withdraw(root: Root, number: int, *details) -> SpanManifest:
+    """Publishes the span, or removes what a failed write (a full disk) left of it: before its
+    manifest lands the folder was never published, so no reader can hold it."""
+    try:
+        return publish(root, number, *details)
+    except OSError as error:
+        if not exists(root.manifest(number)):
+            remove(root.span(number))
+        raise IngestError(f"{program.os_error_line(error)}; nothing was published") from None
+
+
 def publish(root, number, shards, dead, labels, fresh, refused, config, findings) -> SpanManifest:
     """Moves the shards to their names, then writes dead letters, the content index and the
     statistics and, last, the manifest."""
-    span = root.span(number)
+    span, sources = root.span(number), fresh + [source for source, _ in refused]
     fs, span_path = filesystem(span)
     fs.makedirs(span_path, exist_ok=True)
     named = []
@@ -236,6 +269,7 @@ def publish(root, number, shards, dead, labels, fresh, refused, config, findings
         write_json(root.labels, labels)
     write_text(root.dead_letter(number), "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in dead))
     write_index(root.content_index(number), findings.kept)
+    write_source_index(root.source_index(number), (identity(s.uri, s.size, s.version) for s in sources))
     anomalies = label_conflicts(findings.conflicts)
     write_statistics(root.statistics(number), findings.kept, anomalies)
     manifest = SpanManifest(
@@ -247,8 +281,7 @@ def publish(root, number, shards, dead, labels, fresh, refused, config, findings
                 "dead_letter": len(dead), "duplicates": len(findings.dropped)},
         labels=labels,
         shards=named,
-        sources=[{"uri": s.uri, "size": s.size, "version": s.version}
-                 for s in fresh + [source for source, _ in refused]],
+        sources=[{"uri": s.uri, "size": s.size, "version": s.version} for s in sources],
         settings=config.model_dump(exclude={"source", "root"}),
         max_side=config.max_side or None,
         anomalies=anomalies,
@@ -323,10 +356,11 @@ def run(argv: list[str] | None = None) -> int:
     if not os.environ.get("STOKE_DEBUG"):
         # Beam relays every worker's log lines; the summary says what matters.
         logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
-    return program.main("stoke ingest", args.json,
+    code = program.main("stoke ingest", args.json,
                         lambda: ingest(from_arguments(IngestConfig, args), pipeline_args,
                                        program.progress_printer(args.json)), _describe,
                         errors=(IngestError, ResultError, OSError), failed=IngestSummary(published=False))
+    return bounded.exit_code(code)
 
 
 if __name__ == "__main__":

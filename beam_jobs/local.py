@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Iterator
 from functools import lru_cache
 
 from components.common.files import is_uri
@@ -60,16 +61,20 @@ def outside_reason(folder: str) -> str:
     return f"outside the source {folder} (a link points there); --allow-outside-source reads it"
 
 
-def walk(base: str, allow_outside: bool, wanted) -> tuple[list[tuple[str, str, os.stat_result]], list[tuple[str, str]]]:
+def walk(base: str, allow_outside: bool, wanted) -> Iterator[tuple[str, str | None, os.stat_result | str]]:
     """Files below the real folder `base` whose relative path `wanted` accepts, as (path, relative,
-    stat), and the entries refused, as (path, reason). Linked folders are followed once each."""
-    found, refused, seen = [], [], {base}
+    stat), and the entries refused, as (path, None, reason), one folder at a time: a listing of
+    millions of files is never held whole. Linked folders are followed once each."""
+    refused, seen = [], {base}
 
     def failed(error: OSError) -> None:
         too_long = error.errno == errno.ENAMETOOLONG
-        refused.append((shown(error.filename or base), TOO_LONG if too_long else f"cannot be listed: {error.strerror}"))
+        refused.append((shown(error.filename or base), None,
+                        TOO_LONG if too_long else f"cannot be listed: {error.strerror}"))
 
     for folder, dirs, files in os.walk(base, onerror=failed, followlinks=True):
+        yield from refused
+        refused.clear()
         keep = []
         for name in sorted(dirs):
             path = os.path.join(folder, name)
@@ -77,7 +82,7 @@ def walk(base: str, allow_outside: bool, wanted) -> tuple[list[tuple[str, str, o
             if name.startswith(".") or target in seen:
                 continue  # hidden, or a folder already listed (a second link to it, a loop)
             if not allow_outside and not inside(target, base):
-                refused.append((shown(path), outside_reason(base)))
+                yield shown(path), None, outside_reason(base)
                 continue
             seen.add(target)
             keep.append(name)
@@ -87,9 +92,8 @@ def walk(base: str, allow_outside: bool, wanted) -> tuple[list[tuple[str, str, o
             relative = os.path.relpath(path, base)
             if wanted(relative):
                 entry = _file(path, base, allow_outside)
-                (refused if isinstance(entry, str) else found).append(
-                    (shown(path), entry) if isinstance(entry, str) else (path, relative, entry))
-    return found, refused
+                yield (shown(path), None, entry) if isinstance(entry, str) else (path, relative, entry)
+    yield from refused
 
 
 def _file(path: str, base: str, allow_outside: bool) -> os.stat_result | str:

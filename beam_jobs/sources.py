@@ -12,15 +12,15 @@ import io
 import json
 import os
 import posixpath
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import fsspec
 
 from beam_jobs.images import EXTENSIONS
-from beam_jobs.local import CHAINING, NOT_REGULAR, canonical, local_path, walk
+from beam_jobs.local import CHAINING, NOT_REGULAR, local_path, walk
 from components.common.files import filesystem, is_local, is_uri, join, protocol, uri_of
-from components.contracts.results import SpanManifest
 
 MANIFEST_SUFFIXES = (".csv", ".jsonl")
 SPLIT_NAMES = {"train": "train", "eval": "eval", "validation": "eval"}
@@ -51,6 +51,12 @@ class Source:
 class Listing:
     sources: list[Source]
     rejected: list[tuple[Source, str]]  # files that cannot be ingested at all, with the reason
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # named, but no file of SOURCE: why
+
+    def entries(self) -> Iterator[tuple[Source, str | None]]:
+        """Every file listed, with the reason it is refused, or None."""
+        yield from ((source, None) for source in self.sources)
+        yield from self.rejected
 
 
 def list_source(source: str, eval_fraction: float, allow_outside: bool = False) -> Listing:
@@ -58,6 +64,13 @@ def list_source(source: str, eval_fraction: float, allow_outside: bool = False) 
 
     A manifest's rows, and the links of a folder, name files under the source, unless `allow_outside`.
     A local SOURCE is read at its real path, however it is spelled."""
+    return _collected(each_listed(source, eval_fraction, allow_outside))
+
+
+def each_listed(source: str, eval_fraction: float, allow_outside: bool = False) -> Iterator[tuple[Source, str | None]]:
+    """`list_source` one file at a time, each with the reason it is refused or None: a local folder
+    is walked as it is read, so its listing is never in memory whole. Raises FileNotFoundError or
+    ValueError for a SOURCE that cannot be listed at all, before the first file."""
     if CHAINING in source:
         raise ValueError(f"source {source}: '::' (fsspec's chaining) is not read; name a folder or a manifest")
     local = local_path(source)
@@ -65,26 +78,57 @@ def list_source(source: str, eval_fraction: float, allow_outside: bool = False) 
     if not (os.path.exists(local) if local else fs.exists(path)):
         raise FileNotFoundError(f"source {source} does not exist")
     if local and os.path.isdir(local):
-        listing = _list_folder(local, allow_outside)
+        entries = _each_in_folder(local, allow_outside)
     elif fs.isdir(path):
-        listing = _list_bucket_folder(fs, path)
+        entries = _list_bucket_folder(fs, path).entries()
     elif path.lower().endswith(MANIFEST_SUFFIXES):
-        listing = _list_manifest(fs, path, allow_outside)
+        entries = _list_manifest(fs, path, allow_outside).entries()
     else:
         raise ValueError(f"source {source} is neither a folder nor a .csv/.jsonl manifest")
-    sources = [s if s.split else _with_split(s, eval_fraction) for s in listing.sources]
-    return Listing(sources, listing.rejected)
+    return ((s if reason or s.split else _with_split(s, eval_fraction), reason) for s, reason in entries)
 
 
-def identities(manifests: list[SpanManifest]) -> set[tuple[str, int, str]]:
-    """The source identities that published spans already hold, local paths by their real path
-    (`known(source)` spells a listed source alike)."""
-    return {(canonical(s.uri), s.size, s.version) for m in manifests for s in m.sources}
+def list_named(source: str, uris: list[str], eval_fraction: float = 0.0) -> Listing:
+    """The files of a folder SOURCE that `uris` name (as bucket notifications do), listed as
+    `list_source` lists them; what is outside SOURCE or gone goes to `skipped`, and what is not an
+    image (hidden, a sidecar) is left out, as a listing leaves it out. Only the named files are read."""
+    local = local_path(source)
+    fs, base = (LOCAL, local) if local else filesystem(source)
+    if base.lower().endswith(MANIFEST_SUFFIXES):
+        raise ValueError(f"source {source} is a manifest: notifications name the files of a folder")
+    base = posixpath.normpath(base)
+    fs.invalidate_cache()  # a file announced a moment ago is not in a listing cached before it
+    found, skipped = [], []
+    for uri in uris:
+        path = _path_in(fs, uri)
+        relative = posixpath.relpath(path, base) if path and path.startswith(base.rstrip("/") + "/") else None
+        if relative is None:
+            skipped.append((uri, f"not under {source}"))
+        elif is_candidate(relative):
+            found.append((uri_of(fs, path), relative))
+    with ThreadPoolExecutor(max_workers=16) as pool:  # one metadata request per file on object stores
+        infos = list(pool.map(lambda entry: _info(entry[0]), found))
+    listed, rejected = [], []
+    for (uri, relative), info in zip(found, infos):
+        if info == "not found":
+            skipped.append((uri, "not found: removed since it was announced"))
+        elif isinstance(info, str):
+            rejected.append((Source(uri, 0, ""), info))
+        else:
+            listed.append(Source(uri, int(info["size"]), _version(info), key=relative))
+    listing = _labelled(listed)
+    sources = [_with_split(s, eval_fraction) for s in listing.sources]
+    return Listing(sources, listing.rejected + rejected, skipped)
 
 
-def known(source: Source) -> tuple[str, int, str]:
-    """A listed source's identity as `identities` spells it."""
-    return (canonical(source.uri), source.size, source.version)
+def _path_in(fs, uri: str) -> str | None:
+    """`uri` as a normalized path of the store `fs`, or None when it is of another store."""
+    scheme, has_scheme, rest = uri.partition("://")
+    if CHAINING in uri or (has_scheme and STORES.get(scheme.lower()) != _store(fs)) or (not has_scheme and not is_local(fs)):
+        return None
+    if is_local(fs):
+        return os.path.realpath(rest if has_scheme else uri)
+    return posixpath.normpath(rest)
 
 
 def is_candidate(relative_path: str) -> bool:
@@ -105,11 +149,13 @@ def _with_split(source: Source, eval_fraction: float) -> Source:
     return Source(**{**source.as_dict(), "split": split_of(source.key, eval_fraction)})
 
 
-def _list_folder(base: str, allow_outside: bool) -> Listing:
+def _each_in_folder(base: str, allow_outside: bool) -> Iterator[tuple[Source, str | None]]:
     """A local folder, walked by real paths (beam_jobs/local.py)."""
-    found, refused = walk(base, allow_outside, is_candidate)
-    listing = _labelled((Source(path, int(st.st_size), str(st.st_mtime), key=relative) for path, relative, st in found))
-    return Listing(listing.sources, listing.rejected + [(Source(path, 0, ""), reason) for path, reason in refused])
+    for path, relative, entry in walk(base, allow_outside, is_candidate):
+        if isinstance(entry, str):
+            yield Source(path, 0, ""), entry
+        else:
+            yield _label(Source(path, int(entry.st_size), str(entry.st_mtime), key=relative))
 
 
 def _list_bucket_folder(fs, base: str) -> Listing:
@@ -121,14 +167,23 @@ def _list_bucket_folder(fs, base: str) -> Listing:
 
 
 def _labelled(listed) -> Listing:
+    return _collected(map(_label, listed))
+
+
+def _label(source: Source) -> tuple[Source, str | None]:
     """Labels from the first folder below the source; a file directly in it has none."""
+    if "/" not in source.key:
+        return source, "not inside a class folder, so it has no label"
+    return Source(**{**source.as_dict(), "label": source.key.split("/", 1)[0]}), None
+
+
+def _collected(entries: Iterable[tuple[Source, str | None]]) -> Listing:
     sources, rejected = [], []
-    for source in listed:
-        relative = source.key
-        if "/" not in relative:
-            rejected.append((source, "not inside a class folder, so it has no label"))
+    for source, reason in entries:
+        if reason is None:
+            sources.append(source)
         else:
-            sources.append(Source(**{**source.as_dict(), "label": relative.split("/", 1)[0]}))
+            rejected.append((source, reason))
     return Listing(sources, rejected)
 
 

@@ -1,7 +1,8 @@
 """Files whose version changed but whose content did not (`touch`, a re-upload of the same bytes):
 not new, so not published again. A listed file counts as unchanged when a published span holds its
 URI at the same size and the span's content index gives its SHA-256 as the file's own; only such
-candidates are read, in the driver, before the Beam job. Nothing is recorded for them, so a later
+candidates (beam_jobs/compare.py finds them while it merges) are looked up, streaming each span's
+content index and keeping only their lines, and read, in the driver, before the Beam job. Nothing is recorded for them, so a later
 run reads them again; that costs one read of each touched file, not a span of copies."""
 from __future__ import annotations
 
@@ -14,31 +15,26 @@ from beam_jobs.sources import Source
 from components.common.content_index import parse, read_index
 from components.common.files import exists
 from components.contracts.layout import Root
-from components.contracts.results import SpanManifest
 
 BLOCK = 1 << 20
 
 
-def without_unchanged(fresh: list[Source], manifests: list[SpanManifest], root: Root) -> tuple[list[Source], int]:
+def without_unchanged(fresh: list[Source], touched: list[Source], root: Root) -> tuple[list[Source], int]:
     """`fresh` less the files whose content a published span already holds under their URI, and
-    how many those were."""
-    sizes: dict[str, set[int]] = {}
-    for manifest in manifests:
-        for source in manifest.sources:
-            sizes.setdefault(canonical(source.uri), set()).add(source.size)
-    candidates = {canonical(s.uri): s for s in fresh if s.size in sizes.get(canonical(s.uri), ())}
-    published = _published_hashes(candidates, manifests, root) if candidates else {}
+    how many those were; `touched` are the files of `fresh` that a span holds at their size."""
+    candidates = {canonical(s.uri): s for s in touched}
+    published = _published_hashes(candidates, root) if candidates else {}
     with ThreadPoolExecutor(max_workers=8) as pool:
         digests = list(pool.map(lambda name: _digest(candidates[name].uri), published))
     same = {name for name, digest in zip(published, digests) if digest == published[name]}
     return [s for s in fresh if canonical(s.uri) not in same], len(same)
 
 
-def _published_hashes(candidates: dict, manifests: list[SpanManifest], root: Root) -> dict[str, str]:
+def _published_hashes(candidates: dict, root: Root) -> dict[str, str]:
     """SHA-256 of each candidate's published record, from the spans' content indexes."""
     found = {}
-    for manifest in manifests:
-        uri = root.content_index(manifest.span)
+    for number in root.published():
+        uri = root.content_index(number)
         if exists(uri):
             for line in read_index(uri):
                 sha, _, _, _, source = parse(line)

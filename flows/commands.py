@@ -33,6 +33,7 @@ from components.contracts.config import (
 from components.contracts.layout import Root, new_run_id
 from components.contracts.program import BAD_SETTINGS, printable, settings_message
 from flows import parameters as p
+from flows.work_pools import add_notifications_argument
 
 SERVER_START_SECONDS = 120
 PREFECT_PORT = 4200  # Prefect's own default; the API is at http://<host>:PREFECT_PORT/api
@@ -129,6 +130,7 @@ def add_up_arguments(parser: argparse.ArgumentParser) -> None:
                         help="IANA timezone of the schedule, e.g. Europe/Berlin (default: $TZ or UTC)")
     parser.add_argument("--beam-args-file", default=None,
                         help="Beam runner options of the deployment, one a line (e.g. infra/beam/dataflow.args)")
+    add_notifications_argument(parser)
     parser.add_argument("--auth-string-file", default=None,
                         help=f"file holding user:password: the API and UI then ask for it (basic auth; also read from "
                              f"{AUTH_ENV})")
@@ -168,14 +170,16 @@ def up(args: argparse.Namespace) -> int:
                  "(--auth-string-file)\n")
               + f"From another shell:\n  export PREFECT_API_URL={url}/api\n{auth}  prefect deployment run train/nightly\n"
               f"Serving train/nightly ({args.cron or 'cron 0 2 * * *'} {args.timezone}; and on stoke.data.arrived) "
-              f"and watch-bucket/poll (every {args.poll_seconds:g} s) for {source} -> {root}. Ctrl-C stops both.",
+              f"and watch-bucket/poll (every {args.poll_seconds:g} s"
+              + (f", reading {args.notifications}" if args.notifications else "")
+              + f") for {source} -> {root}. Ctrl-C stops both.",
               flush=True)
         from flows.deployments import NIGHTLY_CRON, serve_deployments
         from flows.train import ensure_gpu_limit
 
         ensure_gpu_limit()
         serve_deployments(source, root, poll_seconds=args.poll_seconds, cron=args.cron or NIGHTLY_CRON,
-                          timezone=args.timezone)
+                          timezone=args.timezone, notifications=args.notifications)
     except KeyboardInterrupt:
         pass
     except ServerError as error:

@@ -4,7 +4,10 @@
                         `stoke.data.arrived` event names a source (that source becomes the run's
                         `source` parameter); one run at a time, later ones wait in line (ENQUEUE)
     watch-bucket/poll   the `watch-bucket` flow every --poll-seconds; a poll still running when the
-                        next is due makes the next one a no-op (CANCEL_NEW): polls never pile up
+                        next is due makes the next one a no-op (CANCEL_NEW): polls never pile up.
+                        With --notifications each run reads the queue instead of listing SOURCE, and
+                        the train run an event asks for ingests only the files it names; the nightly
+                        run still lists everything, the reconcile that catches a lost notification
 
 `prefect deployment run train/nightly` starts one by hand, with `-p train='{"epochs": 20}'` and the like.
 """
@@ -23,11 +26,16 @@ from flows.train import train
 from flows.watch_bucket import EVENT, watch_bucket
 
 NIGHTLY_CRON = "0 2 * * *"
+# The files an event names, one a line, for the train run it triggers; "" (list all of SOURCE) when it
+# names none, as a poll's events and an event over watch_bucket.NAMED_LIMIT files do.
+ARRIVED = "{{ event.payload.files | default([]) | join('\\n') }}"
 
 
 def build_deployments(source: str, root: str, *, poll_seconds: float = 60, cron: str = NIGHTLY_CRON,
-                      timezone: str = "UTC", train_parameters: dict | None = None) -> list[RunnerDeployment]:
-    """train/nightly and watch-bucket/poll, with SOURCE and ROOT as their default parameters."""
+                      timezone: str = "UTC", train_parameters: dict | None = None,
+                      notifications: str | None = None) -> list[RunnerDeployment]:
+    """train/nightly and watch-bucket/poll, with SOURCE and ROOT as their default parameters; with
+    `notifications` (sqs://QUEUE, pubsub://projects/P/subscriptions/S) the watcher reads that queue."""
     nightly = train.to_deployment(
         name="nightly",
         schedules=[Cron(cron, timezone=timezone)],
@@ -35,7 +43,7 @@ def build_deployments(source: str, root: str, *, poll_seconds: float = 60, cron:
             name="train when data arrives",
             expect={EVENT},
             match={"prefect.resource.id": "stoke.source.*"},
-            parameters={"source": "{{ event.payload.source }}"},
+            parameters={"source": "{{ event.payload.source }}", "arrived": ARRIVED},
         )],
         parameters={"source": source, "root": root, **(train_parameters or {})},
         concurrency_limit=ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.ENQUEUE),
@@ -47,7 +55,9 @@ def build_deployments(source: str, root: str, *, poll_seconds: float = 60, cron:
     poll = watch_bucket.to_deployment(
         name="poll",
         schedules=[Interval(poll_seconds)],
-        parameters={"source": source, "root": root, "settle_seconds": settle_seconds(poll_seconds)},
+        parameters={"source": source, "root": root, "settle_seconds": settle_seconds(poll_seconds),
+                    **({"notifications": notifications, "wait_seconds": wait_seconds(poll_seconds)}
+                       if notifications else {})},
         concurrency_limit=ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW),
         tags=["stoke"],
         entrypoint_type=EntrypointType.MODULE_PATH,
@@ -58,6 +68,11 @@ def build_deployments(source: str, root: str, *, poll_seconds: float = 60, cron:
 def settle_seconds(poll_seconds: float) -> float:
     """How long a listing must stay the same: a quarter of the poll, between 1 s and 30 s."""
     return min(max(poll_seconds / 4, 1.0), 30.0)
+
+
+def wait_seconds(poll_seconds: float) -> float:
+    """How long one run waits for a first notification: half the poll, at most SQS's 20 s long poll."""
+    return min(max(poll_seconds / 2, 1.0), 20.0)
 
 
 def serve_deployments(source: str, root: str, **options) -> None:

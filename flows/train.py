@@ -23,7 +23,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.runtime import flow_run
 
-from components.common.files import exists, filesystem, read_json
+from components.common.files import exists, filesystem, read_json, write_text
 from components.contracts import results, summaries
 from components.contracts.config import check_model_name
 from components.contracts.layout import Root, RunDir, new_run_id
@@ -71,13 +71,15 @@ def train(
     skip_unchanged: bool = True,
     run_id: str | None = None,
     timeouts: Timeouts = Timeouts(),
+    arrived: str = "",
     cache_dir: str | None = None,
     cache_max_gb: float = 100.0,
 ) -> dict:
     """Turns what is new in SOURCE into a span, trains on every span, and pushes a blessed model.
-    `preflight: null` skips the machine checks. With ROOT on a store TensorFlow cannot read (s3://),
-    training and the gate copy the shards into `cache_dir` (default: $STOKE_CACHE_DIR, else the temp
-    directory), at most `cache_max_gb`."""
+    `preflight: null` skips the machine checks; `arrived` (URIs, one a line, from bucket notifications)
+    makes ingest read only those files. With ROOT on a store TensorFlow cannot read (s3://), training
+    and the gate copy the shards into `cache_dir` (default: $STOKE_CACHE_DIR, else the temp directory),
+    at most `cache_max_gb`."""
     check_job_variables(run_job_variables())  # before anything runs: no run chooses its command or env
     check_model_name(model_name)  # before anything is ingested or trained, as the run id below
     run = Root(root).run(run_id or flow_run_id())
@@ -87,7 +89,7 @@ def train(
     try:
         if preflight is not None:
             check_machine(source, root, preflight, run, timeouts.preflight, cache)            # 1
-        ingested = ingest_span(source, root, ingest, beam_args, run, timeouts.ingest)         # 2
+        ingested = ingest_span(source, root, ingest, beam_args, run, timeouts.ingest, arrived)  # 2
         held = ingested.published and check_span(root, ingested.span, datacheck, run,        # 2b
                                                  timeouts.datacheck).status == "quarantined"
         if skip_unchanged and (held or not ingested.published) and served_versions(root, model_name):
@@ -126,11 +128,14 @@ def check_machine(source: str, root: str, settings: PreflightSettings, run: RunD
 
 @task(name="ingest", retries=2, retry_delay_seconds=30, retry_condition_fn=unless_timed_out)
 def ingest_span(source: str, root: str, settings: IngestSettings, beam_args: list[str], run: RunDir,
-                timeout_minutes: float) -> summaries.IngestSummary:
+                timeout_minutes: float, arrived: str = "") -> summaries.IngestSummary:
     """Publishes what SOURCE holds beyond the published spans as a new span (or says nothing is new)."""
+    argv = ingest_arguments(source, root, settings, beam_args)
+    if arrived.strip():  # the files an arrival event named: ingest reads only those
+        write_text(run.arrived, arrived.strip() + "\n")
+        argv += ["--arrived", run.arrived]
     with Progress("ingest") as progress:
-        return run_program(stage("ingest"), ingest_arguments(source, root, settings, beam_args), run,
-                           timeout_minutes, progress)
+        return run_program(stage("ingest"), argv, run, timeout_minutes, progress)
 
 
 @task(name="datacheck", retries=1, retry_delay_seconds=30, retry_condition_fn=unless_timed_out)

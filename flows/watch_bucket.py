@@ -1,6 +1,9 @@
 """The `watch-bucket` flow: one `stoke.data.arrived` event when new files have landed and settled.
 
-    list SOURCE - what the published spans' manifests hold  = new files
+Polling (the default; also the fallback and, through the nightly run's full listing, the reconcile):
+
+    list SOURCE - what the published spans hold             = new files (streamed against
+                                                              each span's sorted source index)
     wait settle_seconds, list again                        -> still changing? wait for the next poll
     a train run for this SOURCE already queued or running?  -> it (or the next poll) picks them up
     emit stoke.data.arrived {source, new_files}            -> train/nightly runs (deployment trigger)
@@ -10,6 +13,20 @@ compared with what ingest has published, "settled" means two listings a few seco
 "already asked" is read from the orchestrator's own queue of train runs. A burst of ten thousand
 uploads therefore asks for one run: every poll during the burst sees the listing move, and every
 poll after the first event sees that run waiting or running.
+
+With `notifications` (sqs://QUEUE or pubsub://projects/P/subscriptions/S) the bucket announces its
+new objects instead, and nothing is listed:
+
+    collect messages until the queue is quiet for settle_seconds  (one batch per burst)
+    keep the objects under SOURCE that exist and no published span holds
+    emit stoke.data.arrived {source, new_files, files}      -> train/nightly ingests only `files`
+    delete (SQS) or acknowledge (Pub/Sub) the messages        only now: a crash before this
+                                                              redelivers them, and ingest, being
+                                                              exactly-once, publishes nothing twice
+
+A message that names no new object of SOURCE (S3's test event, another bucket, a deletion, garbage)
+is one log line and is deleted with the rest. A lost notification delays data until the nightly run,
+whose ingest lists all of SOURCE; it never loses it.
 """
 from __future__ import annotations
 
@@ -19,22 +36,34 @@ from prefect import flow, get_run_logger, task
 from prefect.events import emit_event
 from prefect.states import Failed
 
-from beam_jobs.sources import identities, known, list_source
+from beam_jobs.compare import compare
+from beam_jobs.sources import each_listed, list_named
 from components.contracts.layout import Root
 from components.contracts.program import escape_logs
 from components.contracts.results import ResultError
+from flows import notifications as queues
 from flows.parameters import DEMO_ROOT, DEMO_SOURCE
 
 escape_logs("prefect.flow_runs", "prefect.task_runs")  # bucket and file names in every message
 
 EVENT = "stoke.data.arrived"
 TRAIN_FLOW = "train"
+BATCH_LIMIT = 10_000  # messages per window: a bigger burst is several events, each well within its size
+NAMED_LIMIT = 1_000  # files an event names; beyond that it names none and ingest lists all of SOURCE
 
 
 @flow(name="watch-bucket", description="emit stoke.data.arrived when new files in SOURCE have settled")
-def watch_bucket(source: str = DEMO_SOURCE, root: str = DEMO_ROOT, settle_seconds: float = 15.0) -> dict:
-    """Lists SOURCE twice, `settle_seconds` apart, and asks for one training run when new files have settled."""
+def watch_bucket(source: str = DEMO_SOURCE, root: str = DEMO_ROOT, settle_seconds: float = 15.0,
+                 notifications: str | None = None, wait_seconds: float = 20.0) -> dict:
+    """Lists SOURCE twice, `settle_seconds` apart, and asks for one training run when new files have settled;
+    with `notifications`, reads the queue for up to `wait_seconds` instead of listing."""
     logger = get_run_logger()
+    if notifications:
+        try:
+            return watch_queue(source, root, queues.open_queue(notifications), settle_seconds, wait_seconds)
+        except (queues.NotificationError, ResultError) as error:
+            logger.error("%s", error)
+            return Failed(message=str(error))
     try:
         first = new_files(source, root)
     except ResultError as error:  # a broken span manifest: every stage would stop on it, so say which
@@ -64,10 +93,47 @@ def watch_bucket(source: str = DEMO_SOURCE, root: str = DEMO_ROOT, settle_second
 @task(retries=3, retry_delay_seconds=[5, 15, 45], retry_condition_fn=lambda task, run, state: not _broken(state))
 def new_files(source: str, root: str) -> list[str]:
     """URIs in SOURCE (with size and version) that no published span holds yet."""
-    published = identities(Root(root).manifests(quarantined=True))
-    listing = list_source(source, eval_fraction=0.0)
-    fresh = [s for s in listing.sources + [r for r, _ in listing.rejected] if known(s) not in published]
-    return sorted(f"{s.uri}\t{s.size}\t{s.version}" for s in fresh)
+    found = compare(each_listed(source, eval_fraction=0.0), Root(root))
+    return sorted(f"{s.uri}\t{s.size}\t{s.version}" for s in found.fresh + [r for r, _ in found.refused])
+
+
+def watch_queue(source: str, root: str, queue, settle_seconds: float, wait_seconds: float) -> dict:
+    """One batch of notifications: an event naming the new files, then the messages deleted."""
+    logger = get_run_logger()
+    messages = queues.collect(queue, wait_seconds, settle_seconds, BATCH_LIMIT)
+    named = set()
+    for message in messages:
+        try:
+            named.update(queues.created(message))
+        except queues.Dropped as why:
+            logger.warning("dropped message %s from %s: %s", message.id, queue.name, why)
+    fresh = named_new_files(source, root, sorted(named))
+    result = {"source": source, "messages": len(messages), "new_files": len(fresh), "emitted": False}
+    if fresh:
+        payload = {"source": source, "new_files": len(fresh)}
+        if len(fresh) <= NAMED_LIMIT:
+            payload["files"] = fresh
+        event = emit_event(EVENT, resource=source_resource(source), payload=payload)
+        logger.info("%d new files in %s announced by %s: emitted %s", len(fresh), source, queue.name, EVENT)
+        result.update(emitted=True, event_id=str(event.id) if event else None)
+    elif messages:
+        result["reason"] = "nothing new"
+    else:
+        result["reason"] = "no notifications"
+    failed = queue.done(messages)  # only after the event: a crash before here redelivers them
+    if failed:
+        logger.warning("%d messages were not deleted and will come back (harmless): %s", len(failed), failed[:3])
+    return result
+
+
+def named_new_files(source: str, root: str, uris: list[str]) -> list[str]:
+    """The announced URIs that are files of SOURCE now, in no published span yet; others logged."""
+    logger = get_run_logger()
+    listing = list_named(source, uris)
+    for uri, why in listing.skipped:
+        logger.warning("ignored %s: %s", uri, why)
+    found = compare(listing.entries(), Root(root))
+    return sorted({s.uri for s in found.fresh + [r for r, _ in found.refused]})
 
 
 @task(retries=2, retry_delay_seconds=5)

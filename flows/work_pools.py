@@ -188,6 +188,22 @@ class WorkPoolError(RuntimeError):
     pass
 
 
+def add_notifications_argument(parser: argparse.ArgumentParser) -> None:
+    """`--notifications`, shared by `stoke deploy` and `stoke up`: a value naming no queue is a usage error."""
+    from flows.notifications import NotificationError, checked
+
+    def queue(value: str) -> str:
+        try:
+            return checked(value)
+        except NotificationError as error:
+            raise argparse.ArgumentTypeError(str(error).removeprefix("--notifications ")) from None
+
+    parser.add_argument("--notifications", type=queue, default=None, metavar="QUEUE",
+                        help="read new objects from bucket notifications instead of listing SOURCE: "
+                             "sqs://QUEUE_NAME (S3 events to SQS) or pubsub://projects/P/subscriptions/S (GCS to "
+                             "Pub/Sub); the nightly run still lists all of SOURCE")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="stoke deploy", description=__doc__.split("\n")[0])
     parser.add_argument("--source", required=True, help="bucket or folder to watch and train from")
@@ -200,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="JSON base job template for a new pool (e.g. infra/prefect/kubernetes-job-template.json)")
     parser.add_argument("--beam-args-file", default=None,
                         help="Beam runner options of the ingest, one a line (e.g. infra/beam/dataflow.args)")
+    add_notifications_argument(parser)
     parser.add_argument("--json", action="store_true", help="print a JSON summary last")
     args = parser.parse_args(argv)
     try:
@@ -212,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
                 template = json.load(f)
         beam_args = read_beam_args(args.beam_args_file) if args.beam_args_file else None
         names = deploy(args.source, args.root, pool, template, beam_args, poll_seconds=args.poll_seconds,
-                       train_parameters=args.parameters)
+                       train_parameters=args.parameters, notifications=args.notifications)
     except ValidationError as error:
         print(f"stoke deploy: error: {error.errors()[0]['loc'][0]}: {error.errors()[0]['msg']}", file=sys.stderr)
         return 1

@@ -6,6 +6,17 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Groups for pytest-xdist's `--dist loadgroup` (make test): the tests of one file run on one
+    worker, so a model trained once per session by a file's fixture is trained once, not once per
+    worker; the tests that share the flow run of tests/flows/conftest.py (`pushed_run`) are one
+    group wherever they live. Without xdist the marker does nothing."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            group = "pushed_run" if "pushed_run" in item.fixturenames else item.nodeid.split("::")[0]
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(scope="session")
 def s3_endpoint():
     """An S3-compatible server (moto) on 127.0.0.1; s3fs, boto3 and child processes reach it through

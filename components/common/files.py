@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+from contextlib import contextmanager
 
 import fsspec
 
@@ -33,6 +34,11 @@ def read_json(uri: str):
 def write_json(uri: str, value) -> None:
     """Writes JSON in one request on object stores; locally through a temp file and a rename, each
     synced to the disk first, so that a power cut leaves the old file or the new one, never an empty one."""
+    with _naming(uri):
+        _write_json(uri, value)
+
+
+def _write_json(uri: str, value) -> None:
     fs, path = filesystem(uri)
     data = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False).encode() + b"\n"
     if is_local(fs):
@@ -55,8 +61,21 @@ def write_json(uri: str, value) -> None:
 
 def write_text(uri: str, text: str) -> None:
     fs, path = filesystem(uri)
-    fs.makedirs(posixpath.dirname(path), exist_ok=True)
-    fs.pipe_file(path, text.encode())
+    with _naming(uri):
+        fs.makedirs(posixpath.dirname(path), exist_ok=True)
+        fs.pipe_file(path, text.encode())
+
+
+@contextmanager
+def _naming(uri: str):
+    """fsspec's file objects raise the OSError of a failed write (a full disk) without the file's
+    name, so the one error line a program prints would not say where: add it."""
+    try:
+        yield
+    except OSError as error:
+        if error.filename is None and error.filename2 is None and error.errno is not None:
+            raise OSError(error.errno, error.strerror, uri) from error
+        raise
 
 
 def remove(uri: str) -> None:

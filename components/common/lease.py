@@ -170,7 +170,9 @@ class _ObjectLease:
 
     def release(self) -> None:
         self.stop.set()
-        self.thread.join()
+        # A renewal stuck on an unanswering store must not hold the process: the lease then lapses
+        # after its ttl instead (the delete below is conditional on the tag the renewal may change).
+        self.thread.join(timeout=self.ttl / 4)
         if not self.lost:
             self.store.delete(self.tag)  # conditional: never removes a lease another writer took over
 

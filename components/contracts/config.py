@@ -86,6 +86,10 @@ class IngestConfig(BaseModel):
     allow_outside_source: bool = Field(
         False, description="let a manifest's rows name local paths, s3:// or gs:// files outside the manifest's "
         "folder (otherwise they are dead letters)")
+    arrived: str | None = Field(
+        None, description="a file of URIs in SOURCE, one a line, that bucket notifications announced: only these "
+        "are read, instead of listing all of SOURCE (the nightly run's full listing catches what a lost "
+        "notification missed)")
 
 
 class DataCheckConfig(BaseModel):

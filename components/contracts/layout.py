@@ -11,6 +11,7 @@ import dataclasses
 import datetime
 import posixpath
 import re
+from collections.abc import Iterator
 
 from components.common.files import filesystem, join
 from components.contracts.config import check_run_id
@@ -23,6 +24,11 @@ LABELS = "labels.json"
 # SHA-256 (`sha256 TAB dhash TAB split TAB "label" TAB "uri"`, label and URI as JSON strings), so a
 # new arrival's hashes merge against it in one streaming pass; spans of 0.1 have neither file.
 CONTENT_INDEX = "content_index.tsv.gz"
+# What a span's sources are, by identity: `# sources N` then N lines sorted as strings,
+# `"uri" TAB size TAB "version"` (URI and version as JSON strings, local paths by their real path),
+# so a listing sorted alike merges against every span's index in one streaming pass. Derived from
+# the manifest's `sources`: a span published without one gets it built from its manifest.
+SOURCE_INDEX = "source_index.tsv.gz"
 STATISTICS = "statistics.pb"  # a binary tensorflow_metadata DatasetFeatureStatisticsList, one dataset per split
 # The data check's verdict on a published span (components/datacheck): while _QUARANTINE.json exists,
 # training and the gate do not read the span; `stoke spans release N` writes _RELEASED.json (the
@@ -72,6 +78,9 @@ class Root:
 
     def content_index(self, number: int) -> str:
         return join(self.span(number), CONTENT_INDEX)
+
+    def source_index(self, number: int) -> str:
+        return join(self.span(number), SOURCE_INDEX)
 
     def statistics(self, number: int) -> str:
         return join(self.span(number), STATISTICS)
@@ -125,8 +134,18 @@ class Root:
         Quarantined spans are left out unless `quarantined`: training and the gate read what is left,
         while ingest (duplicates, labels, what is already known) counts every published span. Naming a
         quarantined span in `spans` raises SpanQuarantined rather than quietly reading less."""
+        return list(self.each_manifest(spans, quarantined=quarantined))
+
+    def published(self) -> list[int]:
+        """Numbers of the published spans, quarantined ones included."""
         fs, _ = filesystem(self.spans)
-        found = []
+        return [n for n in self.span_numbers() if fs.exists(filesystem(self.manifest(n))[1])]
+
+    def each_manifest(self, spans: list[int] | None = None, *, quarantined: bool = False,
+                      sources: bool = True) -> Iterator[SpanManifest]:
+        """`manifests`, read one at a time: a reader that keeps little of each holds one span's in memory.
+        Without `sources` each manifest's `sources` list (by far its biggest part) is left empty."""
+        fs, _ = filesystem(self.spans)
         for number in self.span_numbers():
             if spans is not None and number not in spans:
                 continue
@@ -139,14 +158,13 @@ class Root:
                                           f"{self.quarantine(number)}); after looking at it, let it in with "
                                           f"`stoke spans release {number} --root {self.uri}`")
                 continue
-            found.append(SpanManifest.read(uri))
-        return found
+            yield SpanManifest.read(uri) if sources else SpanManifest.check(_without_sources(load_json(uri)), uri)
 
     def shards(self, split: str, spans: list[int] | None = None, *, quarantined: bool = False) -> list[Shard]:
         """Shard files of one split across the published spans (unpublished span folders are ignored;
         quarantined ones too, unless `quarantined`)."""
         found = []
-        for manifest in self.manifests(spans, quarantined=quarantined):
+        for manifest in self.each_manifest(spans, quarantined=quarantined, sources=False):
             folder = self.span(manifest.span)
             found += [Shard(join(folder, entry.file), TF_COMPRESSION[manifest.compression], entry.records,
                             manifest.span, entry.bytes) for entry in manifest.shards if entry.split == split]
@@ -155,10 +173,14 @@ class Root:
     def label_names(self, spans: list[int] | None = None) -> list[str]:
         """labels.json (append-only, so it covers every span), else the longest list of a manifest."""
         names = self.read_labels()
-        for manifest in self.manifests(spans, quarantined=True):
+        for manifest in self.each_manifest(spans, quarantined=True, sources=False):
             if len(manifest.labels) > len(names):
                 names = list(manifest.labels)
         return names
+
+
+def _without_sources(data):
+    return {**data, "sources": []} if isinstance(data, dict) else data
 
 
 class SpanQuarantined(ValueError):
@@ -178,6 +200,7 @@ class RunDir:
     def _file(self, name: str) -> str:
         return join(self.uri, name)
 
+    arrived = property(lambda self: self._file("arrived.txt"))  # files notifications announced: all ingest reads
     # training: backup (resume), tensorboard, the candidate, metrics last
     backup = property(lambda self: self._file("backup"))
     tensorboard = property(lambda self: self._file("tensorboard"))

@@ -48,14 +48,16 @@ def main(prog: str, as_json: bool, work: Callable[[], Result | dict], describe: 
 
 def progress_printer(as_json: bool) -> Callable[[Progress], None]:
     """Shows a program's progress events: with --json one JSON line each on stdout (before the
-    summary, which stays the last line), else a line for people on stderr."""
+    summary, which stays the last line), else a line for people on stderr: the stream of the
+    moment it was made, since a Beam job holds back what its workers print to sys.stderr."""
+    stream = sys.stderr
 
     def show(event: Progress) -> None:
         if as_json:  # one write: a line from another thread cannot land inside it
             sys.stdout.write(json.dumps(event.to_json(), sort_keys=True) + "\n")
             sys.stdout.flush()
         else:
-            print(printable(event.describe()), file=sys.stderr, flush=True)
+            print(printable(event.describe()), file=stream, flush=True)
 
     return show
 

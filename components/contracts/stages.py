@@ -42,8 +42,9 @@ STAGES: tuple[Stage, ...] = (
           reads=("data/spans/*/ (shards, to time reads)",), aliases=("doctor",)),
     Stage("ingest", "beam_jobs.ingest", "new images to a new span of GZIP TFRecords (Beam)",
           config.IngestConfig, summaries.IngestSummary, 240,
-          reads=("data/labels.json", "data/spans/*/_MANIFEST.json"),
-          writes=("data/labels.json", "data/spans/span-N/ (shards, dead_letter.jsonl, _MANIFEST.json last)")),
+          reads=("data/labels.json", "data/spans/*/_MANIFEST.json", "runs/ID/arrived.txt (announced files)"),
+          writes=("data/labels.json", "data/spans/span-N/ (shards, dead_letter.jsonl, _MANIFEST.json last)"),
+          flow_decides=("root", "source", "run_id", "model_name", "arrived")),
     Stage("datacheck", "components.datacheck", "the new span's statistics against the published history: "
           "errors quarantine it", config.DataCheckConfig, summaries.DataCheckSummary, 30,
           reads=("data/spans/*/ (statistics.pb, _MANIFEST.json, content index)",),

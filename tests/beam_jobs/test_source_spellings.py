@@ -1,10 +1,11 @@
 """One file, one identity: however SOURCE, a manifest or a row spells a path, and wherever a link points."""
 import os
 
-from beam_jobs.sources import identities, known, list_source
+from beam_jobs.compare import compare
+from beam_jobs.sources import list_source
 from components.common.files import read_json
 from components.contracts import schema
-from components.contracts.layout import MANIFEST
+from components.contracts.layout import MANIFEST, Root
 from components.contracts.results import SpanManifest
 from tests.beam_jobs import images
 from tests.beam_jobs.test_ingest import IN_MEMORY, dead_letters, ingest, records
@@ -29,11 +30,13 @@ def test_spans_published_under_another_spelling_still_count_as_known(tmp_path):
     os.symlink(tmp_path / "SRC", tmp_path / "link")
     [listed] = list_source(str(tmp_path / "link"), 0.0).sources
     assert listed.uri == str(tmp_path / "SRC" / "cat" / "a.jpg")
-    for spelled in (f"{tmp_path}/link/cat/a.jpg", f"{tmp_path}/SRC/./cat/a.jpg", f"file://{tmp_path}/link/cat/a.jpg"):
-        span = SpanManifest(span=1, created="2026-01-01T00:00:00Z", source="x", labels=["cat"], shards=[],
-                            counts={"train": 1, "eval": 0, "dead_letter": 0},
-                            sources=[{"uri": spelled, "size": listed.size, "version": listed.version}])
-        assert known(listed) in identities([span]), spelled
+    spellings = (f"{tmp_path}/link/cat/a.jpg", f"{tmp_path}/SRC/./cat/a.jpg", f"file://{tmp_path}/link/cat/a.jpg")
+    for number, spelled in enumerate(spellings, start=1):
+        root = Root(str(tmp_path / f"root-{number}"))
+        SpanManifest(span=1, created="2026-01-01T00:00:00Z", source="x", labels=["cat"], shards=[],
+                     counts={"train": 1, "eval": 0, "dead_letter": 0},
+                     sources=[{"uri": spelled, "size": listed.size, "version": listed.version}]).write(root.manifest(1))
+        assert compare([(listed, None)], root).fresh == [], spelled
 
 
 def test_fsspec_chaining_in_rows_and_sources_is_refused(tmp_path):

@@ -2,8 +2,7 @@ import json
 
 import pytest
 
-from beam_jobs.sources import identities, is_candidate, list_source, split_of
-from components.contracts.results import SpanManifest
+from beam_jobs.sources import is_candidate, list_source, split_of
 from tests.beam_jobs import images
 
 
@@ -69,13 +68,6 @@ def test_a_missing_source_or_unknown_kind_is_a_clear_error(tmp_path):
     write(tmp_path / "list.txt")
     with pytest.raises(ValueError, match="neither a folder nor"):
         list_source(str(tmp_path / "list.txt"), 0.1)
-
-
-def test_identities_come_from_manifests():
-    manifests = [SpanManifest(span=1, created="2026-01-01T00:00:00Z", source="/in", labels=["x"], shards=[],
-                              counts={"train": 1, "eval": 0, "dead_letter": 0},
-                              sources=[{"uri": "a", "size": 1, "version": "v"}])]
-    assert identities(manifests) == {("a", 1, "v")}
 
 
 def test_manifest_rows_outside_its_folder_or_on_other_schemes_are_refused(tmp_path):

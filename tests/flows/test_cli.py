@@ -207,3 +207,27 @@ def _post(url: str, body: dict):
     request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json", **AUTH})
     with urllib.request.urlopen(request, timeout=10) as response:
         return json.load(response)
+
+
+@pytest.mark.parametrize("value", ["sqs://", "sqs://a/b", "https://sqs.us-east-1.amazonaws.com/123456789012/q",
+                                   "pubsub://projects/p/topics/t", "pubsub://p/s", "gs://photos", "q"])
+@pytest.mark.parametrize("command", ["up", "deploy"])
+def test_up_and_deploy_refuse_notifications_that_name_no_queue(command, value, tmp_path, capsys):
+    from flows import cli, work_pools
+
+    argv = ["--source", "s3://photos/incoming", "--root", str(tmp_path), "--notifications", value]
+    with pytest.raises(SystemExit) as exit:
+        cli.main(["up", *argv]) if command == "up" else work_pools.main(argv)
+    assert exit.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == (f"stoke {command}: error: argument --notifications: {value!r}: expected sqs://QUEUE_NAME or "
+                    "pubsub://projects/PROJECT/subscriptions/SUBSCRIPTION")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_notifications_spellings_that_name_a_queue():
+    from flows.notifications import checked
+
+    assert checked(" SQS://stoke-arrivals ") == "sqs://stoke-arrivals"
+    assert checked("sqs://arrivals.fifo") == "sqs://arrivals.fifo"
+    assert checked("PubSub://projects/p/subscriptions/s") == "pubsub://projects/p/subscriptions/s"

@@ -16,7 +16,7 @@ from prefect.events import emit_event
 from prefect.settings import PREFECT_API_URL
 
 from components.common.repository import Repository
-from flows.deployments import build_deployments
+from flows.deployments import ARRIVED, build_deployments
 from flows.watch_bucket import EVENT, source_resource
 from tests.flows.conftest import TINY_BEAM, TINY_MODEL
 from tests.waiting import wait_for
@@ -55,12 +55,30 @@ def test_schedule_trigger_and_queue_are_registered(client, tmp_path):
     assert automation.trigger.expect == {EVENT}
     assert automation.trigger.match.model_dump() == {"prefect.resource.id": "stoke.source.*"}
     (action,) = automation.actions
-    assert action.deployment_id == nightly.id and action.parameters == {"source": "{{ event.payload.source }}"}
+    assert action.deployment_id == nightly.id
+    assert action.parameters == {"source": "{{ event.payload.source }}", "arrived": ARRIVED}
 
     poll = client.read_deployment_by_name("watch-bucket/poll")
     (schedule,) = poll.schedules
     assert schedule.schedule.interval.total_seconds() == 90
     assert poll.parameters == {"source": source, "root": root, "settle_seconds": 22.5}
+
+
+def test_with_notifications_the_watcher_reads_the_queue_and_events_name_what_ingest_reads(client, tmp_path):
+    source, root = "s3://photos/incoming", str(tmp_path / "root")
+    for deployment in build_deployments(source, root, poll_seconds=60, notifications="sqs://stoke-arrivals"):
+        deployment.apply()
+    poll = client.read_deployment_by_name("watch-bucket/poll")
+    assert poll.parameters == {"source": source, "root": root, "settle_seconds": 15.0,
+                               "notifications": "sqs://stoke-arrivals", "wait_seconds": 20.0}
+
+    # The trigger's template, rendered as Prefect's automations render it: the files an event names,
+    # one a line; nothing (list all of SOURCE) for a poll's event, which names none.
+    from prefect.server.utilities.user_templates import render_user_template_sync
+
+    named = {"source": source, "new_files": 2, "files": [f"{source}/a/1.png", f"{source}/b/2.png"]}
+    assert render_user_template_sync(ARRIVED, {"event": {"payload": named}}) == "\n".join(named["files"])
+    assert render_user_template_sync(ARRIVED, {"event": {"payload": {"source": source, "new_files": 2}}}) == ""
 
 
 def test_an_arrival_event_runs_train_nightly_and_a_refused_model_completes(client, pushed_run):

@@ -1,6 +1,7 @@
 import pytest
 
 from components.contracts.layout import Root, parse_spans
+from components.contracts.results import ResultError, SpanManifest
 
 
 @pytest.mark.parametrize("run_id", ["../x", "a/b", "..", ".hidden", "-x", "", "a" * 129, "x\n", "s3://b/x"])
@@ -29,3 +30,16 @@ def test_parse_spans_rejects_bad_lists():
         parse_spans("1,x")
     with pytest.raises(ValueError, match="bad span range"):
         parse_spans("5-2")
+
+
+def test_manifests_read_without_their_sources_keep_the_rest(tmp_path):
+    root = Root(str(tmp_path))
+    SpanManifest(span=1, created="2026-01-01T00:00:00Z", source="/in", labels=["cat", "dog"], shards=[],
+                 counts={"train": 2, "eval": 0, "dead_letter": 0},
+                 sources=[{"uri": f"/in/cat/{i}.png", "size": i, "version": "v"} for i in range(2)]).write(root.manifest(1))
+    [light] = root.each_manifest(quarantined=True, sources=False)
+    assert light.sources == [] and light.labels == ["cat", "dog"] and light.counts.train == 2
+    assert len(root.manifests()[0].sources) == 2 and root.published() == [1]
+    (tmp_path / "data" / "spans" / "span-00001" / "_MANIFEST.json").write_text('["not", "a manifest"]')
+    with pytest.raises(ResultError, match="_MANIFEST.json is not a valid SpanManifest"):
+        list(root.each_manifest(sources=False))

@@ -1,0 +1,117 @@
+"""A Beam job that ends in bounded time once a worker has failed, and a process that exits after it.
+
+DirectRunner processes a stage's bundles on a pool of worker threads and waits for all of them.
+When one worker fails (a full disk) while another is stuck (a write to a hung network mount, a
+read from a stalled bucket), `run()` never returns, and the worker threads are not daemons, so the
+interpreter would wait for them at exit too, holding ROOT's lock all the while. Here the job runs
+in a daemon thread; once a worker has failed, the driver waits at most GRACE seconds more for the
+runner to return, then gives up on it, and `exit_code` ends a process that such threads would keep
+alive.
+
+A failure is seen where Beam's SDK worker reports it: it logs every failed bundle on its logger
+(whatever the DoFn, ours or Beam's own) and prints the traceback to stderr. The log record is the
+signal; the tracebacks are held back unless STOKE_DEBUG is set, so a failure is the one line the
+driver writes. Runners in other processes (multi_processing, Flink, Dataflow) report failures
+through `run()` itself, and their workers' threads are not ours to wait for.
+"""
+from __future__ import annotations
+
+import io
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable
+from contextlib import contextmanager
+
+GRACE = 60.0  # seconds the runner has to return after a worker failed
+# Where apache_beam/runners/worker/sdk_worker.py logs "Error processing instruction ..." for a bundle
+# that raised; tests/beam_jobs/test_failed_job.py fails if a Beam upgrade moves it.
+SDK_WORKER_LOGGER = "apache_beam.runners.worker.sdk_worker"
+
+
+class StuckRunner(Exception):
+    """A worker failed and the runner did not return within the grace period."""
+
+
+class _Failures(logging.Handler):
+    """Notes the first failed bundle and its error: the traceback's last line."""
+
+    def __init__(self):
+        super().__init__(logging.ERROR)
+        self.seen, self.reason = threading.Event(), "a worker failed"
+
+    def emit(self, record):
+        if not self.seen.is_set():
+            lines = [line for line in record.getMessage().splitlines() if line.strip()]
+            self.reason = lines[-1].strip() if lines else self.reason
+            self.seen.set()
+
+
+def run(job: Callable[[], None]) -> None:
+    """Runs `job` (a Beam pipeline run to completion) and re-raises its error; raises StuckRunner
+    when the job is still running GRACE seconds after a worker failed."""
+    outcome: list[BaseException | None] = []
+
+    def target():
+        try:
+            job()
+            outcome.append(None)
+        except BaseException as error:  # handed to the driver's thread
+            outcome.append(error)
+
+    with _watching_failures() as failures, _quiet_unless_debugging():
+        thread = threading.Thread(target=target, name="beam job", daemon=True)
+        thread.start()
+        while thread.is_alive() and not failures.seen.wait(0.5):
+            pass
+        thread.join(GRACE)
+    if thread.is_alive():
+        raise StuckRunner(f"{failures.reason}; the runner had not stopped {GRACE:.0f} s later and was left behind")
+    if outcome[0] is not None:
+        raise outcome[0]
+
+
+def exit_code(code: int) -> int:
+    """Returns `code`, or ends the process with it when a failed run left threads that are not
+    daemons behind (a stuck runner's workers): the interpreter would wait for them forever. The
+    price of os._exit, no atexit handlers or finalizers, is paid after the lock was released and
+    staging removed; the streams are flushed here."""
+    stuck = [t for t in threading.enumerate() if t is not threading.current_thread() and not t.daemon]
+    if code and stuck:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+@contextmanager
+def _watching_failures():
+    # The "apache_beam" logger may be silenced (ingest sets it to CRITICAL): this logger gets its own
+    # level so the record is made, and does not propagate while the job runs, so it prints nothing.
+    logger, failures = logging.getLogger(SDK_WORKER_LOGGER), _Failures()
+    level, propagate = logger.level, logger.propagate
+    logger.addHandler(failures)
+    logger.setLevel(logging.ERROR)
+    logger.propagate = bool(os.environ.get("STOKE_DEBUG"))
+    try:
+        yield failures
+    finally:
+        logger.removeHandler(failures)
+        logger.setLevel(level)
+        logger.propagate = propagate
+
+
+@contextmanager
+def _quiet_unless_debugging():
+    """Beam's workers print each failed bundle's traceback to sys.stderr, whatever the logging;
+    those go to a buffer unless STOKE_DEBUG is set. Progress lines are unaffected: their printer
+    holds the stream it was made with."""
+    if os.environ.get("STOKE_DEBUG"):
+        yield
+        return
+    saved, sys.stderr = sys.stderr, io.StringIO()
+    try:
+        yield
+    finally:
+        sys.stderr = saved

@@ -1,0 +1,119 @@
+"""A failed Beam job, or a span that cannot be written whole, ends the ingest with one line, frees
+ROOT's lock and publishes nothing, even when the runner itself never returns."""
+import errno
+import os
+import subprocess
+import sys
+import threading
+
+import apache_beam as beam
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from beam_jobs import bounded
+from beam_jobs import ingest as ingest_module
+from components.common.lease import exclusive
+from components.contracts.layout import Root
+from components.contracts.results import SpanManifest
+from tests.beam_jobs import images
+from tests.beam_jobs.test_ingest import IN_MEMORY, ingest
+
+# The ingest program, except that one record write blocks for good (a hung network mount) and the
+# next fails as on a full disk: the runner may then wait for the blocked worker forever.
+FULL_AND_HUNG = """import errno, os, sys, threading
+from beam_jobs import bounded, ingest, shards
+calls, lock, blocked = [], threading.Lock(), threading.Event()
+def write(self, record):
+    with lock:
+        calls.append(1)
+        first = len(calls) == 1
+    if first:
+        blocked.set()
+        threading.Event().wait()
+    blocked.wait()
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.uri)
+shards.RecordFile.write = write
+bounded.GRACE = 2.0
+sys.exit(ingest.run(sys.argv[1:]))"""
+
+
+def folder_of_images(path, count=12):
+    for index in range(count):
+        folder = path / ("cat" if index % 2 else "dog")
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{index}.jpg").write_bytes(images.rgb_jpeg(seed=index))
+    return path
+
+
+def test_a_full_disk_beside_a_hung_worker_ends_with_one_line_and_frees_root(tmp_path):
+    source, root = folder_of_images(tmp_path / "source"), tmp_path / "root"
+    env = {key: value for key, value in os.environ.items() if key != "STOKE_DEBUG"}
+    # A hang fails here through the timeout; before the bound it did, or printed Beam's tracebacks.
+    result = subprocess.run([sys.executable, "-c", FULL_AND_HUNG, str(source), "--root", str(root),
+                             "--direct_running_mode=multi_threading", "--direct_num_workers=2"],
+                            env=env, capture_output=True, text=True, timeout=180)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 1 and len(lines) == 1, result.stderr[-3000:]
+    assert lines[0].startswith("stoke ingest: error: the Beam job failed, nothing was published")
+    assert "No space left on device" in lines[0]
+    with exclusive(Root(str(root)).ingest_lock, "test"):  # free: the next ingest can take it
+        pass
+    assert list((root / "data" / "spans").iterdir()) == []
+
+
+def test_a_runner_that_outlives_a_real_worker_failure_is_left_behind(monkeypatch):
+    """Beam reports the failed bundle on its SDK worker's logger; a job still running GRACE seconds
+    later is given up on, with the worker's error (this fails if a Beam upgrade moves the report)."""
+    monkeypatch.setattr(bounded, "GRACE", 0.5)
+    release = threading.Event()
+
+    def fail(element):
+        raise OSError(errno.ENOSPC, "No space left on device", "/full/disk")
+
+    def job():
+        try:
+            options = PipelineOptions(["--direct_running_mode=multi_threading", "--direct_num_workers=2"])
+            with beam.Pipeline(options=options) as pipeline:
+                _ = pipeline | beam.Create([1]) | beam.Map(fail)
+        finally:
+            release.wait(60)  # the runner does not return
+
+    try:
+        with pytest.raises(bounded.StuckRunner, match=r"No space left on device.*the runner had not stopped"):
+            bounded.run(job)
+    finally:
+        release.set()
+
+
+@pytest.mark.parametrize("owner, step", [(ingest_module, "write_text"), (ingest_module, "write_index"),
+                                         (ingest_module, "write_statistics"), (SpanManifest, "write")])
+def test_a_span_that_cannot_be_written_whole_is_withdrawn(tmp_path, capsys, monkeypatch, owner, step):
+    """A full disk at each write of publishing (dead letters, content index, statistics, manifest):
+    one line naming the file, no span folder left, and the next ingest publishes everything."""
+    source, root = folder_of_images(tmp_path / "source", count=4), tmp_path / "root"
+    span, write = root / "data" / "spans" / "span-00001", getattr(owner, step)
+
+    def full(*args, **kwargs):
+        if not any(str(span) in str(a) or isinstance(a, SpanManifest) for a in args):
+            return write(*args, **kwargs)  # staging, before publishing
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(span / "x"))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(owner, step, full)
+        code, summary = ingest(source, root, *IN_MEMORY, capsys=capsys)
+    assert code == 1 and summary["error"].endswith("cannot be written: no space left on device; nothing was published")
+    assert list((root / "data" / "spans").iterdir()) == []
+    code, summary = ingest(source, root, *IN_MEMORY, capsys=capsys)
+    assert code == 0 and summary["span"] == 1 and summary["new_sources"] == 4
+
+
+def test_a_full_disk_while_staging_the_source_list_names_the_file(tmp_path, capsys, monkeypatch):
+    """fsspec's file objects raise a failed write without the file's name: the line still says where."""
+    source, root = folder_of_images(tmp_path / "source", count=2), tmp_path / "root"
+
+    def full(self, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr("fsspec.implementations.local.LocalFileOpener.write", full)
+    code, summary = ingest(source, root, *IN_MEMORY, capsys=capsys)
+    assert code == 1 and "sources-00000.jsonl cannot be written: no space left on device" in summary["error"]
