@@ -23,7 +23,13 @@ from pydantic import ValidationError
 
 from components.common import processes
 from components.common.files import exists, is_uri, read_json
-from components.contracts.config import add_arguments, check_model_name, from_arguments
+from components.contracts.config import (
+    CACHE_DIR_HELP,
+    CACHE_MAX_GB_HELP,
+    add_arguments,
+    check_model_name,
+    from_arguments,
+)
 from components.contracts.layout import Root, new_run_id
 from components.contracts.program import BAD_SETTINGS, printable, settings_message
 from flows import parameters as p
@@ -47,6 +53,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="end early, training nothing, when SOURCE holds nothing new and a model is served "
                              "(what the scheduled and event-triggered runs do)")
     parser.add_argument("--json", action="store_true", help="print the run summary as JSON last")
+    parser.add_argument("--cache-dir", default=None, help=CACHE_DIR_HELP)
+    parser.add_argument("--cache-max-gb", type=float, default=100.0, help=f"{CACHE_MAX_GB_HELP} (default: 100)")
     for name, model in p.SETTINGS.items():
         add_arguments(parser.add_argument_group(f"{name} ({model.__doc__.splitlines()[0]})"), model)
 
@@ -64,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.run_preflight:
         settings["preflight"] = None
     state = train(source=args.source, root=args.root, run_id=run_id, model_name=args.model_name,
-                  skip_unchanged=args.skip_unchanged, return_state=True, **settings)
+                  skip_unchanged=args.skip_unchanged, cache_dir=args.cache_dir, cache_max_gb=args.cache_max_gb,
+                  return_state=True, **settings)
     if state.is_completed():
         summary = state.result()
     else:

@@ -72,18 +72,23 @@ def train(
     run_id: str | None = None,
     timeouts: Timeouts = Timeouts(),
     arrived: str = "",
+    cache_dir: str | None = None,
+    cache_max_gb: float = 100.0,
 ) -> dict:
     """Turns what is new in SOURCE into a span, trains on every span, and pushes a blessed model.
     `preflight: null` skips the machine checks; `arrived` (URIs, one a line, from bucket notifications)
-    makes ingest read only those files."""
+    makes ingest read only those files. With ROOT on a store TensorFlow cannot read (s3://), training
+    and the gate copy the shards into `cache_dir` (default: $STOKE_CACHE_DIR, else the temp directory),
+    at most `cache_max_gb`."""
     check_job_variables(run_job_variables())  # before anything runs: no run chooses its command or env
     check_model_name(model_name)  # before anything is ingested or trained, as the run id below
     run = Root(root).run(run_id or flow_run_id())
+    cache = cache_arguments(cache_dir, cache_max_gb)
     get_run_logger().info("run %s: %s -> %s", run.run_id, source, run.uri)
     ensure_gpu_limit()
     try:
         if preflight is not None:
-            check_machine(source, root, preflight, run, timeouts.preflight)                   # 1
+            check_machine(source, root, preflight, run, timeouts.preflight, cache)            # 1
         ingested = ingest_span(source, root, ingest, beam_args, run, timeouts.ingest, arrived)  # 2
         held = ingested.published and check_span(root, ingested.span, datacheck, run,        # 2b
                                                  timeouts.datacheck).status == "quarantined"
@@ -92,8 +97,8 @@ def train(
             return write_report(run, skipped=f"{what}; model {model_name} is already served, so nothing was trained")
         if held and not Root(root).manifests():
             return write_report(run, skipped=f"{held_back(root, ingested.span)}, and no other span is left to train on")
-        train_model(root, train, run, timeouts.train)                                         # 3
-        verdict = gate_model(root, model_name, gate, run, timeouts.gate)                      # 4
+        train_model(root, train, run, timeouts.train, cache)                                  # 3
+        verdict = gate_model(root, model_name, gate, run, timeouts.gate, cache)               # 4
         if verdict.blessed:
             push_model(root, model_name, push, run, timeouts.push)                            # 5
         return write_report(run)                                                              # 6
@@ -107,9 +112,9 @@ def train(
 
 @task(name="preflight")  # no retries: a failed check fails again
 def check_machine(source: str, root: str, settings: PreflightSettings, run: RunDir,
-                  timeout_minutes: float) -> summaries.PreflightSummary:
+                  timeout_minutes: float, cache: list[str] = ()) -> summaries.PreflightSummary:
     """Checks disks, read speed, GPUs, /dev/shm and limits; stops the run on a failed check."""
-    argv = ["--root", root, "--source", source, *to_arguments(settings)]
+    argv = ["--root", root, "--source", source, *cache, *to_arguments(settings)]
     try:
         summary = run_program(stage("preflight"), argv, run, timeout_minutes)
     except StageError as error:
@@ -148,21 +153,22 @@ def check_span(root: str, span: int, settings: DataCheckSettings, run: RunDir,
 
 
 @task(name="train", tags=[GPU_TAG], retries=0)
-def train_model(root: str, settings: TrainSettings, run: RunDir, timeout_minutes: float) -> results.TrainMetrics:
+def train_model(root: str, settings: TrainSettings, run: RunDir, timeout_minutes: float,
+                cache: list[str] = ()) -> results.TrainMetrics:
     """Trains on every published span into ROOT/runs/<run-id>/candidate."""
     if exists(run.metrics):  # a retried flow run: this run's training already finished
         return keep_summary(stage("train"), read_json(run.metrics), run)
     with Progress("train") as progress:
-        return run_program(stage("train"), ["--root", root, "--run-id", run.run_id, *to_arguments(settings)], run,
-                           timeout_minutes, progress)
+        return run_program(stage("train"), ["--root", root, "--run-id", run.run_id, *cache, *to_arguments(settings)],
+                           run, timeout_minutes, progress)
 
 
 @task(name="gate", tags=[GPU_TAG], retries=1, retry_delay_seconds=30, retry_condition_fn=unless_timed_out)
 def gate_model(root: str, model_name: str, settings: GateSettings, run: RunDir,
-               timeout_minutes: float) -> results.Validation:
+               timeout_minutes: float, cache: list[str] = ()) -> results.Validation:
     """Gates the candidate with TFMA: thresholds, and not worse than the served model."""
     summary = run_program(stage("gate"), ["--root", root, "--run-id", run.run_id, "--model-name", model_name,
-                                          *to_arguments(settings)], run, timeout_minutes)
+                                          *cache, *to_arguments(settings)], run, timeout_minutes)
     reasons = "; ".join(summary.reasons)
     if summary.blessed:
         get_run_logger().info("blessed: %s", reasons or "all checks passed")
@@ -231,6 +237,11 @@ def served_versions(root: str, model_name: str) -> list[int]:
     from components.common.repository import Repository
 
     return Repository(root, model_name).versions()
+
+
+def cache_arguments(cache_dir: str | None, cache_max_gb: float) -> list[str]:
+    """The shard cache's options, the same for preflight, training and the gate."""
+    return ([] if cache_dir is None else ["--cache-dir", cache_dir]) + ["--cache-max-gb", str(cache_max_gb)]
 
 
 def ingest_arguments(source: str, root: str, settings: IngestSettings, beam_args: list[str]) -> list[str]:

@@ -54,3 +54,20 @@ def s3_bucket(s3_endpoint, request):
     name = "t-" + request.node.name.lower().replace("_", "-")[:50]
     boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture(scope="session")
+def gcs_endpoint():
+    """A GCS emulator (gcp-storage-emulator, in memory) on 127.0.0.1, with the bucket `stoke-gcs`;
+    gcsfs and google-cloud-storage, here and in child processes, reach it through STORAGE_EMULATOR_HOST."""
+    from gcp_storage_emulator.server import create_server
+
+    server = create_server("127.0.0.1", 0, in_memory=True, default_bucket="stoke-gcs")
+    server.start()
+    endpoint = f"http://127.0.0.1:{server._api._httpd.server_port}"
+    saved = dict(os.environ)
+    os.environ.update({"STORAGE_EMULATOR_HOST": endpoint, "GOOGLE_CLOUD_PROJECT": "stoke-test"})
+    yield endpoint
+    os.environ.clear()
+    os.environ.update(saved)
+    server.stop()

@@ -2,7 +2,8 @@
 the data (https://www.tensorflow.org/tutorials/load_data/tfrecord#tfrecords_format_details).
 
 One framing for every TFRecord Stoke writes: the span shards (in Beam workers, where importing
-TensorFlow costs seconds and memory) and TF Serving's warm-up requests.
+TensorFlow costs seconds and memory) and TF Serving's warm-up requests; and one check of it for the
+shards the training cache copies from a bucket.
 """
 from __future__ import annotations
 
@@ -19,3 +20,25 @@ def frame(record: bytes) -> bytes:
 def _masked_crc(data: bytes) -> bytes:
     crc = google_crc32c.value(data)
     return struct.pack("<I", (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF)
+
+
+class BadRecord(ValueError):
+    """A frame whose length or data fails its CRC, or a file that ends inside a frame."""
+
+
+def count_records(stream) -> int:
+    """Reads every frame of an uncompressed TFRecord stream, checking both CRCs, and counts them."""
+    count = 0
+    while True:
+        header = stream.read(12)
+        if not header:
+            return count
+        if len(header) < 12 or header[8:] != _masked_crc(header[:8]):
+            raise BadRecord(f"record {count}: {'truncated' if len(header) < 12 else 'length fails its CRC'}")
+        (length,) = struct.unpack("<Q", header[:8])
+        data, crc = stream.read(length), stream.read(4)
+        if len(data) < length or len(crc) < 4:
+            raise BadRecord(f"record {count}: truncated")
+        if crc != _masked_crc(data):
+            raise BadRecord(f"record {count}: data fails its CRC")
+        count += 1

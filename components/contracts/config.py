@@ -67,6 +67,13 @@ DISPATCHER_PORT, WORKER_PORT = 5050, 5051  # `stoke data-service`'s defaults
 SETTINGS_CONFIG = ConfigDict(extra="forbid", protected_namespaces=(), allow_inf_nan=False)
 
 
+# Where training and the gate keep local copies of the shards of a ROOT TensorFlow cannot read (s3://;
+# components/common/shard_cache.py), declared once for every stage that reads them.
+CACHE_DIR_HELP = ("local folder for copies of the shards when ROOT is on a store TensorFlow cannot read (s3://): "
+                  "reused across runs (default: $STOKE_CACHE_DIR, else stoke-cache in the temp directory)")
+CACHE_MAX_GB_HELP = "size cap of that cache in GB; the copies used longest ago are evicted first"
+
+
 class IngestConfig(BaseModel):
     """Raw images to a new span of sharded TFRecords."""
 
@@ -187,7 +194,7 @@ class TrainConfig(BaseModel):
 
     model_config = SETTINGS_CONFIG
 
-    root: str = Field(description="artifact ROOT: local path or a URI TensorFlow reads (gs://)")
+    root: str = Field(description="artifact ROOT: local path or fsspec URI (s3://, gs://)")
     preset: PresetName = Field(
         "production", description="defaults of the fields left unset: production (real photos on an accelerator: "
         "efficientnet_b0 at 224 px, flips, 30 epochs) or demo (the digits of `make run`: small_cnn at 32 px, "
@@ -235,6 +242,8 @@ class TrainConfig(BaseModel):
     data_service: ServiceAddress | None = Field(
         None, description="grpc://HOST:PORT of a tf.data service dispatcher (`stoke data-service`): the training "
         "input pipeline up to the batch runs on its workers, evaluation stays here")
+    cache_dir: str | None = Field(None, description=CACHE_DIR_HELP)
+    cache_max_gb: float = Field(100.0, gt=0, le=1e6, description=CACHE_MAX_GB_HELP)
 
     def resolved(self) -> TrainConfig:
         """These settings with every field left unset (None) taken from the preset."""
@@ -263,6 +272,8 @@ class GateConfig(BaseModel):
                                                                 "(--decision evidence); McNemar's p-value is reported beside it")
     top_k: int = Field(5, gt=0, description="k of the top-k accuracy (capped at the number of classes)")
     warmup_images: int = Field(8, gt=0, le=256, description="real eval images in the warm-up requests")
+    cache_dir: str | None = Field(None, description=CACHE_DIR_HELP)
+    cache_max_gb: float = Field(100.0, gt=0, le=1e6, description=CACHE_MAX_GB_HELP)
 
 
 class PushConfig(BaseModel):
@@ -288,3 +299,5 @@ class PreflightConfig(BaseModel):
     min_read_mbps: float | None = Field(
         None, gt=0, description="fail when sequential reads under ROOT are slower than this (MB/s)")
     sample_mb: int = Field(64, gt=0, description="MiB to read when timing the disk")
+    cache_dir: str | None = Field(None, description=CACHE_DIR_HELP)
+    cache_max_gb: float = Field(100.0, gt=0, le=1e6, description=CACHE_MAX_GB_HELP)

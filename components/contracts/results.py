@@ -234,6 +234,9 @@ class TrainMetrics(Result):
     warnings: list[str] | None = None  # e.g. a run too short to converge
     profiler: ProfilerVerdict | None = None  # None: no trace (--profile-steps none) or no profile plugin
     data_service: DataServiceUse | None = None  # None: the input ran in the trainer
+    # The shard cache's record (components/common/shard_cache.py: copied, reused, MB/s); None when
+    # TensorFlow read ROOT's shards itself (a local disk, gs://).
+    staging: dict | None = None
 
 
 # ---------------------------------------------------------------- a run: the gate

@@ -24,8 +24,9 @@ class Stage:
     timeout_minutes: float | None  # how long the flow lets it run (None: it runs inside the flow)
     reads: tuple[str, ...] = ()  # what it reads under ROOT (layout names)
     writes: tuple[str, ...] = ()  # what it writes under ROOT
-    # Settings fields the flow decides itself (ROOT, SOURCE, the run id, the model name).
-    flow_decides: tuple[str, ...] = ("root", "source", "run_id", "model_name")
+    # Settings fields the flow decides itself (ROOT, SOURCE, the run id, the model name), and those it
+    # takes once for every stage that has them (the shard cache of preflight, training and the gate).
+    flow_decides: tuple[str, ...] = ("root", "source", "run_id", "model_name", "cache_dir", "cache_max_gb")
     aliases: tuple[str, ...] = ()  # earlier names, still accepted for one release
 
     @property

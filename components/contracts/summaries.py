@@ -257,6 +257,7 @@ class TrainSection(Result):
     verdict: str  # was the accelerator waiting for input, and the cheapest fix if so
     profiler: ProfilerVerdict | None = None  # reports of 0.1.0 have no key
     data_service: DataServiceUse | None = None  # None: the input ran in the trainer
+    shards: str | None = None  # how the shards reached training when ROOT is in a bucket (the shard cache)
 
 
 class ValidationSection(Result):

@@ -31,8 +31,10 @@ import tempfile
 from typing import NamedTuple
 
 from components.common import clock, plots, processes
-from components.common.files import check_writable, exists, filesystem, is_local, join, remove, write_text
+from components.common.files import check_writable, exists, filesystem, join, remove, write_text
 from components.common.repository import SAVED_MODEL, Repository, RepositoryError
+from components.common.shard_cache import CacheError, ShardCache
+from components.common.tf_files import local_copy, push, tf_reads
 from components.contracts import program, schema
 from components.contracts.config import GateConfig, from_arguments
 from components.contracts.layout import Root, RunDir, Shard
@@ -138,16 +140,32 @@ def gather(config: GateConfig) -> GateInputs:
     shards = root.shards("eval", spans)
     if not sum(s.records for s in shards):
         raise GateError(f"spans {spans} of run {config.run_id} have no eval records to gate on")
+    shards, staged = _staged(config, shards)
 
     with named_corruption(shards, GateError):
         counts, warm_images = _scan_eval(shards, config.warmup_images)
     majority_id, majority_count = counts.most_common(1)[0]
     majority_rate = majority_count / sum(counts.values())
+    served = _served(Repository(root, config.model_name), labels)
     return GateInputs(run=run, candidate=candidate, labels=labels, spans=spans, shards=shards, counts=counts,
                       warm_images=warm_images, majority_rate=majority_rate,
                       floor=_floor(config.min_accuracy, majority_rate, label_name(labels, majority_id)),
-                      served=_served(Repository(root, config.model_name), labels),
+                      served=dataclasses.replace(served, notes=served.notes + staged),
                       top_k=min(config.top_k, len(labels)))
+
+
+def _staged(config: GateConfig, shards: list[Shard]) -> tuple[list[Shard], list[str]]:
+    """The eval shards where TensorFlow and TFMA read them, and a note when that is the shard cache."""
+    if tf_reads(shards[0].uri):
+        return shards, []
+    try:
+        staged = ShardCache(config.cache_dir, config.cache_max_gb).stage(shards)
+    except CacheError as exc:
+        raise GateError(str(exc)) from None
+    if staged.corrupt:
+        raise GateError(f"corrupt eval shard: {', '.join(staged.corrupt)}")
+    return staged.shards, [f"eval shards read through local copies in {staged.folder}: {staged.fetched} copied, "
+                           f"{staged.reused} reused"]
 
 
 def _floor(min_accuracy: float | None, majority_rate: float, majority_label: str) -> Floor:
@@ -186,19 +204,23 @@ def evaluate(config: GateConfig, inputs: GateInputs) -> tuple[dict, dict]:
         eval_config = eval_config_for(floor.value + (0.0 if floor.inclusive else 1e-9), config.max_regression,
                                       inputs.top_k, with_baseline=served.uri is not None,
                                       overall_change=served.shared is None and config.decision == "point")
-        models = {"candidate": _tf_readable(inputs.candidate, scratch, "candidate")}
+        models = {"candidate": local_copy(inputs.candidate, scratch, "candidate")}
         if served.uri:
-            models["baseline"] = _tf_readable(served.uri, scratch, "baseline")
+            models["baseline"] = local_copy(served.uri, scratch, "baseline")
+        # TFMA writes and reads its output through TensorFlow's file systems too.
+        output = run.tfma if tf_reads(run.tfma) else os.path.join(scratch, "tfma")
         with named_corruption(inputs.shards, GateError):
-            run_tfma(eval_config, models, inputs.shards, run.tfma)
-            results = read_tfma(run.tfma, inputs.labels, inputs.top_k)
+            run_tfma(eval_config, models, inputs.shards, output)
+            results = read_tfma(output, inputs.labels, inputs.top_k)
+            if output != run.tfma:
+                push(output, run.tfma)
             versions = {version: (models["baseline"] if version == served.version else
-                                  _tf_readable(uri, scratch, f"version-{version}"), known)
+                                  local_copy(uri, scratch, f"version-{version}"), known)
                         for version, (uri, known) in served.retained.items()} if served.uri else {}
             results["pairs"] = records.pairs(models["candidate"], versions, inputs.shards) if versions else {}
 
         _write_warmup(run.warmup, inputs.warm_images, config.model_name)
-        serving = serving_check(models["candidate"], _tf_readable(run.warmup, scratch, "warmup"), config.model_name)
+        serving = serving_check(models["candidate"], local_copy(run.warmup, scratch, "warmup"), config.model_name)
     return results, serving
 
 
@@ -338,18 +360,6 @@ def _scan_eval(shards, keep_images: int) -> tuple[collections.Counter, list[byte
             if by_class[label] and len(chosen) < keep_images:
                 chosen.append(by_class[label].pop(0))
     return counts, chosen
-
-
-def _tf_readable(uri: str, scratch: str, name: str) -> str:
-    """A path TensorFlow can open: local paths and gs:// as they are, other stores copied to scratch."""
-    fs, path = filesystem(uri)
-    if is_local(fs):
-        return path
-    if uri.startswith("gs://"):
-        return uri
-    local = os.path.join(scratch, name)
-    fs.get(path, local, recursive=fs.isdir(path))
-    return local
 
 
 def _write_warmup(uri: str, images: list[bytes], model_name: str) -> None:

@@ -17,13 +17,13 @@ from components.contracts.results import ResultError, SpanManifest
 from components.preflight.checks import Check, Report
 from components.preflight.gpus import gpu_check, tensorflow_check
 from components.preflight.limits import cpu_check, memlock_check, open_files_check, shm_check
-from components.preflight.storage import disk_health, free_space, local_path, read_throughput, writable
+from components.preflight.storage import disk_health, free_space, local_path, read_throughput, shard_cache, writable
 
 
 def run_checks(root: str, source: str | None = None, require_gpu: bool = False,
                min_read_mbps: float | None = None, *, sample_mb: int = 256,
                mounts_text: str | None = None, sys_root: str = "/sys",
-               smartctl: str = "smartctl") -> Report:
+               smartctl: str = "smartctl", cache_dir: str | None = None, cache_max_gb: float = 100.0) -> Report:
     """Every preflight check for training from ROOT (and ingesting from SOURCE when local)."""
     local_root = local_path(root)
     paths = {"ROOT": local_root} if local_root else {}
@@ -34,6 +34,7 @@ def run_checks(root: str, source: str | None = None, require_gpu: bool = False,
         Check("disk health", "skip", f"ROOT {root} is not a local path; its store keeps its own disks")]
     checks.append(_guarded("read throughput", read_throughput, root, manifests, sample_mb, min_read_mbps))
     checks.append(_guarded("free space", free_space, root, manifests))
+    checks.append(_guarded("shard cache", shard_cache, root, manifests, cache_dir, cache_max_gb))
     checks.append(_guarded("ROOT writable", writable, root))
     gpu = _guarded("GPU", gpu_check, require_gpu)
     gpus = gpu.facts.get("count", 0)
@@ -88,7 +89,8 @@ def run(argv: list[str] | None = None) -> int:
     def work() -> dict:
         config = from_arguments(PreflightConfig, args)
         done.append(run_checks(config.root, source=config.source, require_gpu=config.require_gpu,
-                               min_read_mbps=config.min_read_mbps, sample_mb=config.sample_mb))
+                               min_read_mbps=config.min_read_mbps, sample_mb=config.sample_mb,
+                               cache_dir=config.cache_dir, cache_max_gb=config.cache_max_gb))
         return done[0].to_dict()
 
     def describe(summary: dict) -> str:

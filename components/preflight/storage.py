@@ -232,6 +232,28 @@ def free_space(root: str, manifests: list[SpanManifest]) -> Check:
     return Check("free space", "ok", summary, facts=facts)
 
 
+def shard_cache(root: str, manifests: list[SpanManifest], cache_dir: str | None, max_gb: float) -> Check:
+    """With ROOT on a store TensorFlow cannot read, the shard cache's disk against what training
+    must copy into it: every published shard not cached yet, plus the next span."""
+    from components.common.shard_cache import ShardCache
+    from components.common.tf_files import tf_reads
+
+    if tf_reads(root):
+        return Check("shard cache", "skip", f"TensorFlow reads {root} itself: no local copies")
+    cache = ShardCache(cache_dir, max_gb)
+    shards = Root(root).shards("train") + Root(root).shards("eval")
+    need = cache.needs(shards) + (sum(s.bytes for s in manifests[-1].shards) if manifests else 0)
+    usage = shutil.disk_usage(_existing(cache.folder))
+    facts = {"folder": cache.folder, "free_bytes": usage.free, "need_bytes": need, "max_bytes": cache.max_bytes}
+    summary = (f"{cache.folder}: {usage.free / 1e9:,.1f} GB free; training copies about {_size(need)} of shards "
+               f"into it (cap {cache.max_bytes / 1e9:g} GB)")
+    if usage.free < need:
+        return Check("shard cache", "fail", summary, "free space there, or set --cache-dir to a larger disk", facts)
+    if sum(s.bytes or 0 for s in shards) > cache.max_bytes:
+        return Check("shard cache", "fail", summary + "; the shards exceed the cap", "raise --cache-max-gb", facts)
+    return Check("shard cache", "ok", summary, facts=facts)
+
+
 def writable(root: str) -> Check:
     """ROOT takes a small file and gives it back: training, gate and push all write under it.
     A local ROOT that does not exist yet is tried at its nearest existing folder, where the stages

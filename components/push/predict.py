@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import posixpath
 import sys
+import tempfile
 
 from components.common.files import filesystem
 from components.common.image_header import ImageRefused, open_image
 from components.common.serving import PredictError, rest_predict
+from components.common.tf_files import local_copy
 from components.contracts import program
 from components.contracts.schema import MAX_MEGAPIXELS, SERVING_INPUT, SERVING_SIGNATURE
 
@@ -70,7 +72,8 @@ def predict(target: str, image_uris: list[str]) -> dict:
         predictions, model = rest_predict(target, images), target
     else:
         model = resolve_model_dir(target)
-        predictions = local_predict(model, images)
+        with tempfile.TemporaryDirectory(prefix="stoke-predict-") as scratch:
+            predictions = local_predict(local_copy(model, scratch, "model"), images)
     results = []
     for uri, p in zip(image_uris, predictions):
         probabilities = [float(v) for v in p["probabilities"]]

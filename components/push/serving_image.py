@@ -60,8 +60,9 @@ def saved_model_tf_version(model_uri: str) -> str:
     return proto.meta_graphs[0].meta_info_def.tensorflow_version if proto.meta_graphs else ""
 
 
-def render_text(model_name: str, versions: list[int], trained_tf: str) -> dict[str, str]:
-    """The text files of the build context (no model files)."""
+def render_text(model_name: str, versions: list[int], trained_tf: str, bucket_models: str | None = None) -> dict[str, str]:
+    """The text files of the build context (no model files); with `bucket_models` (ROOT/models on an
+    object store), models.bucket.config too: the same versions, read from the bucket by the server."""
     if not versions:
         raise ServingError(f"model {model_name} has no version to serve")
     canary = versions[-1]
@@ -82,7 +83,16 @@ def render_text(model_name: str, versions: list[int], trained_tf: str) -> dict[s
         "monitoring.config": template("monitoring.config.tmpl").substitute(metrics_path=METRICS_PATH),
         "prometheus.yml": template("prometheus.yml.tmpl").substitute(model_name=model_name, metrics_path=METRICS_PATH),
     }
+    if bucket_models:
+        files["models.bucket.config"] = files["models.config"].replace(
+            f'base_path: "{MODEL_BASE_PATH}/{model_name}"', f'base_path: "{bucket_models}/{model_name}"')
     return files
+
+
+# What TF Serving needs to read a model repository in a bucket (the serving image's Dockerfile says more).
+BUCKET_ENV = {"s3": ("AWS_REGION", "S3_ENDPOINT", "S3_USE_HTTPS", "S3_VERIFY_SSL", "AWS_ACCESS_KEY_ID",
+                     "AWS_SECRET_ACCESS_KEY"),
+              "gs": ("GOOGLE_APPLICATION_CREDENTIALS",)}
 
 
 def commands(serving_uri: str, model_name: str, newest: int) -> dict[str, str]:
@@ -100,6 +110,19 @@ def commands(serving_uri: str, model_name: str, newest: int) -> dict[str, str]:
     }
 
 
+def bucket_serving(serving_uri: str, image: str) -> dict | None:
+    """With ROOT in a bucket: the server reading the versions from it (models.bucket.config mounted
+    over the image's models.config), and the environment it needs for that."""
+    scheme = serving_uri.split("://", 1)[0] if "://" in serving_uri else None
+    if scheme is None:
+        return None
+    env = BUCKET_ENV.get(scheme, ())
+    ports = f"-p {GRPC_PORT}:{GRPC_PORT} -p {REST_PORT}:{REST_PORT}"
+    return {"config": "models.bucket.config", "env": list(env),
+            "docker_run": " ".join(["docker run --rm", ports, *(f"-e {name}" for name in env),
+                                    '-v "$PWD/models.bucket.config:/config/models.config:ro"', image])}
+
+
 def render(root: Root | str, model_name: str) -> dict:
     """Renders ROOT/serving for the model's current versions and returns what was written."""
     root = root if isinstance(root, Root) else Root(root)
@@ -110,9 +133,9 @@ def render(root: Root | str, model_name: str) -> dict:
     lineage = repo.lineage(versions[-1])
     trained_tf = lineage.tensorflow_version if lineage else saved_model_tf_version(repo.version_uri(versions[-1]))
     check_server_version(trained_tf)
-    files = render_text(model_name, versions, trained_tf)
     serving = root.serving
     fs, base = filesystem(serving)
+    files = render_text(model_name, versions, trained_tf, None if is_local(fs) else join(root.uri, "models"))
     fs.makedirs(base, exist_ok=True)
     for name, text in files.items():
         fs.pipe_file(posixpath.join(base, name), text.encode())
@@ -122,7 +145,8 @@ def render(root: Root | str, model_name: str) -> dict:
                "labels": {"stable": versions[-2] if len(versions) > 1 else versions[-1], "canary": versions[-1]},
                "serving_image": f"{SERVING_IMAGE}:{SERVING_VERSION}", "trained_tensorflow": trained_tf,
                "files": sorted(files), "commands": cmds}
-    write_json(join(serving, "commands.json"), summary)
+    bucket = bucket_serving(serving, cmds["image"])
+    write_json(join(serving, "commands.json"), summary | ({"bucket": bucket} if bucket else {}))
     return summary
 
 
@@ -132,7 +156,8 @@ def _mirror_versions(repo: Repository, versions: list[int], fs, target: str) -> 
     import os
 
     fs.makedirs(target, exist_ok=True)
-    present = {posixpath.basename(p.rstrip("/")) for p in fs.ls(target, detail=False)}
+    # An object store has no empty folders: before the first version, the target is not there at all.
+    present = {posixpath.basename(p.rstrip("/")) for p in fs.ls(target, detail=False)} if fs.exists(target) else set()
     for name in present - {str(v) for v in versions}:
         fs.rm(posixpath.join(target, name), recursive=True)
     for version in versions:

@@ -68,6 +68,7 @@ def build_report(run: RunDir, skipped: str | None = None, failed: str | None = N
             "verdict": _verdict(probe, train.image_size),
             "profiler": train.profiler,
             "data_service": train.data_service,
+            **({"shards": _staging(train.staging, preflight)} if train.staging else {}),
         }
     if validation is not None:
         # `comparison` only when the gate made one, so reports of runs gated before it read as they did.
@@ -91,6 +92,17 @@ def write_report(run: RunDir, skipped: str | None = None, failed: str | None = N
     write_text(run.report_md, markdown)
     report.write(run.report_json)
     return {"summary": report.to_json(), "markdown": markdown, "report_md": report.report_md}
+
+
+def _staging(staging: dict | None, preflight) -> str | None:
+    """The shard cache's work in words, beside the read speed preflight measured under ROOT."""
+    if not staging:
+        return None
+    read = next((c.facts.get("mbps") for c in preflight.checks if c.name == "read throughput"), None) if preflight else None
+    speed = f" at {staging['mb_per_sec']:,.1f} MB/s" if staging.get("mb_per_sec") else ""
+    return (f"{staging['shards']} staged into the local cache `{staging['folder']}` in {staging['seconds']:.2f} s: "
+            f"{staging['fetched']} copied ({staging['mb_fetched']:,.1f} MB{speed}), {staging['reused']} reused"
+            + (f"; preflight read ROOT at {read:,.1f} MB/s" if read else ""))
 
 
 def render_markdown(report: RunReport) -> str:
@@ -154,6 +166,7 @@ def _training_lines(t, plots: dict) -> list[str]:
              f"x{t.replicas} | {t.precision} | {_num(t.images_per_sec)} | "
              f"{_num(t.eval.accuracy, 4)} | {_num(t.eval.loss, 4)} |",
              "", f"Input: {t.verdict}", ""]
+    lines += [f"Shards: {t.shards}", ""] if t.shards else []
     if t.data_service:
         service = t.data_service
         lines += [f"Input pipeline on the tf.data service at `{service.address}` ({service.processing_mode}): "

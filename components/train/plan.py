@@ -13,6 +13,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from components.common.files import check_writable, exists
+from components.common.shard_cache import CacheError
 from components.common.shard_scan import scan_shards
 from components.contracts.config import DEFAULT_BATCH, MIN_STEPS_PER_EPOCH, SMALL_BATCH, TrainConfig
 from components.contracts.layout import Root, RunDir, Shard, SpanQuarantined, new_run_id, parse_spans
@@ -28,6 +29,7 @@ class Placement:
     strategy: tf.distribute.Strategy
     strategy_name: str
     workers: int
+    pipeline: int  # this worker's input pipeline id
     is_chief: bool
     precision: str
     xla: bool
@@ -38,6 +40,7 @@ class RunPlan:
     """What train() settles before building anything: where, on which records, in how many steps."""
     placement: Placement
     run: RunDir
+    work: RunDir  # where TensorFlow writes the run: `run`, or a local folder uploaded to it (remote_root.py)
     labels: list[str]
     train_shards: list[Shard]
     eval_shards: list[Shard]
@@ -49,6 +52,7 @@ class RunPlan:
     eval_records: int
     total: int
     warmup: int
+    staging: dict | None  # the shard cache's report, when ROOT is read through local copies
     data_service: dict | None = None  # the tf.data service training reads from: address, mode, workers
 
     @property
@@ -58,11 +62,16 @@ class RunPlan:
 
 def resolve(config: TrainConfig) -> RunPlan:
     """The plan of the run `config` asks for, or a TrainError saying why it cannot run."""
-    from components.train import eval_batches, recipe
+    from components.train import eval_batches, recipe, remote_root
 
     placement = place(config)
     service = data_service(config)
     run, train_shards, eval_shards, labels = find_data(config)
+    try:
+        train_shards, eval_shards, staging = remote_root.stage(config, train_shards, eval_shards,
+                                                               placement.workers, placement.pipeline)
+    except CacheError as exc:
+        raise TrainError(str(exc)) from None
     corrupt, train_records, eval_counts = readable_records(config, train_shards, eval_shards)
     replicas = placement.strategy.num_replicas_in_sync
     batch_size = config.batch_size or default_batch(train_records, replicas)
@@ -75,10 +84,11 @@ def resolve(config: TrainConfig) -> RunPlan:
         steps_per_epoch = min(steps_per_epoch, config.steps_per_epoch)
     total = config.epochs * steps_per_epoch
     return RunPlan(
-        placement=placement, run=run, labels=labels, train_shards=train_shards, eval_shards=eval_shards,
+        placement=placement, run=run, work=remote_root.work_dir(config, run), labels=labels,
+        train_shards=train_shards, eval_shards=eval_shards,
         corrupt=corrupt, batch_size=batch_size, global_batch=global_batch, steps_per_epoch=steps_per_epoch,
         validation_steps=eval_batches.steps(eval_counts, placement.workers, global_batch),
-        eval_records=sum(eval_counts), total=total, data_service=service,
+        eval_records=sum(eval_counts), total=total, data_service=service, staging=staging,
         warmup=recipe.warmup_steps(config.warmup_epochs, steps_per_epoch, total) if config.schedule == "cosine" else 0)
 
 
@@ -104,6 +114,7 @@ def place(config: TrainConfig) -> Placement:
     placement = Placement(
         strategy=strategy, strategy_name=strategy_name,
         workers=cluster.workers if strategy_name == "multi_worker" else 1,
+        pipeline=cluster.pipeline if strategy_name == "multi_worker" else 0,
         is_chief=strategy_name != "multi_worker" or cluster.is_chief,
         precision=strategies.choose_precision(config.precision, strategies.compute_capabilities(gpus)),
         xla=strategies.choose_xla(config.xla, len(gpus)))
@@ -131,12 +142,6 @@ def data_service(config: TrainConfig) -> dict | None:
 def find_data(config: TrainConfig) -> tuple[RunDir, list[Shard], list[Shard], list[str]]:
     """The run folder, the train and eval shards of the spans asked for, and their label names."""
     root = Root(config.root)
-    try:
-        tf.io.gfile.exists(root.uri)
-    except tf.errors.UnimplementedError:
-        # tf.data and Keras' checkpoints go through TensorFlow's own file systems, not fsspec.
-        raise TrainError(f"TensorFlow cannot read or write {root.uri}: use a local path or gs:// "
-                         "(s3:// needs the tensorflow-io package)") from None
     try:
         spans = parse_spans(config.spans)
         run = root.run(config.run_id or new_run_id())

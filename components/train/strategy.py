@@ -26,6 +26,11 @@ class Cluster:
     task_index: int
 
     @property
+    def pipeline(self) -> int:
+        """This worker's input pipeline id: the chief's is 0, and workers follow it."""
+        return self.task_index + (1 if self._has_chief and self.task_type == "worker" else 0)
+
+    @property
     def is_chief(self) -> bool:
         # Without a "chief" entry, worker 0 plays the chief (the TF convention).
         return self.task_type == "chief" or (self.task_type == "worker" and self.task_index == 0

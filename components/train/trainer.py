@@ -30,7 +30,7 @@ from components.contracts.config import TrainConfig, from_arguments
 from components.contracts.layout import RunDir, Shard
 from components.contracts.results import ResultError, TrainMetrics
 from components.contracts.summaries import Progress
-from components.train import profile
+from components.train import profile, remote_root
 from components.train.gpu_sampler import GpuSampler
 from components.train.plan import RunPlan, TrainError, resolve
 from components.train.probe import StepTimer, input_probe
@@ -64,7 +64,8 @@ def train(config: TrainConfig, progress: Callable[[Progress], None] | None = Non
     model, train_data, eval_data = build(config, plan)
     # Other workers write their copies into a scratch folder of the same layout, deleted at the end.
     scratch = [] if plan.placement.is_chief else [tempfile.mkdtemp(prefix="stoke-worker-")]
-    mine = plan.run if plan.placement.is_chief else RunDir(scratch[0])
+    mine = plan.work if plan.placement.is_chief else RunDir(scratch[0])
+    remote_root.resume_from(plan.run, plan.work)
     fitted = fit(config, plan, model, train_data, eval_data, mine, progress if plan.placement.is_chief else None)
     # fit() ends by copying the average into the model's trainable weights (tf_keras'
     # finalize_variable_values), so with EMA these are the averaged weights.
@@ -77,6 +78,7 @@ def train(config: TrainConfig, progress: Callable[[Progress], None] | None = Non
                             steps=fitted.total_steps - fitted.resumed_from_step)
     metrics = summarize(config, plan, fitted, probe, _service_at_end(plan.data_service))
     if plan.placement.is_chief:
+        remote_root.upload_candidate(plan.work, plan.run)
         _plot_curves(fitted.history, plan.run.curves)
         metrics.write(plan.run.metrics)  # last: its presence marks the run finished
     for folder in scratch:
@@ -163,7 +165,9 @@ def fit(config: TrainConfig, plan: RunPlan, model, train_data, eval_data, mine: 
     profiled = _profile_range(config.profile_steps)
     timer = StepTimer(skip=profiled)
     resume = ResumePoint()
-    callbacks = _callbacks(config, plan.run, mine, profiled, timer, resume, progress)
+    callbacks = _callbacks(config, plan.work, mine, profiled, timer, resume, progress)
+    if plan.placement.is_chief and plan.work is not plan.run:
+        callbacks.insert(callbacks.index(resume), remote_root.Uploads(plan.work, plan.run))
     try:
         with GpuSampler() as sampler:  # each worker samples its own GPUs; nothing without NVML
             history = model.fit(train_data, epochs=config.epochs, steps_per_epoch=plan.steps_per_epoch,
@@ -180,13 +184,13 @@ def fit(config: TrainConfig, plan: RunPlan, model, train_data, eval_data, mine: 
                   profiler=profile.input_pipeline_verdict(mine.tensorboard) if profiled else None)
 
 
-def _callbacks(config: TrainConfig, run: RunDir, mine: RunDir, profiled,
+def _callbacks(config: TrainConfig, work: RunDir, mine: RunDir, profiled,
                timer: StepTimer, resume: ResumePoint, progress: Callable[[Progress], None] | None) -> list:
     """Backup, one set of batch-norm statistics, TensorBoard, the learning-rate log and what measures the run."""
     from components.train import recipe
 
     callbacks = [
-        keras.callbacks.BackupAndRestore(run.backup, save_freq=config.backup_every or "epoch"),
+        keras.callbacks.BackupAndRestore(work.backup, save_freq=config.backup_every or "epoch"),
         resume,
         ReplicaStatistics(),
         keras.callbacks.TensorBoard(mine.tensorboard, profile_batch=profiled),
@@ -255,6 +259,7 @@ def summarize(config: TrainConfig, plan: RunPlan, fitted: Fitted, probe: dict,
         "data_service": data_service,
         "gpu": fitted.gpu,
         "profiler": fitted.profiler,
+        "staging": plan.staging,
         "corrupt": {"skipped_records": sum(s.lost for s in plan.corrupt),
                     "shards": [{"uri": s.uri, "error": s.error, "readable": s.readable,
                                 "expected": s.expected} for s in plan.corrupt]},

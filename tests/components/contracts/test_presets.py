@@ -7,6 +7,7 @@ import argparse
 import pytest
 
 from components.contracts.config import PRESETS, TrainConfig, add_arguments, from_arguments
+from components.contracts.stages import stage
 from flows import parameters
 
 
@@ -36,7 +37,7 @@ def test_what_the_user_sets_wins_over_the_preset(preset):
 
 def test_stoke_train_stoke_run_and_the_flow_share_one_set_of_defaults():
     flow_defaults = parameters.TrainSettings().model_dump()
-    program_defaults = TrainConfig(root="/r").model_dump(exclude={"root", "run_id"})
+    program_defaults = TrainConfig(root="/r").model_dump(exclude=set(stage("train").flow_decides))
     assert flow_defaults == program_defaults and flow_defaults["preset"] == "production"
     assert TrainConfig(root="/r", **flow_defaults).resolved().model == "efficientnet_b0"
 

@@ -1,0 +1,88 @@
+"""Training with ROOT in an S3 bucket (moto on 127.0.0.1): shards through the local cache, the
+backup, logs and candidate uploaded, resume from the bucket on a fresh cache."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import fsspec
+import pytest
+
+from components.common import shard_cache
+from components.train import trainer as train
+from tests.components.train.test_train import TINY, _env
+
+SHARDS = 4  # span 1 of small_spans_root: 3 train shards, 1 eval shard
+
+
+@pytest.fixture(scope="module")
+def bucket_root(s3_endpoint, small_spans_root):
+    """small_spans_root's published span, uploaded to a bucket."""
+    fs = fsspec.filesystem("s3")
+    fs.mkdir("train-root")
+    fs.put(os.path.join(small_spans_root, "data"), "train-root/root/data", recursive=True)
+    return "s3://train-root/root"
+
+
+def _run(capsys, root, cache, *args) -> tuple[int, dict]:
+    code = train.run(["--root", root, *TINY, "--no-xla", "--cache-dir", str(cache), "--json", *args])
+    return code, json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_training_reads_through_the_cache_and_uploads_the_candidate(bucket_root, tmp_path, capsys):
+    code, summary = _run(capsys, bucket_root, tmp_path, "--run-id", "s3-first")
+    assert code == 0, summary
+    fs = fsspec.filesystem("s3")
+    run = "train-root/root/runs/s3-first"
+    assert fs.exists(f"{run}/metrics.json") and fs.exists(f"{run}/candidate/saved_model.pb")
+    assert fs.find(f"{run}/tensorboard") and not fs.exists(f"{run}/backup")  # a finished run keeps no backup
+    assert summary["staging"]["fetched"] == SHARDS and summary["staging"]["mb_per_sec"] > 0
+    assert summary["staging"]["selection"] == "all shards"
+
+    # The next run reuses every copy; a copy damaged in place (same size) is found and fetched again.
+    code, summary = _run(capsys, bucket_root, tmp_path, "--run-id", "s3-second")
+    assert code == 0, summary
+    assert (summary["staging"]["fetched"], summary["staging"]["reused"]) == (0, SHARDS)
+    cached = sorted(p for d, _, files in os.walk(tmp_path) for p in (os.path.join(d, f) for f in files)
+                    if p.endswith(".tfrecord.gz"))
+    with open(cached[0], "r+b") as f:
+        f.seek(os.path.getsize(cached[0]) // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    code, summary = _run(capsys, bucket_root, tmp_path, "--run-id", "s3-third")
+    assert code == 0, summary
+    assert summary["staging"]["fetched"] == 1 and len(summary["staging"]["refetched"]) == 1
+
+
+def test_a_cache_that_cannot_hold_the_shards_stops_before_training(bucket_root, tmp_path, capsys, monkeypatch):
+    code, summary = _run(capsys, bucket_root, tmp_path, "--run-id", "s3-cap", "--cache-max-gb", "0.000001")
+    assert code == 1 and "--cache-max-gb" in summary["error"] and "\n" not in summary["error"]
+
+    class Full:
+        free = 1000
+
+    monkeypatch.setattr(shard_cache.shutil, "disk_usage", lambda path: Full)
+    code, summary = _run(capsys, bucket_root, tmp_path, "--run-id", "s3-full")
+    assert code == 1 and "0.0 MB free" in summary["error"] and "--cache-dir" in summary["error"]
+    assert "\n" not in summary["error"]
+    assert not fsspec.filesystem("s3").exists("train-root/root/runs/s3-full/metrics.json")
+    assert not os.path.exists(os.path.join(tmp_path, "runs"))  # nothing trained
+
+
+def test_a_killed_run_resumes_from_the_bucket_on_a_fresh_cache(bucket_root, tmp_path, capsys):
+    args = ["--run-id", "s3-resume", "--epochs", "2", "--backup-every", "2"]
+    killed = subprocess.Popen([sys.executable, "-m", "components.train", "--root", bucket_root, *TINY, "--no-xla",
+                               "--cache-dir", str(tmp_path / "first"), "--json", *args],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=_env(STOKE_KILL_AT_STEP="7"))
+    killed.communicate(timeout=240)
+    assert killed.returncode == -signal.SIGKILL
+    assert fsspec.filesystem("s3").find("train-root/root/runs/s3-resume/backup")
+
+    code, summary = _run(capsys, bucket_root, tmp_path / "second", *args)
+    assert code == 0, summary
+    assert summary["resumed_from_step"] == 6 and summary["total_steps"] == 12
