@@ -60,9 +60,10 @@ def s3_bucket(s3_endpoint, request):
 def gcs_endpoint():
     """A GCS emulator (gcp-storage-emulator, in memory) on 127.0.0.1, with the bucket `stoke-gcs`;
     gcsfs and google-cloud-storage, here and in child processes, reach it through STORAGE_EMULATOR_HOST."""
-    from gcp_storage_emulator.server import create_server
+    from gcp_storage_emulator import server as emulator
 
-    server = create_server("127.0.0.1", 0, in_memory=True, default_bucket="stoke-gcs")
+    emulator.HANDLERS = (*_moves(), *emulator.HANDLERS)
+    server = emulator.create_server("127.0.0.1", 0, in_memory=True, default_bucket="stoke-gcs")
     server.start()
     endpoint = f"http://127.0.0.1:{server._api._httpd.server_port}"
     saved = dict(os.environ)
@@ -71,3 +72,26 @@ def gcs_endpoint():
     os.environ.clear()
     os.environ.update(saved)
     server.stop()
+
+
+def _moves():
+    """GCS's objects.move (`POST .../o/SRC/moveTo/o/DEST`, which gcsfs's mv tries first) for the
+    emulator, which lacks it: without it every move waits out gcsfs's retries before its fallback."""
+    from http import HTTPStatus
+
+    from gcp_storage_emulator import settings
+    from gcp_storage_emulator.exceptions import NotFound
+    from gcp_storage_emulator.handlers import objects
+
+    def move(request, response, storage, *args, **kwargs):
+        bucket, source, dest = (request.params[k] for k in ("bucket_name", "object_id", "dest_object_id"))
+        try:
+            moved = objects._copy(request.base_url, storage, bucket, source, bucket, dest)
+        except NotFound:
+            response.status = HTTPStatus.NOT_FOUND
+            return
+        objects._delete(storage, bucket, source)
+        response.json(moved)
+
+    return tuple((rf"^{prefix}/b/(?P<bucket_name>[-.\w]+)/o/(?P<object_id>.*[^/]+)/moveTo/o/(?P<dest_object_id>.*[^/]+)$",
+                  {"POST": move}) for prefix in (settings.API_ENDPOINT, ""))

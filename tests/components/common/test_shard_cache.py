@@ -34,6 +34,20 @@ def test_the_least_recently_used_copies_are_evicted_under_the_cap(shards, tmp_pa
         cache.stage(shards)  # all three never fit
 
 
+def test_copies_are_reused_and_a_copy_damaged_in_place_is_fetched_again(shards, tmp_path):
+    cache = ShardCache(str(tmp_path), max_gb=1)
+    assert cache.stage(shards).fetched == len(shards)
+    assert (cache.stage(shards).fetched, cache.stage(shards).reused) == (0, len(shards))
+    damaged = cache.path(shards[0])
+    with open(damaged, "r+b") as f:  # one byte flipped: the size still matches
+        f.seek(os.path.getsize(damaged) // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    staged = cache.stage(shards)
+    assert (staged.fetched, staged.reused, len(staged.refetched)) == (1, len(shards) - 1, 1)
+
+
 def test_a_shard_corrupt_at_its_source_is_left_unverified_and_named(shards, tmp_path):
     source = tmp_path / "source.tfrecord.gz"
     data = bytearray(open(shards[0].uri, "rb").read())
