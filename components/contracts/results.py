@@ -226,17 +226,14 @@ class TrainMetrics(Result):
     input: InputProbe
     gpu: dict  # the GPU sampler's record (components/train/gpu_sampler.py)
     corrupt: Corrupt
-    # "ema": the weights' moving average was evaluated each epoch and exported; "final": the last step's (as before).
-    exported_weights: Literal["ema", "final"] | None = None
+    exported_weights: Literal["ema", "final"] | None = None  # ema: the weights' moving average; final: the last step's
     schedule: Schedule | None = None
     seed: int | None = None
     best_epoch: BestEpoch | None = None  # by eval accuracy; the candidate is still the end of the run
     warnings: list[str] | None = None  # e.g. a run too short to converge
     profiler: ProfilerVerdict | None = None  # None: no trace (--profile-steps none) or no profile plugin
     data_service: DataServiceUse | None = None  # None: the input ran in the trainer
-    # The shard cache's record (components/common/shard_cache.py: copied, reused, MB/s); None when
-    # TensorFlow read ROOT's shards itself (a local disk, gs://).
-    staging: dict | None = None
+    staging: dict | None = None  # the shard cache's record (common/shard_cache.py); None: TensorFlow read ROOT
 
 
 # ---------------------------------------------------------------- a run: the gate

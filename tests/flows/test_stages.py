@@ -7,6 +7,7 @@ import logging
 import pytest
 
 from components.contracts.config import TrainConfig, add_arguments, from_arguments
+from components.contracts.stages import stage
 from components.contracts.summaries import Progress
 from flows.parameters import TrainSettings
 from flows.stages import StageError, run_stage, to_arguments
@@ -64,7 +65,7 @@ def test_settings_become_options_the_stage_parses_back():
     parser = argparse.ArgumentParser()
     add_arguments(parser, TrainConfig)
     parsed = from_arguments(TrainConfig, parser.parse_args(["--root", "/r", *to_arguments(settings)]))
-    assert parsed.model_dump(exclude={"root", "run_id"}) == settings.model_dump()
+    assert parsed.model_dump(exclude=set(stage("train").flow_decides)) == settings.model_dump()
 
 
 def _alive(pid: int) -> bool:
