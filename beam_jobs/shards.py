@@ -9,13 +9,14 @@ ISA-L saves the same at several times the speed (benchmarks/ingest.py measures b
 """
 from __future__ import annotations
 
-import struct
+import io
 import uuid
 from collections.abc import Iterator
 
 import fsspec
 from isal import isal_zlib
 
+from components.common import tfrecord
 from components.common.files import filesystem, join
 from components.common.tfrecord import frame
 
@@ -88,11 +89,7 @@ def read_records(uri: str, compression: str) -> Iterator[bytes]:
         data = f.read()
     if compression != "none":
         data = isal_zlib.decompress(data, WINDOW_BITS[compression])
-    offset = 0
-    while offset < len(data):
-        (length,) = struct.unpack_from("<Q", data, offset)
-        yield data[offset + 12:offset + 12 + length]  # after the length and its CRC; the data's CRC follows
-        offset += 12 + length + 4
+    return tfrecord.read_records(io.BytesIO(data))
 
 
 def prune(shards: list[dict], dropped: list[dict], compression: str) -> list[dict]:

@@ -2,12 +2,13 @@
 the data (https://www.tensorflow.org/tutorials/load_data/tfrecord#tfrecords_format_details).
 
 One framing for every TFRecord Stoke writes: the span shards (in Beam workers, where importing
-TensorFlow costs seconds and memory) and TF Serving's warm-up requests; and one check of it for the
-shards the training cache copies from a bucket.
+TensorFlow costs seconds and memory) and TF Serving's warm-up requests; and one checked reader of
+it, for ingest's pruning of staged files and the shards the training cache copies from a bucket.
 """
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 
 import google_crc32c
 
@@ -26,13 +27,13 @@ class BadRecord(ValueError):
     """A frame whose length or data fails its CRC, or a file that ends inside a frame."""
 
 
-def count_records(stream) -> int:
-    """Reads every frame of an uncompressed TFRecord stream, checking both CRCs, and counts them."""
+def read_records(stream) -> Iterator[bytes]:
+    """The records of an uncompressed TFRecord stream, each frame's CRCs checked (BadRecord if not)."""
     count = 0
     while True:
         header = stream.read(12)
         if not header:
-            return count
+            return
         if len(header) < 12 or header[8:] != _masked_crc(header[:8]):
             raise BadRecord(f"record {count}: {'truncated' if len(header) < 12 else 'length fails its CRC'}")
         (length,) = struct.unpack("<Q", header[:8])
@@ -41,4 +42,10 @@ def count_records(stream) -> int:
             raise BadRecord(f"record {count}: truncated")
         if crc != _masked_crc(data):
             raise BadRecord(f"record {count}: data fails its CRC")
+        yield data
         count += 1
+
+
+def count_records(stream) -> int:
+    """Reads every frame of an uncompressed TFRecord stream, checking both CRCs, and counts them."""
+    return sum(1 for _ in read_records(stream))
