@@ -7,13 +7,22 @@ ROOT    := .stoke/root
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: install run test bench clean
+.PHONY: install install-test run test bench clean
 
+# What running needs; the test tools come with `make test`. pip downloads TensorFlow, Beam, Prefect
+# and TFMA the first time (about 1.5 GB), then the target is done until pyproject.toml changes.
 install: .venv/.installed
+install-test: .venv/.installed-test
 
 .venv/.installed: pyproject.toml
+	@echo "Installing Stoke into .venv (TensorFlow, Beam, Prefect, TFMA): a few minutes the first time..."
 	python3.11 -m venv .venv
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e .
+	touch $@
+
+.venv/.installed-test: .venv/.installed
+	@echo "Installing the test tools into .venv (pytest, moto, mkdocs, ...): a minute or two the first time..."
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $@
 
@@ -22,17 +31,18 @@ run: install
 	$(STOKE) demo $(DEMO)
 	$(STOKE) run $(DEMO) --root $(ROOT) --preset demo
 
-# Lint first (ruff, configured in pyproject.toml); pytest exits 5 when it collects no tests, which
-# is not a failure of the code. Tests run on TEST_WORKERS pytest-xdist workers, a test file's tests
+# Lint first (ruff, configured in pyproject.toml), then the docs (a broken link fails); pytest exits 5
+# when it collects no tests, which is not a failure of the code. Tests run on TEST_WORKERS pytest-xdist workers, a test file's tests
 # on one worker (tests/conftest.py says why); TEST_WORKERS=0 runs them in this process.
 TEST_WORKERS ?= 2
 
-test: install
+test: install-test
 	$(PY) -m ruff check .
+	$(PY) -m mkdocs build --strict --quiet --site-dir "$$(mktemp -d)"
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup || [ $$? -eq 5 ]
 
 # Each prints one JSON object of figures measured side by side; compare the ratios, not the times.
-bench: install
+bench: install-test
 	$(PY) benchmarks/ingest.py
 	$(PY) benchmarks/input.py
 	$(PY) benchmarks/train.py

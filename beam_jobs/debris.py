@@ -9,6 +9,11 @@ from components.contracts.layout import MANIFEST, Root, span_name
 from components.contracts.results import SpanManifest
 
 STAGING_PREFIX = "_staging-"
+# What the job leaves in its staging folder for the driver, which reads them and publishes the span.
+# Staging is the job's own business, so these names live here and not in the ROOT layout.
+STAGED_SHARDS = "shards.json"
+STAGED_DEAD_LETTERS = "dead.json"
+STAGED_SIGNATURES = "signatures.json"  # the committed bundles' signature files (JSON lines)
 
 
 class MisplacedSpan(Exception):

@@ -23,7 +23,7 @@ from itertools import groupby
 
 import fsspec
 
-from beam_jobs.pipeline import STAGED_SIGNATURES
+from beam_jobs.debris import STAGED_SIGNATURES
 from beam_jobs.shards import prune
 from components.common.content_index import parse, read_index
 from components.common.files import exists, join, read_json

@@ -24,14 +24,10 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 
-import apache_beam as beam
-from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
-
 from beam_jobs import bounded
 from beam_jobs.compare import compare
-from beam_jobs.debris import STAGING_PREFIX, MisplacedSpan, remove, remove_debris
+from beam_jobs.debris import STAGED_DEAD_LETTERS, STAGED_SHARDS, STAGING_PREFIX, MisplacedSpan, remove, remove_debris
 from beam_jobs.duplicates import Findings, settle
-from beam_jobs.pipeline import STAGED_DEAD_LETTERS, STAGED_SHARDS, build
 from beam_jobs.source_index import identity, write_source_index
 from beam_jobs.sources import Source, each_listed, list_named
 from beam_jobs.statistics import label_conflicts, write_statistics
@@ -41,9 +37,9 @@ from components.common.content_index import write_index
 from components.common.files import exists, filesystem, join, read_json, write_json, write_text
 from components.common.lease import LeaseError, LeaseHeld, exclusive
 from components.contracts import program, schema
-from components.contracts.config import IngestConfig, from_arguments
 from components.contracts.layout import Root, shard_name
 from components.contracts.results import ResultError, SpanManifest
+from components.contracts.run_config import IngestSettings
 from components.contracts.summaries import IngestSummary, Progress
 
 CHUNK = 10_000  # sources per staged list file: keeps the job graph small on any runner
@@ -53,7 +49,7 @@ class IngestError(Exception):
     """A job that cannot publish; the message says why and what to do."""
 
 
-def ingest(config: IngestConfig, pipeline_args: list[str],
+def ingest(config: IngestSettings, pipeline_args: list[str],
            progress: Callable[[Progress], None] | None = None) -> IngestSummary:
     """Runs the whole job and returns its summary; raises IngestError when it cannot publish.
     `progress` gets the MB written every few seconds while the runner works (default: a line on stderr)."""
@@ -73,7 +69,7 @@ def ingest(config: IngestConfig, pipeline_args: list[str],
         raise IngestError(f"{error}; nothing was published") from None
 
 
-def _ingest(config: IngestConfig, pipeline_args: list[str], root: Root, started: float, lease,
+def _ingest(config: IngestSettings, pipeline_args: list[str], root: Root, started: float, lease,
             progress: Callable[[Progress], None]) -> IngestSummary:
     number = max(root.span_numbers(), default=0) + 1  # counted before debris goes: never reuse a name
     try:
@@ -143,7 +139,7 @@ def _convert(root, staging, chunks, fresh, config, pipeline_args, progress):
     return shards, dead + copies, findings
 
 
-def listed(config: IngestConfig) -> Iterator[tuple[Source, str | None]]:
+def listed(config: IngestSettings) -> Iterator[tuple[Source, str | None]]:
     """What SOURCE holds: every file, or only those bucket notifications announced (--arrived);
     each with the reason it is refused, or None."""
     try:
@@ -194,7 +190,12 @@ def stage_sources(staging: str, fresh: list[Source], labels: list[str]) -> list[
     return chunks
 
 
-def run_pipeline(chunks: list[str], staging: str, config: IngestConfig, pipeline_args: list[str]) -> None:
+def run_pipeline(chunks: list[str], staging: str, config: IngestSettings, pipeline_args: list[str]) -> None:
+    # Beam is imported here, not at the top: `stoke ingest --help` answers before it loads.
+    import apache_beam as beam
+
+    from beam_jobs.pipeline import build
+
     options = pipeline_options(pipeline_args)
 
     def job():
@@ -208,12 +209,14 @@ def run_pipeline(chunks: list[str], staging: str, config: IngestConfig, pipeline
                           "(STOKE_DEBUG=1 shows Beam's log)") from error
 
 
-def pipeline_options(pipeline_args: list[str]) -> PipelineOptions:
+def pipeline_options(pipeline_args: list[str]):
     """Beam options as given; without a runner, DirectRunner with one worker thread per core.
 
     Threads, not processes: the per-image work (libjpeg, ISA-L, CRC32C, file reads) runs in C with
     the GIL released, while DirectRunner's worker processes pay more per element to hand it across
     (benchmarks/ingest.py measures both). `--direct_running_mode=multi_processing` still works."""
+    from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+
     options = PipelineOptions(pipeline_args)
     if not options.view_as(StandardOptions).runner:
         options.view_as(StandardOptions).runner = "DirectRunner"
@@ -350,14 +353,14 @@ def _describe(summary: dict) -> str:
 
 
 def run(argv: list[str] | None = None) -> int:
-    parser = program.arguments("stoke ingest", __doc__, IngestConfig, positional=("source",))
+    parser = program.stage_parser("ingest", positional=("source",))
     parser.epilog = "Other options (--runner, --project, --region, --flink_master, ...) go to Apache Beam."
     args, pipeline_args = parser.parse_known_args(argv)
     if not os.environ.get("STOKE_DEBUG"):
         # Beam relays every worker's log lines; the summary says what matters.
         logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
     code = program.main("stoke ingest", args.json,
-                        lambda: ingest(from_arguments(IngestConfig, args), pipeline_args,
+                        lambda: ingest(program.stage_settings("ingest", args), pipeline_args,
                                        program.progress_printer(args.json)), _describe,
                         errors=(IngestError, ResultError, OSError), failed=IngestSummary(published=False))
     return bounded.exit_code(code)

@@ -13,11 +13,19 @@ import stat
 from collections.abc import Iterator
 from functools import lru_cache
 
+import fsspec
+
 from components.common.files import is_uri
 
 CHAINING = "::"  # fsspec reads `a::b` as "a, through b": never on a source's or a row's say-so
 LOCAL_SCHEMES = ("file", "local")
 NOT_REGULAR = "not a regular file (a FIFO, socket or device): never opened"
+
+
+class NotRegularFile(OSError):
+    """A source that is no longer a regular file when it is opened; the message is the reason."""
+
+
 TOO_LONG = "path longer than the system allows (PATH_MAX 4096): nothing below this folder is read"
 NOT_UTF8 = "file name is not valid UTF-8 (shown with \\x escapes): rename it to ingest it"
 
@@ -108,3 +116,16 @@ def _file(path: str, base: str, allow_outside: bool) -> os.stat_result | str:
     except OSError as error:
         return f"cannot be read: {error.strerror}"
     return status if stat.S_ISREG(status.st_mode) else NOT_REGULAR
+
+
+def open_source(uri: str):
+    """A source file for reading: a local path literally (a name may hold `::`), a URI through fsspec.
+    A local file that became a FIFO or device after listing is refused without blocking."""
+    if is_uri(uri):
+        return fsspec.open(uri).open()
+    descriptor = os.open(uri, os.O_RDONLY | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise NotRegularFile(NOT_REGULAR)
+    os.set_blocking(descriptor, True)
+    return os.fdopen(descriptor, "rb")

@@ -13,8 +13,6 @@ pass over the images.
 from __future__ import annotations
 
 import json
-import os
-import stat
 import uuid
 
 import apache_beam as beam
@@ -23,20 +21,16 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.windowed_value import WindowedValue
 
+from beam_jobs.debris import STAGED_DEAD_LETTERS, STAGED_SHARDS, STAGED_SIGNATURES
 from beam_jobs.images import Limits, Rejected, normalize
-from beam_jobs.local import NOT_REGULAR
+from beam_jobs.local import NotRegularFile, open_source
 from beam_jobs.shards import RollingShards
 from beam_jobs.signatures import sha256
-from components.common.files import is_uri, join, write_json, write_text
+from components.common.files import join, write_json, write_text
 from components.contracts import schema
-from components.contracts.config import IngestConfig
+from components.contracts.run_config import IngestSettings
 
 MB = 1024 * 1024
-# What the job leaves in its staging folder for the driver, which reads them and publishes the span.
-# Staging is the job's own business, so these names live here and not in the ROOT layout.
-STAGED_SHARDS = "shards.json"
-STAGED_DEAD_LETTERS = "dead.json"
-STAGED_SIGNATURES = "signatures.json"  # the committed bundles' signature files (JSON lines)
 SIGNATURES = "signatures"  # WriteShards' tagged output
 
 IMAGES = Metrics.counter("ingest", "images")
@@ -77,22 +71,11 @@ def read_source(source: dict, max_bytes: int | None) -> bytes:
             data = f.read(max_bytes + 1 if max_bytes else -1)
     except FileNotFoundError:
         raise Rejected("not found: removed after it was listed") from None
+    except NotRegularFile as error:
+        raise Rejected(str(error)) from None
     if max_bytes and len(data) > max_bytes:
         raise Rejected(_too_large(len(data), max_bytes))
     return data
-
-
-def open_source(uri: str):
-    """A source file for reading: a local path literally (a name may hold `::`), a URI through fsspec.
-    A local file that became a FIFO or device after listing is refused without blocking."""
-    if is_uri(uri):
-        return fsspec.open(uri).open()
-    descriptor = os.open(uri, os.O_RDONLY | os.O_NONBLOCK)
-    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-        os.close(descriptor)
-        raise Rejected(NOT_REGULAR)
-    os.set_blocking(descriptor, True)
-    return os.fdopen(descriptor, "rb")
 
 
 def _too_large(size: int, max_bytes: int) -> str:
@@ -151,7 +134,7 @@ class Gather(beam.PTransform):
         return items | "ToList" >> beam.combiners.ToList() | "Write" >> beam.Map(_write_list, self.uri)
 
 
-def build(pipeline, chunks: list[str], staging: str, config: IngestConfig) -> None:
+def build(pipeline, chunks: list[str], staging: str, config: IngestSettings) -> None:
     sources = (
         pipeline
         | "ListChunks" >> beam.Create(chunks)

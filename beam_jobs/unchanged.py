@@ -9,8 +9,7 @@ from __future__ import annotations
 import hashlib
 from concurrent.futures import ThreadPoolExecutor
 
-from beam_jobs.local import canonical
-from beam_jobs.pipeline import open_source
+from beam_jobs.local import canonical, open_source
 from beam_jobs.sources import Source
 from components.common.content_index import parse, read_index
 from components.common.files import exists

@@ -5,7 +5,7 @@
 
 Runs `stoke bench input` (benchmarks/input_pipeline.py) in its own process, as a user would, over
 JPEGs in class folders and a span of them written by `stoke ingest` at its defaults (unless told):
-Stoke's tf.data pipeline, also with `--cache memory`, against Keras' image_dataset_from_directory
+Stoke's tf.data pipeline, also with `--image-cache memory`, against Keras' image_dataset_from_directory
 over the same files, the naive single-map pipeline, and the decode limit (one thread's
 decode+resize rate x cores). The JPEGs are synthetic 320x240 patterns unless told; `--photos`
 makes them from the photographs scikit-image and scikit-learn ship, camera-sized with

@@ -3,7 +3,7 @@
 Five rates in one run, in images per second to the end of each pipeline, at the same output size
 and batch size, each timed after a warm-up batch:
   stoke                 components/train/input_pipeline.py over ROOT's spans (what training reads)
-  stoke_cached          the same with `--cache memory`, timed after one epoch has filled the cache
+  stoke_cached          the same with `--image-cache memory`, timed after one epoch has filled the cache
                         (measured when the training split has at most CACHED_RECORDS records)
   keras_from_directory  keras.utils.image_dataset_from_directory(SOURCE): what users use instead
   naive                 the same records and decode, as one plain `map`: no parallelism, no prefetch

@@ -28,7 +28,7 @@ def main() -> int:
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--steps", type=int, default=40, help="training steps (one epoch)")
-    parser.add_argument("--model", default="small_cnn")
+    parser.add_argument("--network", default="small_cnn")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="stoke-bench-train-") as tmp:
         root = os.path.join(tmp, "root")
@@ -36,16 +36,16 @@ def main() -> int:
         write_span(root, Path(tmp) / "photos")
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
         out = subprocess.run(
-            [sys.executable, "-m", "flows.cli", "train", "--root", root, "--model", args.model,
+            [sys.executable, "-m", "flows.cli", "train", "--root", root, "--network", args.network,
              "--image-size", str(args.image_size), "--batch-size", str(args.batch_size), "--epochs", "1",
-             "--steps-per-epoch", str(args.steps), "--probe-steps", str(args.steps), "--run-id", "bench",
+             "--steps-per-epoch", str(args.steps), "--input-probe-steps", str(args.steps), "--run-id", "bench",
              "--json"], capture_output=True, text=True, env=env)
     if out.returncode:
         sys.exit(f"stoke train failed:\n{out.stderr[-3000:]}")
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     probe = summary["input"]
     print(json.dumps({
-        "model": args.model, "image_size": args.image_size, "batch_size": args.batch_size,
+        "model": args.network, "image_size": args.image_size, "batch_size": args.batch_size,
         "steps": summary["total_steps"], "precision": summary["precision"], "xla": summary["xla"],
         "real_images_per_sec": summary["images_per_sec"],
         "synthetic_images_per_sec": probe["model_images_per_sec_synthetic"],

@@ -3,8 +3,8 @@
     python benchmarks/train_quality.py [--seeds 1,2,3] [--epochs 8] [-- extra `stoke run` options]
 
 Each run is `stoke run` on scikit-learn's digits (flows/demo.py) into a fresh ROOT with the flow's
-defaults (flows/parameters.py) and `--seed N`, as `make run` does on a fresh clone. Per run: the
-pushed model's eval accuracy (TFMA, from validation.json; null when nothing was pushed), the best
+demo preset and `train.seed=N`, as `make run` does on a fresh clone. Per run: the
+pushed model's eval accuracy (TFMA, from gate.json; null when nothing was pushed), the best
 epoch's and the final epoch's eval accuracy as training measured them (metrics.json). Target: every
 pushed model >= 0.90 and within 0.02 of its best epoch.
 """
@@ -18,9 +18,9 @@ import sys
 import tempfile
 
 from components.common.files import exists
-from components.contracts.config import PRESETS
 from components.contracts.layout import Root
-from components.contracts.results import TrainMetrics, Validation
+from components.contracts.presets import PRESETS
+from components.contracts.results import GateResult, TrainMetrics
 
 TARGET = {"min_pushed_accuracy": 0.90, "max_below_best_epoch": 0.02}
 
@@ -28,7 +28,7 @@ TARGET = {"min_pushed_accuracy": 0.90, "max_below_best_epoch": 0.02}
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", default="1,2,3")
-    parser.add_argument("--epochs", type=int, default=PRESETS["demo"]["epochs"])
+    parser.add_argument("--epochs", type=int, default=PRESETS["demo"]["train"]["epochs"])
     parser.add_argument("extra", nargs="*", help="more `stoke run` options, after --")
     args = parser.parse_args()
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PREFECT_SERVER_ANALYTICS_ENABLED="false")
@@ -42,18 +42,19 @@ def main() -> int:
             root = Root(os.path.join(tmp, f"root-{seed}"))
             run = root.run(f"seed-{seed}")
             out = subprocess.run([sys.executable, "-m", "flows.cli", "run", digits, "--root", root.uri,
-                                  "--run-id", run.run_id, "--preset", "demo", "--epochs", str(args.epochs), "--seed", str(seed),
-                                  "--no-preflight", "--json", *args.extra], capture_output=True, text=True, env=env)
+                                  "--run-id", run.run_id, "--preset", "demo", "--set", f"train.epochs={args.epochs}",
+                                  "--set", f"train.seed={seed}", "--no-preflight", "--json", *args.extra],
+                                 capture_output=True, text=True, env=env)
             if out.returncode:
                 sys.exit(f"stoke run (seed {seed}) failed:\n{out.stderr[-3000:]}")
             metrics = TrainMetrics.read(run.metrics)
-            validation = Validation.read(run.validation)
+            gate = GateResult.read(run.gate)
             pushed = exists(run.pushed)
             accuracies = metrics.history["val_accuracy"]
             runs.append({
                 "seed": seed,
                 "pushed": pushed,
-                "pushed_eval_accuracy": validation.metrics.accuracy if pushed else None,
+                "pushed_eval_accuracy": gate.metrics.accuracy if pushed else None,
                 "best_epoch": metrics.best_epoch.epoch,
                 "best_epoch_accuracy": metrics.best_epoch.accuracy,
                 "final_epoch_accuracy": accuracies[-1],

@@ -37,7 +37,7 @@ VARIANTS = {
 }
 DATASETS = {
     "digits": ["--preset", "demo"],
-    "textures": ["--model", "small_cnn", "--image-size", "64", "--epochs", "12", "--flip"],
+    "textures": ["--network", "small_cnn", "--image-size", "64", "--epochs", "12", "--flip"],
 }
 
 
@@ -88,7 +88,7 @@ def make_span(dataset: str, tmp: Path) -> str:
 def train(root: str, dataset: str, variant: str, seed: int) -> dict | None:
     out = subprocess.run(
         [sys.executable, "-m", "components.train", "--root", root, "--run-id", f"{variant}-{seed}",
-         "--seed", str(seed), "--probe-steps", "0", "--profile-steps", "none", "--json",
+         "--seed", str(seed), "--input-probe-steps", "0", "--trace-steps", "none", "--json",
          *DATASETS[dataset], *VARIANTS[variant]], capture_output=True, text=True, env=_env())
     if out.returncode:
         print(f"{variant} seed {seed} failed:\n{out.stderr[-3000:]}", file=sys.stderr)

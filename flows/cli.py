@@ -1,8 +1,8 @@
 """`stoke <command>`: the command line of the pipeline.
 
-Stages that are plain programs (the Beam job, training) run as their own processes, exactly as a
-flow, Dataflow or a Kubernetes Job would start them; the CLI passes their arguments through. Every
-command takes `--json` and then prints one JSON object as the last line of stdout.
+Stage programs and tools are programs of their own: `stoke ingest ...` is `python -m beam_jobs.ingest
+...`, which the command becomes (exec), so signals such as Kubernetes' SIGTERM reach the program
+itself. Every command takes `--json` and then prints one JSON object as the last line of stdout.
 """
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import sys
 
 from components.contracts import stages
 
-# Commands that are whole programs of their own: `stoke ingest ...` is `python -m beam_jobs.ingest ...`.
-# Every stage of the registry is one, under its name; these are the others.
+# Commands that are whole programs of their own: every stage of the registry under its name, and these.
 TOOLS = {
+    "report": ("components.report", "(re)build a run's report from its folder"),
     "rollback": ("components.push.rollback", "take the newest served version out of the repository"),
     "lineage": ("components.push.lineage", "where a served version came from"),
     "predict": ("components.push.predict", "labels and probabilities from a model folder or TF Serving"),
@@ -40,16 +40,14 @@ BENCHES = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `stoke` command (argv None: this process's arguments, and a program replaces this process);
+    from Python, with `argv`, a program runs as a child and its exit code is returned."""
+    replace = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] not in programs() and any(argv[0] in s.aliases for s in stages.STAGES):
-        renamed = stages.stage(argv[0]).name
-        print(f"stoke: `stoke {argv[0]}` is now `stoke {renamed}`; the old name goes in the next release",
-              file=sys.stderr, flush=True)
-        argv[0] = renamed
     if argv and argv[0] in programs():
-        return run_program(programs()[argv[0]][0], argv[1:])
+        return run_program(programs()[argv[0]][0], argv[1:], replace)
     if len(argv) > 1 and argv[0] == "bench" and argv[1] in BENCHES:
-        return run_program(BENCHES[argv[1]], argv[2:])
+        return run_program(BENCHES[argv[1]], argv[2:], replace)
     parser = _parser()
     args = parser.parse_args(argv)
     if not getattr(args, "handler", None):
@@ -58,12 +56,15 @@ def main(argv: list[str] | None = None) -> int:
     return args.handler(args)
 
 
-def run_program(module: str, argv: list[str]) -> int:
-    """Runs `python -m module argv...` in its own process and returns its exit code."""
-    env = dict(os.environ)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+def run_program(module: str, argv: list[str], replace: bool = False) -> int:
+    """Runs `python -m module argv...`: in place of this process (`replace`), else as a child whose exit code is returned."""
+    command = [sys.executable, "-m", module, *argv]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
+    if replace:
+        sys.stdout.flush()
+        os.execve(sys.executable, command, env)
     try:
-        return subprocess.call([sys.executable, "-m", module, *argv], env=env)
+        return subprocess.call(command, env=env)
     except KeyboardInterrupt:
         return 130
 
@@ -82,6 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("what", choices=sorted(BENCHES), help="see `stoke bench <what> --help`")
 
     from flows import commands as flow_commands
+    from flows import config_command
 
     run = commands.add_parser("run", help="the train flow once, here: " + ", ".join(s.name for s in stages.STAGES))
     flow_commands.add_run_arguments(run)
@@ -89,6 +91,9 @@ def _parser() -> argparse.ArgumentParser:
     up = commands.add_parser("up", help="a local Prefect server serving train/nightly and watch-bucket/poll until Ctrl-C")
     flow_commands.add_up_arguments(up)
     up.set_defaults(handler=flow_commands.up)
+    config = commands.add_parser("config", help="`config show`: the run configuration, every setting with its help")
+    config_command.add_arguments(config)
+    config.set_defaults(handler=config_command.show)
 
     demo = commands.add_parser("demo", help="write the demo digits as PNG files in class folders")
     demo.add_argument("target", help="folder or URI to write into")

@@ -1,8 +1,10 @@
 """`stoke run` and `stoke up`: the `train` flow once, here; or the local stack that runs it for you.
 
-    stoke run SOURCE --root ROOT    the train flow in this process, on an ephemeral Prefect server
+    stoke run SOURCE --root ROOT [--config FILE] [--set GROUP.FIELD=VALUE ...]
+                                    the train flow in this process, on an ephemeral Prefect server
                                     (or the one PREFECT_API_URL names); progress on the terminal
-    stoke up --source S --root R    a Prefect server on 127.0.0.1 (SQLite under PREFECT_HOME) and
+    stoke up --source S --root R [--config FILE] [--set ...]
+                                    a Prefect server on 127.0.0.1 (SQLite under PREFECT_HOME) and
                                     the deployments of flows/deployments.py, until Ctrl-C
 """
 from __future__ import annotations
@@ -19,20 +21,15 @@ import time
 import urllib.parse
 import urllib.request
 
-from pydantic import ValidationError
-
 from components.common import processes
 from components.common.files import exists, is_uri, read_json
-from components.contracts.config import (
-    CACHE_DIR_HELP,
-    CACHE_MAX_GB_HELP,
-    add_arguments,
-    check_model_name,
-    from_arguments,
-)
+from components.contracts import overrides
+from components.contracts.beam_options import BEAM_ARGS_ENV
 from components.contracts.layout import Root, new_run_id
-from components.contracts.program import BAD_SETTINGS, printable, settings_message
-from flows import parameters as p
+from components.contracts.program import BAD_SETTINGS, printable
+from components.contracts.run_config import RunConfig
+from flows.parameters import read_beam_args
+from flows.run_options import FIELDS, add_config_arguments, config_from
 from flows.work_pools import add_notifications_argument
 
 SERVER_START_SECONDS = 120
@@ -44,60 +41,57 @@ AUTH_ENV = "PREFECT_SERVER_API_AUTH_STRING"  # Prefect's own setting: basic auth
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("source", help="raw images: folder of class subfolders or a CSV/JSONL manifest (local or fsspec URI)")
-    parser.add_argument("--root", required=True, help="artifact ROOT: local path or fsspec URI")
+    add_config_arguments(parser)
     parser.add_argument("--run-id", default=None, help="run folder under ROOT/runs; the same id resumes a stopped run")
-    parser.add_argument("--model-name", default="stoke", help="model in ROOT/models (default: stoke)")
-    parser.add_argument("--no-preflight", dest="run_preflight", action="store_false", help="skip the preflight checks")
+    parser.add_argument("--model-name", default=None, help=FIELDS["model_name"].description + " (default: stoke)")
+    parser.add_argument("--no-preflight", dest="preflight", action="store_false",
+                        help="skip the preflight checks (preflight: null)")
     parser.add_argument("--skip-unchanged", action="store_true",
                         help="end early, training nothing, when SOURCE holds nothing new and a model is served "
-                             "(what the scheduled and event-triggered runs do)")
+                             "(what the nightly and data-triggered runs do)")
     parser.add_argument("--json", action="store_true", help="print the run summary as JSON last")
-    parser.add_argument("--cache-dir", default=None, help=CACHE_DIR_HELP)
-    parser.add_argument("--cache-max-gb", type=float, default=100.0, help=f"{CACHE_MAX_GB_HELP} (default: 100)")
-    for name, model in p.SETTINGS.items():
-        add_arguments(parser.add_argument_group(f"{name} ({model.__doc__.splitlines()[0]})"), model)
+    parser.epilog = ("Every setting of every stage is in the run configuration: `stoke config show` prints them all "
+                     "with their help, and --config FILE / --set GROUP.FIELD=VALUE change them (docs/configuration.md).")
 
 
 def run(args: argparse.Namespace) -> int:
     """Runs the train flow once and prints its summary; exit 0 also when the model was refused."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     try:
-        run_id, settings = _checked(args)
-    except ValueError as error:
+        run_id, config = checked(args)
+    except (ValueError, overrides.ConfigError) as error:
         print(f"stoke run: error: {printable(str(error))}", file=sys.stderr, flush=True)
         return BAD_SETTINGS
-    from flows.train import train
+    from flows.pipeline import pipeline
 
-    if not args.run_preflight:
-        settings["preflight"] = None
-    state = train(source=args.source, root=args.root, run_id=run_id, model_name=args.model_name,
-                  skip_unchanged=args.skip_unchanged, cache_dir=args.cache_dir, cache_max_gb=args.cache_max_gb,
-                  return_state=True, **settings)
+    state = pipeline(**flow_parameters(config), skip_unchanged=args.skip_unchanged, run_id=run_id, return_state=True)
     if state.is_completed():
         summary = state.result()
     else:
-        summary = _failed_summary(args.root, run_id, state)
+        summary = _failed_summary(config.root, run_id, state)
         print(f"stoke run: error: {printable(str(summary['message']))}", file=sys.stderr, flush=True)
-    summary.setdefault("model_name", args.model_name)
+    summary.setdefault("model_name", config.model_name)
     print(json.dumps(summary, sort_keys=True, default=str) if args.json else _describe(printable(summary)),
           flush=True)
     return 0 if state.is_completed() else 1
 
 
-def _checked(args: argparse.Namespace) -> tuple[str, dict]:
-    """The run id and every stage's settings, checked before anything runs or is written."""
+def checked(args: argparse.Namespace) -> tuple[str, RunConfig]:
+    """The run id and the run configuration, checked before anything runs or is written."""
+    if not args.preflight:  # --no-preflight is `--set preflight=null`, before the --set given
+        args.overrides = ["preflight=null", *args.overrides]
+    config = config_from(args, model_name=args.model_name)
     run_id = args.run_id or new_run_id()
-    for flag, check in (("--run-id", lambda: Root(args.root).run(run_id)),
-                        ("--model-name", lambda: check_model_name(args.model_name))):
-        try:
-            check()
-        except ValueError as error:
-            raise ValueError(f"{flag}: {error}") from None
     try:
-        return run_id, {name: from_arguments(model, args) for name, model in p.SETTINGS.items()}
-    except ValidationError as error:
-        raise ValueError(settings_message(error)) from None
+        Root(config.root).run(run_id)
+    except ValueError as error:
+        raise ValueError(f"--run-id: {error}") from None
+    return run_id, config
+
+
+def flow_parameters(config: RunConfig) -> dict:
+    """The train flow's parameters for `config`: its fields, groups as models (what they set is what the run was given)."""
+    return {name: getattr(config, name) for name in FIELDS}
 
 
 def _failed_summary(root: str, run_id: str, state) -> dict:
@@ -120,8 +114,7 @@ def _describe(summary: dict) -> str:
 
 
 def add_up_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--source", required=True, help="bucket or folder to watch and train from")
-    parser.add_argument("--root", required=True, help="artifact ROOT: local path or fsspec URI")
+    add_config_arguments(parser, source="option")
     parser.add_argument("--port", type=int, default=PREFECT_PORT,
                         help=f"port of the Prefect server and UI (default: {PREFECT_PORT})")
     parser.add_argument("--poll-seconds", type=float, default=60, help="how often watch-bucket lists SOURCE (default: 60)")
@@ -139,46 +132,28 @@ def add_up_arguments(parser: argparse.ArgumentParser) -> None:
 
 def up(args: argparse.Namespace) -> int:
     """Starts the server, serves the deployments until Ctrl-C (or SIGTERM), then stops both."""
+    try:
+        config = config_from(args)
+    except overrides.ConfigError as error:
+        print(f"stoke up: error: {printable(str(error))}", file=sys.stderr, flush=True)
+        return BAD_SETTINGS
+    config = config.model_copy(update={"source": _absolute(config.source), "root": _absolute(config.root)})
     if _port_in_use(args.port):
         print(f"stoke up: error: port {args.port} on 127.0.0.1 is in use (another `stoke up` or Prefect "
               "server?); choose another with --port", file=sys.stderr)
         return 1
-    home = os.path.expanduser(os.environ.get("PREFECT_HOME") or "~/.prefect")
-    os.makedirs(home, exist_ok=True)
-    url = f"http://127.0.0.1:{args.port}"
-    # Set before Prefect is imported here, and inherited by the server and every flow run.
-    os.environ.update({"PREFECT_HOME": home, "PREFECT_API_URL": f"{url}/api",
-                       "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_SERVER_API_HOST": "127.0.0.1",
-                       "PREFECT_SERVER_API_PORT": str(args.port)})
-    if args.beam_args_file:  # flow runs start in processes of this one: they inherit it
-        os.environ[p.BEAM_ARGS_ENV] = p.read_beam_args(args.beam_args_file)
-    if args.auth_string_file:
-        with open(args.auth_string_file, encoding="utf-8") as f:
-            os.environ[AUTH_ENV] = f.read().strip()
-    if os.environ.get(AUTH_ENV):  # the server checks it; this process and its flow runs send it
-        os.environ["PREFECT_API_AUTH_STRING"] = os.environ[AUTH_ENV]
+    home, url = _server_environment(args)
     log_path = os.path.join(home, "stoke-server.log")
-    source, root = _absolute(args.source), _absolute(args.root)
     signal.signal(signal.SIGTERM, _interrupt)  # `docker stop` / systemd: the same clean path as Ctrl-C
     server = None
     try:
         server = _start_server(args.port, log_path)
-        database = os.environ.get("PREFECT_SERVER_DATABASE_CONNECTION_URL") or os.path.join(home, "prefect.db")
-        auth = ("  export PREFECT_API_AUTH_STRING=<user:password>\n" if os.environ.get(AUTH_ENV) else "")
-        print(f"Prefect server: {url} (log: {log_path}; database: {without_password(database)})\n"
-              + ("" if auth else f"No auth string: anyone who can reach 127.0.0.1:{args.port} can start runs "
-                 "(--auth-string-file)\n")
-              + f"From another shell:\n  export PREFECT_API_URL={url}/api\n{auth}  prefect deployment run train/nightly\n"
-              f"Serving train/nightly ({args.cron or 'cron 0 2 * * *'} {args.timezone}; and on stoke.data.arrived) "
-              f"and watch-bucket/poll (every {args.poll_seconds:g} s"
-              + (f", reading {args.notifications}" if args.notifications else "")
-              + f") for {source} -> {root}. Ctrl-C stops both.",
-              flush=True)
+        print(_banner(args, config, home, url, log_path), flush=True)
         from flows.deployments import NIGHTLY_CRON, serve_deployments
-        from flows.train import ensure_gpu_limit
+        from flows.pipeline import ensure_gpu_limit
 
         ensure_gpu_limit()
-        serve_deployments(source, root, poll_seconds=args.poll_seconds, cron=args.cron or NIGHTLY_CRON,
+        serve_deployments(config, poll_seconds=args.poll_seconds, cron=args.cron or NIGHTLY_CRON,
                           timezone=args.timezone, notifications=args.notifications)
     except KeyboardInterrupt:
         pass
@@ -188,11 +163,56 @@ def up(args: argparse.Namespace) -> int:
     finally:
         if server is not None:
             processes.stop(server, SERVER_STOP_SECONDS)
-    summary = {"api_url": f"{url}/api", "ui_url": url, "prefect_home": home, "source": source, "root": root,
-               "deployments": ["train/nightly", "watch-bucket/poll"], "stopped": True}
+    summary = {"api_url": f"{url}/api", "ui_url": url, "prefect_home": home, "source": config.source,
+               "root": config.root, "deployments": ["train/nightly", "watch-bucket/poll"], "stopped": True}
     print(json.dumps(summary, sort_keys=True) if args.json else "stoke up: server and deployments stopped",
           flush=True)
     return 0
+
+
+def _server_environment(args: argparse.Namespace) -> tuple[str, str]:
+    """PREFECT_HOME and the server's URL, with the settings the server and every flow run inherit
+    (set before Prefect is imported here)."""
+    home = os.path.expanduser(os.environ.get("PREFECT_HOME") or "~/.prefect")
+    os.makedirs(home, exist_ok=True)
+    url = f"http://127.0.0.1:{args.port}"
+    os.environ.update({"PREFECT_HOME": home, "PREFECT_API_URL": f"{url}/api",
+                       "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_SERVER_API_HOST": "127.0.0.1",
+                       "PREFECT_SERVER_API_PORT": str(args.port)})
+    if args.beam_args_file:  # flow runs start in processes of this one: they inherit it
+        os.environ[BEAM_ARGS_ENV] = read_beam_args(args.beam_args_file)
+    if args.auth_string_file:
+        with open(args.auth_string_file, encoding="utf-8") as f:
+            os.environ[AUTH_ENV] = f.read().strip()
+    if os.environ.get(AUTH_ENV):  # the server checks it; this process and its flow runs send it
+        os.environ["PREFECT_API_AUTH_STRING"] = os.environ[AUTH_ENV]
+    return home, url
+
+
+def _banner(args: argparse.Namespace, config: RunConfig, home: str, url: str, log_path: str) -> str:
+    """What `stoke up` serves, what a run will train, and how to start one by hand."""
+    database = os.environ.get("PREFECT_SERVER_DATABASE_CONNECTION_URL") or os.path.join(home, "prefect.db")
+    auth = "  export PREFECT_API_AUTH_STRING=<user:password>\n" if os.environ.get(AUTH_ENV) else ""
+    train = config.resolved().train
+    return (f"Prefect server: {url} (log: {log_path}; database: {without_password(database)})\n"
+            + ("" if auth else f"No auth string: anyone who can reach 127.0.0.1:{args.port} can start runs "
+               "(--auth-string-file)\n")
+            + f"Serving train/nightly ({args.cron or 'cron 0 2 * * *'} {args.timezone}; and on stoke.data.arrived) "
+            f"and watch-bucket/poll (every {args.poll_seconds:g} s"
+            + (f", reading {args.notifications}" if args.notifications else "")
+            + f") for {config.source} -> {config.root}.\n"
+            f"A run trains {train.network} at {train.image_size} px for {train.epochs} epochs (preset {config.preset}; "
+            "--preset, --config and --set change it). watch-bucket asks for a run as soon as SOURCE holds files "
+            "no published span has, so the first one may start now.\n"
+            f"From another shell:\n  export PREFECT_API_URL={url}/api\n{auth}  "
+            f"{_prefect()} deployment run train/nightly\nCtrl-C stops both.")
+
+
+def _prefect() -> str:
+    """The `prefect` command beside this Python (in .venv/bin), as a user would type it."""
+    beside = os.path.join(os.path.dirname(sys.executable), "prefect")
+    return os.path.relpath(beside) if os.path.exists(beside) and not os.path.relpath(beside).startswith("..") \
+        else beside
 
 
 class ServerError(RuntimeError):

@@ -9,7 +9,9 @@
                         the train run an event asks for ingests only the files it names; the nightly
                         run still lists everything, the reconcile that catches a lost notification
 
-`prefect deployment run train/nightly` starts one by hand, with `-p train='{"epochs": 20}'` and the like.
+Their parameters are the run configuration `stoke up` or `stoke deploy` was given (--config, --set,
+--preset), as far as it differs from the defaults. `prefect deployment run train/nightly` starts a run
+by hand; `-p train='{"epochs": 20}'` and the like lay settings over the deployment's, group by group.
 """
 from __future__ import annotations
 
@@ -22,7 +24,9 @@ from prefect.deployments.runner import EntrypointType, RunnerDeployment
 from prefect.events import DeploymentEventTrigger
 from prefect.schedules import Cron, Interval
 
-from flows.train import train
+from components.contracts.run_config import RunConfig
+from flows.pipeline import pipeline
+from flows.run_options import given_fields
 from flows.watch_bucket import EVENT, watch_bucket
 
 NIGHTLY_CRON = "0 2 * * *"
@@ -31,12 +35,11 @@ NIGHTLY_CRON = "0 2 * * *"
 ARRIVED = "{{ event.payload.files | default([]) | join('\\n') }}"
 
 
-def build_deployments(source: str, root: str, *, poll_seconds: float = 60, cron: str = NIGHTLY_CRON,
-                      timezone: str = "UTC", train_parameters: dict | None = None,
-                      notifications: str | None = None) -> list[RunnerDeployment]:
-    """train/nightly and watch-bucket/poll, with SOURCE and ROOT as their default parameters; with
+def build_deployments(config: RunConfig, *, poll_seconds: float = 60, cron: str = NIGHTLY_CRON,
+                      timezone: str = "UTC", notifications: str | None = None) -> list[RunnerDeployment]:
+    """train/nightly, with `config` as its parameters, and watch-bucket/poll of its SOURCE; with
     `notifications` (sqs://QUEUE, pubsub://projects/P/subscriptions/S) the watcher reads that queue."""
-    nightly = train.to_deployment(
+    nightly = pipeline.to_deployment(
         name="nightly",
         schedules=[Cron(cron, timezone=timezone)],
         triggers=[DeploymentEventTrigger(
@@ -45,7 +48,7 @@ def build_deployments(source: str, root: str, *, poll_seconds: float = 60, cron:
             match={"prefect.resource.id": "stoke.source.*"},
             parameters={"source": "{{ event.payload.source }}", "arrived": ARRIVED},
         )],
-        parameters={"source": source, "root": root, **(train_parameters or {})},
+        parameters=nightly_parameters(config),
         concurrency_limit=ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.ENQUEUE),
         tags=["stoke"],
         # Importable by module name from anywhere the project is installed, not by a file path
@@ -55,7 +58,7 @@ def build_deployments(source: str, root: str, *, poll_seconds: float = 60, cron:
     poll = watch_bucket.to_deployment(
         name="poll",
         schedules=[Interval(poll_seconds)],
-        parameters={"source": source, "root": root, "settle_seconds": settle_seconds(poll_seconds),
+        parameters={"source": config.source, "root": config.root, "settle_seconds": settle_seconds(poll_seconds),
                     **({"notifications": notifications, "wait_seconds": wait_seconds(poll_seconds)}
                        if notifications else {})},
         concurrency_limit=ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW),
@@ -63,6 +66,12 @@ def build_deployments(source: str, root: str, *, poll_seconds: float = 60, cron:
         entrypoint_type=EntrypointType.MODULE_PATH,
     )
     return [nightly, poll]
+
+
+def nightly_parameters(config: RunConfig) -> dict:
+    """What the configuration sets; the scheduled and data-triggered runs skip training when nothing is
+    new and a model is served."""
+    return {**given_fields(config), "skip_unchanged": True}
 
 
 def settle_seconds(poll_seconds: float) -> float:
@@ -75,13 +84,13 @@ def wait_seconds(poll_seconds: float) -> float:
     return min(max(poll_seconds / 2, 1.0), 20.0)
 
 
-def serve_deployments(source: str, root: str, **options) -> None:
+def serve_deployments(config: RunConfig, **options) -> None:
     """Registers the deployments and runs their flow runs here until Ctrl-C or SIGTERM (blocking)."""
     # Ctrl-C takes the path of SIGTERM (`docker stop`, systemd), on which Prefect's runner shuts down
     # cleanly; under asyncio's own Ctrl-C handling its shutdown can wait forever.
     previous = signal.signal(signal.SIGINT, lambda signum, frame: os.kill(os.getpid(), signal.SIGTERM))
     try:
         # Schedules stay active across a restart of `stoke up`: a paused nightly would go unnoticed.
-        serve(*build_deployments(source, root, **options), pause_on_shutdown=False, print_starting_message=False)
+        serve(*build_deployments(config, **options), pause_on_shutdown=False, print_starting_message=False)
     finally:
         signal.signal(signal.SIGINT, previous)

@@ -42,9 +42,11 @@ from components.contracts.layout import Root
 from components.contracts.program import escape_logs
 from components.contracts.results import ResultError
 from flows import notifications as queues
+from flows.console import quiet_console
 from flows.parameters import DEMO_ROOT, DEMO_SOURCE
 
 escape_logs("prefect.flow_runs", "prefect.task_runs")  # bucket and file names in every message
+quiet_console("watch-bucket")  # one line a poll on the terminal; the run's log keeps the engine's lines
 
 EVENT = "stoke.data.arrived"
 TRAIN_FLOW = "train"
@@ -70,6 +72,7 @@ def watch_bucket(source: str = DEMO_SOURCE, root: str = DEMO_ROOT, settle_second
         logger.error("%s", error)
         return Failed(message=str(error))
     if not first:
+        logger.info("nothing new in %s", source)
         return {"source": source, "new_files": 0, "emitted": False, "reason": "nothing new"}
     time.sleep(settle_seconds)
     try:

@@ -7,7 +7,7 @@
     kubernetes   a Kubernetes worker starts each flow run as a Job in the training image, with a
                  GPU request; create the pool from infra/prefect/kubernetes-job-template.json
 
-    stoke deploy --source S --root R [--parameters JSON] [--json]
+    stoke deploy --source S --root R [--config FILE] [--set GROUP.FIELD=VALUE ...] [--json]
 
 registers train/nightly and watch-bucket/poll (flows/deployments.py, the same schedules and
 trigger) to that pool, creating the pool when the server has none of that name. Only train/nightly
@@ -32,6 +32,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from components.contracts.beam_options import BEAM_ARGS_ENV
+from components.contracts.run_config import RunConfig
 from flows.parameters import OPEN_VARIABLES, read_beam_args
 
 POOL_ENV = "STOKE_WORK_POOL"
@@ -102,8 +104,6 @@ _UNSET = object()  # a variable without value or default: Prefect drops its key 
 def lock_template(template: dict, pool: WorkPool, beam_args: str | None) -> dict:
     """`template` with every variable outside OPEN_VARIABLES fixed to the train deployment's value
     (else its default) in job_configuration and removed from the variables schema."""
-    from flows.parameters import BEAM_ARGS_ENV
-
     fixed = pool.job_variables(gpu=True, env={BEAM_ARGS_ENV: beam_args} if beam_args else None)
     locked = copy.deepcopy(template)
     properties = locked["variables"].setdefault("properties", {})
@@ -140,16 +140,15 @@ def _fill(node, values: dict):
     return _PLACEHOLDER.sub(text, node)
 
 
-def deploy(source: str, root: str, pool: WorkPool, base_job_template: dict | None = None,
+def deploy(config: RunConfig, pool: WorkPool, base_job_template: dict | None = None,
            beam_args: str | None = None, **options) -> list[str]:
     """Creates the pool if missing, locks its template (lock_template) and registers the deployments
     to it; returns their names. `beam_args`: the Beam runner options of the train deployment's ingest."""
     from flows.deployments import build_deployments
-    from flows.parameters import BEAM_ARGS_ENV
 
     ensure_pool(pool, base_job_template, beam_args)
     names = []
-    for deployment in build_deployments(source, root, **options):
+    for deployment in build_deployments(config, **options):
         training = deployment.flow_name == "train"
         env = {BEAM_ARGS_ENV: beam_args} if training and beam_args else None
         deployment.job_variables = {key: value for key, value in pool.job_variables(gpu=training, env=env).items()
@@ -205,13 +204,11 @@ def add_notifications_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from flows.run_options import add_config_arguments, config_from
+
     parser = argparse.ArgumentParser(prog="stoke deploy", description=__doc__.split("\n")[0])
-    parser.add_argument("--source", required=True, help="bucket or folder to watch and train from")
-    parser.add_argument("--root", required=True, help="artifact ROOT as the flow-run containers see it")
+    add_config_arguments(parser, source="option")  # ROOT as the flow-run containers see it
     parser.add_argument("--poll-seconds", type=float, default=60, help="how often watch-bucket lists SOURCE")
-    parser.add_argument("--parameters", type=json.loads, default=None,
-                        help="default parameters of train/nightly as JSON, e.g. '{\"train\": {\"epochs\": 30}}'; "
-                             "a run or an arrival event overrides them key by key (a stage group as a whole)")
     parser.add_argument("--base-job-template", default=None,
                         help="JSON base job template for a new pool (e.g. infra/prefect/kubernetes-job-template.json)")
     parser.add_argument("--beam-args-file", default=None,
@@ -228,12 +225,12 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.base_job_template) as f:
                 template = json.load(f)
         beam_args = read_beam_args(args.beam_args_file) if args.beam_args_file else None
-        names = deploy(args.source, args.root, pool, template, beam_args, poll_seconds=args.poll_seconds,
-                       train_parameters=args.parameters, notifications=args.notifications)
+        names = deploy(config_from(args), pool, template, beam_args, poll_seconds=args.poll_seconds,
+                       notifications=args.notifications)
     except ValidationError as error:
         print(f"stoke deploy: error: {error.errors()[0]['loc'][0]}: {error.errors()[0]['msg']}", file=sys.stderr)
         return 1
-    except (WorkPoolError, OSError, ValueError) as error:
+    except (WorkPoolError, OSError, ValueError) as error:  # ValueError: a bad configuration too
         print(f"stoke deploy: error: {error}", file=sys.stderr)
         return 1
     summary = {"work_pool": pool.name, "type": pool.type, "deployments": names, "image": pool.image}

@@ -5,5 +5,5 @@ import datetime
 
 
 def now() -> str:
-    """UTC now as result files store it (created, validated_at, pushed_at, ...): `2026-01-01T02:00:00Z`."""
+    """UTC now as result files store it (created, gated_at, pushed_at, ...): `2026-01-01T02:00:00Z`."""
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

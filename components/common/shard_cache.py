@@ -99,7 +99,7 @@ class ShardCache:
         free = shutil.disk_usage(self.folder).free
         if need > free:
             raise CacheError(f"the shard cache {self.folder} has {free / 1e6:,.1f} MB free and this run must copy "
-                             f"{need / 1e6:,.1f} MB of shards into it: free space there, or set --cache-dir "
+                             f"{need / 1e6:,.1f} MB of shards into it: free space there, or set --shard-cache-dir "
                              f"(or ${CACHE_DIR_ENV}) to a larger disk")
         corrupt = [s.uri for s, ok in zip(missing, _map(self._fetch, missing)) if not ok]
         return Staged(self.local(shards), self.folder, len(missing), len(shards) - len(missing),
@@ -142,7 +142,7 @@ class ShardCache:
         """Evicts the least recently used copies not in `keep` until `need` more bytes fit under the cap."""
         if wanted > self.max_bytes:
             raise CacheError(f"the shards to read take {wanted / 1e9:,.2f} GB, more than the shard cache may hold "
-                             f"(--cache-max-gb {self.max_bytes / 1e9:g}); raise it")
+                             f"(--shard-cache-max-gb {self.max_bytes / 1e9:g}); raise it")
         entries = []
         for marker in _markers(self.folder):
             local = marker[:-len(MARKER)]

@@ -22,7 +22,7 @@ DEAD_LETTER = "dead_letter.jsonl"
 LABELS = "labels.json"
 # Beside a span's shards: what its records hold. The content index is one line per record, sorted by
 # SHA-256 (`sha256 TAB dhash TAB split TAB "label" TAB "uri"`, label and URI as JSON strings), so a
-# new arrival's hashes merge against it in one streaming pass; spans of 0.1 have neither file.
+# new arrival's hashes merge against it in one streaming pass.
 CONTENT_INDEX = "content_index.tsv.gz"
 # What a span's sources are, by identity: `# sources N` then N lines sorted as strings,
 # `"uri" TAB size TAB "version"` (URI and version as JSON strings, local paths by their real path),
@@ -200,6 +200,7 @@ class RunDir:
     def _file(self, name: str) -> str:
         return join(self.uri, name)
 
+    config = property(lambda self: self._file("config.json"))  # the run configuration, resolved, written first
     arrived = property(lambda self: self._file("arrived.txt"))  # files notifications announced: all ingest reads
     # training: backup (resume), tensorboard, the candidate, metrics last
     backup = property(lambda self: self._file("backup"))
@@ -207,10 +208,10 @@ class RunDir:
     candidate = property(lambda self: self._file("candidate"))
     metrics = property(lambda self: self._file(METRICS))
     curves = property(lambda self: self._file("curves.png"))
-    # validation: TFMA output, the warm-up requests it replayed, its verdict; the marker last
+    # the gate: TFMA output, the warm-up requests it replayed, its verdict; the marker last
     tfma = property(lambda self: self._file("tfma"))
     warmup = property(lambda self: join(self.uri, "warmup", WARMUP_FILE))
-    validation = property(lambda self: self._file("validation.json"))
+    gate = property(lambda self: self._file("gate.json"))
     confusion_matrix = property(lambda self: self._file("confusion_matrix.png"))
     blessed = property(lambda self: self._file("BLESSED"))
     not_blessed = property(lambda self: self._file("NOT_BLESSED"))
@@ -224,6 +225,10 @@ class RunDir:
     comparison_plot = property(lambda self: self._file("comparison.png"))  # the paired difference, by the report
     labels_plot = property(lambda self: self._file("labels.png"))  # the new span's label mix against the history's
     root = property(lambda self: posixpath.dirname(posixpath.dirname(self.uri.rstrip("/"))))  # ROOT of ROOT/runs/ID
+
+    def stage_config(self, stage: str) -> str:
+        """The settings file the flow hands a stage program (`--config`)."""
+        return join(self.uri, "config", f"{stage}.json")
 
     def summary(self, stage: str) -> str:
         """Where the flow keeps a stage program's JSON summary."""

@@ -1,6 +1,6 @@
-"""The edges every stage program shares: settings from the command line, one-line errors, progress
-events, and the summary as one JSON object on the last line of stdout, which is what `stoke` and the
-flows read."""
+"""The edges every stage program shares: settings from a file and the command line, one-line errors,
+progress events, and the summary as one JSON object on the last line of stdout, which is what
+`stoke` and the flows read."""
 from __future__ import annotations
 
 import argparse
@@ -11,23 +11,47 @@ import sys
 import unicodedata
 from collections.abc import Callable
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
-from components.contracts.config import add_arguments, option
+from components.contracts import overrides
+from components.contracts.options import add_options, given, option
 from components.contracts.results import Result
+from components.contracts.run_config import program_model
+from components.contracts.stages import stage
 from components.contracts.summaries import Progress
 
 BAD_SETTINGS = 2  # argparse's exit code for a command line it cannot use
 FAILED = 1
 
 
-def arguments(prog: str, doc: str, model: type[BaseModel] | None = None, positional=()) -> argparse.ArgumentParser:
-    """A parser with one option per field of `model` and `--json`."""
+def arguments(prog: str, doc: str) -> argparse.ArgumentParser:
+    """A parser with `--json`, for a program that is not a stage (report, spans, rollback...)."""
     parser = argparse.ArgumentParser(prog=prog, description=doc.strip().split("\n")[0])
-    if model is not None:
-        add_arguments(parser, model, positional)
     parser.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     return parser
+
+
+def stage_parser(name: str, positional=()) -> argparse.ArgumentParser:
+    """A stage program's command line: `--config FILE` (the settings file the flow writes in the run
+    folder, or one of your own), one option per setting over it, and `--json`. Built from the
+    contracts alone, so `--help` answers before the program imports TensorFlow or Beam."""
+    of = stage(name)
+    parser = arguments(f"stoke {name}", of.settings.__doc__ or of.summary)
+    parser.add_argument("--config", metavar="FILE", help="settings file (YAML or JSON; the flow writes "
+                        f"ROOT/runs/<id>/config/{name}.json); options given here win over it")
+    add_options(parser, program_model(of), positional, first=of.inputs)
+    return parser
+
+
+def stage_arguments(name: str, argv: list[str] | None = None) -> argparse.Namespace:
+    return stage_parser(name).parse_args(argv)
+
+
+def stage_settings(name: str, args: argparse.Namespace):
+    """The stage program's settings: its `--config` file, the options given laid over it, validated."""
+    options = {dest: value for dest, value in vars(args).items() if dest not in ("config", "json")}
+    data = overrides.read_file(args.config) if args.config else {}
+    return program_model(stage(name)).model_validate(overrides.deep_merge(data, given(options)))
 
 
 def main(prog: str, as_json: bool, work: Callable[[], Result | dict], describe: Callable[[dict], str],
@@ -38,6 +62,8 @@ def main(prog: str, as_json: bool, work: Callable[[], Result | dict], describe: 
         summary = work()
     except ValidationError as error:
         return _fail(prog, as_json, settings_message(error), failed, BAD_SETTINGS)
+    except overrides.ConfigError as error:
+        return _fail(prog, as_json, str(error), failed, BAD_SETTINGS)
     except errors as error:
         return _fail(prog, as_json, os_error_line(error) if isinstance(error, OSError) else str(error), failed, FAILED)
     if isinstance(summary, Result):
@@ -111,7 +137,8 @@ def os_error_line(error: OSError) -> str:
 
 def settings_message(error: ValidationError) -> str:
     """`--eval-fraction: Input should be less than 1` for each rejected setting."""
-    return "; ".join(f"{option('-'.join(map(str, e['loc'])))}: {e['msg']}" for e in error.errors())
+    return "; ".join(f"{option([str(part) for part in e['loc']])}: "
+                     + ("no such setting" if e["type"] == "extra_forbidden" else e["msg"]) for e in error.errors())
 
 
 def _fail(prog: str, as_json: bool, message: str, failed: Result | None, code: int) -> int:

@@ -1,10 +1,9 @@
-"""The typed results stages hand each other through ROOT: the span manifest, a run's metrics.json, validation.json
+"""The typed results stages hand each other through ROOT: the span manifest, a run's metrics.json, gate.json
 and pushed.json, and the lineage of a served version. The stage programs' own summaries, the run report and
 progress events are in summaries.py, on the same base.
 
 Each is written and read through its model. Keys are strict both ways: a missing key fails, and so does an unknown
-one, so a key renamed on one side fails loudly in a test instead of turning into None in a report. Files written by
-earlier versions keep loading (tests/components/contracts holds one of each).
+one, so a key renamed on one side fails loudly in a test instead of turning into None in a report.
 """
 from __future__ import annotations
 
@@ -69,8 +68,7 @@ class SpanCounts(Result):
     train: int
     eval: int
     dead_letter: int  # every line of dead_letter.jsonl, duplicates included
-    # dead letters copying a published image or another of the arrival, not bad files (None: written by 0.1)
-    duplicates: int | None = None
+    duplicates: int  # dead letters copying a published image or another of the arrival, not bad files
 
 
 class LabelConflict(Result):
@@ -119,7 +117,7 @@ class SpanManifest(Result):
     sources: list[SourceEntry]
     settings: dict = {}  # the ingest settings, SOURCE and ROOT aside
     max_side: int | None = None  # longest side of any image in the span; None: as large as they came
-    anomalies: list[Anomaly] | None = None  # None: written by 0.1, which did not look
+    anomalies: list[Anomaly] = []
 
 
 # ---------------------------------------------------------------- a run: training
@@ -140,12 +138,12 @@ class InputProbe(Result):
     real_vs_synthetic: float | None = None
     input_wait_seconds: float | None = None
     input_bound: bool | None = None
-    # What the cheapest fix depends on: the shards' codec, --cache, a sample of the stored records (stored_images).
+    # What the cheapest fix depends on: the shards' codec, image_cache, a sample of the stored records (stored_images).
     compression: str | None = None
     cache: str | None = None
     stored_short_side: int | None = None
     jpeg_share: float | None = None
-    decoded_gb: float | None = None  # the training split decoded, as --cache would hold it
+    decoded_gb: float | None = None  # the training split decoded, as image_cache would hold it
     memory_gb: float | None = None
 
 
@@ -204,7 +202,7 @@ class TrainMetrics(Result):
     run_id: str
     run_dir: str
     model_dir: str
-    model: str
+    network: str
     image_size: int
     labels: list[str]
     spans: list[int]
@@ -230,8 +228,8 @@ class TrainMetrics(Result):
     schedule: Schedule | None = None
     seed: int | None = None
     best_epoch: BestEpoch | None = None  # by eval accuracy; the candidate is still the end of the run
-    warnings: list[str] | None = None  # e.g. a run too short to converge
-    profiler: ProfilerVerdict | None = None  # None: no trace (--profile-steps none) or no profile plugin
+    warnings: list[str] = []  # e.g. a run too short to converge
+    profiler: ProfilerVerdict | None = None  # None: no trace (trace_steps none) or no profile plugin
     data_service: DataServiceUse | None = None  # None: the input ran in the trainer
     staging: dict | None = None  # the shard cache's record (common/shard_cache.py); None: TensorFlow read ROOT
 
@@ -296,8 +294,8 @@ class Comparison(PairedComparison):
     best_retained: PairedComparison | None = None  # against the retained version most accurate on these records
 
 
-class Validation(Result):
-    """ROOT/runs/<id>/validation.json: the blessing and its reasons (BLESSED/NOT_BLESSED beside it)."""
+class GateResult(Result):
+    """ROOT/runs/<id>/gate.json: the blessing and its reasons (BLESSED/NOT_BLESSED beside it)."""
 
     run_id: str
     model_name: str
@@ -308,8 +306,8 @@ class Validation(Result):
     baseline: GateMetrics | None
     baseline_version: int | None  # the served version compared with, None when not compared
     shared_classes: SharedClasses | None = None  # set when compared on the classes both know
-    comparison: Comparison | None = None  # paired, per record; files of 0.1.0 have none
-    served_version: int | None  # the newest served version when validated
+    comparison: Comparison | None = None  # paired, per record; None: no served version to compare with
+    served_version: int | None  # the newest served version when gated
     thresholds: Thresholds
     serving_check: dict  # components/gate/serving_check.py's report
     labels: list[str]
@@ -318,8 +316,8 @@ class Validation(Result):
     tfma_validation_ok: bool
     confusion_matrix_uri: str
     warmup_uri: str
-    validation_uri: str
-    validated_at: str
+    gate_uri: str
+    gated_at: str
 
 
 # ---------------------------------------------------------------- a push
@@ -352,7 +350,7 @@ class LineageSpan(Result):
 
 
 class Training(Result):
-    model: str
+    network: str
     image_size: int
     precision: str
     strategy: str
@@ -369,8 +367,8 @@ class Blessing(Result):
     notes: list[str]
     thresholds: Thresholds
     baseline_version: int | None
-    validation_uri: str
-    validated_at: str
+    gate_uri: str
+    gated_at: str
 
 
 class RolledBack(Result):

@@ -1,5 +1,5 @@
 """What stage programs print and the flow keeps: each program's summary (ingest, preflight, push; the
-trainer's is metrics.json and the gate's validation.json, in results.py), the run report, and the
+trainer's is metrics.json and the gate's gate.json, in results.py), the run report, and the
 progress events programs print while they work. Strict both ways, like every result.
 """
 from __future__ import annotations
@@ -236,7 +236,7 @@ class PreflightSection(Result):
 
 
 class TrainSection(Result):
-    model: str
+    network: str
     spans: list[int]
     epochs: int
     total_steps: int
@@ -255,12 +255,12 @@ class TrainSection(Result):
     model_images_per_sec: float | None
     input_wait_seconds: float | None
     verdict: str  # was the accelerator waiting for input, and the cheapest fix if so
-    profiler: ProfilerVerdict | None = None  # reports of 0.1.0 have no key
+    profiler: ProfilerVerdict | None = None  # None: no trace
     data_service: DataServiceUse | None = None  # None: the input ran in the trainer
     shards: str | None = None  # how the shards reached training when ROOT is in a bucket (the shard cache)
 
 
-class ValidationSection(Result):
+class GateSection(Result):
     blessed: bool
     reasons: list[str]
     notes: list[str]
@@ -268,8 +268,8 @@ class ValidationSection(Result):
     labels: list[str]
     thresholds: Thresholds
     baseline_version: int | None
-    validation_uri: str
-    comparison: Comparison | None = None  # reports of 0.1.0 have no key
+    gate_uri: str
+    comparison: Comparison | None = None  # None: no served version to compare with
 
 
 class RunReport(Summary):
@@ -291,9 +291,9 @@ class RunReport(Summary):
     preflight: PreflightSection | None = None
     ingest: IngestSummary | None = None  # the summary's keys a report shows, those not null
     train: TrainSection | None = None
-    validation: ValidationSection | None = None
+    gate: GateSection | None = None
     push: PushSummary | None = None  # the summary's keys a report shows, null when the push has none
-    data: DataCheckSummary | None = None  # reports written before the data check have no key
+    datacheck: DataCheckSummary | None = None
     plots: dict[str, str]  # curves, gpus, confusion_matrix, throughput: PNG URIs
     report_md: str
     report_json: str

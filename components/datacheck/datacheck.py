@@ -15,9 +15,9 @@ from components.common import clock
 from components.common.content_index import parse, read_index
 from components.common.files import exists, filesystem
 from components.contracts import program
-from components.contracts.config import DataCheckConfig, from_arguments
 from components.contracts.layout import Root
 from components.contracts.results import ResultError
+from components.contracts.run_config import DataCheckSettings
 from components.contracts.summaries import DataCheckSummary, Quarantine
 from components.datacheck.check import decide, profile
 
@@ -27,12 +27,12 @@ class DataCheckError(Exception):
 
 
 def run(argv: list[str] | None = None) -> int:
-    args = program.arguments("stoke datacheck", __doc__, DataCheckConfig).parse_args(argv)
-    return program.main("stoke datacheck", args.json, lambda: check_span(from_arguments(DataCheckConfig, args)),
+    args = program.stage_arguments("datacheck", argv)
+    return program.main("stoke datacheck", args.json, lambda: check_span(program.stage_settings("datacheck", args)),
                         describe, errors=(DataCheckError, ResultError, OSError))
 
 
-def check_span(config: DataCheckConfig) -> DataCheckSummary:
+def check_span(config: DataCheckSettings) -> DataCheckSummary:
     root = Root(config.root)
     published = root.manifests(quarantined=True)
     if not published:

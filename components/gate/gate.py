@@ -15,7 +15,7 @@ A candidate that lacks a class the served version answers, or holds them in anot
 refused whatever its accuracy (labelset.py: its own labels against the served version's lineage).
 A fresh process then checks the serving contract with the warm-up requests the push will ship.
 
-Writes ROOT/runs/ID/: tfma/, validation.json, confusion_matrix.png, warmup/, and BLESSED or
+Writes ROOT/runs/ID/: tfma/, gate.json, confusion_matrix.png, warmup/, and BLESSED or
 NOT_BLESSED last. Exit 0 either way: a refused model is a normal outcome.
 """
 from __future__ import annotations
@@ -36,9 +36,9 @@ from components.common.repository import SAVED_MODEL, Repository, RepositoryErro
 from components.common.shard_cache import CacheError, ShardCache
 from components.common.tf_files import local_copy, push, tf_reads
 from components.contracts import program, schema
-from components.contracts.config import GateConfig, from_arguments
 from components.contracts.layout import Root, RunDir, Shard
-from components.contracts.results import ResultError, TrainMetrics, Validation
+from components.contracts.results import GateResult, ResultError, TrainMetrics
+from components.contracts.run_config import GateSettings
 from components.gate import records, rule
 from components.gate.labelset import known_classes, label_set_reasons
 from components.gate.shards import named_corruption
@@ -53,8 +53,8 @@ class GateError(Exception):
 
 
 def run(argv: list[str] | None = None) -> int:
-    args = program.arguments("stoke gate", __doc__, GateConfig).parse_args(argv)
-    return program.main("stoke gate", args.json, lambda: gate(from_arguments(GateConfig, args)),
+    args = program.stage_arguments("gate", argv)
+    return program.main("stoke gate", args.json, lambda: gate(program.stage_settings("gate", args)),
                         _describe, errors=(GateError, RepositoryError, ResultError, OSError))
 
 
@@ -103,16 +103,16 @@ class GateInputs:
 
 
 class Decision(NamedTuple):
-    """The verdict and its grounds, as validation.json reports them."""
+    """The verdict and its grounds, as gate.json reports them."""
     blessed: bool
     reasons: list[str]
     notes: list[str]  # what the decision adds to the notes of the baseline resolution
     shared_classes: dict | None
-    comparison: dict | None = None  # the paired comparison (validation.json's `comparison`)
+    comparison: dict | None = None  # the paired comparison (gate.json's `comparison`)
 
 
-def gate(config: GateConfig) -> dict:
-    """Gathers the inputs, evaluates, decides and writes; returns validation.json's content."""
+def gate(config: GateSettings) -> dict:
+    """Gathers the inputs, evaluates, decides and writes; returns gate.json's content."""
     inputs = gather(config)
     check_writable(inputs.run.uri)  # before TFMA's minutes, not after them
     results, serving = evaluate(config, inputs)
@@ -125,7 +125,7 @@ def gate(config: GateConfig) -> dict:
     return write(config, inputs, metrics, results, serving, decision)
 
 
-def gather(config: GateConfig) -> GateInputs:
+def gather(config: GateSettings) -> GateInputs:
     """The run's metrics.json and candidate, its eval records, the accuracy floor and the baseline."""
     root = Root(config.root)
     run = root.run(config.run_id)
@@ -154,12 +154,12 @@ def gather(config: GateConfig) -> GateInputs:
                       top_k=min(config.top_k, len(labels)))
 
 
-def _staged(config: GateConfig, shards: list[Shard]) -> tuple[list[Shard], list[str]]:
+def _staged(config: GateSettings, shards: list[Shard]) -> tuple[list[Shard], list[str]]:
     """The eval shards where TensorFlow and TFMA read them, and a note when that is the shard cache."""
     if tf_reads(shards[0].uri):
         return shards, []
     try:
-        staged = ShardCache(config.cache_dir, config.cache_max_gb).stage(shards)
+        staged = ShardCache(config.shard_cache.dir, config.shard_cache.max_gb).stage(shards)
     except CacheError as exc:
         raise GateError(str(exc)) from None
     if staged.corrupt:
@@ -195,7 +195,7 @@ def _served(repo: Repository, labels: list[str]) -> Served:
         "classes both know"], retained)
 
 
-def evaluate(config: GateConfig, inputs: GateInputs) -> tuple[dict, dict]:
+def evaluate(config: GateSettings, inputs: GateInputs) -> tuple[dict, dict]:
     """TFMA's results (candidate, and baseline when compared) and the serving check's report."""
     floor, served, run = inputs.floor, inputs.served, inputs.run
     with tempfile.TemporaryDirectory(prefix="stoke-gate-") as scratch:
@@ -279,15 +279,15 @@ def _point_reasons(accuracy: float, baseline: dict | None, shared_classes: dict 
     return []
 
 
-def write(config: GateConfig, inputs: GateInputs, metrics: dict, results: dict, serving: dict,
+def write(config: GateSettings, inputs: GateInputs, metrics: dict, results: dict, serving: dict,
           decision: Decision) -> dict:
-    """validation.json, the confusion matrix and, last, the BLESSED or NOT_BLESSED marker."""
+    """gate.json, the confusion matrix and, last, the BLESSED or NOT_BLESSED marker."""
     run, floor, served = inputs.run, inputs.floor, inputs.served
     baseline = results.get("baseline")
     plot_uri = run.confusion_matrix
     plots.confusion_matrix(metrics["confusion_matrix"], inputs.labels, plot_uri,
                    title=f"{config.run_id}: accuracy {metrics['accuracy']:.3f}")
-    validation = Validation.model_validate({
+    validation = GateResult.model_validate({
         "run_id": config.run_id,
         "model_name": config.model_name,
         "blessed": decision.blessed,
@@ -309,14 +309,14 @@ def write(config: GateConfig, inputs: GateInputs, metrics: dict, results: dict, 
         "tfma_validation_ok": results["validation_ok"],
         "confusion_matrix_uri": plot_uri,
         "warmup_uri": run.warmup,
-        "validation_uri": run.validation,
-        "validated_at": clock.now(),
+        "gate_uri": run.gate,
+        "gated_at": clock.now(),
     })
-    validation.write(run.validation)
+    validation.write(run.gate)
     for marker in (run.blessed, run.not_blessed):
         if exists(marker):
             remove(marker)
-    # The marker last: its presence means validation.json beside it is complete.
+    # The marker last: its presence means gate.json beside it is complete.
     write_text(run.blessed if decision.blessed else run.not_blessed, "\n".join(decision.reasons or ["blessed"]) + "\n")
     return validation.to_json()
 

@@ -23,7 +23,7 @@ class Evidence:
 
 
 def comparison(evidence: Evidence | None, served_version: int | None) -> dict | None:
-    """validation.json's `comparison`: against the newest served version, plus the best retained one
+    """gate.json's `comparison`: against the newest served version, plus the best retained one
     when another retained version is more accurate on these records. None without per-record data."""
     if evidence is None or served_version not in evidence.pairs:
         return None
@@ -57,6 +57,6 @@ def verdict(compared: dict, shared: list[str] | None, max_regression: float) -> 
             noise.append(f"{said}: not significant")
     if compared["detectable_difference"] > max_regression + EPSILON:
         notes.append(f"{compared['example_count']} eval images can only detect drops of about "
-                     f"{compared['detectable_difference']:.2f}; --max-regression {max_regression} is below what this "
-                     "eval set can see: add eval data or raise --eval-fraction")
+                     f"{compared['detectable_difference']:.2f}; gate.max_regression {max_regression} is below what "
+                     "this eval set can see: add eval data or raise ingest.eval_fraction")
     return reasons, noise, notes

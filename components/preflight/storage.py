@@ -175,7 +175,7 @@ def _read_temporary(folder: str, budget: int) -> tuple[int, float, str]:
     # One random block repeated: incompressible per block, so compressing filesystems cannot cheat,
     # and cheaper to make than `budget` fresh random bytes.
     block = os.urandom(CHUNK)
-    handle, path = tempfile.mkstemp(prefix=".stoke-doctor-", dir=folder)
+    handle, path = tempfile.mkstemp(prefix=".stoke-preflight-", dir=folder)
     try:
         with os.fdopen(handle, "wb") as f:
             for _ in range(max(1, budget // CHUNK)):
@@ -248,9 +248,9 @@ def shard_cache(root: str, manifests: list[SpanManifest], cache_dir: str | None,
     summary = (f"{cache.folder}: {usage.free / 1e9:,.1f} GB free; training copies about {_size(need)} of shards "
                f"into it (cap {cache.max_bytes / 1e9:g} GB)")
     if usage.free < need:
-        return Check("shard cache", "fail", summary, "free space there, or set --cache-dir to a larger disk", facts)
+        return Check("shard cache", "fail", summary, "free space there, or set --shard-cache-dir to a larger disk", facts)
     if sum(s.bytes or 0 for s in shards) > cache.max_bytes:
-        return Check("shard cache", "fail", summary + "; the shards exceed the cap", "raise --cache-max-gb", facts)
+        return Check("shard cache", "fail", summary + "; the shards exceed the cap", "raise --shard-cache-max-gb", facts)
     return Check("shard cache", "ok", summary, facts=facts)
 
 

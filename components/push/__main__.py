@@ -1,5 +1,8 @@
 import sys
 
-from components.push.push import run
+from components.contracts.program import stage_arguments
+
+stage_arguments("push")  # --help and usage errors answered before TensorFlow loads
+from components.push.push import run  # noqa: E402
 
 sys.exit(run())

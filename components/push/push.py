@@ -23,10 +23,10 @@ from components.common import clock, processes
 from components.common.files import exists, filesystem, join, read_json, remove
 from components.common.repository import ASSETS_EXTRA, LINEAGE_FILE, Repository, RepositoryError, kill_drill
 from components.contracts import program
-from components.contracts.config import PushConfig, from_arguments
 from components.contracts.layout import WARMUP_FILE, Root, RunDir
 from components.contracts.results import (
     Blessing,
+    GateResult,
     Lineage,
     LineageSpan,
     Pushed,
@@ -35,8 +35,8 @@ from components.contracts.results import (
     SpanManifest,
     Training,
     TrainMetrics,
-    Validation,
 )
+from components.contracts.run_config import PushSettings
 from components.contracts.summaries import PushSummary
 from components.push.serving_image import ServingError
 
@@ -46,8 +46,8 @@ class PushError(Exception):
 
 
 def run(argv: list[str] | None = None) -> int:
-    args = program.arguments("stoke push", __doc__, PushConfig).parse_args(argv)
-    return program.main("stoke push", args.json, lambda: push(from_arguments(PushConfig, args)), _describe,
+    args = program.stage_arguments("push", argv)
+    return program.main("stoke push", args.json, lambda: push(program.stage_settings("push", args)), _describe,
                         errors=(PushError, RepositoryError, ServingError, ResultError, OSError),
                         failed=PushSummary(pushed=False))
 
@@ -60,7 +60,7 @@ def _describe(summary: dict) -> str:
             f"  run:   {summary['commands']['docker_run']}")
 
 
-def push(config: PushConfig) -> PushSummary:
+def push(config: PushSettings) -> PushSummary:
     from components.push import serving_image as serving
 
     root = Root(config.root)
@@ -69,9 +69,9 @@ def push(config: PushConfig) -> PushSummary:
     if not exists(run.blessed):
         why = "it was not validated (run `stoke gate` first)"
         if exists(run.not_blessed):
-            why = "validation refused it: " + "; ".join(Validation.read(run.validation).reasons)
+            why = "validation refused it: " + "; ".join(GateResult.read(run.gate).reasons)
         raise PushError(f"run {config.run_id} is not blessed: {why}")
-    validation = Validation.read(run.validation)
+    validation = GateResult.read(run.gate)
     if validation.model_name != config.model_name:
         raise PushError(f"run {config.run_id} was validated for model {validation.model_name!r}, "
                         f"not {config.model_name!r}; gate it against {config.model_name!r} first")
@@ -81,11 +81,11 @@ def push(config: PushConfig) -> PushSummary:
         summary = (_finish(config, root, repo, earlier) if earlier is not None
                    else _publish(config, root, run, repo, validation))
     summary.image = (serving.build_image(summary.serving_uri, summary.commands.docker_build)
-                     if config.build_image else {"built": False, "reason": "--no-build-image"})
+                     if config.build_image else {"built": False, "reason": "not asked (push.build_image false)"})
     return summary
 
 
-def _finish(config: PushConfig, root: Root, repo: Repository, earlier: Pushed) -> PushSummary:
+def _finish(config: PushSettings, root: Root, repo: Repository, earlier: Pushed) -> PushSummary:
     """A run pushed before: the steps after its version appeared are finished if a kill stopped them.
     Retention only while its version is the newest (a later push applied its own --keep); the
     serving context is rendered again when it does not hold the repository's versions."""
@@ -107,7 +107,7 @@ def _finish(config: PushConfig, root: Root, repo: Repository, earlier: Pushed) -
                 + finished)
 
 
-def _publish(config: PushConfig, root: Root, run: RunDir, repo: Repository, validation: Validation) -> PushSummary:
+def _publish(config: PushSettings, root: Root, run: RunDir, repo: Repository, validation: GateResult) -> PushSummary:
     """The part of a push that changes the repository; the caller holds its lock."""
     from components.push import serving_image as serving
 
@@ -173,7 +173,7 @@ def earlier_push(repo: Repository, run: RunDir) -> Pushed | None:
     return None
 
 
-def build_lineage(root: Root, config: PushConfig, validation: Validation, version: int, trained_tf: str) -> Lineage:
+def build_lineage(root: Root, config: PushSettings, validation: GateResult, version: int, trained_tf: str) -> Lineage:
     """Served version -> run -> spans (with their manifests' hashes and counts) -> metrics, blessing."""
     from components.push import serving_image as serving
 

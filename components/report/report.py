@@ -16,10 +16,13 @@ from components.contracts import stages
 from components.contracts.config import DISPATCHER_PORT
 from components.contracts.layout import RunDir
 from components.contracts.program import printable
-from components.contracts.results import Comparison, GateMetrics, InputProbe, TrainMetrics, Validation
+from components.contracts.results import Comparison, GateMetrics, GateResult, InputProbe, TrainMetrics
 from components.contracts.summaries import PushSummary, RunReport
-from components.report import data as data_section
+from components.report import datacheck as datacheck_section
 
+# The stages whose summaries have sections of their own (a stage added to the registry is listed in
+# report.json's `stages` before it has one).
+SECTIONS = ("preflight", "ingest", "datacheck", "train", "gate", "push")
 # The keys of a stage's summary that its section of the report shows.
 INGEST_KEYS = {"published", "span", "span_uri", "counts", "new_sources", "images_per_sec", "seconds",
                "dead_letters", "dead_letter_uri", "message", "error", "duplicates", "near_duplicates"}
@@ -29,24 +32,22 @@ PUSH_KEYS = {"pushed", "already_pushed", "version", "previous_version", "model_u
 
 def build_report(run: RunDir, skipped: str | None = None, failed: str | None = None) -> RunReport:
     """The report: one section per stage that left a summary."""
-    found = {s.name: _read(run, s) for s in stages.STAGES if s.name != "report"}
+    found = {s.name: _read(run, s) for s in stages.STAGES}
     present = {name: summary for name, summary in found.items() if summary is not None}
-    preflight, ingest, train, validation, push = (present.get(name) for name in
-                                                   ("preflight", "ingest", "train", "gate", "push"))
-    data = present.get("datacheck")
-    status, message = _outcome(validation, push, skipped, failed)
-    if data is not None and data.status == "quarantined" and not skipped:
-        message += f" Span {data.span} was held back: the data check quarantined it (see Data)."
+    preflight, ingest, datacheck, train, gate, push = (present.get(name) for name in SECTIONS)
+    status, message = _outcome(gate, push, skipped, failed)
+    if datacheck is not None and datacheck.status == "quarantined" and not skipped:
+        message += f" Span {datacheck.span} was held back: the data check quarantined it (see Data check)."
     pushed = _pushed(push)
     report = RunReport(
         run_id=run.run_id, run_dir=run.uri, stages=list(present),
         status=status, message=message,
         # The headline, with the same keys as `stoke run --json`: blessed, pushed_version, reasons, metrics.
-        blessed=bool(validation and validation.blessed),
+        blessed=bool(gate and gate.blessed),
         pushed_version=push.version if pushed else None,
-        reasons=validation.reasons if validation else [],
-        metrics=validation.metrics.model_dump(include={"accuracy", "top_k_accuracy", "example_count",
-                                                       "majority_class_rate"}) if validation else {},
+        reasons=gate.reasons if gate else [],
+        metrics=gate.metrics.model_dump(include={"accuracy", "top_k_accuracy", "example_count",
+                                                 "majority_class_rate"}) if gate else {},
         model_uri=push.model_uri if pushed else None,
         plots={}, report_md=run.report_md, report_json=run.report_json,
     )
@@ -59,7 +60,7 @@ def build_report(run: RunDir, skipped: str | None = None, failed: str | None = N
         probe = train.input
         report.train = {
             **train.model_dump(include={
-                "model", "spans", "epochs", "total_steps", "strategy", "precision", "xla", "replicas",
+                "network", "spans", "epochs", "total_steps", "strategy", "precision", "xla", "replicas",
                 "global_batch_size", "images_per_sec", "train", "eval", "model_dir", "resumed_from_step"}),
             "input_bound": probe.input_bound,
             "input_images_per_sec": probe.input_images_per_sec,
@@ -70,15 +71,14 @@ def build_report(run: RunDir, skipped: str | None = None, failed: str | None = N
             "data_service": train.data_service,
             **({"shards": _staging(train.staging, preflight)} if train.staging else {}),
         }
-    if validation is not None:
-        # `comparison` only when the gate made one, so reports of runs gated before it read as they did.
-        report.validation = validation.model_dump(include={
-            "blessed", "reasons", "notes", "metrics", "labels", "thresholds", "baseline_version", "validation_uri"}
-            | ({"comparison"} if validation.comparison is not None else set()))
+    if gate is not None:
+        report.gate = gate.model_dump(include={
+            "blessed", "reasons", "notes", "metrics", "labels", "thresholds", "baseline_version", "gate_uri",
+            "comparison"})
     if push is not None:
         report.push = push.model_dump(include=PUSH_KEYS)
-    report.data = data
-    report.plots = {**_plots(run, report, train, validation), **data_section.plot(run, data)}
+    report.datacheck = datacheck
+    report.plots = {**_plots(run, report, train, gate), **datacheck_section.plot(run, datacheck)}
     return report
 
 
@@ -125,12 +125,12 @@ def render_markdown(report: RunReport) -> str:
                 lines += [f"- `{d.uri}`: {d.reason}" for d in i.dead_letters] + [""]
         else:
             lines += [i.message or i.error or "nothing published", ""]
-    lines += data_section.section(report.data, report.ingest, RunDir(report.run_dir).root, report.plots)
+    lines += datacheck_section.section(report.datacheck, report.ingest, RunDir(report.run_dir).root, report.plots)
     if report.train is not None:
         lines += _training_lines(report.train, report.plots)
-    if report.validation is not None:
-        v = report.validation
-        lines += ["## Validation", "", f"**{'Blessed' if v.blessed else 'Not blessed'}**"
+    if report.gate is not None:
+        v = report.gate
+        lines += ["## Gate", "", f"**{'Blessed' if v.blessed else 'Not blessed'}**"
                   + (f" against served version {v.baseline_version}" if v.baseline_version else
                      " (no served version to compare with)"), ""]
         lines += [f"- {reason}" for reason in v.reasons]
@@ -160,9 +160,9 @@ def render_markdown(report: RunReport) -> str:
 def _training_lines(t, plots: dict) -> list[str]:
     """The report's Training section."""
     lines = ["## Training", "",
-             "| model | spans | epochs | steps | strategy | precision | images/s | eval accuracy | eval loss |",
+             "| network | spans | epochs | steps | strategy | precision | images/s | eval accuracy | eval loss |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-             f"| {t.model} | {t.spans} | {t.epochs} | {t.total_steps} | {t.strategy} "
+             f"| {t.network} | {t.spans} | {t.epochs} | {t.total_steps} | {t.strategy} "
              f"x{t.replicas} | {t.precision} | {_num(t.images_per_sec)} | "
              f"{_num(t.eval.accuracy, 4)} | {_num(t.eval.loss, 4)} |",
              "", f"Input: {t.verdict}", ""]
@@ -182,17 +182,17 @@ def _pushed(push: PushSummary | None) -> bool:
     return bool(push and (push.pushed or push.already_pushed))
 
 
-def _outcome(validation: Validation | None, push: PushSummary | None, skipped, failed) -> tuple[str, str]:
+def _outcome(gate: GateResult | None, push: PushSummary | None, skipped, failed) -> tuple[str, str]:
     if failed:
         return "failed", f"The run failed: {failed}"
     if skipped:
         return "skipped", f"Nothing to do: {skipped}."
     if _pushed(push):
         return "pushed", f"Blessed and pushed as version {push.version}."
-    if validation is not None and not validation.blessed:
-        reasons = "; ".join(validation.reasons) or "no reason given"
+    if gate is not None and not gate.blessed:
+        reasons = "; ".join(gate.reasons) or "no reason given"
         return "refused", f"The candidate was not blessed, so nothing was pushed: {reasons}."
-    return "trained", "Trained; not validated or pushed."
+    return "trained", "Trained; not gated or pushed."
 
 
 def _verdict(probe: InputProbe, image_size: int | None = None) -> str:
@@ -214,8 +214,8 @@ def cheapest_fix(probe: InputProbe, image_size: int | None) -> str | None:
     flag before a new ingest, and one ingest for every setting it should change."""
     if probe.cache is None and probe.decoded_gb is not None and probe.memory_gb \
             and probe.decoded_gb < probe.memory_gb / 4:
-        return (f"train with `--cache memory`: the training split decoded is about {_num(probe.decoded_gb, 1)} GB, "
-                f"and later epochs then skip reading and decoding")
+        return (f"train with image_cache memory (`--image-cache memory`): the training split decoded is about "
+                f"{_num(probe.decoded_gb, 1)} GB, and later epochs then skip reading and decoding")
     flags, reasons = [], []
     if image_size and probe.stored_short_side and probe.stored_short_side > 2 * image_size:
         flags.append(f"--max-side {max(512, 2 * image_size)}")
@@ -289,22 +289,22 @@ def _per_class_table(metrics: GateMetrics) -> list[str]:
     return lines + [""]
 
 
-def _plots(run: RunDir, report: RunReport, train: TrainMetrics | None, validation: Validation | None) -> dict:
-    """Curves (the trainer's), GPU use while training, the confusion matrix (validation's, drawn
+def _plots(run: RunDir, report: RunReport, train: TrainMetrics | None, gate: GateResult | None) -> dict:
+    """Curves (the trainer's), GPU use while training, the confusion matrix (the gate's, drawn
     here only if it has none) and a throughput chart of the stages side by side."""
     plots = {}
     if exists(run.curves):
         plots["curves"] = run.curves
     if train is not None and draw.gpu_use(train.gpu, run.gpus_plot):
         plots["gpus"] = run.gpus_plot
-    if validation is not None and exists(validation.confusion_matrix_uri):
-        plots["confusion_matrix"] = validation.confusion_matrix_uri
-    elif validation is not None and validation.metrics.confusion_matrix:
+    if gate is not None and exists(gate.confusion_matrix_uri):
+        plots["confusion_matrix"] = gate.confusion_matrix_uri
+    elif gate is not None and gate.metrics.confusion_matrix:
         plots["confusion_matrix"] = run.confusion_matrix
-        draw.confusion_matrix(validation.metrics.confusion_matrix, validation.labels, run.confusion_matrix)
-    if validation is not None and validation.comparison is not None:
+        draw.confusion_matrix(gate.metrics.confusion_matrix, gate.labels, run.confusion_matrix)
+    if gate is not None and gate.comparison is not None:
         plots["comparison"] = run.comparison_plot
-        _comparison_plot(validation.comparison, validation.thresholds.max_regression, run.comparison_plot)
+        _comparison_plot(gate.comparison, gate.thresholds.max_regression, run.comparison_plot)
     rates = _rates(report)
     if rates:
         plots["throughput"] = run.throughput_plot
@@ -332,10 +332,8 @@ def _plot_rates(rates: dict, uri: str) -> None:
 
 
 def _read(run: RunDir, stage: stages.Stage):
-    """A stage's summary, read through its result model (under the stage's name, or an earlier one
-    for runs written before a rename): None when the stage did not run."""
-    uri = next((run.summary(name) for name in (stage.name, *stage.aliases) if exists(run.summary(name))), None)
-    return stage.result.read(uri) if uri else None
+    """A stage's summary, read through its result model: None when the stage did not run."""
+    return stage.result.read(run.summary(stage.name)) if exists(run.summary(stage.name)) else None
 
 
 def _num(value, digits: int = 0) -> str:

@@ -46,14 +46,14 @@ class ServingModule(tf.Module):
         return self._predict(parsed[schema.ENCODED])
 
 
-def export_candidate(*, model_name: str, weights: list, labels: list[str], image_size: int, path: str) -> str:
+def export_candidate(*, network: str, weights: list, labels: list[str], image_size: int, path: str) -> str:
     """Writes the SavedModel to `path` (a local path or a URI TensorFlow writes, e.g. gs://)."""
     if tf.distribute.has_strategy():
         raise RuntimeError("export the candidate outside strategy.scope(): it is a single-device model")
     previous = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy("float32")
     try:
-        model = build_model(model_name, len(labels), image_size)
+        model = build_model(network, len(labels), image_size)
         model.set_weights(weights)
     finally:
         keras.mixed_precision.set_global_policy(previous)

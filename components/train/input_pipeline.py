@@ -326,7 +326,7 @@ def _physical_memory() -> int:
 
 def stored_images(shards: list[Shard], image_size: int, sample: int = 256) -> dict:
     """From the first records of one shard: the median shorter side stored, the share of JPEGs and
-    the size of the whole split decoded as `--cache` holds it (JPEG at its DCT ratio), in GB."""
+    the size of the whole split decoded as `image_cache` holds it (JPEG at its DCT ratio), in GB."""
     spec = schema.feature_spec()
     keys = (schema.HEIGHT, schema.WIDTH, schema.FORMAT)
     records = tf.data.TFRecordDataset(shards[0].uri, compression_type=shards[0].compression).take(sample)

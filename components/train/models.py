@@ -14,7 +14,7 @@ import os
 import tf_keras as keras
 
 from components.common.files import is_uri
-from components.contracts.config import MODEL_NAMES
+from components.contracts.config import NETWORKS
 
 # Caffe-style ImageNet means (BGR) that keras.applications' ResNet50 weights were trained with.
 RESNET_MEANS_BGR = (103.939, 116.779, 123.68)
@@ -22,8 +22,8 @@ RESNET_MEANS_BGR = (103.939, 116.779, 123.68)
 
 def build_model(name: str, num_classes: int, image_size: int, weights: str = "none") -> keras.Model:
     """A Keras model under the current global mixed-precision policy."""
-    if name not in MODEL_NAMES:
-        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
+    if name not in NETWORKS:
+        raise ValueError(f"unknown network {name!r}; choose one of {', '.join(NETWORKS)}")
     init = _initial_weights(weights)
     if name == "small_cnn" and init == "imagenet":
         raise ValueError("small_cnn has no ImageNet weights; use --weights none or a weights file")

@@ -15,8 +15,9 @@ import tf_keras as keras
 from components.common.files import check_writable, exists
 from components.common.shard_cache import CacheError
 from components.common.shard_scan import scan_shards
-from components.contracts.config import DEFAULT_BATCH, MIN_STEPS_PER_EPOCH, SMALL_BATCH, TrainConfig
+from components.contracts.config import DEFAULT_BATCH, MIN_STEPS_PER_EPOCH, SMALL_BATCH
 from components.contracts.layout import Root, RunDir, Shard, SpanQuarantined, new_run_id, parse_spans
+from components.contracts.run_config import TrainSettings
 
 
 class TrainError(Exception):
@@ -60,7 +61,7 @@ class RunPlan:
         return self.placement.strategy.num_replicas_in_sync
 
 
-def resolve(config: TrainConfig) -> RunPlan:
+def resolve(config: TrainSettings) -> RunPlan:
     """The plan of the run `config` asks for, or a TrainError saying why it cannot run."""
     from components.train import eval_batches, recipe, remote_root
 
@@ -79,7 +80,7 @@ def resolve(config: TrainConfig) -> RunPlan:
     steps_per_epoch = train_records // global_batch
     if steps_per_epoch == 0:
         raise TrainError(f"{train_records} training records make no full batch of {global_batch} "
-                         f"({batch_size} x {replicas} replicas); lower --batch-size")
+                         f"({batch_size} x {replicas} replicas); lower train.batch_size (--batch-size)")
     if config.steps_per_epoch:
         steps_per_epoch = min(steps_per_epoch, config.steps_per_epoch)
     total = config.epochs * steps_per_epoch
@@ -89,10 +90,10 @@ def resolve(config: TrainConfig) -> RunPlan:
         corrupt=corrupt, batch_size=batch_size, global_batch=global_batch, steps_per_epoch=steps_per_epoch,
         validation_steps=eval_batches.steps(eval_counts, placement.workers, global_batch),
         eval_records=sum(eval_counts), total=total, data_service=service, staging=staging,
-        warmup=recipe.warmup_steps(config.warmup_epochs, steps_per_epoch, total) if config.schedule == "cosine" else 0)
+        warmup=recipe.warmup_steps(config.lr_warmup_epochs, steps_per_epoch, total) if config.schedule == "cosine" else 0)
 
 
-def place(config: TrainConfig) -> Placement:
+def place(config: TrainSettings) -> Placement:
     """Sets up the devices, the strategy and the global Keras policy (precision, seed)."""
     from components.train import strategy as strategies
 
@@ -124,14 +125,14 @@ def place(config: TrainConfig) -> Placement:
     return placement
 
 
-def data_service(config: TrainConfig) -> dict | None:
+def data_service(config: TrainSettings) -> dict | None:
     """The tf.data service the input runs on, once its dispatcher answers and has a worker."""
     from components.train import service_input
 
     if config.data_service is None:
         return None
-    if config.cache:
-        raise TrainError("--cache and --data-service do not go together: a worker's files change from pass to "
+    if config.image_cache:
+        raise TrainError("--image-cache and --data-service do not go together: a worker's files change from pass to "
                          "pass, so its cache would hold part of the split")
     try:
         return service_input.connect(config.data_service)
@@ -139,7 +140,7 @@ def data_service(config: TrainConfig) -> dict | None:
         raise TrainError(str(exc)) from None
 
 
-def find_data(config: TrainConfig) -> tuple[RunDir, list[Shard], list[Shard], list[str]]:
+def find_data(config: TrainSettings) -> tuple[RunDir, list[Shard], list[Shard], list[str]]:
     """The run folder, the train and eval shards of the spans asked for, and their label names."""
     root = Root(config.root)
     try:
@@ -167,7 +168,7 @@ def find_data(config: TrainConfig) -> tuple[RunDir, list[Shard], list[Shard], li
     return run, train_shards, eval_shards, labels
 
 
-def readable_records(config: TrainConfig, train_shards: list[Shard],
+def readable_records(config: TrainSettings, train_shards: list[Shard],
                      eval_shards: list[Shard]) -> tuple[list, int, list[int]]:
     """The corrupt shards, the train records and each eval shard's records to count on: with
     --skip-corrupt, what is readable now (one pass over the split); otherwise what the manifests promise."""

@@ -9,10 +9,10 @@ import time
 import tensorflow as tf
 import tf_keras as keras
 
-from components.contracts.config import TrainConfig
+from components.contracts.run_config import TrainSettings
 
 
-def input_probe(model, strategy, shards, config: TrainConfig, global_batch: int, workers: int,
+def input_probe(model, strategy, shards, config: TrainSettings, global_batch: int, workers: int,
                 *, real_step_seconds: float | None, steps: int) -> dict:
     """Input rate alone vs. the model's rate on one in-memory batch, and the time steps waited.
 
@@ -26,9 +26,9 @@ def input_probe(model, strategy, shards, config: TrainConfig, global_batch: int,
     iterator = iter(pipeline.make_dataset(shards, options))
     batch = next(iterator)  # warm-up: fills the shuffle buffer and starts autotuning
     start = time.perf_counter()
-    for _ in range(config.probe_steps):
+    for _ in range(config.input_probe_steps):
         next(iterator)
-    input_rate = config.probe_steps * worker_batch / (time.perf_counter() - start)
+    input_rate = config.input_probe_steps * worker_batch / (time.perf_counter() - start)
 
     def synthetic(context: tf.distribute.InputContext):
         per_replica = context.get_per_replica_batch_size(global_batch)
@@ -39,7 +39,7 @@ def input_probe(model, strategy, shards, config: TrainConfig, global_batch: int,
     train_step = model.make_train_function()
     batches = iter(strategy.distribute_datasets_from_function(synthetic))
     _sync(train_step(batches))  # warm-up: may trace once more for the new input signature
-    calls = max(config.probe_steps // config.steps_per_execution, 1)
+    calls = max(config.input_probe_steps // config.steps_per_execution, 1)
     start = time.perf_counter()
     for _ in range(calls):
         logs = train_step(batches)
@@ -57,7 +57,7 @@ def input_probe(model, strategy, shards, config: TrainConfig, global_batch: int,
         "input_wait_seconds": waited,
         "input_bound": bool(model_rate and input_rate < model_rate),
         "compression": shards[0].compression.lower() or "none",
-        "cache": config.cache,
+        "cache": config.image_cache,
         **pipeline.stored_images(shards, config.image_size),
     }
 

@@ -1,6 +1,6 @@
 """What TensorBoard's Profile tab says about the traced steps, read without TensorBoard.
 
-The trainer traces a few steps (`--profile-steps`) into `tensorboard/plugins/profile/<session>/
+The trainer traces a few steps (`trace_steps`, `--trace-steps`) into `tensorboard/plugins/profile/<session>/
 <host>.xplane.pb`. The profile plugin (xprof) turns that XSpace into the input-pipeline analyzer's
 page with its own converter, the one TensorBoard calls: a table of step times split into input,
 compute and the rest, and a conclusion such as "Your program is HIGHLY input-bound because 62.1%

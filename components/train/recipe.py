@@ -16,7 +16,7 @@ import tf_keras as keras
 FINAL_FRACTION = 0.01
 # Warm-up never takes more than this share of the run (a short run still gets its decay).
 MAX_WARMUP_SHARE = 0.2
-# A run from scratch with fewer optimizer steps is flagged as too short: the texture set of README's
+# A run from scratch with fewer optimizer steps is flagged as too short: the texture set of docs/train.md's
 # Training section converged in 156 steps, the digits in 400; the tests' 12-step runs did not.
 MIN_STEPS = 150
 # Variables weight decay leaves alone: batch-norm scales and shifts, and biases.

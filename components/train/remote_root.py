@@ -20,8 +20,8 @@ from components.common.files import exists, remove
 from components.common.repository import SAVED_MODEL
 from components.common.shard_cache import ShardCache, shards_of_worker
 from components.common.tf_files import pull, push, tf_reads
-from components.contracts.config import TrainConfig
 from components.contracts.layout import RunDir, Shard
+from components.contracts.run_config import TrainSettings
 
 CHECKPOINT_POINTER = "checkpoint"  # tf.train.CheckpointManager's index of the newest checkpoint
 
@@ -30,7 +30,7 @@ def is_remote(run: RunDir) -> bool:
     return not tf_reads(run.uri)
 
 
-def stage(config: TrainConfig, train: list[Shard], eval_: list[Shard], workers: int,
+def stage(config: TrainSettings, train: list[Shard], eval_: list[Shard], workers: int,
           pipeline: int) -> tuple[list[Shard], list[Shard], dict | None]:
     """The local copies of the train and eval shards, and what staging did (None: read directly).
     Raises CacheError when the cache cannot hold them."""
@@ -38,7 +38,7 @@ def stage(config: TrainConfig, train: list[Shard], eval_: list[Shard], workers: 
 
     if tf_reads(train[0].uri):
         return train, eval_, None
-    cache = ShardCache(config.cache_dir, config.cache_max_gb)
+    cache = ShardCache(config.shard_cache.dir, config.shard_cache.max_gb)
     mine = shards_of_worker(train, workers, pipeline, by_file(len(train), workers))
     mine += shards_of_worker(eval_, workers, pipeline, by_file(len(eval_), workers)) if eval_ else []
     if train[0] not in mine:
@@ -55,12 +55,13 @@ def stage(config: TrainConfig, train: list[Shard], eval_: list[Shard], workers: 
     return cache.local(train), cache.local(eval_), report
 
 
-def work_dir(config: TrainConfig, run: RunDir) -> RunDir:
+def work_dir(config: TrainSettings, run: RunDir) -> RunDir:
     """Where TensorFlow writes the run: the run folder itself, or a local one in the cache folder."""
     if not is_remote(run):
         return run
     key = hashlib.sha256(run.uri.encode()).hexdigest()[:10]
-    return RunDir(os.path.join(ShardCache(config.cache_dir, config.cache_max_gb).folder, "runs", f"{run.run_id}-{key}"))
+    cache = ShardCache(config.shard_cache.dir, config.shard_cache.max_gb)
+    return RunDir(os.path.join(cache.folder, "runs", f"{run.run_id}-{key}"))
 
 
 def resume_from(run: RunDir, work: RunDir) -> None:

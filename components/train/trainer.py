@@ -25,10 +25,10 @@ import tensorflow as tf
 import tf_keras as keras
 
 from components.common.shard_scan import scan_shards
-from components.contracts import program
-from components.contracts.config import TrainConfig, from_arguments
+from components.contracts import presets, program
 from components.contracts.layout import RunDir, Shard
 from components.contracts.results import ResultError, TrainMetrics
+from components.contracts.run_config import TrainSettings
 from components.contracts.summaries import Progress
 from components.train import profile, remote_root
 from components.train.gpu_sampler import GpuSampler
@@ -41,21 +41,26 @@ KILL_AT_STEP_ENV = "STOKE_KILL_AT_STEP"
 
 
 def run(argv: list[str] | None = None) -> int:
-    args = program.arguments("stoke train", __doc__, TrainConfig).parse_args(argv)
+    args = program.stage_arguments("train", argv)
     # Progress events with --json only: for people, Keras prints "Epoch N/M" itself.
     progress = program.progress_printer(as_json=True) if args.json else None
     return program.main("stoke train", args.json,
-                        lambda: train(from_arguments(TrainConfig, args).resolved(), progress),
+                        lambda: train(_with_preset(program.stage_settings("train", args)), progress),
                         _describe, errors=(TrainError, ResultError, OSError))
 
 
+def _with_preset(settings: TrainSettings) -> TrainSettings:
+    """By hand, the settings left unset take the preset's values (the flow's settings file has them already)."""
+    return presets.fill(settings.preset, "train", settings)
+
+
 def _describe(summary: dict) -> str:
-    return (f"trained {summary['model']} for {summary['total_steps']} steps: "
+    return (f"trained {summary['network']} for {summary['total_steps']} steps: "
             f"eval accuracy {summary['eval'].get('accuracy')}, candidate {summary['model_dir']}"
             + "".join(f"\nwarning: {warning}" for warning in summary.get("warnings") or []))
 
 
-def train(config: TrainConfig, progress: Callable[[Progress], None] | None = None) -> dict:
+def train(config: TrainSettings, progress: Callable[[Progress], None] | None = None) -> dict:
     """Trains per `config` and returns the summary (also written to metrics.json by the chief);
     the chief hands `progress` an event at the end of each epoch."""
     from components.train.export import export_candidate
@@ -69,10 +74,10 @@ def train(config: TrainConfig, progress: Callable[[Progress], None] | None = Non
     fitted = fit(config, plan, model, train_data, eval_data, mine, progress if plan.placement.is_chief else None)
     # fit() ends by copying the average into the model's trainable weights (tf_keras'
     # finalize_variable_values), so with EMA these are the averaged weights.
-    export_candidate(model_name=config.model, weights=model.get_weights(), labels=plan.labels,
+    export_candidate(network=config.network, weights=model.get_weights(), labels=plan.labels,
                      image_size=config.image_size, path=mine.candidate)
     probe = {}
-    if config.probe_steps:
+    if config.input_probe_steps:
         probe = input_probe(model, plan.placement.strategy, plan.train_shards, config, plan.global_batch,
                             plan.placement.workers, real_step_seconds=fitted.step_seconds,
                             steps=fitted.total_steps - fitted.resumed_from_step)
@@ -86,7 +91,7 @@ def train(config: TrainConfig, progress: Callable[[Progress], None] | None = Non
     return metrics.to_json()
 
 
-def build(config: TrainConfig, plan: RunPlan):
+def build(config: TrainSettings, plan: RunPlan):
     """The compiled model and the distributed train and eval datasets (None without eval records)."""
     from components.train import models, recipe
 
@@ -96,7 +101,7 @@ def build(config: TrainConfig, plan: RunPlan):
                  if plan.validation_steps else None)
     with strategy.scope():
         try:
-            model = models.build_model(config.model, len(plan.labels), config.image_size, config.weights)
+            model = models.build_model(config.network, len(plan.labels), config.image_size, config.weights)
         except ValueError as exc:
             raise TrainError(str(exc)) from None
         optimizer = recipe.make_optimizer(
@@ -107,13 +112,13 @@ def build(config: TrainConfig, plan: RunPlan):
     return model, train_data, eval_data
 
 
-def _dataset_fn(config: TrainConfig, plan: RunPlan, shards: list[Shard], training: bool):
+def _dataset_fn(config: TrainSettings, plan: RunPlan, shards: list[Shard], training: bool):
     """The per-input-pipeline dataset function tf.distribute calls once per worker; evaluation's
     batches hold every eval record once, weighted, then blanks (components/train/eval_batches.py)."""
     from components.train import eval_batches
     from components.train import input_pipeline as pipeline
 
-    cache = config.cache
+    cache = config.image_cache
     if cache and cache != "memory":
         cache = f"{cache}-{'train' if training else 'eval'}"
     service = plan.data_service if training else None
@@ -157,12 +162,12 @@ class Fitted:
     profiler: dict | None
 
 
-def fit(config: TrainConfig, plan: RunPlan, model, train_data, eval_data, mine: RunDir,
+def fit(config: TrainSettings, plan: RunPlan, model, train_data, eval_data, mine: RunDir,
         progress: Callable[[Progress], None] | None = None) -> Fitted:
     """Runs model.fit() with the run's callbacks; a bad CRC becomes a TrainError naming the shard."""
     from components.train import input_pipeline as pipeline
 
-    profiled = _profile_range(config.profile_steps)
+    profiled = _profile_range(config.trace_steps)
     timer = StepTimer(skip=profiled)
     resume = ResumePoint()
     callbacks = _callbacks(config, plan.work, mine, profiled, timer, resume, progress)
@@ -184,7 +189,7 @@ def fit(config: TrainConfig, plan: RunPlan, model, train_data, eval_data, mine: 
                   profiler=profile.input_pipeline_verdict(mine.tensorboard) if profiled else None)
 
 
-def _callbacks(config: TrainConfig, work: RunDir, mine: RunDir, profiled,
+def _callbacks(config: TrainSettings, work: RunDir, mine: RunDir, profiled,
                timer: StepTimer, resume: ResumePoint, progress: Callable[[Progress], None] | None) -> list:
     """Backup, one set of batch-norm statistics, TensorBoard, the learning-rate log and what measures the run."""
     from components.train import recipe
@@ -219,7 +224,7 @@ def _service_at_end(service: dict | None) -> dict | None:
         return {**service, "workers_at_end": None}
 
 
-def summarize(config: TrainConfig, plan: RunPlan, fitted: Fitted, probe: dict,
+def summarize(config: TrainSettings, plan: RunPlan, fitted: Fitted, probe: dict,
               data_service: dict | None = None) -> TrainMetrics:
     """The run's TrainMetrics, as metrics.json holds them."""
     epochs = fitted.history
@@ -228,7 +233,7 @@ def summarize(config: TrainConfig, plan: RunPlan, fitted: Fitted, probe: dict,
         "run_id": plan.run.run_id,
         "run_dir": plan.run.uri,
         "model_dir": plan.run.candidate,
-        "model": config.model,
+        "network": config.network,
         "image_size": config.image_size,
         "labels": plan.labels,
         "spans": sorted({s.span for s in plan.train_shards + plan.eval_shards}),
@@ -319,7 +324,7 @@ def _profile_range(text: str):
     try:
         first, last = (int(part) for part in text.split(","))
     except ValueError:
-        raise TrainError(f"--profile-steps takes two step numbers such as 10,20 (or none), not {text!r}") from None
+        raise TrainError(f"--trace-steps takes two step numbers such as 10,20 (or none), not {text!r}") from None
     return (first, last)
 
 

@@ -21,7 +21,7 @@ from tests.waiting import free_port, listening, wait_for
 
 @pytest.fixture(scope="module")
 def worker_pool(s3_endpoint, tmp_path_factory):
-    """`python -m apache_beam.runners.worker.worker_pool_main`, as README shows it: it starts each
+    """`python -m apache_beam.runners.worker.worker_pool_main`, as docs/scale-out.md shows it: it starts each
     SDK harness as a `python` process of its own, so the venv's python comes first on PATH."""
     port = free_port()
     env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}

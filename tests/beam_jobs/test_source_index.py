@@ -12,9 +12,9 @@ from beam_jobs.compare import compare
 from beam_jobs.ingest import ingest as run_ingest
 from beam_jobs.source_index import HEADER, identity, read_source_index
 from beam_jobs.sources import Source, list_source
-from components.contracts.config import IngestConfig
 from components.contracts.layout import Root
 from components.contracts.results import SpanManifest
+from components.contracts.run_config import IngestSettings
 from tests.beam_jobs import images
 from tests.beam_jobs.test_ingest import IN_MEMORY, ingest
 from tests.beam_jobs.test_sources import write
@@ -27,7 +27,7 @@ AWKWARD = ["s3://b/a", "s3://b/a b", "s3://b/a/b", "s3://b/a\tb", "s3://b/a\nb",
 
 def publish(root: Root, number: int, sources: list[tuple[str, int, str]]) -> None:
     SpanManifest(span=number, created="2026-01-01T00:00:00Z", source="s3://b", labels=["x"], shards=[],
-                 counts={"train": len(sources), "eval": 0, "dead_letter": 0},
+                 counts={"train": len(sources), "eval": 0, "dead_letter": 0, "duplicates": 0},
                  sources=[{"uri": u, "size": s, "version": v} for u, s, v in sources]).write(root.manifest(number))
 
 
@@ -43,7 +43,7 @@ def ingested(tmp_path_factory):
     for i in range(6):
         write(source / ("cat" if i % 2 else "dog") / f"{i}.png", images.rgb_png(seed=i))
     (source / "dog" / "bad.png").write_bytes(b"not a png")
-    config = IngestConfig(source=str(source), root=str(root), max_bad_fraction=0.5)
+    config = IngestSettings(source=str(source), root=str(root), max_bad_fraction=0.5)
     summary = run_ingest(config, IN_MEMORY, progress=lambda event: None)
     assert summary.span == 1
     return source, Root(str(root))

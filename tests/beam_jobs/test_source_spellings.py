@@ -34,7 +34,7 @@ def test_spans_published_under_another_spelling_still_count_as_known(tmp_path):
     for number, spelled in enumerate(spellings, start=1):
         root = Root(str(tmp_path / f"root-{number}"))
         SpanManifest(span=1, created="2026-01-01T00:00:00Z", source="x", labels=["cat"], shards=[],
-                     counts={"train": 1, "eval": 0, "dead_letter": 0},
+                     counts={"train": 1, "eval": 0, "dead_letter": 0, "duplicates": 0},
                      sources=[{"uri": spelled, "size": listed.size, "version": listed.version}]).write(root.manifest(1))
         assert compare([(listed, None)], root).fresh == [], spelled
 

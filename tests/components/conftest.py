@@ -47,7 +47,8 @@ def write_span(root: str, number: int, splits: dict[str, list[tuple[bytes, str, 
             size = files.filesystem(folder)[0].size(files.join(folder, name))
             shards.append({"file": name, "split": split, "records": len(part), "bytes": size})
     manifest = SpanManifest(span=number, created="2025-01-01T00:00:00Z", source="mem://", labels=labels,
-                            counts={split: len(splits.get(split, [])) for split in schema.SPLITS} | {"dead_letter": 0},
+                            counts={split: len(splits.get(split, [])) for split in schema.SPLITS}
+                            | {"dead_letter": 0, "duplicates": 0},
                             shards=shards, sources=[])
     if publish:
         files.write_json(base.labels, labels)

@@ -18,7 +18,7 @@ import shutil
 
 from tests.components.conftest import TRAIN_LABELS, tiny_records, write_span
 
-TINY = ["--image-size", "32", "--batch-size", "8", "--probe-steps", "0", "--model", "small_cnn", "--no-xla"]
+TINY = ["--image-size", "32", "--batch-size", "8", "--input-probe-steps", "0", "--network", "small_cnn", "--no-xla"]
 _CACHE: dict = {}
 
 

@@ -14,7 +14,7 @@ os.environ.setdefault("PREFECT_LOGGING_TO_API_BATCH_INTERVAL", "0.3")
 os.environ.setdefault("PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL", "0.5")
 
 # Small but real: digits at their demo size, one quick epoch, the Beam job in one process.
-TINY_MODEL = {"preset": "demo", "epochs": 1, "batch_size": 8, "probe_steps": 2, "steps_per_epoch": 4}
+TINY_MODEL = {"epochs": 1, "batch_size": 8, "input_probe_steps": 2, "steps_per_epoch": 4}
 TINY_BEAM = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
 
 
@@ -23,20 +23,41 @@ def prefect_server(prefect_api):
     """Every flow test talks to the session's Prefect test server."""
 
 
+# The settings of the session's first run, as a user writes them: a file, then --set overrides.
+FIRST_RUN_CONFIG = f"""
+preset: demo
+beam_args: {TINY_BEAM}
+preflight: {{sample_mb: 4}}
+ingest: {{shard_mb: 8}}
+datacheck: {{min_class_examples: 1}}
+train: {{epochs: 1, batch_size: 8, input_probe_steps: 2, steps_per_epoch: 4}}
+gate: {{top_k: 3}}
+push: {{build_image: false, keep: 2}}
+"""
+# What the command line lays over the file: the override wins over the file's steps_per_epoch.
+FIRST_RUN_OVERRIDES = ["gate.min_accuracy=0.0", "train.steps_per_epoch=3"]
+
+
 @pytest.fixture(scope="session")
 def pushed_run(tmp_path_factory):
-    """The train flow once, end to end on 40 real digits, with a floor any model passes: blessed and
-    pushed as version 1. Later tests use its ROOT as one that already serves a model."""
-    from flows.parameters import GateSettings, PushSettings, TrainSettings
-    from flows.train import train
+    """The train flow once, end to end on 40 real digits, configured as `stoke run SOURCE --root ROOT
+    --config FILE --set ...` configures it, with a floor any model passes: blessed and pushed as
+    version 1. Later tests use its ROOT as one that already serves a model."""
+    import argparse
+
+    from flows.commands import add_run_arguments, checked, flow_parameters
+    from flows.pipeline import pipeline
 
     base = tmp_path_factory.mktemp("pushed")
-    source, root = str(base / "digits"), str(base / "root")
+    source, root, config_file = str(base / "digits"), str(base / "root"), base / "first.yaml"
     write_digits(source, limit=40)
-    state = train(source=source, root=root, train=TrainSettings(**TINY_MODEL),
-                  gate=GateSettings(min_accuracy=0.0), push=PushSettings(build_image=False),
-                  beam_args=TINY_BEAM, run_id="first", return_state=True)
-    return {"source": source, "root": root, "state": state}
+    config_file.write_text(FIRST_RUN_CONFIG)
+    parser = argparse.ArgumentParser()
+    add_run_arguments(parser)
+    argv = [source, "--root", root, "--config", str(config_file), "--run-id", "first"]
+    run_id, config = checked(parser.parse_args([*argv, *(f"--set={item}" for item in FIRST_RUN_OVERRIDES)]))
+    state = pipeline(**flow_parameters(config), run_id=run_id, return_state=True)
+    return {"source": source, "root": root, "state": state, "config_file": str(config_file)}
 
 
 @pytest.fixture

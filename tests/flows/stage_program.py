@@ -1,4 +1,4 @@
-"""A stand-in stage program for tests of flows/stages.py: prints, forks, hangs or fails on request.
+"""A stand-in stage program for tests of flows/programs.py: prints, forks, hangs or fails on request.
 
     python -m tests.flows.stage_program ok|fail|hang PIDFILE
 """

@@ -4,8 +4,10 @@ import shlex
 
 import pytest
 
-from flows.parameters import BEAM_ARGS_ENV, IngestSettings, check_beam_args, read_beam_args
-from flows.train import ingest_arguments, train
+from components.contracts.beam_options import BEAM_ARGS_ENV, check_beam_args
+from components.contracts.run_config import RunConfig
+from flows.parameters import read_beam_args
+from flows.pipeline import beam_options, pipeline
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHELL = ["--environment_type=beam:env:harness_subprocess_python:v1", "--environment_config=touch {marker}"]
@@ -25,8 +27,8 @@ def test_a_run_may_size_its_runner():
 
 def test_the_flow_refuses_a_command_in_its_parameters_before_anything_runs(tmp_path):
     marker = tmp_path / "ran"
-    state = train(source=str(tmp_path / "images"), root=str(tmp_path / "root"), preflight=None, run_id="r1",
-                  beam_args=[a.format(marker=marker) for a in SHELL], return_state=True)
+    state = pipeline(source=str(tmp_path / "images"), root=str(tmp_path / "root"), preflight=None, run_id="r1",
+                     beam_args=[a.format(marker=marker) for a in SHELL], return_state=True)
     assert state.is_failed() and "not an option a run may set" in str(state.result(raise_on_failure=False))
     assert not marker.exists() and not (tmp_path / "root").exists()
 
@@ -34,7 +36,7 @@ def test_the_flow_refuses_a_command_in_its_parameters_before_anything_runs(tmp_p
 def test_the_deployment_options_come_first_and_the_run_may_add_sizes(monkeypatch):
     options = read_beam_args(os.path.join(REPO, "infra", "beam", "dataflow.args"))
     monkeypatch.setenv(BEAM_ARGS_ENV, options)
-    argv = ingest_arguments("gs://b/in", "gs://b/root", IngestSettings(), ["--max_num_workers=4"])
+    argv = beam_options(RunConfig(source="gs://b/in", root="gs://b/root", beam_args=["--max_num_workers=4"]))
     assert "--runner=DataflowRunner" in argv and argv[-1] == "--max_num_workers=4"
     assert argv[argv.index("--runner=DataflowRunner"):-1] == shlex.split(options)
     assert all(not a.startswith("#") for a in argv)
@@ -66,7 +68,7 @@ def test_the_last_of_repeated_sizes_is_checked_too():
 
 
 def test_the_flow_refuses_an_oversized_run_before_anything_runs(tmp_path):
-    state = train(source=str(tmp_path / "images"), root=str(tmp_path / "root"), preflight=None, run_id="r1",
-                  beam_args=["--direct_num_workers=100000"], return_state=True)
+    state = pipeline(source=str(tmp_path / "images"), root=str(tmp_path / "root"), preflight=None, run_id="r1",
+                     beam_args=["--direct_num_workers=100000"], return_state=True)
     assert state.is_failed() and "direct_num_workers" in str(state.result(raise_on_failure=False))
     assert not (tmp_path / "root").exists()

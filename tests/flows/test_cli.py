@@ -16,22 +16,30 @@ import urllib.request
 
 import pytest
 
+from components.common.files import read_json
+from components.contracts.layout import Root
 from tests.waiting import free_port, listening, wait_for
 
 BIN = os.path.dirname(sys.executable)
 
 
-def test_run_passes_its_options_to_the_flow_and_prints_the_summary_last(pushed_run, tmp_path):
+def test_run_passes_its_configuration_to_the_flow_and_prints_the_summary_last(pushed_run, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     env["PREFECT_HOME"] = str(tmp_path / "prefect-home")  # its own ephemeral server and database
     done = subprocess.run([os.path.join(BIN, "stoke"), "run", pushed_run["source"], "--root", pushed_run["root"],
-                           "--skip-unchanged", "--no-preflight", "--run-id", "from-cli", "--compression", "zlib",
-                           "--json"], capture_output=True, text=True, env=env, timeout=300)
+                           "--config", pushed_run["config_file"], "--skip-unchanged", "--no-preflight", "--run-id",
+                           "from-cli", "--set", "ingest.compression=zlib", "--json"],
+                          capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["run_id"] == "from-cli" and summary["status"] == "skipped" and summary["stages"] == ["ingest"]
     assert summary["pushed_version"] is None and summary["blessed"] is False
-    assert "--compression zlib" in done.stderr  # the ingest command line, in the run log
+    run = Root(pushed_run["root"]).run("from-cli")
+    recorded = read_json(run.config)
+    assert recorded["ingest"]["compression"] == "zlib" and recorded["preflight"] is None
+    assert recorded["preset"] == "demo" and recorded["train"]["network"] == "small_cnn"  # from the file, resolved
+    assert read_json(run.stage_config("ingest"))["compression"] == "zlib"  # what the ingest program was handed
+    assert f"--config {run.stage_config('ingest')}" in done.stderr  # its command line, in the run log
 
 
 def test_run_refuses_a_run_id_that_leaves_runs_before_writing_anything(tmp_path):
@@ -44,10 +52,10 @@ def test_run_refuses_a_run_id_that_leaves_runs_before_writing_anything(tmp_path)
 
 
 def test_the_flow_refuses_a_run_id_that_leaves_runs(tmp_path):
-    from flows.train import train
+    from flows.pipeline import pipeline
 
-    state = train(source=str(tmp_path), root=str(tmp_path / "root"), run_id="../x", preflight=None,
-                  return_state=True)
+    state = pipeline(source=str(tmp_path), root=str(tmp_path / "root"), run_id="../x", preflight=None,
+                     return_state=True)
     assert state.is_failed() and "bad run id" in str(state.result(raise_on_failure=False))
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
@@ -61,18 +69,25 @@ def test_up_serves_the_deployments_until_ctrl_c(pushed_run, tmp_path):
     secret = tmp_path / "auth"
     secret.write_text("stoke:s3cret\n")
     up = subprocess.Popen([os.path.join(BIN, "stoke"), "up", "--source", pushed_run["source"], "--root",
-                           pushed_run["root"], "--port", str(port), "--poll-seconds", "3600",
-                           "--auth-string-file", str(secret), "--json"], stdout=subprocess.PIPE, text=True, env=env)
+                           pushed_run["root"], "--config", pushed_run["config_file"], "--set", "train.epochs=2",
+                           "--port", str(port), "--poll-seconds", "3600", "--auth-string-file", str(secret), "--json"],
+                          stdout=subprocess.PIPE, text=True, env=env)
     try:
         nightly = wait_for(lambda: _get(f"{api}/deployments/name/train/nightly"), "stoke up to serve train/nightly", 180,
                            process=up)
         with pytest.raises(urllib.error.HTTPError, match="401"):  # basic auth: nobody else starts runs
             urllib.request.urlopen(f"{api}/deployments/name/train/nightly", timeout=5)
         assert nightly["schedules"][0]["schedule"]["cron"] == "0 2 * * *"
-        assert nightly["parameters"] == {"source": pushed_run["source"], "root": pushed_run["root"]}
+        parameters = nightly["parameters"]
+        assert (parameters["source"], parameters["root"], parameters["preset"]) == (
+            pushed_run["source"], pushed_run["root"], "demo")
+        assert parameters["skip_unchanged"] and parameters["train"]["epochs"] == 2  # --set over the file's 1
+        assert parameters["train"]["steps_per_epoch"] == 4 and "network" not in parameters["train"]  # unresolved
 
-        # From another shell: nothing is new and a model is served, so the run ends early, Completed.
-        started = subprocess.run([os.path.join(BIN, "prefect"), "deployment", "run", "train/nightly", "--watch"],
+        # From another shell, with one training setting of its own laid over the deployment's: nothing is
+        # new and a model is served, so the run ends early, Completed, and records what it was asked.
+        started = subprocess.run([os.path.join(BIN, "prefect"), "deployment", "run", "train/nightly", "--watch",
+                                  "-p", 'train={"seed": 7}'],
                                  env={**env, "PREFECT_API_URL": api, "PREFECT_API_AUTH_STRING": "stoke:s3cret"},
                                  capture_output=True, text=True, timeout=300)
         assert started.returncode == 0, started.stdout + started.stderr
@@ -82,6 +97,8 @@ def test_up_serves_the_deployments_until_ctrl_c(pushed_run, tmp_path):
         assert run["state_type"] == "COMPLETED"
         (report,) = glob.glob(os.path.join(pushed_run["root"], "runs", f"*-{run['name']}", "report.json"))
         assert json.load(open(report))["status"] == "skipped"
+        recorded = json.load(open(os.path.join(os.path.dirname(report), "config.json")))
+        assert (recorded["train"]["seed"], recorded["train"]["epochs"], recorded["train"]["network"]) == (7, 2, "small_cnn")
     finally:
         up.send_signal(signal.SIGINT)
         out, _ = up.communicate(timeout=90)

@@ -7,10 +7,10 @@ import shutil
 
 from beam_jobs.ingest import run as ingest
 from components.common.files import read_json
+from components.contracts.config import GateConfig, PushConfig, TrainConfig
 from components.contracts.layout import Root
 from flows.demo import write_digits
-from flows.parameters import GateSettings, PushSettings, TrainSettings
-from flows.train import train
+from flows.pipeline import pipeline
 from tests.beam_jobs import images
 from tests.flows.conftest import TINY_BEAM, TINY_MODEL
 
@@ -24,19 +24,19 @@ def test_a_quarantined_arrival_is_held_back_and_the_run_trains_on_the_rest(tmp_p
     for path in sorted((pool / "one").glob("*.png")):  # the arrival: ones only
         shutil.copy(path, source / "one" / path.name)
 
-    state = train(source=str(source), root=root, preflight=None, train=TrainSettings(**TINY_MODEL),
-                  gate=GateSettings(min_accuracy=0.0), push=PushSettings(build_image=False),
-                  beam_args=TINY_BEAM, run_id="held", return_state=True)
+    state = pipeline(source=str(source), root=root, preflight=None, preset="demo", train=TrainConfig(**TINY_MODEL),
+                     gate=GateConfig(min_accuracy=0.0), push=PushConfig(build_image=False),
+                     beam_args=TINY_BEAM, run_id="held", return_state=True)
     assert state.is_completed(), state.message
     summary = state.result()
     assert summary["status"] == "pushed" and "Span 2 was held back" in summary["message"]
     run = Root(root).run("held")
     assert read_json(run.metrics)["spans"] == [1]
     report = read_json(run.report_json)
-    assert report["data"]["status"] == "quarantined" and report["data"]["span"] == 2
-    assert report["data"]["anomalies"][0]["kind"] == "label_drift"
+    assert report["datacheck"]["status"] == "quarantined" and report["datacheck"]["span"] == 2
+    assert report["datacheck"]["anomalies"][0]["kind"] == "label_drift"
     markdown = open(run.report_md).read()
-    assert "## Data" in markdown and "**Held back**" in markdown
+    assert "## Data check" in markdown and "**Held back**" in markdown
     assert f"stoke spans release 2 --root {root}" in markdown and "![label mix](labels.png)" in markdown
     assert open(report["plots"]["labels"], "rb").read(4) == b"\x89PNG"
 
@@ -47,12 +47,12 @@ def test_a_first_span_quarantined_leaves_nothing_to_train_and_the_run_is_skipped
         (source / label).mkdir(parents=True)
         for seed in range(6):  # other bytes, one picture: the same dHash
             (source / label / f"{seed}.png").write_bytes(images.rgb_png(seed=seed + (10 if label == "dog" else 0)))
-    state = train(source=str(source), root=root, preflight=None, beam_args=TINY_BEAM, run_id="flood",
-                  return_state=True)
+    state = pipeline(source=str(source), root=root, preflight=None, beam_args=TINY_BEAM, run_id="flood",
+                     return_state=True)
     assert state.is_completed(), state.message
     summary = state.result()
     assert summary["status"] == "skipped", json.dumps(summary)
     assert "span 1 is quarantined" in summary["message"] and "no other span is left" in summary["message"]
     assert Root(root).is_quarantined(1)
-    data = read_json(Root(root).run("flood").report_json)["data"]
+    data = read_json(Root(root).run("flood").report_json)["datacheck"]
     assert [a["kind"] for a in data["anomalies"] if a["severity"] == "error"] == ["same_image_flood"]

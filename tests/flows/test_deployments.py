@@ -16,6 +16,7 @@ from prefect.events import emit_event
 from prefect.settings import PREFECT_API_URL
 
 from components.common.repository import Repository
+from components.contracts.run_config import RunConfig
 from flows.deployments import ARRIVED, build_deployments
 from flows.watch_bucket import EVENT, source_resource
 from tests.flows.conftest import TINY_BEAM, TINY_MODEL
@@ -41,16 +42,16 @@ def client():
 
 def test_schedule_trigger_and_queue_are_registered(client, tmp_path):
     source, root = str(tmp_path / "bucket"), str(tmp_path / "root")
-    for deployment in build_deployments(source, root, poll_seconds=90, timezone="Europe/Berlin"):
+    for deployment in build_deployments(RunConfig(source=source, root=root), poll_seconds=90, timezone="Europe/Berlin"):
         deployment.apply()
 
     nightly = client.read_deployment_by_name("train/nightly")
     (schedule,) = nightly.schedules
     assert (schedule.schedule.cron, schedule.schedule.timezone, schedule.active) == ("0 2 * * *", "Europe/Berlin", True)
-    assert nightly.parameters == {"source": source, "root": root}
+    assert nightly.parameters == {"source": source, "root": root, "skip_unchanged": True}
     assert nightly.global_concurrency_limit.limit == 1
     assert nightly.concurrency_options.collision_strategy.value == "ENQUEUE"
-    assert nightly.entrypoint == "flows.train.train"
+    assert nightly.entrypoint == "flows.pipeline.pipeline"
     (automation,) = client.read_automations_by_name(TRIGGER)
     assert automation.trigger.expect == {EVENT}
     assert automation.trigger.match.model_dump() == {"prefect.resource.id": "stoke.source.*"}
@@ -66,7 +67,8 @@ def test_schedule_trigger_and_queue_are_registered(client, tmp_path):
 
 def test_with_notifications_the_watcher_reads_the_queue_and_events_name_what_ingest_reads(client, tmp_path):
     source, root = "s3://photos/incoming", str(tmp_path / "root")
-    for deployment in build_deployments(source, root, poll_seconds=60, notifications="sqs://stoke-arrivals"):
+    for deployment in build_deployments(RunConfig(source=source, root=root), poll_seconds=60,
+                                        notifications="sqs://stoke-arrivals"):
         deployment.apply()
     poll = client.read_deployment_by_name("watch-bucket/poll")
     assert poll.parameters == {"source": source, "root": root, "settle_seconds": 15.0,
@@ -83,13 +85,14 @@ def test_with_notifications_the_watcher_reads_the_queue_and_events_name_what_ing
 
 def test_an_arrival_event_runs_train_nightly_and_a_refused_model_completes(client, pushed_run):
     # The deployment's own default source is elsewhere: the run must take the event's.
-    parameters = {"preflight": None, "skip_unchanged": False, "train": TINY_MODEL,
-                  "gate": {"min_accuracy": 1.0, "max_regression": 0.0}, "push": {"build_image": False},
-                  "beam_args": TINY_BEAM}
+    config = {"source": "/nowhere", "root": pushed_run["root"], "preflight": None, "skip_unchanged": False,
+              "preset": "demo", "train": TINY_MODEL, "gate": {"min_accuracy": 1.0, "max_regression": 0.0},
+              "push": {"build_image": False}, "beam_args": TINY_BEAM}
     code = ("import json, sys; from flows.deployments import serve_deployments; "
-            "serve_deployments(sys.argv[1], sys.argv[2], poll_seconds=3600, train_parameters=json.loads(sys.argv[3]))")
+            "from components.contracts.run_config import RunConfig; "
+            "serve_deployments(RunConfig.model_validate(json.loads(sys.argv[1])), poll_seconds=3600)")
     server = subprocess.Popen(
-        [sys.executable, "-c", code, "/nowhere", pushed_run["root"], json.dumps(parameters)],
+        [sys.executable, "-c", code, json.dumps(config)],
         env={**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_RUNNER_POLL_FREQUENCY": "1"})
     try:
         nightly = wait_for(lambda: _deployment_with_trigger(client), "the served deployment and its trigger")

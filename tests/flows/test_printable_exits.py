@@ -11,7 +11,7 @@ import pytest
 
 from beam_jobs import ingest
 from components.contracts import program
-from flows import cli, stages, watch_bucket  # noqa: F401 - importing them installs the escaping
+from flows import cli, programs, watch_bucket  # noqa: F401 - importing them installs the escaping
 
 HOSTILE = ["esc\x1b[2Jname", "bell\x07name", "new\nline", "rtl\u202eexe.jpg", "sep\u2028line"]
 
@@ -47,15 +47,15 @@ def test_every_message_of_the_run_loggers_is_escaped(caplog, logger_name, name):
 
 @pytest.mark.parametrize("name", HOSTILE)
 def test_stage_errors_are_escaped(name):
-    assert _clean(str(stages.StageError(f"ingest failed (exit code 1): {name} does not exist")))
+    assert _clean(str(programs.StageError(f"ingest failed (exit code 1): {name} does not exist")))
 
 
 @pytest.mark.parametrize("name", HOSTILE)
 def test_stoke_runs_last_line_is_escaped(tmp_path, capsys, monkeypatch, name):
-    import flows.train
+    import flows.pipeline
 
     failed = types.SimpleNamespace(is_completed=lambda: False, message=f"{name} is not a folder", name="Failed")
-    monkeypatch.setattr(flows.train, "train", lambda **kwargs: failed)
+    monkeypatch.setattr(flows.pipeline, "pipeline", lambda **kwargs: failed)
     (tmp_path / "images").mkdir()
     assert cli.main(["run", str(tmp_path / "images"), "--root", str(tmp_path / "root")]) == 1
     captured = capsys.readouterr()

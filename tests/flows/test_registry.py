@@ -1,18 +1,21 @@
-"""The stage registry is the one list of stages: a stage added there (and nowhere else) is a
-command, a parameter group, a timeout and a section of the report."""
+"""The stage registry is the one list of stages: a stage added there is a command, a settings file
+its program reads, a timeout, a group of the run configuration and a section of the report."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import pytest
 
 from components.contracts import results, stages
 from components.contracts.config import PushConfig
 from components.contracts.layout import Root
+from components.contracts.run_config import RunConfig, Timeouts, program_model
 from flows import cli
-from flows.parameters import SETTINGS, settings_model, timeouts_model
+from flows.pipeline import pipeline
 
-DUMMY = stages.Stage("dummy", "tests.flows.stage_program", "a stand-in stage", PushConfig, results.Pushed, 7)
+DUMMY = stages.Stage("dummy", "tests.flows.stage_program", "a stand-in stage", PushConfig, results.Pushed, 7,
+                     inputs=("root", "run_id"), required=("root", "run_id"))
 
 
 @pytest.fixture
@@ -29,10 +32,10 @@ def test_a_registered_stage_is_a_command_of_its_own(with_dummy, tmp_path, capfd)
     assert "a stand-in stage" in capfd.readouterr().out
 
 
-def test_a_registered_stage_gets_a_parameter_group_and_a_timeout(with_dummy):
-    group = settings_model(with_dummy)
-    assert set(group.model_fields) == set(PushConfig.model_fields) - {"root", "run_id", "model_name"}
-    assert timeouts_model(stages.STAGES)().dummy == 7
+def test_a_registered_stage_program_takes_its_group_and_the_inputs_the_registry_names(with_dummy):
+    fields = program_model(with_dummy).model_fields
+    assert set(fields) == set(PushConfig.model_fields) | {"root", "run_id"}
+    assert fields["run_id"].is_required() and fields["root"].is_required()
 
 
 def test_a_registered_stage_is_a_section_of_the_report(with_dummy, tmp_path):
@@ -44,14 +47,26 @@ def test_a_registered_stage_is_a_section_of_the_report(with_dummy, tmp_path):
     assert build_report(run).stages == ["dummy"]
 
 
-def test_every_flow_parameter_group_is_a_stage_with_settings():
-    assert list(SETTINGS) == [s.name for s in stages.STAGES if s.settings is not None]
+def test_every_stage_is_a_group_of_the_run_configuration_with_a_timeout():
+    groups = [name for name in RunConfig.model_fields if name in {s.name for s in stages.STAGES}]
+    assert groups == [s.name for s in stages.STAGES]
+    for s in stages.STAGES:
+        assert RunConfig.model_fields[s.name].annotation in (s.settings, s.settings | None), s.name
+        assert Timeouts.model_fields[s.name].default == s.timeout_minutes
 
 
-def test_old_names_find_their_stage_and_stage_names_are_unique():
-    assert stages.stage("validate").name == stages.stage("validation").name == "gate"
-    assert stages.stage("doctor").name == "preflight"
-    names = [n for s in stages.STAGES for n in (s.name, *s.aliases)]
+def test_the_flow_takes_the_run_configuration_and_only_what_says_why_the_run_started():
+    parameters = inspect.signature(pipeline.fn).parameters
+    assert list(parameters) == [*RunConfig.model_fields, "skip_unchanged", "run_id", "arrived"]
+    for name, field in RunConfig.model_fields.items():
+        default = parameters[name].default
+        assert (default is inspect.Parameter.empty) == field.is_required(), name
+        if not field.is_required():
+            assert default == field.default, name
+
+
+def test_stage_names_are_unique_and_an_unknown_one_is_named():
+    names = [s.name for s in stages.STAGES]
     assert len(names) == len(set(names))
     with pytest.raises(KeyError, match="no stage 'nope'"):
         stages.stage("nope")

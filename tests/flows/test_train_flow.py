@@ -9,9 +9,10 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
 from components.common.files import read_json
 from components.common.repository import Repository
+from components.contracts.config import PreflightConfig
 from components.contracts.layout import Root
-from flows.parameters import PreflightSettings, Timeouts
-from flows.train import GPU_TAG, train
+from components.contracts.run_config import Timeouts
+from flows.pipeline import GPU_TAG, pipeline
 from tests.flows.conftest import TINY_BEAM
 
 
@@ -32,12 +33,12 @@ def test_end_to_end_a_blessed_model_is_pushed_and_reported(pushed_run):
     assert report["status"] == summary["status"] == "pushed"
     assert report["ingest"]["counts"]["train"] + report["ingest"]["counts"]["eval"] == 40
     assert report["train"]["images_per_sec"] > 0 and report["train"]["input_bound"] in (True, False)
-    assert set(report["validation"]["metrics"]["per_class_accuracy"]) <= set(report["validation"]["labels"])
+    assert set(report["gate"]["metrics"]["per_class_accuracy"]) <= set(report["gate"]["labels"])
     assert report["push"]["commands"]
     for plot in ("curves", "confusion_matrix", "throughput"):
         assert open(report["plots"][plot], "rb").read(8) == b"\x89PNG\r\n\x1a\n", plot
     markdown = open(run.report_md).read()
-    for heading in ("## Preflight", "## Ingest", "## Training", "## Validation", "## Push"):
+    for heading in ("## Preflight", "## Ingest", "## Training", "## Gate", "## Push"):
         assert heading in markdown
     assert f"Version **{version}**" in markdown and "| class | eval examples | accuracy |" in markdown
 
@@ -57,8 +58,8 @@ def test_training_holds_the_gpu_limit_and_the_run_leaves_artifacts(pushed_run):
 
 
 def test_nothing_new_with_a_served_model_ends_early_without_training(pushed_run):
-    state = train(source=pushed_run["source"], root=pushed_run["root"], preflight=None, beam_args=TINY_BEAM,
-                  run_id="nothing-new", return_state=True)
+    state = pipeline(source=pushed_run["source"], root=pushed_run["root"], preflight=None, beam_args=TINY_BEAM,
+                     skip_unchanged=True, run_id="nothing-new", return_state=True)
     assert state.is_completed(), state.message
     summary = state.result()
     assert summary["status"] == "skipped" and "already served" in summary["message"]
@@ -70,8 +71,8 @@ def test_nothing_new_with_a_served_model_ends_early_without_training(pushed_run)
 
 def test_a_failed_preflight_check_stops_the_run_before_ingest(digits, tmp_path):
     root = str(tmp_path / "root")
-    state = train(source=digits, root=root, preflight=PreflightSettings(min_read_mbps=1e9, sample_mb=16),
-                  run_id="slow-disk", return_state=True)
+    state = pipeline(source=digits, root=root, preflight=PreflightConfig(min_read_mbps=1e9, sample_mb=16),
+                     run_id="slow-disk", return_state=True)
     assert state.is_failed()
     run = Root(root).run("slow-disk")
     assert sorted(os.listdir(os.path.dirname(run.summary("ingest")))) == ["preflight.json"]
@@ -81,8 +82,8 @@ def test_a_failed_preflight_check_stops_the_run_before_ingest(digits, tmp_path):
 
 
 def test_a_stage_that_times_out_is_stopped_and_not_retried(digits, tmp_path):
-    state = train(source=digits, root=str(tmp_path / "root"), preflight=None, beam_args=TINY_BEAM,
-                  timeouts=Timeouts(ingest=0.02), run_id="too-slow", return_state=True)
+    state = pipeline(source=digits, root=str(tmp_path / "root"), preflight=None, beam_args=TINY_BEAM,
+                     timeouts=Timeouts(ingest=0.02), run_id="too-slow", return_state=True)
     assert state.is_failed() and "ingest timed out after 1 s" in state.message
     with get_client(sync_client=True) as client:
         tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))

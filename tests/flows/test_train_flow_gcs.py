@@ -7,19 +7,20 @@ import fsspec
 
 from components.common.files import read_json
 from components.common.repository import Repository
+from components.contracts.config import GateConfig, PushConfig, ShardCacheConfig, TrainConfig
 from components.contracts.layout import Root
 from flows.demo import write_digits
-from flows.parameters import GateSettings, PushSettings, TrainSettings
-from flows.train import train
+from flows.pipeline import pipeline
 from tests.flows.conftest import TINY_BEAM, TINY_MODEL
 
 
 def test_a_gcs_root_is_trained_gated_and_pushed(gcs_endpoint, tmp_path):
     write_digits("gs://stoke-gcs/incoming", limit=40)
     root = "gs://stoke-gcs/stoke"
-    state = train(source="gs://stoke-gcs/incoming", root=root, preflight=None, train=TrainSettings(**TINY_MODEL),
-                  beam_args=TINY_BEAM, gate=GateSettings(min_accuracy=0.0), push=PushSettings(build_image=False),
-                  cache_dir=str(tmp_path), run_id="gcs", return_state=True)
+    state = pipeline(source="gs://stoke-gcs/incoming", root=root, preflight=None, preset="demo",
+                     train=TrainConfig(**TINY_MODEL), beam_args=TINY_BEAM, gate=GateConfig(min_accuracy=0.0),
+                     push=PushConfig(build_image=False), shard_cache=ShardCacheConfig(dir=str(tmp_path)), run_id="gcs",
+                     return_state=True)
     assert state.is_completed(), state.message
     summary = state.result()
     assert summary["status"] == "pushed", summary

@@ -8,18 +8,18 @@ import pytest
 
 from components.common.files import read_json
 from components.common.repository import Repository
+from components.contracts.config import GateConfig, PreflightConfig, PushConfig, ShardCacheConfig, TrainConfig
 from components.contracts.layout import Root
 from flows.demo import write_digits
-from flows.parameters import GateSettings, PreflightSettings, PushSettings, TrainSettings
-from flows.train import train
+from flows.pipeline import pipeline
 from tests.flows.conftest import TINY_BEAM, TINY_MODEL
 
 
 def _run(bucket: str, cache: str, run_id: str):
-    return train(source=f"s3://{bucket}/incoming", root=f"s3://{bucket}/stoke",
-                 preflight=PreflightSettings(sample_mb=1), train=TrainSettings(**TINY_MODEL), beam_args=TINY_BEAM,
-                 gate=GateSettings(min_accuracy=0.0, max_regression=1.0), push=PushSettings(build_image=False), cache_dir=cache,
-                 run_id=run_id, return_state=True)
+    return pipeline(source=f"s3://{bucket}/incoming", root=f"s3://{bucket}/stoke", preflight=PreflightConfig(sample_mb=1),
+                    preset="demo", train=TrainConfig(**TINY_MODEL), beam_args=TINY_BEAM,
+                    gate=GateConfig(min_accuracy=0.0, max_regression=1.0), push=PushConfig(build_image=False),
+                    shard_cache=ShardCacheConfig(dir=cache), run_id=run_id, return_state=True)
 
 
 @pytest.fixture(scope="session")
@@ -44,11 +44,11 @@ def test_a_bucket_root_is_trained_gated_and_pushed(bucket_runs):
     run = root.run("first")
     version = summary["pushed_version"]
     assert Repository(root, "stoke").versions()[0] == version  # the second run pushes the next one
-    for uri in (run.metrics, run.validation, run.blessed, run.report_json, join_candidate(run)):
+    for uri in (run.metrics, run.gate, run.blessed, run.report_json, join_candidate(run)):
         assert fsspec.filesystem("s3").exists(uri), uri
     metrics = read_json(run.metrics)
     assert metrics["staging"]["fetched"] == metrics["staging"]["shards"] > 0
-    assert any("read through local copies" in note for note in read_json(run.validation)["notes"])
+    assert any("read through local copies" in note for note in read_json(run.gate)["notes"])
     assert "MB/s" in read_json(run.report_json)["train"]["shards"]
     preflight = {c["name"]: c for c in read_json(run.summary("preflight"))["checks"]}
     assert preflight["shard cache"]["status"] == "ok" and preflight["shard cache"]["facts"]["need_bytes"] == 0
@@ -75,7 +75,7 @@ def test_a_second_run_reuses_the_cache_and_compares_with_the_served_version(buck
     staging = read_json(run.metrics)["staging"]
     assert staging["reused"] == first["shards"]  # span 1's shards were not copied again
     assert staging["fetched"] == staging["shards"] - first["shards"] > 0  # span 2's were
-    validation = read_json(run.validation)
+    validation = read_json(run.gate)
     assert validation["served_version"] == bucket_runs["first"].result()["pushed_version"]
     assert validation["baseline_version"] == validation["served_version"]
 

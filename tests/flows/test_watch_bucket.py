@@ -16,7 +16,7 @@ from beam_jobs.sources import list_source
 from components.common import files
 from components.contracts import layout
 from flows.demo import write_digits
-from flows.train import train
+from flows.pipeline import pipeline
 from flows.watch_bucket import EVENT, source_resource, watch_bucket
 from tests.waiting import wait_for
 
@@ -37,7 +37,7 @@ def publish_everything_in(source: str, root: str) -> None:
     """A manifest holding every file of SOURCE, as the ingest job would publish it."""
     listing = list_source(source, 0.1)
     manifest = {"span": 1, "created": "2026-01-01T00:00:00Z", "compression": "gzip", "source": source,
-                "counts": {"train": 0, "eval": 0, "dead_letter": 0}, "labels": [], "shards": [],
+                "counts": {"train": 0, "eval": 0, "dead_letter": 0, "duplicates": 0}, "labels": [], "shards": [],
                 "sources": [{"uri": s.uri, "size": s.size, "version": s.version} for s in listing.sources]}
     files.write_json(files.join(layout.Root(root).span(1), layout.MANIFEST), manifest)
 
@@ -81,7 +81,7 @@ def test_a_listing_that_is_still_changing_emits_nothing(tmp_path):
 
 def test_no_event_while_a_train_run_for_the_source_is_waiting_or_running(digits, tmp_path):
     with get_client(sync_client=True) as client:
-        running = client.create_flow_run(train, parameters={"source": digits}, state=Running())
+        running = client.create_flow_run(pipeline, parameters={"source": digits}, state=Running())
         try:
             result = watch_bucket(source=digits, root=str(tmp_path / "root"), settle_seconds=0.2)
         finally:

@@ -3,7 +3,6 @@ resolved, the TF_CONFIG the training Job builds parsed by the trainer's own logi
 paths, images and users equal to the code's."""
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import stat
@@ -13,7 +12,7 @@ import sys
 import kubernetes_validate
 import pytest
 
-from components.contracts.config import TrainConfig, add_arguments, from_arguments
+from components.contracts import program
 from components.contracts.layout import Root
 from components.push import serving_image as serving
 from components.train import strategy
@@ -210,9 +209,7 @@ def test_each_pod_builds_the_tf_config_multi_worker_training_expects(objects, fa
         assert hosts == [f"{job['metadata']['name']}-{i}.{service['metadata']['name']}:{port['port']}" for i in range(workers)]
         argv = started["argv"]
         assert argv[0] == "train"
-        parser = argparse.ArgumentParser()
-        add_arguments(parser, TrainConfig)
-        config = from_arguments(TrainConfig, parser.parse_args(argv[1:]))  # the trainer accepts every flag
+        config = program.stage_settings("train", program.stage_arguments("train", argv[1:]))  # every flag is the trainer's
         assert config.strategy == "multi_worker" and config.run_id == job["metadata"]["name"]
         assert config.root == work_pools.ROOT_MOUNT
     assert chiefs == [True] + [False] * (workers - 1)  # exactly one chief writes the candidate

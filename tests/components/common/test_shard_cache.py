@@ -30,7 +30,7 @@ def test_the_least_recently_used_copies_are_evicted_under_the_cap(shards, tmp_pa
     assert staged.fetched == 1 and staged.to_json()["mb_per_sec"] > 0
     assert os.path.exists(cache.path(a)) and not os.path.exists(cache.path(b)) and os.path.exists(cache.path(c))
     assert cache.needs(shards) == b.bytes
-    with pytest.raises(CacheError, match="--cache-max-gb"):
+    with pytest.raises(CacheError, match="--shard-cache-max-gb"):
         cache.stage(shards)  # all three never fit
 
 

@@ -69,7 +69,7 @@ def test_ingest_and_train_stop_on_a_damaged_manifest_with_one_line(kind, damaged
 
 @pytest.mark.parametrize("kind", sorted(MANIFEST_DAMAGE))
 def test_preflight_fails_its_manifest_check_on_a_damaged_manifest(kind, damaged_copy, capsys):
-    from components.preflight.doctor import run as preflight
+    from components.preflight.preflight import run as preflight
 
     root = damaged_copy(kind)
     assert preflight(["--root", root, "--sample-mb", "1", "--json"]) == 1

@@ -15,7 +15,7 @@ def test_a_run_folder_names_its_files():
     assert run.uri == "s3://bucket/root/runs/20260101-x" and run.run_id == "20260101-x"
     assert run.metrics == "s3://bucket/root/runs/20260101-x/metrics.json"
     assert run.summary("train") == "s3://bucket/root/runs/20260101-x/summaries/train.json"
-    assert len({run.metrics, run.validation, run.pushed, run.blessed, run.not_blessed, run.candidate,
+    assert len({run.metrics, run.gate, run.pushed, run.blessed, run.not_blessed, run.candidate,
                 run.report_md, run.report_json, run.warmup, run.tfma}) == 10
 
 
@@ -35,7 +35,7 @@ def test_parse_spans_rejects_bad_lists():
 def test_manifests_read_without_their_sources_keep_the_rest(tmp_path):
     root = Root(str(tmp_path))
     SpanManifest(span=1, created="2026-01-01T00:00:00Z", source="/in", labels=["cat", "dog"], shards=[],
-                 counts={"train": 2, "eval": 0, "dead_letter": 0},
+                 counts={"train": 2, "eval": 0, "dead_letter": 0, "duplicates": 0},
                  sources=[{"uri": f"/in/cat/{i}.png", "size": i, "version": "v"} for i in range(2)]).write(root.manifest(1))
     [light] = root.each_manifest(quarantined=True, sources=False)
     assert light.sources == [] and light.labels == ["cat", "dog"] and light.counts.train == 2

@@ -9,9 +9,10 @@ import pytest
 from pydantic import ValidationError
 
 from beam_jobs import ingest
-from components.contracts.config import GateConfig, IngestConfig, PushConfig, TrainConfig
+from components.contracts.config import GateConfig, IngestConfig, PushConfig, ShardCacheConfig, TrainConfig
+from components.contracts.run_config import RunConfig, Timeouts, program_model
+from components.contracts.stages import STAGES
 from flows import cli
-from flows.parameters import SETTINGS, Timeouts
 
 NON_FINITE = ["inf", "-inf", "nan", "Infinity", "1e308", "1e999"]
 
@@ -29,10 +30,11 @@ def test_ingest_refuses_non_finite_and_absurd_numbers_as_settings(tmp_path, caps
 
 
 def test_every_settings_model_refuses_nan_and_infinity():
-    for model in (IngestConfig, TrainConfig, GateConfig, PushConfig, *SETTINGS.values(), Timeouts):
+    programs = [program_model(s) for s in STAGES]
+    for model in (IngestConfig, TrainConfig, GateConfig, PushConfig, ShardCacheConfig, *programs, Timeouts, RunConfig):
         floats = [name for name, field in model.model_fields.items() if "float" in str(field.annotation)]
         for name in floats:
-            base = {"root": "r", "source": "s", "run_id": "x"}
+            base = {"root": "r", "source": "s", "run_id": "x"} if model is not Timeouts else {}
             base = {k: v for k, v in base.items() if k in model.model_fields}
             for value in (math.inf, math.nan):
                 with pytest.raises(ValidationError):
@@ -40,12 +42,13 @@ def test_every_settings_model_refuses_nan_and_infinity():
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["--shard-mb", "inf"], "--shard-mb: "),
-    (["--max-megapixels", "nan"], "--max-megapixels: "),
-    (["--learning-rate", "inf"], "--learning-rate: "),
-    (["--model-name", "../../evil"], "--model-name: "),
-    (["--model-name", "a/b"], "--model-name: "),
-    (["--model-name", ""], "--model-name: "),
+    (["--set", "ingest.shard_mb=inf"], "ingest.shard_mb: "),
+    (["--set", "ingest.max_megapixels=NaN"], "ingest.max_megapixels: "),
+    (["--set", "train.learning_rate=Infinity"], "train.learning_rate: "),
+    (["--set", "timeouts.train=1e999"], "timeouts.train: "),
+    (["--model-name", "../../evil"], "model_name: "),
+    (["--model-name", "a/b"], "model_name: "),
+    (["--model-name", ""], "model_name: "),
 ])
 def test_stoke_run_refuses_bad_settings_before_anything_runs(tmp_path, capsys, argv, words):
     (tmp_path / "images").mkdir()
@@ -57,9 +60,9 @@ def test_stoke_run_refuses_bad_settings_before_anything_runs(tmp_path, capsys, a
 
 
 def test_the_flow_refuses_a_model_name_that_leaves_models(tmp_path, prefect_api):
-    from flows.train import train
+    from flows.pipeline import pipeline
 
-    state = train(source=str(tmp_path), root=str(tmp_path / "root"), model_name="../../evil", preflight=None,
-                  return_state=True)
+    state = pipeline(source=str(tmp_path), root=str(tmp_path / "root"), model_name="../../evil", preflight=None,
+                     return_state=True)
     assert state.is_failed() and "bad model name '../../evil'" in str(state.result(raise_on_failure=False))
     assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -7,7 +7,7 @@ from components.contracts.config import DataCheckConfig
 from components.contracts.results import Anomaly, LabelConflict
 from components.datacheck.check import decide, profile
 
-CONFIG = DataCheckConfig(root="unused")
+CONFIG = DataCheckConfig()
 
 
 def stats(mix: dict[str, int], split="train", size=(32, 32), sizes=None):
@@ -73,7 +73,7 @@ def test_more_than_the_share_of_records_under_one_dhash_is_a_flood(same, expecte
 
 
 def test_a_single_record_is_no_flood():
-    verdict = decide(1, stats({"a": 1}), [], DataCheckConfig(root="r", min_class_examples=0), classes=["a"],
+    verdict = decide(1, stats({"a": 1}), [], DataCheckConfig(min_class_examples=0), classes=["a"],
                      dhashes={"00": ["s/a/0.png"]})
     assert verdict.anomalies == []
 
@@ -92,7 +92,7 @@ def test_sizes_outside_the_history_warn_with_a_count():
 @pytest.mark.parametrize("train, expected", [(4, ["b"]), (5, [])])
 def test_a_class_with_too_few_training_records_in_span_and_history_warns(train, expected):
     history = [stats({"a": 50, "b": train - 2})]
-    new = decide(2, stats({"a": 50, "b": 2}), history, DataCheckConfig(root="r", max_label_drift=1.0),
+    new = decide(2, stats({"a": 50, "b": 2}), history, DataCheckConfig(max_label_drift=1.0),
                  classes=["a", "b", "c"])
     rare = [a for a in new.anomalies if a.kind == "rare_class"]
     assert [a.message.split("'")[1] for a in rare] == expected + ["c"]  # c: known label, no records

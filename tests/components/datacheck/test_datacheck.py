@@ -9,14 +9,15 @@ import pytest
 from beam_jobs.ingest import run as ingest
 from components.common.files import exists
 from components.contracts.layout import Root, SpanQuarantined
+from components.contracts.run_config import DataCheckSettings
 from components.contracts.summaries import Quarantine, Release
 from components.datacheck import datacheck, spans
 from components.train import trainer
 from flows.demo import NAMES, write_digits
 
 IN_MEMORY = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
-SHORT_TRAINING = ["--preset", "demo", "--epochs", "1", "--steps-per-epoch", "2", "--probe-steps", "0",
-                  "--profile-steps", "none", "--batch-size", "8"]
+SHORT_TRAINING = ["--preset", "demo", "--epochs", "1", "--steps-per-epoch", "2", "--input-probe-steps", "0",
+                  "--trace-steps", "none", "--batch-size", "8"]
 
 
 def last_json(code, capsys, expected=0) -> dict:
@@ -55,7 +56,7 @@ def spans_root(tmp_path_factory):
                 if int(path.stem.split("-")[1]) >= 100:
                     path.unlink()
         assert ingest([str(source), "--root", root, *IN_MEMORY]) == 0
-        checked[number] = datacheck.check_span(datacheck.DataCheckConfig(root=root))
+        checked[number] = datacheck.check_span(DataCheckSettings(root=root))
     return root, checked
 
 
@@ -110,5 +111,5 @@ def test_release_lets_the_span_in_and_keeps_the_evidence(spans_root, capsys):
     again = last_json(spans.run(["release", "3", "--root", root, "--json"]), capsys, 1)
     assert "released already, by ana" in again["error"]
     # Checking a released span again reports its anomalies and holds nothing back.
-    rechecked = datacheck.check_span(datacheck.DataCheckConfig(root=root, span=3))
+    rechecked = datacheck.check_span(DataCheckSettings(root=root, span=3))
     assert rechecked.status == "released" and not Root(root).is_quarantined(3)

@@ -124,8 +124,8 @@ def test_a_few_records_below_the_served_version_is_blessed_as_not_significant():
     noise, small = decision.notes
     assert noise.startswith("accuracy 0.9600 is 0.0229 below the served version 3 (0.9829), 95% interval of the "
                             "difference [-0.05") and noise.endswith("McNemar's exact p = 0.12: not significant; blessed")
-    assert small == ("175 eval images can only detect drops of about 0.04; --max-regression 0.01 is below what "
-                     "this eval set can see: add eval data or raise --eval-fraction")
+    assert small == ("175 eval images can only detect drops of about 0.04; gate.max_regression 0.01 is below what "
+                     "this eval set can see: add eval data or raise ingest.eval_fraction")
     comparison = decision.comparison
     assert comparison["discordant"] == [0, 4] and comparison["difference"] == pytest.approx(-4 / 175)
     assert comparison["interval"][0] < -4 / 175 < 0 < comparison["interval"][1]

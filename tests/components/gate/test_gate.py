@@ -36,7 +36,7 @@ def test_learned_model_is_blessed_with_every_metric(trained_runs):
 
     run_dir = os.path.join(trained_runs["root"], "runs", "good")
     assert os.path.exists(os.path.join(run_dir, "BLESSED")) and not os.path.exists(os.path.join(run_dir, "NOT_BLESSED"))
-    assert json.load(open(summary["validation_uri"]))["metrics"] == metrics
+    assert json.load(open(summary["gate_uri"]))["metrics"] == metrics
     assert open(summary["confusion_matrix_uri"], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     assert any(name.startswith("metrics") for name in os.listdir(os.path.join(run_dir, "tfma")))
 
@@ -72,7 +72,7 @@ def test_a_clearly_worse_model_is_refused_with_evidence(trained_runs):
     assert f"McNemar's exact p = {comparison['p_value']:.2g}" in reason
     # 24 records cannot see a drop of 0.01, and the notes say so.
     assert any(note.startswith("24 eval images can only detect drops of about") for note in summary["notes"])
-    assert json.load(open(summary["validation_uri"]))["comparison"] == comparison
+    assert json.load(open(summary["gate_uri"]))["comparison"] == comparison
 
 
 def test_point_decision_keeps_the_point_rule_and_its_wording(trained_runs, tmp_path):

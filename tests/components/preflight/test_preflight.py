@@ -12,11 +12,9 @@ from PIL import Image
 
 from components.common import files
 from components.contracts import layout, schema
-from components.contracts.config import PreflightConfig
 from components.contracts.results import SpanManifest
-from components.preflight import disks, doctor, gpus, limits, storage
+from components.preflight import disks, gpus, limits, preflight, storage
 from flows import cli
-from flows.parameters import PreflightSettings
 from tests.components import fake_nvml
 
 FIXTURES = Path(__file__).parent / "fixtures" / "smartctl"
@@ -280,7 +278,7 @@ def _publish_span(root: str, number: int, records: int, shards: int = 2) -> dict
         entries.append({"file": name, "split": "train", "records": count,
                         "bytes": os.path.getsize(files.join(folder, name))})
     manifest = {"span": number, "created": "2026-01-01T00:00:00Z", "compression": "gzip", "source": "/in",
-                "counts": {"train": records, "eval": 0, "dead_letter": 0}, "labels": ["a", "b"],
+                "counts": {"train": records, "eval": 0, "dead_letter": 0, "duplicates": 0}, "labels": ["a", "b"],
                 "shards": entries, "sources": []}
     files.write_json(files.join(folder, layout.MANIFEST), manifest)
     return manifest
@@ -289,7 +287,7 @@ def _publish_span(root: str, number: int, records: int, shards: int = 2) -> dict
 @pytest.fixture(scope="module")
 def span_root(tmp_path_factory):
     """ROOT with span 1 (tiny), span 2 (~5 MB, the newest) and a run that trained at 400 images/s."""
-    root = str(tmp_path_factory.mktemp("doctor-root"))
+    root = str(tmp_path_factory.mktemp("preflight-root"))
     _publish_span(root, 1, 4)
     manifest = _publish_span(root, 2, 180)
     files.write_json(layout.Root(root).run("20260101-000000").metrics, {"images_per_sec": 400.0, "steps": 10})
@@ -299,7 +297,7 @@ def span_root(tmp_path_factory):
 @pytest.fixture(scope="module")
 def machine_report(span_root):
     root, _ = span_root
-    return doctor.run_checks(root, source=root, sample_mb=4)
+    return preflight.run_checks(root, source=root, sample_mb=4)
 
 
 def test_this_machine_warns_but_does_not_fail(machine_report):
@@ -360,7 +358,7 @@ def test_free_space_against_the_next_span(tmp_path):
 
     def span(size):
         return [SpanManifest(span=1, created="2026-01-01T00:00:00Z", source="/in", labels=["a"], sources=[],
-                             counts={"train": 1, "eval": 0, "dead_letter": 0},
+                             counts={"train": 1, "eval": 0, "dead_letter": 0, "duplicates": 0},
                              shards=[{"file": "x", "split": "train", "records": 1, "bytes": size}])]
 
     assert storage.free_space(str(tmp_path), []).status == "ok"
@@ -421,15 +419,9 @@ def test_cli_json_and_exit_codes(span_root, capfd):
     assert error.startswith("stoke preflight: GPU failed: no GPU")
 
 
-def test_the_old_command_name_still_runs_and_says_the_new_one(span_root, capfd):
-    assert cli.main(["doctor", "--root", span_root[0], "--json", "--sample-mb", "4"]) == 0
-    assert "`stoke doctor` is now `stoke preflight`" in capfd.readouterr().err
-
-
-def test_the_command_and_the_flow_share_the_settings(span_root, capfd):
+def test_the_command_refuses_a_setting_it_cannot_use_in_one_line(span_root, capfd):
     assert cli.main(["preflight", "--root", span_root[0], "--sample-mb", "0"]) == 2
     assert "--sample-mb: Input should be greater than 0" in capfd.readouterr().err
-    assert PreflightSettings().sample_mb == PreflightConfig(root="/r").sample_mb
 
 
 def test_bucket_root_reads_over_the_network_and_skips_local_checks(span_root, s3_bucket):
@@ -439,7 +431,7 @@ def test_bucket_root_reads_over_the_network_and_skips_local_checks(span_root, s3
     bucket_root = f"s3://{s3_bucket}/root"
     fs = fsspec.filesystem("s3")
     fs.put(layout.Root(root).span(2), layout.Root(bucket_root).span(2).removeprefix("s3://"), recursive=True)
-    report = doctor.run_checks(bucket_root, sample_mb=4)
+    report = preflight.run_checks(bucket_root, sample_mb=4)
     checks = {c.name: c for c in report.checks}
     assert checks["disk health"].status == "skip" and checks["free space"].status == "skip"
     read = checks["read throughput"]
@@ -451,9 +443,9 @@ def test_a_check_that_breaks_becomes_a_warning(span_root, monkeypatch):
     def broken(*args):
         raise RuntimeError("sysfs went away")
 
-    monkeypatch.setattr(doctor, "disk_health", broken)
-    monkeypatch.setattr(doctor, "cpu_check", broken)
-    report = doctor.run_checks(span_root[0], sample_mb=4)
+    monkeypatch.setattr(preflight, "disk_health", broken)
+    monkeypatch.setattr(preflight, "cpu_check", broken)
+    report = preflight.run_checks(span_root[0], sample_mb=4)
     broken_checks = [c for c in report.checks if "sysfs went away" in c.summary]
     assert [c.name for c in broken_checks] == ["disk health", "CPU cores"]
     assert all(c.status == "warn" for c in broken_checks) and report.failed == []
@@ -469,7 +461,7 @@ def test_a_broken_span_manifest_is_a_failed_check_naming_it(tmp_path):
     root = str(tmp_path)
     manifest = layout.Root(root).manifest(1)
     files.write_text(manifest, "not json")
-    report = doctor.run_checks(root, sample_mb=4)
+    report = preflight.run_checks(root, sample_mb=4)
     [check] = [c for c in report.checks if c.name == "span manifests"]
     assert check.status == "fail" and check.summary.startswith(f"{manifest} is not JSON")
 
@@ -494,7 +486,7 @@ def test_a_read_only_root_fails_preflight(tmp_path, monkeypatch, capfd):
     monkeypatch.setattr(LocalFileSystem, "pipe_file", read_only)
     check = storage.writable(str(root))
     assert check.status == "fail" and "Read-only file system" in check.summary and check.fix
-    assert doctor.run(["--root", str(root), "--json", "--sample-mb", "4"]) == 1  # in-process, patched
+    assert preflight.run(["--root", str(root), "--json", "--sample-mb", "4"]) == 1  # in-process, patched
     assert "stoke preflight: ROOT writable failed" in capfd.readouterr().err
     monkeypatch.undo()
     assert storage.writable(str(root)).status == "ok" and os.listdir(root) == []

@@ -1,4 +1,4 @@
-"""The report's Validation section says the paired difference in words and draws its interval."""
+"""The report's Gate section says the paired difference in words and draws its interval."""
 from __future__ import annotations
 
 import os
@@ -6,10 +6,10 @@ from pathlib import Path
 
 from components.common.files import read_json, write_json
 from components.contracts.layout import Root
-from components.contracts.results import Validation
+from components.contracts.results import GateResult
 from components.report.report import write_report
 
-WRITTEN = Path(__file__).parents[1] / "contracts" / "written-by-0.1.0" / "validation.json"
+WRITTEN = Path(__file__).parents[1] / "contracts" / "samples" / "gate.json"
 # The demo's numbers: seed 1's candidate (0.966) against seed 2's version (0.989), 175 digits.
 COMPARISON = {"version": 1796136026, "example_count": 175, "accuracy": 169 / 175, "baseline_accuracy": 173 / 175,
               "difference": -4 / 175, "interval": [-0.0586, 0.0044], "p_value": 0.125,
@@ -18,8 +18,8 @@ COMPARISON = {"version": 1796136026, "example_count": 175, "accuracy": 169 / 175
               "best_retained": None}
 
 
-def test_validation_of_0_1_0_has_no_comparison():
-    assert Validation.read(str(WRITTEN)).comparison is None
+def test_a_gate_without_a_served_version_has_no_comparison():
+    assert GateResult.read(str(WRITTEN)).comparison is None
 
 
 def test_the_report_shows_the_difference_with_its_interval(tmp_path):
@@ -33,5 +33,5 @@ def test_the_report_shows_the_difference_with_its_interval(tmp_path):
     assert "This eval set detects drops of about 0.044 with 80% power; decided on the interval" in markdown
     assert "![paired difference](comparison.png)" in markdown
     assert open(run.comparison_plot, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
-    assert written["summary"]["validation"]["comparison"]["interval"] == [-0.0586, 0.0044]
+    assert written["summary"]["gate"]["comparison"]["interval"] == [-0.0586, 0.0044]
     assert os.path.basename(written["summary"]["plots"]["comparison"]) == "comparison.png"

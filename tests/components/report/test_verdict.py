@@ -12,9 +12,9 @@ def verdict(image_size=224, **changes) -> str:
 
 
 def test_a_cache_comes_first_when_the_decoded_split_fits_in_memory():
-    assert "Cheapest fix: train with `--cache memory`: the training split decoded is about 2.0 GB" in verdict(
-        decoded_gb=2.0)
-    assert "--cache" not in verdict(decoded_gb=2.0, cache="memory")
+    assert ("Cheapest fix: train with image_cache memory (`--image-cache memory`): the training split decoded is "
+            "about 2.0 GB") in verdict(decoded_gb=2.0)
+    assert "--image-cache" not in verdict(decoded_gb=2.0, cache="memory")
 
 
 def test_one_new_ingest_for_spans_stored_larger_than_needed_and_gzip_on_jpeg():

@@ -14,6 +14,7 @@ import threading
 import pytest
 
 from components.common.files import write_json
+from components.contracts.config import TrainConfig
 from components.contracts.layout import Root
 from components.contracts.results import TrainMetrics
 from components.report.report import write_report
@@ -154,7 +155,7 @@ def test_a_bad_address_is_one_line_everywhere(address, small_spans_root, capfd):
     from components.train import trainer
 
     assert trainer.run(["--root", small_spans_root, "--data-service", address]) == 2
-    assert cli.main(["run", "src", "--root", small_spans_root, "--data-service", address]) == 2
+    assert cli.main(["run", "src", "--root", small_spans_root, "--set", f"train.data_service={address}"]) == 2
     assert cli.main(["data-service", "worker", "--dispatcher", address]) == 1
     lines = errors(capfd)
     assert [line.split(": error: ")[0] for line in lines] == ["stoke train", "stoke run", "stoke data-service worker"]
@@ -164,15 +165,15 @@ def test_a_bad_address_is_one_line_everywhere(address, small_spans_root, capfd):
 def test_the_flow_and_its_deployments_take_the_address_as_a_train_setting():
     from pydantic import ValidationError
 
-    from flows.parameters import TrainSettings
-    from flows.stages import to_arguments
+    from components.contracts.run_config import RunConfig, stage_settings
+    from components.contracts.stages import stage
 
-    settings = TrainSettings(data_service="127.0.0.1:5050")
-    assert settings.data_service == "grpc://127.0.0.1:5050"
-    argv = to_arguments(settings)
-    assert argv[argv.index("--data-service") + 1] == "grpc://127.0.0.1:5050"  # what the train program is given
+    config = RunConfig(source="s", root="r", train=TrainConfig(data_service="127.0.0.1:5050"))
+    assert config.train.data_service == "grpc://127.0.0.1:5050"
+    handed = stage_settings(stage("train"), config, run_id="r1").model_dump(mode="json")
+    assert handed["data_service"] == "grpc://127.0.0.1:5050"  # what the train program is given
     with pytest.raises(ValidationError, match="grpc://HOST:PORT"):
-        TrainSettings(data_service="http://127.0.0.1:5050")
+        TrainConfig(data_service="http://127.0.0.1:5050")
 
 
 def test_no_dispatcher_there_is_one_line(small_spans_root, capfd):
@@ -188,8 +189,8 @@ def test_no_dispatcher_there_is_one_line(small_spans_root, capfd):
 def test_cache_and_the_service_are_refused_together(service, small_spans_root, capfd):
     from components.train import trainer
 
-    assert trainer.run(["--root", small_spans_root, "--data-service", service["address"], "--cache", "memory"]) == 1
-    assert "--cache and --data-service do not go together" in capfd.readouterr().err
+    assert trainer.run(["--root", small_spans_root, "--data-service", service["address"], "--image-cache", "memory"]) == 1
+    assert "--image-cache and --data-service do not go together" in capfd.readouterr().err
 
 
 def test_servers_serve_only_where_told(service, capfd):

@@ -23,14 +23,14 @@ from components.train import profile
 from tests.components.conftest import TRAIN_LABELS, tiny_image, tiny_records, write_span
 from tests.waiting import free_port, wait_for
 
-COMMON = ["--epochs", "1", "--steps-per-epoch", "16", "--profile-steps", "8,14", "--probe-steps", "4",
+COMMON = ["--epochs", "1", "--steps-per-epoch", "16", "--trace-steps", "8,14", "--input-probe-steps", "4",
           "--precision", "float32", "--no-xla", "--no-flip", "--json"]
 RUNS = {
     # 768x776 noise PNGs, decoded whole on one core, for a small CNN at 32 px.
-    "input_bound": {"size": 768, "args": ["--model", "small_cnn", "--image-size", "32", "--batch-size", "4"],
+    "input_bound": {"size": 768, "args": ["--network", "small_cnn", "--image-size", "32", "--batch-size", "4"],
                     "cpus": 1},
     # 32 px JPEGs, decoded at a glance, for the same CNN at 192 px: 36 times the compute per image.
-    "model_bound": {"size": 32, "args": ["--model", "small_cnn", "--image-size", "192", "--batch-size", "4"],
+    "model_bound": {"size": 32, "args": ["--network", "small_cnn", "--image-size", "192", "--batch-size", "4"],
                     "cpus": None},
 }
 
@@ -83,7 +83,7 @@ def test_the_profilers_verdict_agrees_with_the_probe(kind, runs):
 
 
 def test_tensorboard_shows_the_same_analysis_in_its_profile_tab(runs, tmp_path):
-    """`tensorboard --logdir ROOT/runs/<id>/tensorboard`, as README shows it, asked what its Profile
+    """`tensorboard --logdir ROOT/runs/<id>/tensorboard`, as docs/train.md shows it, asked what its Profile
     tab's input-pipeline analyzer page loads."""
     run, _ = runs["input_bound"]
     profiler = TrainMetrics.read(run.metrics).profiler

@@ -25,7 +25,7 @@ from tests.components.conftest import TRAIN_LABELS, tiny_image, tiny_records, wr
 from tests.components.train.test_input_pipeline import corrupt_record
 from tests.waiting import free_ports
 
-TINY = ["--model", "small_cnn", "--image-size", "32", "--batch-size", "8", "--probe-steps", "2", "--profile-steps", "none"]
+TINY = ["--network", "small_cnn", "--image-size", "32", "--batch-size", "8", "--input-probe-steps", "2", "--trace-steps", "none"]
 
 
 def _train(capsys, root, *args) -> dict:
@@ -56,7 +56,7 @@ def _summary(process: subprocess.Popen) -> dict:
 @pytest.fixture(scope="module")
 def float32_run(small_spans_root, capsys_module):
     return capsys_module(small_spans_root, "--run-id", "f32", "--epochs", "2", "--precision", "float32",
-                         "--no-xla", "--profile-steps", "2,3", "--ema")
+                         "--no-xla", "--trace-steps", "2,3", "--ema")
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +156,7 @@ def test_a_larger_image_size_than_the_spans_hold_is_warned_about(tmp_path, capsy
     write_span(root, 1, {"train": tiny_records(8)}, TRAIN_LABELS, {"train": 1})
     manifest = Root(root).manifests()[0]
     manifest.model_copy(update={"max_side": 24}).write(Root(root).manifest(1))
-    assert train.run(["--root", root, *TINY, "--run-id", "upsampled", "--epochs", "1", "--probe-steps", "0"]) == 0
+    assert train.run(["--root", root, *TINY, "--run-id", "upsampled", "--epochs", "1", "--input-probe-steps", "0"]) == 0
     assert "--image-size 32 is larger than the spans hold (ingested with --max-side 24)" in capsys.readouterr().err
 
 
@@ -304,7 +304,7 @@ def test_real_digits_generalize_to_the_eval_split(tmp_path, capsys):
 
 def test_the_same_seed_gives_the_same_model(small_spans_root, capsys):
     first, second = (_train(capsys, small_spans_root, "--run-id", f"seed-{n}", "--seed", "7", "--epochs", "1",
-                            "--steps-per-epoch", "3", "--no-xla", "--probe-steps", "0") for n in (1, 2))
+                            "--steps-per-epoch", "3", "--no-xla", "--input-probe-steps", "0") for n in (1, 2))
     assert first["seed"] == 7
     assert first["eval"]["accuracy"] == pytest.approx(second["eval"]["accuracy"], abs=1e-3)
     assert first["eval"]["loss"] == pytest.approx(second["eval"]["loss"], abs=1e-3)
@@ -322,7 +322,7 @@ def test_weights_from_a_file_start_the_run(small_spans_root, tmp_path, capsys):
     path = str(tmp_path / "small_cnn.h5")
     start.save_weights(path)
     summary = _train(capsys, small_spans_root, "--run-id", "from-file", "--weights", path, "--learning-rate", "0",
-                     "--epochs", "1", "--steps-per-epoch", "2", "--no-xla", "--probe-steps", "0")
+                     "--epochs", "1", "--steps-per-epoch", "2", "--no-xla", "--input-probe-steps", "0")
     exported = {v.name: v.numpy() for v in tf.saved_model.load(summary["model_dir"]).model.variables}
     for variable in start.trainable_variables:
         np.testing.assert_allclose(exported[variable.name], variable.numpy(), rtol=1e-6)  # EMA rounding

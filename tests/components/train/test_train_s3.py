@@ -28,7 +28,7 @@ def bucket_root(s3_endpoint, small_spans_root):
 
 
 def _run(capsys, root, cache, *args) -> tuple[int, dict]:
-    code = train.run(["--root", root, *TINY, "--no-xla", "--cache-dir", str(cache), "--json", *args])
+    code = train.run(["--root", root, *TINY, "--no-xla", "--shard-cache-dir", str(cache), "--json", *args])
     return code, json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
@@ -44,15 +44,15 @@ def test_training_reads_through_the_cache_and_uploads_the_candidate(bucket_root,
 
 
 def test_a_cache_that_cannot_hold_the_shards_stops_before_training(bucket_root, tmp_path, capsys, monkeypatch):
-    code, summary = _run(capsys, bucket_root, tmp_path, "--run-id", "s3-cap", "--cache-max-gb", "0.000001")
-    assert code == 1 and "--cache-max-gb" in summary["error"] and "\n" not in summary["error"]
+    code, summary = _run(capsys, bucket_root, tmp_path, "--run-id", "s3-cap", "--shard-cache-max-gb", "0.000001")
+    assert code == 1 and "--shard-cache-max-gb" in summary["error"] and "\n" not in summary["error"]
 
     class Full:
         free = 1000
 
     monkeypatch.setattr(shard_cache.shutil, "disk_usage", lambda path: Full)
     code, summary = _run(capsys, bucket_root, tmp_path, "--run-id", "s3-full")
-    assert code == 1 and "0.0 MB free" in summary["error"] and "--cache-dir" in summary["error"]
+    assert code == 1 and "0.0 MB free" in summary["error"] and "--shard-cache-dir" in summary["error"]
     assert "\n" not in summary["error"]
     assert not fsspec.filesystem("s3").exists("train-root/root/runs/s3-full/metrics.json")
     assert not os.path.exists(os.path.join(tmp_path, "runs"))  # nothing trained
@@ -61,7 +61,7 @@ def test_a_cache_that_cannot_hold_the_shards_stops_before_training(bucket_root, 
 def test_a_killed_run_resumes_from_the_bucket_on_a_fresh_cache(bucket_root, tmp_path, capsys):
     args = ["--run-id", "s3-resume", "--epochs", "2", "--backup-every", "2"]
     killed = subprocess.Popen([sys.executable, "-m", "components.train", "--root", bucket_root, *TINY, "--no-xla",
-                               "--cache-dir", str(tmp_path / "first"), "--json", *args],
+                               "--shard-cache-dir", str(tmp_path / "first"), "--json", *args],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=_env(STOKE_KILL_AT_STEP="7"))
     killed.communicate(timeout=240)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 
 from components.contracts import program
-from components.contracts.config import PreflightConfig, from_arguments
+from components.contracts.config import ShardCacheConfig
 from components.contracts.layout import Root
 from components.contracts.results import ResultError, SpanManifest
 from components.preflight.checks import Check, Report
@@ -23,7 +23,7 @@ from components.preflight.storage import disk_health, free_space, local_path, re
 def run_checks(root: str, source: str | None = None, require_gpu: bool = False,
                min_read_mbps: float | None = None, *, sample_mb: int = 256,
                mounts_text: str | None = None, sys_root: str = "/sys",
-               smartctl: str = "smartctl", cache_dir: str | None = None, cache_max_gb: float = 100.0) -> Report:
+               smartctl: str = "smartctl", cache: ShardCacheConfig | None = None) -> Report:
     """Every preflight check for training from ROOT (and ingesting from SOURCE when local)."""
     local_root = local_path(root)
     paths = {"ROOT": local_root} if local_root else {}
@@ -34,7 +34,8 @@ def run_checks(root: str, source: str | None = None, require_gpu: bool = False,
         Check("disk health", "skip", f"ROOT {root} is not a local path; its store keeps its own disks")]
     checks.append(_guarded("read throughput", read_throughput, root, manifests, sample_mb, min_read_mbps))
     checks.append(_guarded("free space", free_space, root, manifests))
-    checks.append(_guarded("shard cache", shard_cache, root, manifests, cache_dir, cache_max_gb))
+    cache = cache or ShardCacheConfig()
+    checks.append(_guarded("shard cache", shard_cache, root, manifests, cache.dir, cache.max_gb))
     checks.append(_guarded("ROOT writable", writable, root))
     gpu = _guarded("GPU", gpu_check, require_gpu)
     gpus = gpu.facts.get("count", 0)
@@ -83,14 +84,14 @@ def render(report: Report):
 
 def run(argv: list[str] | None = None) -> int:
     """`stoke preflight`: the table on a terminal (the report as JSON with --json); exit 1 on a failed check."""
-    args = program.arguments("stoke preflight", __doc__, PreflightConfig).parse_args(argv)
+    args = program.stage_arguments("preflight", argv)
     done: list[Report] = []
 
     def work() -> dict:
-        config = from_arguments(PreflightConfig, args)
+        config = program.stage_settings("preflight", args)
         done.append(run_checks(config.root, source=config.source, require_gpu=config.require_gpu,
                                min_read_mbps=config.min_read_mbps, sample_mb=config.sample_mb,
-                               cache_dir=config.cache_dir, cache_max_gb=config.cache_max_gb))
+                               cache=config.shard_cache))
         return done[0].to_dict()
 
     def describe(summary: dict) -> str:

@@ -1,4 +1,4 @@
-"""Running a stage program (`python -m module ...`) from a task: its own process, a real timeout,
+"""Running a stage program (`python -m module --config FILE --json`) from a task: its own process, a real timeout,
 its output streamed into the run log, its progress events handed on, its JSON summary read from the
 last line of stdout.
 
@@ -19,10 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from pydantic import BaseModel
-
 from components.common import processes
-from components.contracts.config import option
 from components.contracts.program import escape_logs, printable
 from components.contracts.results import ResultError
 from components.contracts.summaries import Progress, event
@@ -103,24 +100,6 @@ def run_stage(name: str, module: str, argv: list[str], *, timeout: float, logger
     if summary is None:
         raise StageError(f"{name} exited 0 but printed no JSON summary as its last line")
     return summary
-
-
-def to_arguments(settings: BaseModel) -> list[str]:
-    """The command-line options that `components.contracts.config.add_arguments` reads back into `settings`.
-
-    Every set value is passed, defaults included: the flow's defaults (the demo's) differ from the
-    programs' own, and the command in the run log should say everything the run used."""
-    argv = []
-    for name in type(settings).model_fields:
-        value = getattr(settings, name)
-        if value is None:
-            continue
-        flag = option(name)
-        if isinstance(value, bool):
-            argv.append(flag if value else option("no_" + name))
-        else:
-            argv += [flag, str(value)]
-    return argv
 
 
 # TensorFlow's C++ logging (absl): "I0000 00:00:... port.cc:153] ...". Its info and warning lines

@@ -1,4 +1,4 @@
-"""The report's Data section: what the data check found in the new span, what ingest kept out, and
+"""The report's Data check section: what the data check found in the new span, what ingest kept out, and
 what was held back with the command that lets it in."""
 from __future__ import annotations
 
@@ -13,15 +13,17 @@ def plot(run: RunDir, data: DataCheckSummary | None) -> dict:
     """The span's label mix beside the history's, when both are known."""
     if data is None or not data.label_counts:
         return {}
+    history = ", ".join(map(str, data.history_spans or []))
     draw.label_shares(data.label_counts, data.history_label_counts or {}, run.labels_plot,
-                      title=f"span {data.span} against spans {data.history_spans or 'none'}")
+                      title=f"span {data.span} against spans {history}" if history else
+                      f"span {data.span}, the first (no history to compare with)")
     return {"labels": run.labels_plot}
 
 
 def section(data: DataCheckSummary | None, ingest: IngestSummary | None, root: str, plots: dict) -> list[str]:
     if data is None and not (ingest and ingest.published):
         return []
-    lines = ["## Data", ""]
+    lines = ["## Data check", ""]
     if data is not None and data.checked:
         history = ", ".join(map(str, data.history_spans)) if data.history_spans else "none (the first span)"
         drift = f"; label drift {data.label_drift:.3f} (L-infinity)" if data.label_drift is not None else ""

@@ -1,16 +1,12 @@
-"""flows/stages.py: stage programs as subprocesses, their output streamed, their summary read."""
+"""flows/programs.py: stage programs as subprocesses, their output streamed, their summary read."""
 from __future__ import annotations
 
-import argparse
 import logging
 
 import pytest
 
-from components.contracts.config import TrainConfig, add_arguments, from_arguments
-from components.contracts.stages import stage
 from components.contracts.summaries import Progress
-from flows.parameters import TrainSettings
-from flows.stages import StageError, run_stage, to_arguments
+from flows.programs import StageError, run_stage
 from tests.waiting import wait_for
 
 PROGRAM = "tests.flows.stage_program"
@@ -58,14 +54,6 @@ def test_a_timeout_kills_the_stage_and_the_processes_it_started(logger, tmp_path
         run_stage("fake", PROGRAM, ["hang", str(pidfile)], timeout=5, logger=logger[0])
     grandchild = int(pidfile.read_text())
     wait_for(lambda: not _alive(grandchild), "the grandchild to be reaped by init", 10, every=0.1)
-
-
-def test_settings_become_options_the_stage_parses_back():
-    settings = TrainSettings(image_size=48, xla=False, skip_corrupt=True, steps_per_epoch=3, model="mobilenet_v3_small")
-    parser = argparse.ArgumentParser()
-    add_arguments(parser, TrainConfig)
-    parsed = from_arguments(TrainConfig, parser.parse_args(["--root", "/r", *to_arguments(settings)]))
-    assert parsed.model_dump(exclude=set(stage("train").flow_decides)) == settings.model_dump()
 
 
 def _alive(pid: int) -> bool:

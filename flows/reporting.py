@@ -1,0 +1,56 @@
+"""What a run shows in Prefect: its report as a markdown artifact, and a progress artifact per long stage."""
+from __future__ import annotations
+
+import base64
+import re
+
+from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
+
+from components.common.files import filesystem
+from components.contracts import summaries
+from components.contracts.layout import RunDir
+
+
+def publish_report(run: RunDir, skipped: str | None = None, failed: str | None = None) -> dict:
+    """Writes the run's report into its folder (components/report) and shows it as an artifact; returns its summary."""
+    from components.report.report import write_report
+
+    report = write_report(run, skipped=skipped, failed=failed)
+    create_markdown_artifact(with_inline_plots(report["markdown"], report["summary"]["plots"]),
+                             key=artifact_key("report", run), description=f"run report: {report['report_md']}")
+    return report["summary"]
+
+
+def with_inline_plots(markdown: str, plots: dict) -> str:
+    """The report with its PNGs inlined: the Prefect UI cannot read files from ROOT."""
+    for uri in plots.values():
+        fs, path = filesystem(uri)
+        name = uri.rstrip("/").rsplit("/", 1)[-1]
+        if fs.exists(path) and fs.size(path) < 512 * 1024:
+            data = base64.b64encode(fs.cat_file(path)).decode()
+            markdown = markdown.replace(f"({name})", f"(data:image/png;base64,{data})")
+    return markdown
+
+
+def artifact_key(kind: str, run: RunDir) -> str:
+    """Artifact keys allow lowercase letters, digits and dashes only."""
+    return re.sub(r"[^a-z0-9-]+", "-", f"{kind}-{run.run_id}".lower())[:100]
+
+
+class ProgressArtifact:
+    """A Prefect progress artifact moved along by a stage program's progress events."""
+
+    def __init__(self, stage: str):
+        self.stage, self.artifact = stage, None
+
+    def __enter__(self):
+        self.artifact = create_progress_artifact(0.0, description=f"{self.stage} progress")
+        return self
+
+    def __call__(self, event: summaries.Progress) -> None:
+        if event.fraction is not None:
+            update_progress_artifact(self.artifact, min(100.0 * event.fraction, 99.0))
+
+    def __exit__(self, kind, *rest):
+        if kind is None:
+            update_progress_artifact(self.artifact, 100.0)

@@ -1,0 +1,63 @@
+"""The run configuration on the command line, the same for `stoke run`, `stoke up`, `stoke deploy`
+and `stoke config show`: a file (`--config`), a few run-wide options, then `--set group.field=value`
+overrides, in that order; `stoke config show` prints the result as a file `--config` takes."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from pydantic import BaseModel
+
+from components.contracts import overrides
+from components.contracts.options import model_of
+from components.contracts.presets import PRESETS
+from components.contracts.run_config import RunConfig
+
+FIELDS = RunConfig.model_fields
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, source: str = "positional") -> None:
+    """`--config`, `--set` and `--preset`, plus SOURCE (positional, or `--source`) and `--root`."""
+    if source == "positional":
+        parser.add_argument("source", nargs="?", default=None, help=FIELDS["source"].description)
+    else:
+        parser.add_argument("--source", default=None, help=FIELDS["source"].description)
+    parser.add_argument("--root", default=None, help=FIELDS["root"].description)
+    parser.add_argument("--config", metavar="FILE", default=None,
+                        help="run configuration, YAML or JSON (a run's ROOT/runs/<id>/config.json reruns it); "
+                             "`stoke config show` prints every setting with its help")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="GROUP.FIELD=VALUE",
+                        help="override one setting, e.g. --set train.epochs=3 (repeatable; the value is JSON where "
+                             "it parses, else a string)")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default=None, help=FIELDS["preset"].description)
+
+
+def config_from(args: argparse.Namespace, **options) -> RunConfig:
+    """The configuration the command line describes, not yet resolved (presets apply when it runs).
+    `options` are run-wide settings the command's own flags gave (None: not given)."""
+    data = overrides.read_file(args.config) if args.config else {}
+    given = {"source": args.source, "root": args.root, "preset": args.preset, **options}
+    data.update({name: value for name, value in given.items() if value is not None})
+    return overrides.build(RunConfig, overrides.with_overrides(data, args.overrides, RunConfig))
+
+
+def given_fields(config: BaseModel) -> dict:
+    """What a configuration says beyond the defaults, as JSON: a deployment's parameters, which a
+    run then lays its own over (flows/pipeline.py configure)."""
+    return config.model_dump(mode="json", exclude_unset=True)
+
+
+def as_yaml(config: BaseModel, indent: str = "") -> str:
+    """`config` as YAML, each setting under its help as a comment: a file `--config` takes."""
+    lines = []
+    for name, field in type(config).model_fields.items():
+        value = getattr(config, name)
+        about = field.description or (type(value).__doc__ if isinstance(value, BaseModel) else None)
+        if about:
+            lines.append(f"{indent}# {' '.join(about.split())}")
+        if isinstance(value, BaseModel) and model_of(field.annotation) is not None:
+            lines += [f"{indent}{name}:", as_yaml(value, indent + "  ").rstrip("\n")]
+        else:
+            plain = value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+            lines.append(f"{indent}{name}: {json.dumps(plain)}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,134 @@
+"""One run configuration: a file plus --set overrides reaches every stage program, the resolved
+configuration is recorded before the first stage, and a rerun from the record resolves the same."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from components.common.files import read_json
+from components.contracts.layout import Root
+from components.contracts.results import GateResult, TrainMetrics
+from components.contracts.run_config import RunConfig
+from components.contracts.stages import STAGES
+from components.contracts.summaries import DataCheckSummary, PushSummary
+from flows.run_options import add_config_arguments, config_from
+
+BIN = os.path.dirname(sys.executable)
+
+
+def test_the_file_and_the_overrides_reach_every_stage_program(pushed_run):
+    run = Root(pushed_run["root"]).run("first")
+    for stage in STAGES:  # each program was handed its settings as a file in the run folder
+        assert os.path.exists(run.stage_config(stage.name)), stage.name
+    assert read_json(run.stage_config("preflight"))["sample_mb"] == 4
+    (manifest,) = Root(pushed_run["root"]).manifests()
+    assert manifest.settings["shard_mb"] == 8.0  # what ingest recorded it used
+    datacheck = DataCheckSummary.read(run.summary("datacheck"))
+    assert not [a for a in datacheck.anomalies if a.kind == "rare_class"]  # min_class_examples 1, not 5
+    metrics = TrainMetrics.read(run.metrics)
+    assert (metrics.network, metrics.image_size, metrics.batch_size) == ("small_cnn", 32, 8)  # preset demo, file
+    assert metrics.steps_per_epoch == 3  # --set won over the file's 4
+    gate = GateResult.read(run.gate)
+    assert gate.thresholds.min_accuracy == 0.0 and gate.metrics.top_k == 3
+    push = PushSummary.read(run.summary("push"))
+    assert push.image.built is False and "push.build_image" in push.image.reason
+    assert read_json(run.stage_config("push"))["keep"] == 2
+
+
+def test_the_resolved_configuration_is_recorded_before_the_first_stage(pushed_run):
+    run = Root(pushed_run["root"]).run("first")
+    recorded = RunConfig.model_validate(read_json(run.config))
+    assert recorded.preset == "demo" and recorded.train.network == "small_cnn" and recorded.train.epochs == 1
+    assert recorded.gate.min_accuracy == 0.0 and recorded.train.steps_per_epoch == 3
+    assert os.path.getmtime(run.config) <= os.path.getmtime(run.stage_config("preflight"))
+    assert os.path.getmtime(run.stage_config("preflight")) <= os.path.getmtime(run.summary("preflight"))
+
+
+def test_a_rerun_from_the_record_resolves_to_the_same_settings_elsewhere(pushed_run, tmp_path):
+    run = Root(pushed_run["root"]).run("first")
+    recorded = read_json(run.config)
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser)
+    other = str(tmp_path / "other-root")
+    again = config_from(parser.parse_args([pushed_run["source"], "--root", other, "--config", run.config])).resolved()
+    assert again.model_dump(mode="json") == {**recorded, "root": other}
+
+
+def test_config_show_prints_a_file_that_config_takes_back(pushed_run, tmp_path):
+    shown = subprocess.run([os.path.join(BIN, "stoke"), "config", "show", "--config", pushed_run["config_file"],
+                            "--set", "train.epochs=5"], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert "# passes over the training split" in shown.stdout  # every setting under its help
+    saved = tmp_path / "shown.yaml"
+    saved.write_text(shown.stdout)
+    again = subprocess.run([os.path.join(BIN, "stoke"), "config", "show", "--config", str(saved), "--json"],
+                           capture_output=True, text=True, timeout=60)
+    resolved = json.loads(again.stdout.strip().splitlines()[-1])
+    assert resolved["train"]["epochs"] == 5 and resolved["train"]["network"] == "small_cnn"
+    assert resolved["gate"]["top_k"] == 3 and resolved["source"] == "SOURCE"
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--set", "train.epoch=3"], "train.epoch: no such setting; did you mean train.epochs?"),
+    (["--set", "trian.epochs=3"], "trian.epochs: no such setting; did you mean train?"),
+    (["--set", "train.epochs=-1"], "train.epochs: Input should be greater than 0 (got -1)"),
+    (["--set", "train.epochs=many"], "train.epochs: Input should be a valid integer, unable to parse string as an "
+                                     "integer (got 'many')"),
+    (["--set", "train.epochs.x=1"], "train.epochs.x: train.epochs is a single setting, not a group"),
+    (["--set", "epochs"], "--set 'epochs': GROUP.FIELD=VALUE is needed, e.g. train.epochs=3"),
+    (["--set", "gate.min_accuracy=1.5"], "gate.min_accuracy: Input should be less than or equal to 1 (got 1.5)"),
+    (["--set", "model_name=../x"], "model_name: Value error, bad model name '../x': letters, digits, '_' and '-' "
+                                   "only (1 to 64) (got '../x')"),
+    (["--set", "beam_args=[\"--runner=DirectRunner\"]"], "beam_args: Value error, '--runner' is not an option a run"),
+])
+def test_a_bad_key_or_value_is_one_line_naming_its_path(argv, line, tmp_path):
+    (tmp_path / "images").mkdir()
+    done = subprocess.run([os.path.join(BIN, "stoke"), "run", str(tmp_path / "images"), "--root",
+                           str(tmp_path / "root"), *argv], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    (shown,) = done.stderr.strip().splitlines()
+    assert shown.startswith(f"stoke run: error: {line}"), shown
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["images"]
+
+
+@pytest.mark.parametrize("text, line", [
+    ("train: [1, 2\n", "is not a YAML or JSON file of settings"),
+    ("- 1\n- 2\n", "holds a list, not settings"),
+    ("train:\n  epochs: 0\n", "train.epochs: Input should be greater than 0 (got 0)"),
+    ("train:\n  wings: 2\n", "train.wings: no such setting"),
+])
+def test_a_bad_config_file_is_one_line(text, line, tmp_path):
+    (tmp_path / "bad.yaml").write_text(text)
+    done = subprocess.run([os.path.join(BIN, "stoke"), "run", str(tmp_path), "--root", str(tmp_path / "root"),
+                           "--config", str(tmp_path / "bad.yaml")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and line in done.stderr, done.stderr
+
+
+def test_a_missing_config_file_is_one_line(tmp_path):
+    done = subprocess.run([os.path.join(BIN, "stoke"), "run", str(tmp_path), "--root", str(tmp_path / "root"),
+                           "--config", str(tmp_path / "nowhere.yaml")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip() == f"stoke run: error: {tmp_path / 'nowhere.yaml'}: no such file"
+
+
+def test_run_help_stays_short_and_says_where_every_setting_is():
+    shown = subprocess.run([os.path.join(BIN, "stoke"), "run", "--help"], capture_output=True, text=True, timeout=60)
+    options = [line for line in shown.stdout.splitlines() if line.lstrip().startswith("-")]
+    assert len(options) <= 25 and "stoke config show" in shown.stdout
+
+
+@pytest.mark.parametrize("stage", [s.name for s in STAGES])
+def test_a_stage_answers_help_before_loading_tensorflow_or_beam(stage):
+    code = (f"import sys; sys.argv = ['x', '--help']; import runpy\n"
+            f"try:\n    runpy.run_module('{dict((s.name, s.program) for s in STAGES)[stage]}', run_name='__main__')\n"
+            "except SystemExit:\n    pass\n"
+            "heavy = [m for m in ('tensorflow', 'apache_beam', 'tensorflow_model_analysis') if m in sys.modules]\n"
+            "print('HEAVY', heavy)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "HEAVY []" in done.stdout, done.stdout[-500:] + done.stderr[-500:]
+    assert "--config FILE" in done.stdout

@@ -1,0 +1,22 @@
+"""The docs say what the code does: every setting of the run configuration is in the reference, and
+the README stays a quickstart. (`make test` also builds the docs with mkdocs --strict: a broken link fails.)"""
+import pathlib
+
+from components.contracts.options import leaves
+from components.contracts.run_config import RunConfig
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_every_setting_of_the_run_configuration_is_in_the_reference():
+    """Each group's settings are rows of the table under its heading (`### train`: `train.epochs`),
+    the run-wide ones under `### Run-wide`."""
+    reference = (REPO / "docs" / "configuration.md").read_text()
+    sections = {part.split("\n", 1)[0].strip(): part for part in reference.split("\n### ")[1:]}
+    missing = [".".join(path) for path, _ in leaves(RunConfig)
+               if f"| `{'.'.join(path)}` |" not in sections.get(path[0] if len(path) > 1 else "Run-wide", "")]
+    assert missing == [], f"add these settings to docs/configuration.md: {missing}"
+
+
+def test_the_readme_is_a_quickstart():
+    assert len((REPO / "README.md").read_text().splitlines()) <= 300
