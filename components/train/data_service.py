@@ -96,10 +96,12 @@ def serve(args: argparse.Namespace, prog: str, stop: threading.Event) -> dict:
         except service_input.ServiceError as error:
             if not stop.is_set():
                 raise ServeError(str(error)) from None
+    if stop.is_set():  # stopped while starting: nothing was served
+        return _unserved(args.role)
     from tensorflow.data.experimental import service  # after the checks: a typo answers in a moment
 
-    if stop.is_set():  # stopped while starting: nothing was served
-        return {"role": args.role, "address": None, "stopped": True}
+    if stop.is_set():  # while TensorFlow loaded
+        return _unserved(args.role)
     server, summary = _start(service, args, host, dispatcher)
     reach = (f"on every interface of this machine (--trusted-network): any peer that reaches port "
              f"{_port(summary['address'])} can {PEERS_CAN}" if args.trusted_network else
@@ -119,6 +121,10 @@ def serve(args: argparse.Namespace, prog: str, stop: threading.Event) -> dict:
                          "to serve on a network")
     print(f"{prog}: stopped", file=sys.stderr, flush=True)
     return {**summary, "stopped": True}
+
+
+def _unserved(role: str) -> dict:
+    return {"role": role, "address": None, "stopped": True}
 
 
 def _start(service, args: argparse.Namespace, host: str, dispatcher: str | None) -> tuple:
