@@ -164,8 +164,8 @@ def _serve_until_stopped(stop: threading.Event, trusted: bool) -> list[str]:
 
 
 def _checked_host(host: str, port: int, trusted: bool) -> str:
-    """`host` (brackets added to an IPv6 address), once every address it stands for is one of this
-    machine's with `port` free and, unless `trusted`, loopback on a machine where only loopback is up."""
+    """`host` (brackets added to an IPv6 address), once it is an address of this machine with `port`
+    free and, unless `trusted`, every address it stands for is loopback on a machine where only loopback is up."""
     if not 0 <= port < 65536:
         raise ServeError(f"--port {port}: a port from 0 (any free) to 65535 is needed")
     bare = host.strip("[]")
@@ -176,8 +176,7 @@ def _checked_host(host: str, port: int, trusted: bool) -> str:
     if any(exposure.ip(sockaddr).is_unspecified for _, sockaddr in addresses):
         raise ServeError(f"--host {host}: a wildcard is no address to reach a server at; give the address of this "
                          "machine the trainers and workers reach it at (the server listens on every interface anyway)")
-    for family, sockaddr in addresses:
-        _probe(host, port, family, sockaddr)
+    _probe(host, port, *addresses[0])  # the address a client of the name tries first
     if not trusted:
         _check_alone(host, addresses)
     return f"[{bare}]" if addresses[0][0] == socket.AF_INET6 else bare
