@@ -237,9 +237,10 @@ def data_service_fix(probe: InputProbe) -> str | None:
     workers = math.ceil(probe.model_images_per_sec_synthetic / probe.input_images_per_sec)
     return (f"more CPU: run the input pipeline on {workers} tf.data service workers of this host's speed "
             f"({_num(probe.model_images_per_sec_synthetic)} images/s for the model over {_num(probe.input_images_per_sec)} "
-            f"per worker): `stoke data-service dispatcher --host HOST` on one machine, `stoke data-service worker "
-            f"--dispatcher HOST:{DISPATCHER_PORT} --host WORKER` on each of {workers}, then train with "
-            f"`--data-service grpc://HOST:{DISPATCHER_PORT}`")
+            f"per worker): `stoke data-service dispatcher --host HOST --trusted-network` on one machine, `stoke "
+            f"data-service worker --dispatcher HOST:{DISPATCHER_PORT} --host WORKER --trusted-network` on each of "
+            f"{workers}, then train with `--data-service grpc://HOST:{DISPATCHER_PORT}`; on a network that admits only "
+            f"them and the trainers: any peer that reaches their ports can run TensorFlow ops on the workers")
 
 
 def comparison_in_words(comparison: Comparison, max_regression: float) -> list[str]:

@@ -1,22 +1,30 @@
 """`stoke data-service dispatcher|worker`: tf.data service's own servers, for `stoke train --data-service`.
 
-    stoke data-service dispatcher [--host 127.0.0.1] [--port 5050] [--work-dir URI]
-    stoke data-service worker --dispatcher HOST:5050 [--host 127.0.0.1] [--port 5051]
+    stoke data-service dispatcher [--host 127.0.0.1] [--port 5050] [--work-dir URI] [--trusted-network]
+    stoke data-service worker --dispatcher HOST:5050 [--host 127.0.0.1] [--port 5051] [--trusted-network]
 
 The dispatcher hands out the splits of each epoch and keeps its state in --work-dir when given
 (fault-tolerant mode: restarted on the same work dir, it resumes its jobs). A worker runs the input
 pipelines it is given and serves their batches to the trainers. Both log their address on stderr,
 run until SIGTERM or Ctrl-C, then stop and print a summary (with --json, one JSON line).
 
---host is the address each server is reached at: it must be one of this machine's, the worker
-registers under it, and it is checked free before the server starts. TensorFlow's servers listen on
-every interface of the machine whatever the host (tf.data service has no bind-address setting), and
-their gRPC has no authentication: keep the ports behind a firewall, a NetworkPolicy or a container's
-published port (infra/k8s/data-service.yaml, infra/compose.yaml).
+What a peer can do: tf.data service's gRPC has no authentication, and TensorFlow's servers listen on
+every interface of the machine, IPv4 and IPv6, whatever --host says (exposure.py). Any peer that
+reaches the dispatcher's or a worker's port can have the workers run a dataset graph of its own, and
+so any TensorFlow op: read and write every file the worker's user can (ReadFile, WriteFile), and
+have a server write profiler traces into a folder the peer names.
+
+So by default a server starts only where no other host reaches it: with a loopback --host, on a
+machine (a network namespace, a container without a network) whose only interface that is up is
+loopback; it stops if another one comes up while it serves. --trusted-network serves on a network:
+--host is then the address of this machine the trainers and workers reach it at (the worker
+registers under it), and the network must admit them alone (a firewall, a NetworkPolicy, an
+unpublished container network: infra/k8s/data-service.yaml, infra/compose.yaml).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import os
 import signal
@@ -26,6 +34,7 @@ import threading
 
 from components.contracts import program
 from components.contracts.config import DISPATCHER_PORT, WORKER_PORT, check_service_address
+from components.train import exposure
 
 HEARTBEAT_MS = 2000  # how often a worker tells the dispatcher it is alive
 WORKER_TIMEOUT_SECONDS = 30.0  # a worker silent this long is gone: its tasks leave the jobs
@@ -33,6 +42,12 @@ WORKER_TIMEOUT_SECONDS = 30.0  # a worker silent this long is gone: its tasks le
 # minutes, would keep a lost worker on the books that long).
 CHECK_MS = 1000
 _LEFT_RUNNING: list = []
+PEERS_CAN = "run TensorFlow ops on the workers, reading and writing their files, with no authentication"
+EXPOSED = ("TensorFlow's server listens on every interface of this machine whatever --host, where any peer "
+           f"that reaches its port can {PEERS_CAN}")
+TRUSTED_HELP = (f"serve on a network: {EXPOSED}. Give it only where the network admits nothing but the trainers "
+                "and this service's servers (a firewall, a NetworkPolicy). Without it a server starts only with a "
+                "loopback --host where no interface but loopback is up, and stops if one comes up")
 
 
 class ServeError(RuntimeError):
@@ -40,55 +55,60 @@ class ServeError(RuntimeError):
 
 
 def run(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    prog = f"stoke data-service {args.role}"
-    return program.main(prog, args.json, lambda: serve(args, prog), _describe, errors=(ServeError, OSError))
+    with _stop_on_signals() as stop:  # from the start: a SIGTERM while TensorFlow loads is not lost
+        args = _parser().parse_args(argv)
+        prog = f"stoke data-service {args.role}"
+        return program.main(prog, args.json, lambda: serve(args, prog, stop), _describe, errors=(ServeError, OSError))
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stoke data-service", description=__doc__.strip().split("\n")[0])
     roles = parser.add_subparsers(dest="role", required=True, metavar="ROLE")
-    dispatcher = roles.add_parser("dispatcher", help="hands the splits of each epoch to the workers")
+    role_help = {"dispatcher": "hands the splits of each epoch to the workers",
+                 "worker": "runs the input pipelines and serves their batches"}
+    dispatcher, worker = (roles.add_parser(name, help=text, description=f"{text}. {EXPOSED}. Without "
+                                           "--trusted-network it starts only where no other host reaches it.")
+                          for name, text in role_help.items())
     dispatcher.add_argument("--port", type=int, default=DISPATCHER_PORT, help=f"(default: {DISPATCHER_PORT}; 0: any free)")
     dispatcher.add_argument("--work-dir", default=None, help="folder or URI TensorFlow writes (gs://) for the "
                             "dispatcher's journal: a restart on it resumes the jobs (fault-tolerant mode)")
     dispatcher.add_argument("--worker-timeout", type=float, default=WORKER_TIMEOUT_SECONDS,
                             help=f"seconds without a heartbeat before a worker is gone (default: {WORKER_TIMEOUT_SECONDS:g})")
-    worker = roles.add_parser("worker", help="runs the input pipelines and serves their batches")
     worker.add_argument("--dispatcher", required=True, help="HOST:PORT (or grpc://HOST:PORT) of the dispatcher")
     worker.add_argument("--port", type=int, default=WORKER_PORT, help=f"(default: {WORKER_PORT}; 0: any free)")
     for role in (dispatcher, worker):
-        role.add_argument("--host", default="127.0.0.1", help="this machine's address that the server is reached "
-                          "at (default: 127.0.0.1; in a pod, its IP)")
+        role.add_argument("--host", default="127.0.0.1", help="the address of this machine the server is reached "
+                          "at, not where it listens (default: 127.0.0.1; with --trusted-network, in a pod, its IP)")
+        role.add_argument("--trusted-network", action="store_true", help=TRUSTED_HELP)
         role.add_argument("--json", action="store_true", help="print a JSON summary as the last line, after stopping")
     return parser
 
 
-def serve(args: argparse.Namespace, prog: str) -> dict:
+def serve(args: argparse.Namespace, prog: str, stop: threading.Event) -> dict:
     """Starts the server, logs its address, and serves until SIGTERM or SIGINT; then stops it."""
     from components.train import service_input
 
-    host = _checked_host(args.host, args.port)
     dispatcher = _address("--dispatcher", args.dispatcher) if args.role == "worker" else None
-    from tensorflow.data.experimental import service  # after the checks: a typo answers in a moment
-
-    if args.role == "dispatcher":
-        config = service.DispatcherConfig(port=args.port, work_dir=args.work_dir, fault_tolerant_mode=bool(args.work_dir),
-                                          worker_timeout_ms=int(args.worker_timeout * 1000),
-                                          job_gc_check_interval_ms=CHECK_MS)
-        server = service.DispatchServer(config)
-        summary = {"role": "dispatcher", "address": f"grpc://{host}:{_port(server.target)}", "work_dir": args.work_dir}
-    else:
+    host = _checked_host(args.host, args.port, args.trusted_network)
+    if dispatcher:
         try:  # a worker registers with its dispatcher before it serves: a wrong address would hang there
             service_input.workers(dispatcher)
         except service_input.ServiceError as error:
-            raise ServeError(str(error)) from None
-        config = service.WorkerConfig(dispatcher_address=dispatcher.removeprefix("grpc://"), port=args.port,
-                                      worker_address=f"{host}:%port%", heartbeat_interval_ms=HEARTBEAT_MS)
-        server = service.WorkerServer(config)
-        summary = {"role": "worker", "address": f"{host}:{_port(server._address)}", "dispatcher": dispatcher}
-    print(f"{prog}: serving at {summary['address']} (stop with SIGTERM or Ctrl-C)", file=sys.stderr, flush=True)
-    _wait_for_stop()
+            if not stop.is_set():
+                raise ServeError(str(error)) from None
+    if stop.is_set():  # stopped while starting: nothing was served
+        return _unserved(args.role)
+    from tensorflow.data.experimental import service  # after the checks: a typo answers in a moment
+
+    if stop.is_set():  # while TensorFlow loaded
+        return _unserved(args.role)
+    server, summary = _start(service, args, host, dispatcher)
+    reach = (f"on every interface of this machine (--trusted-network): any peer that reaches port "
+             f"{_port(summary['address'])} can {PEERS_CAN}" if args.trusted_network else
+             f"to this machine alone (no interface but loopback is up; one coming up stops it): any process here can "
+             f"{PEERS_CAN}")
+    print(f"{prog}: serving at {summary['address']} {reach} (stop with SIGTERM or Ctrl-C)", file=sys.stderr, flush=True)
+    opened = _serve_until_stopped(stop, args.trusted_network)
     if args.role == "dispatcher":
         server._stop()
     else:
@@ -96,35 +116,94 @@ def serve(args: argparse.Namespace, prog: str) -> dict:
         # others), and its stop (also its object's finalizer) holds Python's lock while it waits for its
         # tasks' readers, forever when the dispatcher is already gone. Kept referenced until os._exit.
         _LEFT_RUNNING.append(server)
+    if opened:
+        raise ServeError(f"stopped: interface {', '.join(opened)} came up, and {EXPOSED}; give --trusted-network "
+                         "to serve on a network")
     print(f"{prog}: stopped", file=sys.stderr, flush=True)
     return {**summary, "stopped": True}
 
 
-def _wait_for_stop() -> None:
+def _unserved(role: str) -> dict:
+    return {"role": role, "address": None, "stopped": True}
+
+
+def _start(service, args: argparse.Namespace, host: str, dispatcher: str | None) -> tuple:
+    """The running server, and its summary so far."""
+    if args.role == "dispatcher":
+        config = service.DispatcherConfig(port=args.port, work_dir=args.work_dir, fault_tolerant_mode=bool(args.work_dir),
+                                          worker_timeout_ms=int(args.worker_timeout * 1000),
+                                          job_gc_check_interval_ms=CHECK_MS)
+        server = service.DispatchServer(config)
+        return server, {"role": "dispatcher", "address": f"grpc://{host}:{_port(server.target)}", "work_dir": args.work_dir}
+    config = service.WorkerConfig(dispatcher_address=dispatcher.removeprefix("grpc://"), port=args.port,
+                                  worker_address=f"{host}:%port%", heartbeat_interval_ms=HEARTBEAT_MS)
+    server = service.WorkerServer(config)
+    return server, {"role": "worker", "address": f"{host}:{_port(server._address)}", "dispatcher": dispatcher}
+
+
+@contextlib.contextmanager
+def _stop_on_signals():
+    """An event SIGTERM and SIGINT set, while the block runs. As PID 1 of a container, a process
+    that has no handler yet drops SIGTERM: the kubelet would wait out the grace period."""
     stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+    previous = {signum: signal.signal(signum, lambda *_: stop.set()) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stop
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _serve_until_stopped(stop: threading.Event, trusted: bool) -> list[str]:
+    """Waits for SIGTERM or SIGINT; or, serving this machine alone, for an interface to come up
+    (returned: TensorFlow's server listens on it too)."""
     while not stop.wait(1.0):  # a timed wait: the handler runs between waits
-        pass
+        if not trusted and (opened := exposure.open_interfaces()):
+            return opened
+    return []
 
 
-def _checked_host(host: str, port: int) -> str:
-    """`host` (brackets added to an IPv6 address), once it is an address of this machine with `port` free."""
+def _checked_host(host: str, port: int, trusted: bool) -> str:
+    """`host` (brackets added to an IPv6 address), once it is an address of this machine with `port`
+    free and, unless `trusted`, every address it stands for is loopback on a machine where only loopback is up."""
     if not 0 <= port < 65536:
         raise ServeError(f"--port {port}: a port from 0 (any free) to 65535 is needed")
     bare = host.strip("[]")
     try:
-        family = socket.getaddrinfo(bare, port, type=socket.SOCK_STREAM)[0][0]
+        addresses = exposure.resolve(bare, port)
     except (socket.gaierror, UnicodeError) as error:
         raise ServeError(f"--host {host}: not an address this machine can resolve ({error})") from None
+    if any(exposure.ip(sockaddr).is_unspecified for _, sockaddr in addresses):
+        raise ServeError(f"--host {host}: a wildcard is no address to reach a server at; give the address of this "
+                         "machine the trainers and workers reach it at (the server listens on every interface anyway)")
+    _probe(host, port, *addresses[0])  # the address a client of the name tries first
+    if not trusted:
+        _check_alone(host, addresses)
+    return f"[{bare}]" if addresses[0][0] == socket.AF_INET6 else bare
+
+
+def _probe(host: str, port: int, family: int, sockaddr: tuple) -> None:
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         try:
-            probe.bind((bare, port))
+            probe.bind(sockaddr)
         except OSError as error:
             why = ("another server holds it" if error.errno == errno.EADDRINUSE else
                    "not an address of this machine" if error.errno == errno.EADDRNOTAVAIL else error.strerror)
             raise ServeError(f"--host {host} --port {port}: cannot serve there: {why}") from None
-    return f"[{bare}]" if family == socket.AF_INET6 else bare
+
+
+def _check_alone(host: str, addresses: list[tuple]) -> None:
+    """Without --trusted-network: no other host may reach the server."""
+    foreign = sorted({str(exposure.ip(sockaddr)) for _, sockaddr in addresses if not exposure.ip(sockaddr).is_loopback})
+    if foreign:
+        named = host if foreign == [host.strip("[]")] else f"{host} ({', '.join(foreign)})"
+        raise ServeError(f"--host {named} is not loopback: there any peer could {PEERS_CAN}; give --trusted-network "
+                         "to serve on a network that admits only the trainers and workers")
+    opened = exposure.open_interfaces()
+    if opened:
+        raise ServeError(f"interfaces besides loopback are up ({', '.join(opened)}), and {EXPOSED}: give "
+                         "--trusted-network where the network admits only the trainers and workers (a firewall, a "
+                         "NetworkPolicy), or serve in a network namespace or container whose only interface is loopback")
 
 
 def _address(flag: str, address: str) -> str:
@@ -139,6 +218,8 @@ def _port(target: str) -> int:
 
 
 def _describe(summary: dict) -> str:
+    if summary["address"] is None:
+        return f"{summary['role']} stopped before serving"
     return f"{summary['role']} at {summary['address']} stopped"
 
 

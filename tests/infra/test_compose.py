@@ -222,23 +222,61 @@ def test_unauthenticated_services_do_not_follow_stoke_bind(env_example):
     assert all(port.startswith("127.0.0.1:") for port in opened["serving"]["ports"] + opened["tensorboard"]["ports"])
 
 
-def test_data_service_runs_the_stoke_commands_on_the_codes_ports_unpublished(compose):
+def data_service_argv(service: dict) -> list[str]:
+    """The data-service program's arguments a service starts it with, as its process (PID 1) would get them."""
+    entry = service["entrypoint"]
+    command = shlex.split(entry[-1]) if entry[:2] == ["sh", "-c"] else entry
+    if command[0] == "exec":
+        command = command[1:]
+    assert command[:3] == ["python3", "-m", programs()["data-service"][0]]  # the program itself, not a wrapper
+    return [part.replace("$(hostname)", "data-worker-1") for part in command[3:]]
+
+
+def test_data_service_runs_the_program_on_the_codes_ports_unpublished(compose):
     from components.contracts.config import DISPATCHER_PORT, WORKER_PORT, check_service_address
+    from components.train import data_service
 
     services = compose["services"]
     dispatcher, worker = services["data-dispatcher"], services["data-worker"]
     assert programs()["data-service"][0] == "components.train.data_service"
-    entry = dispatcher["entrypoint"]
-    assert entry[:3] == ["stoke", "data-service", "dispatcher"] and int(entry[entry.index("--port") + 1]) == DISPATCHER_PORT
-    assert entry[entry.index("--work-dir") + 1].startswith(work_pools.ROOT_MOUNT + "/")  # kept across restarts
+    entry = data_service._parser().parse_args(data_service_argv(dispatcher))  # the program takes every flag
+    assert entry.role == "dispatcher" and entry.port == DISPATCHER_PORT
+    assert entry.work_dir.startswith(work_pools.ROOT_MOUNT + "/")  # kept across restarts
     assert f"{work_pools.ROOT_VOLUME}:{work_pools.ROOT_MOUNT}" in dispatcher["volumes"]
-    command = shlex.split(worker["entrypoint"][-1])
-    assert command[:4] == ["exec", "stoke", "data-service", "worker"]
-    assert int(command[command.index("--port") + 1]) == WORKER_PORT
-    address = check_service_address(command[command.index("--dispatcher") + 1])
-    assert address == f"grpc://data-dispatcher:{DISPATCHER_PORT}" and entry[entry.index("--host") + 1] == "data-dispatcher"
+    command = data_service._parser().parse_args(data_service_argv(worker))
+    assert command.role == "worker" and command.port == WORKER_PORT
+    address = check_service_address(command.dispatcher)
+    assert address == f"grpc://data-dispatcher:{DISPATCHER_PORT}" and entry.host == "data-dispatcher"
     assert f"grpc://127.0.0.1:{DISPATCHER_PORT}" in dispatcher["healthcheck"]["test"][-1]
     assert f"('127.0.0.1', {WORKER_PORT})" in worker["healthcheck"]["test"][-1]
     for service in (dispatcher, worker):
         assert "ports" not in service and service["profiles"] == ["data-service"]
         assert service["image"] == work_pools.TRAINING_IMAGE
+
+
+def test_data_service_serves_the_network_only_on_an_internal_one_with_its_trainers(compose):
+    from components.train import data_service
+
+    services, networks = compose["services"], compose["networks"]
+    trusting = {name for name, s in services.items() if "--trusted-network" in json.dumps(s.get("entrypoint"))}
+    assert trusting == {"data-dispatcher", "data-worker"}
+    for name in trusting:
+        service = services[name]
+        assert data_service._parser().parse_args(data_service_argv(service)).trusted_network is True
+        assert "ports" not in service and "network_mode" not in service, name  # nothing published, not the host's
+        assert service["networks"] == ["data-service"], name
+    assert networks["data-service"]["internal"] is True
+    members = {name for name, s in services.items() if "data-service" in (s.get("networks") or [])}
+    assert members == trusting | {"worker"}  # and the Prefect worker, whose flow runs train through the service
+    assert "default" in services["worker"]["networks"]  # which still reaches Prefect and the bucket
+
+
+def test_data_service_containers_hold_no_secrets_and_cannot_write_their_image(compose):
+    for name in ("data-dispatcher", "data-worker"):
+        service = compose["services"][name]
+        assert "environment" not in service and "env_file" not in service and "secrets" not in service, name
+        assert service["read_only"] is True and "/tmp" in service["tmpfs"], name
+        assert service["cap_drop"] == ["ALL"] and "no-new-privileges:true" in service["security_opt"], name
+        assert str(service["user"]).split(":")[0] not in ("0", "root")
+    worker = compose["services"]["data-worker"]
+    assert f"{work_pools.ROOT_VOLUME}:{work_pools.ROOT_MOUNT}:ro" in worker["volumes"]  # reads ROOT, writes nothing

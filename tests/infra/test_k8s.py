@@ -237,8 +237,24 @@ def test_only_the_training_pods_reach_each_others_worker_port(objects):
 # ---------------------------------------------------------------- tf.data service
 
 
+def data_service_args(container: dict) -> argparse.Namespace:
+    """The data-service program's settings from a container's command, parsed by the program itself
+    ($(POD_IP) as the kubelet expands it)."""
+    from components.train import data_service
+
+    command = container["command"]
+    assert command[:3] == ["python3", "-m", "components.train.data_service"]  # PID 1 is the program: it gets SIGTERM
+    assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in container["env"]
+    return data_service._parser().parse_args([part.replace("$(POD_IP)", "10.1.2.3") for part in command[3:]])
+
+
+def data_service_pods(objects: list[dict]) -> list[tuple[dict, dict]]:
+    return [(obj, spec) for obj, spec in pod_specs(objects)
+            if obj["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component") == "data-service"]
+
+
 def test_data_service_is_wired_to_the_training_job_on_the_codes_ports(objects):
-    from components.contracts.config import DISPATCHER_PORT, WORKER_PORT
+    from components.contracts.config import DISPATCHER_PORT, WORKER_PORT, check_service_address
 
     dispatcher = find(objects, "StatefulSet", "stoke-data-dispatcher")
     service = find(objects, "Service", "stoke-data-dispatcher")
@@ -246,23 +262,54 @@ def test_data_service_is_wired_to_the_training_job_on_the_codes_ports(objects):
     (port,) = service["spec"]["ports"]
     assert port["port"] == DISPATCHER_PORT
     (container,) = dispatcher["spec"]["template"]["spec"]["containers"]
-    command = container["command"]
-    assert command[:3] == ["stoke", "data-service", "dispatcher"] and int(command[command.index("--port") + 1]) == DISPATCHER_PORT
+    args = data_service_args(container)
+    assert args.role == "dispatcher" and args.port == DISPATCHER_PORT
     # Fault-tolerant: the work dir is a volume of its own, kept across restarts.
-    work = command[command.index("--work-dir") + 1]
-    (mount,) = container["volumeMounts"]
-    assert mount["mountPath"] == work
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == args.work_dir]
     assert mount["name"] in {t["metadata"]["name"] for t in dispatcher["spec"]["volumeClaimTemplates"]}
-    worker = find(objects, "Deployment", "stoke-data-worker")["spec"]["template"]["spec"]["containers"][0]
-    command = worker["command"]
-    assert command[:3] == ["stoke", "data-service", "worker"] and int(command[command.index("--port") + 1]) == WORKER_PORT
-    assert command[command.index("--dispatcher") + 1] == f"{service['metadata']['name']}:{DISPATCHER_PORT}"
-    for spec in (dispatcher["spec"]["template"]["spec"]["containers"][0], worker):  # each registers under its pod IP
-        assert spec["command"][spec["command"].index("--host") + 1] == "$(POD_IP)"
-        assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in spec["env"]
+    worker = data_service_args(find(objects, "Deployment", "stoke-data-worker")["spec"]["template"]["spec"]["containers"][0])
+    assert worker.role == "worker" and worker.port == WORKER_PORT
+    assert check_service_address(worker.dispatcher) == f"grpc://{service['metadata']['name']}:{DISPATCHER_PORT}"
+    assert args.host == worker.host == "10.1.2.3"  # each registers under its pod IP
     (train,) = find(objects, "Job", "stoke-train")["spec"]["template"]["spec"]["containers"]
     args = train["args"]
     assert args[args.index("--data-service") + 1] == f"grpc://{service['metadata']['name']}:{DISPATCHER_PORT}"
+
+
+def test_data_service_serves_the_network_only_behind_its_network_policy(objects):
+    pods = data_service_pods(objects)
+    assert {obj["kind"] for obj, _ in pods} == {"StatefulSet", "Deployment"}
+    policy = find(objects, "NetworkPolicy", "stoke-data-service")
+    assert "Ingress" in policy["spec"]["policyTypes"]
+    for obj, spec in pods:
+        (container,) = spec["containers"]
+        assert data_service_args(container).trusted_network is True
+        labels = obj["spec"]["template"]["metadata"]["labels"]
+        assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+        assert not spec.get("hostNetwork") and not spec.get("hostPID")  # the node's interfaces are not the pod's
+        assert all("hostPort" not in p for p in container["ports"])
+    for service in (o for o in objects if o["kind"] == "Service"):
+        if service["spec"]["selector"].get("app.kubernetes.io/name", "").startswith("stoke-data-"):
+            assert service["spec"].get("type", "ClusterIP") == "ClusterIP" and "externalIPs" not in service["spec"]
+    for rule in policy["spec"]["ingress"]:  # peers only by pod labels: no addresses, no other namespaces
+        assert all(set(source) == {"podSelector"} for source in rule["from"])
+
+
+def test_data_service_pods_hold_no_secrets_and_cannot_write_their_image(objects):
+    for obj, spec in data_service_pods(objects):
+        name = obj["metadata"]["name"]
+        assert spec["automountServiceAccountToken"] is False, name  # no token for the cluster's API
+        assert not any(set(v) & {"secret", "projected"} for v in spec.get("volumes", [])), name
+        (container,) = spec["containers"]
+        assert "envFrom" not in container and not any("valueFrom" in v and "secretKeyRef" in v["valueFrom"]
+                                                      for v in container["env"]), name
+        context = container["securityContext"]
+        assert context["readOnlyRootFilesystem"] is True and context["allowPrivilegeEscalation"] is False, name
+        assert context["runAsNonRoot"] is True and context["capabilities"]["drop"] == ["ALL"], name
+        assert spec["securityContext"]["runAsUser"] != 0
+        scratch = next(v["name"] for v in spec["volumes"] if "emptyDir" in v)
+        assert {"name": scratch, "mountPath": "/tmp"} in container["volumeMounts"], name
+        assert all(m.get("readOnly") for m in container["volumeMounts"] if m["name"] == "root")  # workers read ROOT
 
 
 def test_data_service_workers_scale_on_cpu(objects):

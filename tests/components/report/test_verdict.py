@@ -30,8 +30,9 @@ def test_more_cpu_when_neither_a_cache_nor_an_ingest_helps():
     # 900 images/s for the model over 150 from this host's pipeline: six workers like this host.
     text = verdict(stored_short_side=384, compression="none")
     assert "Cheapest fix: more CPU: run the input pipeline on 6 tf.data service workers of this host's speed" in text
-    assert ("`stoke data-service dispatcher --host HOST` on one machine, `stoke data-service worker --dispatcher "
-            "HOST:5050 --host WORKER` on each of 6, then train with `--data-service grpc://HOST:5050`") in text
+    assert ("`stoke data-service dispatcher --host HOST --trusted-network` on one machine, `stoke data-service worker "
+            "--dispatcher HOST:5050 --host WORKER --trusted-network` on each of 6, then train with "
+            "`--data-service grpc://HOST:5050`; on a network that admits only them and the trainers") in text
     assert "7 tf.data service workers" in verdict(stored_short_side=384, compression="none", input_images_per_sec=140.0)
     assert "tf.data service" not in verdict()  # a new ingest comes first
 

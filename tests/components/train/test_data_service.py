@@ -53,7 +53,8 @@ def errors(capfd) -> list[str]:
 
 
 def start(*argv: str) -> Server:
-    process = subprocess.Popen([*PROGRAM, *argv, "--port", "0", "--json"], stdout=subprocess.PIPE,
+    # On 127.0.0.1, with the flag: this machine has interfaces besides loopback, where the servers listen too.
+    process = subprocess.Popen([*PROGRAM, *argv, "--port", "0", "--trusted-network", "--json"], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(process.stderr), daemon=True).start()
@@ -181,7 +182,7 @@ def test_no_dispatcher_there_is_one_line(small_spans_root, capfd):
 
     nobody = f"grpc://127.0.0.1:{free_port()}"
     assert trainer.run(["--root", small_spans_root, "--data-service", nobody]) == 1
-    assert cli.main(["data-service", "worker", "--dispatcher", nobody]) == 1
+    assert cli.main(["data-service", "worker", "--dispatcher", nobody, "--trusted-network"]) == 1
     lines = errors(capfd)
     assert len(lines) == 2 and all(f"no tf.data service dispatcher answers at {nobody}" in e for e in lines)
 
