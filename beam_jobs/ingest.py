@@ -4,7 +4,7 @@
 
     driver: list SOURCE, drop what published spans already hold (beam_jobs/compare.py), stage the list
     Beam:   ReadSources -> Spread -> Normalize -> WriteShards -> Gather   (beam_jobs/pipeline.py)
-            (+ each record's content signature)                         (beam_jobs/signatures.py)
+            (+ each record's content signature)                         (components/common/signatures.py)
     driver: keep out copies of published or listed-twice images           (beam_jobs/duplicates.py)
     driver: name the shards, dead_letter.jsonl, labels.json, the content and source indexes, statistics.pb
             (beam_jobs/statistics.py), _MANIFEST.json last
