@@ -137,9 +137,7 @@ def _convert(root, staging, chunks, fresh, config, pipeline_args, progress):
     with _Progress(staging, sum(s.size for s in fresh), progress):
         run_pipeline(chunks, staging, config, pipeline_args)
     dead = read_json(join(staging, STAGED_DEAD_LETTERS))
-    indexes = [(number, root.content_index(number)) for number in root.published()]
-    shards, copies, findings = settle(staging, read_json(join(staging, STAGED_SHARDS)), fresh, indexes,
-                                      config.compression)
+    shards, copies, findings = settle(staging, read_json(join(staging, STAGED_SHARDS)), fresh, root, config.compression)
     return shards, dead + copies, findings
 
 
