@@ -23,6 +23,7 @@ from beam_jobs.local import canonical
 from beam_jobs.spill import SortedLines
 from components.common.files import filesystem, is_local
 from components.contracts.layout import Root
+from components.contracts.program import printable
 from components.contracts.results import ResultError, SpanManifest
 
 HEADER = "# sources "
@@ -95,7 +96,8 @@ def rebuild(root: Root, number: int, workdir: str, why: str = "missing") -> str:
         where = os.path.join(workdir, f"{number}.tsv.gz")
         write_source_index(where, lines)
     kept_at = "" if where == uri else f"; kept for this run in {where}, since the span cannot be written"
-    print(f"stoke: warning: {uri}: {why}; rebuilt from span {number}'s manifest{kept_at}", file=sys.stderr, flush=True)
+    print(printable(f"stoke: warning: {uri}: {why}; rebuilt from span {number}'s manifest{kept_at}"), file=sys.stderr,
+          flush=True)
     return where
 
 

@@ -10,13 +10,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
 import sys
 import time
-import urllib.parse
 import urllib.request
 
 from pydantic import ValidationError
@@ -32,6 +30,7 @@ from components.contracts.config import (
 )
 from components.contracts.layout import Root, new_run_id
 from components.contracts.program import BAD_SETTINGS, printable, settings_message
+from components.contracts.secrets import without_secrets
 from flows import parameters as p
 from flows.work_pools import add_notifications_argument
 
@@ -165,7 +164,7 @@ def up(args: argparse.Namespace) -> int:
         server = _start_server(args.port, log_path)
         database = os.environ.get("PREFECT_SERVER_DATABASE_CONNECTION_URL") or os.path.join(home, "prefect.db")
         auth = ("  export PREFECT_API_AUTH_STRING=<user:password>\n" if os.environ.get(AUTH_ENV) else "")
-        print(f"Prefect server: {url} (log: {log_path}; database: {without_password(database)})\n"
+        print(f"Prefect server: {url} (log: {log_path}; database: {without_secrets(database)})\n"
               + ("" if auth else f"No auth string: anyone who can reach 127.0.0.1:{args.port} can start runs "
                  "(--auth-string-file)\n")
               + f"From another shell:\n  export PREFECT_API_URL={url}/api\n{auth}  prefect deployment run train/nightly\n"
@@ -220,22 +219,6 @@ def _start_server(port: int, log_path: str) -> subprocess.Popen:
         time.sleep(0.5)
     processes.stop(server, SERVER_STOP_SECONDS)
     raise ServerError(f"the Prefect server did not answer within {SERVER_START_SECONDS} s; see {log_path}")
-
-
-# Names of the query (or `;`/space separated) parameters a database URL may carry a credential in:
-# password, sslpassword, passfile, sslkey, api_key, auth_token, client_secret, credentials...
-_SECRET_PARAMETER = re.compile(
-    r"(?i)(^|[?&;\s])([^=?&;#\s/]*(?:pass|pwd|secret|token|key|credential|auth)[^=?&;#\s]*)=([^&;#\s]*)")
-
-
-def without_password(url: str) -> str:
-    """A database URL fit to print: the password of its user info and every parameter whose name says
-    password, secret, token, key or credential, as ***; the user name, host and other parameters kept."""
-    parts = urllib.parse.urlsplit(url)
-    userinfo, at, host = parts.netloc.rpartition("@")
-    if at and ":" in userinfo:  # rebuilt only then: urlunsplit drops the // of sqlite:////abs/path
-        url = urllib.parse.urlunsplit(parts._replace(netloc=f"{userinfo.split(':', 1)[0]}:***@{host}"))
-    return _SECRET_PARAMETER.sub(r"\1\2=***", url)
 
 
 def _interrupt(signum, frame):

@@ -20,6 +20,8 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 
+from components.contracts.secrets import without_secrets
+
 SQS_WAIT_LIMIT = 20  # seconds: SQS's longest long poll
 BATCH = 10  # messages per SQS receive and delete, its maximum
 PUBSUB_PATH = re.compile(r"projects/[^/\s]+/subscriptions/[^/\s]+")
@@ -58,7 +60,7 @@ def checked(uri: str) -> str:
     if has_scheme and ((scheme == "sqs" and SQS_NAME.fullmatch(rest)) or
                        (scheme == "pubsub" and PUBSUB_PATH.fullmatch(rest))):
         return f"{scheme}://{rest}"
-    raise NotificationError(f"--notifications {uri!r}: expected sqs://QUEUE_NAME or "
+    raise NotificationError(f"--notifications {without_secrets(repr(uri))}: expected sqs://QUEUE_NAME or "
                             "pubsub://projects/PROJECT/subscriptions/SUBSCRIPTION")
 
 

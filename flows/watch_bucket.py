@@ -42,7 +42,7 @@ from prefect.states import Failed
 from beam_jobs.compare import compare
 from beam_jobs.sources import each_listed, list_named
 from components.contracts.layout import Root
-from components.contracts.program import escape_logs
+from components.contracts.program import escape_logs, printable
 from components.contracts.results import ResultError
 from flows import notifications as queues
 from flows.parameters import DEMO_ROOT, DEMO_SOURCE
@@ -66,19 +66,19 @@ def watch_bucket(source: str = DEMO_SOURCE, root: str = DEMO_ROOT, settle_second
             return watch_queue(source, root, queues.open_queue(notifications), settle_seconds, wait_seconds)
         except (queues.NotificationError, ResultError) as error:
             logger.error("%s", error)
-            return Failed(message=str(error))
+            return Failed(message=printable(str(error)))
     try:
         first = new_files(source, root)
     except ResultError as error:  # a broken span manifest: every stage would stop on it, so say which
         logger.error("%s", error)
-        return Failed(message=str(error))
+        return Failed(message=printable(str(error)))
     if not first:
         return {"source": source, "new_files": 0, "emitted": False, "reason": "nothing new"}
     time.sleep(settle_seconds)
     try:
         second = new_files(source, root)
     except ResultError as error:
-        return Failed(message=str(error))
+        return Failed(message=printable(str(error)))
     if second != first:
         logger.info("%d new files, but the listing is still changing; waiting for the next poll", len(second))
         return {"source": source, "new_files": len(second), "emitted": False, "reason": "still changing"}
@@ -139,7 +139,7 @@ def watch_queue(source: str, root: str, queue, settle_seconds: float, wait_secon
 def not_emitted(message: str):
     """The poll's failure when Prefect could not emit the event (emit_event returned None, having logged why)."""
     get_run_logger().error("%s", message)
-    return Failed(message=message)
+    return Failed(message=printable(message))
 
 
 def named_new_files(source: str, root: str, uris: list[str]) -> list[str]:

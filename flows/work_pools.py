@@ -32,6 +32,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from components.contracts.program import printable
 from flows.parameters import OPEN_VARIABLES, read_beam_args
 
 POOL_ENV = "STOKE_WORK_POOL"
@@ -231,10 +232,11 @@ def main(argv: list[str] | None = None) -> int:
         names = deploy(args.source, args.root, pool, template, beam_args, poll_seconds=args.poll_seconds,
                        train_parameters=args.parameters, notifications=args.notifications)
     except ValidationError as error:
-        print(f"stoke deploy: error: {error.errors()[0]['loc'][0]}: {error.errors()[0]['msg']}", file=sys.stderr)
+        print(f"stoke deploy: error: {error.errors()[0]['loc'][0]}: {printable(error.errors()[0]['msg'])}",
+              file=sys.stderr)
         return 1
     except (WorkPoolError, OSError, ValueError) as error:
-        print(f"stoke deploy: error: {error}", file=sys.stderr)
+        print(f"stoke deploy: error: {printable(str(error))}", file=sys.stderr)
         return 1
     summary = {"work_pool": pool.name, "type": pool.type, "deployments": names, "image": pool.image}
     print(json.dumps(summary, sort_keys=True) if args.json else

@@ -37,6 +37,7 @@ from components.common.images import Rejected, normalize
 from components.common.signatures import sha256
 from components.common.tfrecord import BadRecord, read_records
 from components.contracts.layout import Root
+from components.contracts.program import printable
 from components.contracts.results import ResultError, SpanManifest
 from components.contracts.schema import ENCODED, SOURCE, TEXT, example_bytes
 
@@ -103,8 +104,8 @@ def rebuild(root: Root, number: int, workdir: str, why: str) -> str:
            "not in the manifest, so an exact copy of one that ingest re-encoded is caught as a near-duplicate " \
            "only)" if stored_only else ""
     kept_at = "" if stored == uri else f"; kept for this run in {stored}, since the span cannot be written"
-    print(f"stoke: warning: {uri}: {why}; rebuilt from the {len(kept)} records of span {number}'s shards"
-          f"{note}{kept_at}", file=sys.stderr, flush=True)
+    print(printable(f"stoke: warning: {uri}: {why}; rebuilt from the {len(kept)} records of span {number}'s shards"
+                    f"{note}{kept_at}"), file=sys.stderr, flush=True)
     return stored
 
 

@@ -296,3 +296,11 @@ def test_gcs_notifications_through_pubsub_are_acknowledged_after_the_event(pubsu
     assert sorted(pubsub.acked) == sorted(ids + foreign) and pubsub.unacknowledged() == 0
     dropped = [r.getMessage() for r in caplog.records if r.getMessage().startswith(("dropped", "ignored"))]
     assert len(dropped) == 2 and dropped[0].startswith("dropped 2 notification records "), dropped
+
+
+def test_a_notifications_value_with_a_password_fails_the_run_without_echoing_it(tmp_path, caplog):
+    with caplog.at_level(logging.INFO):
+        state = watch_bucket(source=str(tmp_path), root=str(tmp_path / "root"), notifications="sqs://u:hunter2@queue",
+                             return_state=True)
+    assert state.is_failed() and "sqs://u:***@queue" in state.message and "hunter2" not in state.message
+    assert caplog.records and not any("hunter2" in r.getMessage() for r in caplog.records)
