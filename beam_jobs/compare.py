@@ -51,7 +51,7 @@ def compare(listed: Iterable[tuple[Source, str | None]], root: Root) -> Comparis
                 if broken.number in rebuilt:
                     raise  # rebuilt from the manifest and still unreadable: the store itself fails
                 rebuilt.add(broken.number)
-                indexes[broken.number] = rebuild(root, broken.number, workdir)
+                indexes[broken.number] = rebuild(root, broken.number, workdir, broken.why)
 
 
 def _published(indexes: dict[int, str], workdir: str) -> Iterator[str]:

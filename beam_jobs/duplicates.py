@@ -12,12 +12,15 @@ GroupByKey would scale past that at the cost of a shuffle and a second output to
 
 Against published spans, each span's content index (sorted by SHA-256) streams once against the
 arrival's sorted hashes: memory holds the arrival's signatures and the matches, never an index,
-and no shard is read. Spans published before content indexes existed are not checked.
+and no shard is read. The merge is only right on a sorted, whole index, so each is checked as it
+streams (components/common/trusted_index.py): one missing (a span of 0.1) or damaged is rebuilt
+from its span's shards, and the lookup starts again.
 """
 from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import groupby
 
@@ -25,8 +28,10 @@ import fsspec
 
 from beam_jobs.debris import STAGED_SIGNATURES
 from beam_jobs.shards import prune
-from components.common.content_index import parse, read_index
-from components.common.files import exists, join, read_json
+from components.common.content_index import parse
+from components.common.files import join, read_json
+from components.common.trusted_index import verified
+from components.contracts.layout import Root
 from components.contracts.results import LabelConflict
 from components.contracts.summaries import NearDuplicates, NearPair
 
@@ -44,27 +49,29 @@ class Findings:
     near: NearDuplicates | None = None
 
 
-def find(signatures: list[dict], indexes: list[tuple[int, str]]) -> Findings:
-    """Sorts the arrival's signatures into kept and dropped; `indexes` are (span, content index URI)
-    of the published spans, oldest first."""
+def find(signatures: list[dict], root: Root) -> Findings:
+    """Sorts the arrival's signatures into kept and dropped, against every published span of ROOT."""
     ordered = sorted(signatures, key=lambda s: (s["sha256"], s["uri"]))
     hashes = sorted({s["sha256"] for s in ordered})
+    return verified(root, lambda lines: _find(ordered, hashes, root.published(), lines))
+
+
+def _find(ordered: list[dict], hashes: list[str], numbers: list[int], lines) -> Findings:
     near = _Near(ordered)
     published: dict[str, tuple[int, str]] = {}
-    for number, uri in indexes:
-        if exists(uri):
-            _scan(number, uri, hashes, published, near)
+    for number in numbers:
+        _scan(number, lines(number), hashes, published, near)
     near.within()
     findings = _decide(ordered, published)
     findings.near = near.report({s["uri"] for s in findings.kept})
     return findings
 
 
-def _scan(number: int, uri: str, hashes: list[str], published: dict, near: _Near) -> None:
+def _scan(number: int, index: Iterator[str], hashes: list[str], published: dict, near: _Near) -> None:
     """One streaming merge of a span's sorted index against the arrival's sorted hashes."""
     pending = iter(hashes)
     current = next(pending, None)
-    for line in read_index(uri):
+    for line in index:
         sha = line[:64]
         while current is not None and current < sha:
             current = next(pending, None)
@@ -135,11 +142,11 @@ class _Near:
         return NearDuplicates(count=len(pairs), examples=pairs[:EXAMPLES])
 
 
-def settle(staging: str, shards: list[dict], fresh: list, indexes: list[tuple[int, str]],
+def settle(staging: str, shards: list[dict], fresh: list, root: Root,
            compression: str) -> tuple[list[dict], list[dict], Findings]:
     """After the Beam job: the staged shards without duplicates, the duplicates' dead letters, and
     what was found. `fresh` are the arrival's sources (for each dead letter's size and version)."""
-    findings = find(read_signatures(staging), indexes)
+    findings = find(read_signatures(staging), root)
     shards = prune(shards, [signature for signature, _ in findings.dropped], compression)
     by_uri = {source.uri: source for source in fresh}
     dead = [{"uri": s["uri"], "reason": reason, "size": by_uri[s["uri"]].size, "version": by_uri[s["uri"]].version}

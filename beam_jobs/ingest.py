@@ -4,7 +4,7 @@
 
     driver: list SOURCE, drop what published spans already hold (beam_jobs/compare.py), stage the list
     Beam:   ReadSources -> Spread -> Normalize -> WriteShards -> Gather   (beam_jobs/pipeline.py)
-            (+ each record's content signature)                         (beam_jobs/signatures.py)
+            (+ each record's content signature)                         (components/common/signatures.py)
     driver: keep out copies of published or listed-twice images           (beam_jobs/duplicates.py)
     driver: name the shards, dead_letter.jsonl, labels.json, the content and source indexes, statistics.pb
             (beam_jobs/statistics.py), _MANIFEST.json last
@@ -133,9 +133,7 @@ def _convert(root, staging, chunks, fresh, config, pipeline_args, progress):
     with _Progress(staging, sum(s.size for s in fresh), progress):
         run_pipeline(chunks, staging, config, pipeline_args)
     dead = read_json(join(staging, STAGED_DEAD_LETTERS))
-    indexes = [(number, root.content_index(number)) for number in root.published()]
-    shards, copies, findings = settle(staging, read_json(join(staging, STAGED_SHARDS)), fresh, indexes,
-                                      config.compression)
+    shards, copies, findings = settle(staging, read_json(join(staging, STAGED_SHARDS)), fresh, root, config.compression)
     return shards, dead + copies, findings
 
 

@@ -22,11 +22,11 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_jobs.debris import STAGED_DEAD_LETTERS, STAGED_SHARDS, STAGED_SIGNATURES
-from beam_jobs.images import Limits, Rejected, normalize
 from beam_jobs.local import NotRegularFile, open_source
 from beam_jobs.shards import RollingShards
-from beam_jobs.signatures import sha256
 from components.common.files import join, write_json, write_text
+from components.common.images import Limits, Rejected, normalize
+from components.common.signatures import sha256
 from components.contracts import schema
 from components.contracts.run_config import IngestSettings
 

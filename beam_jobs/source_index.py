@@ -14,6 +14,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import sys
 import uuid
 import zlib
 from collections.abc import Iterable, Iterator
@@ -22,6 +23,7 @@ from beam_jobs.local import canonical
 from beam_jobs.spill import SortedLines
 from components.common.files import filesystem, is_local
 from components.contracts.layout import Root
+from components.contracts.program import printable
 from components.contracts.results import ResultError, SpanManifest
 
 HEADER = "# sources "
@@ -32,7 +34,7 @@ class BrokenIndex(ResultError):
 
     def __init__(self, number: int, uri: str, why: str):
         super().__init__(f"{uri}: {why}")
-        self.number = number
+        self.number, self.why = number, why
 
 
 def identity(uri: str, size: int, version: str) -> str:
@@ -81,20 +83,22 @@ def read_source_index(uri: str, number: int) -> Iterator[str]:
         raise BrokenIndex(number, uri, f"{count} identities where the header says {expected}")
 
 
-def rebuild(root: Root, number: int, workdir: str) -> str:
+def rebuild(root: Root, number: int, workdir: str, why: str = "missing") -> str:
     """The span's index built from its manifest and stored in the span; where this run cannot
-    write ROOT, in `workdir`. Returns where it is."""
+    write ROOT, in `workdir`. Returns where it is, after a warning line naming the index."""
     manifest = SpanManifest.read(root.manifest(number))
     lines = [identity(s.uri, s.size, s.version) for s in manifest.sources]
     del manifest
-    uri = root.source_index(number)
+    uri = where = root.source_index(number)
     try:
         write_source_index(uri, lines)
-        return uri
     except OSError:  # a watcher may read ROOT without the right to write it
-        local = os.path.join(workdir, f"{number}.tsv.gz")
-        write_source_index(local, lines)
-        return local
+        where = os.path.join(workdir, f"{number}.tsv.gz")
+        write_source_index(where, lines)
+    kept_at = "" if where == uri else f"; kept for this run in {where}, since the span cannot be written"
+    print(printable(f"stoke: warning: {uri}: {why}; rebuilt from span {number}'s manifest{kept_at}"), file=sys.stderr,
+          flush=True)
+    return where
 
 
 def exists_for(root: Root, number: int) -> bool:

@@ -18,9 +18,9 @@ from dataclasses import asdict, dataclass, field
 
 import fsspec
 
-from beam_jobs.images import EXTENSIONS
 from beam_jobs.local import CHAINING, NOT_REGULAR, local_path, walk
-from components.common.files import filesystem, is_local, is_uri, join, protocol, uri_of
+from components.common.files import filesystem, is_local, is_uri, join, protocol, uri_of, version_of
+from components.common.images import EXTENSIONS
 
 MANIFEST_SUFFIXES = (".csv", ".jsonl")
 SPLIT_NAMES = {"train": "train", "eval": "eval", "validation": "eval"}
@@ -115,7 +115,7 @@ def list_named(source: str, uris: list[str], eval_fraction: float = 0.0) -> List
         elif isinstance(info, str):
             rejected.append((Source(uri, 0, ""), info))
         else:
-            listed.append(Source(uri, int(info["size"]), _version(info), key=relative))
+            listed.append(Source(uri, int(info["size"]), version_of(info), key=relative))
     listing = _labelled(listed)
     sources = [_with_split(s, eval_fraction) for s in listing.sources]
     return Listing(sources, listing.rejected + rejected, skipped)
@@ -162,7 +162,7 @@ def _list_bucket_folder(fs, base: str) -> Listing:
     base = posixpath.normpath(base)
     found = ((path, info) for path, info in sorted(fs.find(base, detail=True, withdirs=False).items())
              if is_candidate(posixpath.relpath(path, base)))
-    return _labelled(Source(uri_of(fs, path), int(info["size"]), _version(info), key=posixpath.relpath(path, base))
+    return _labelled(Source(uri_of(fs, path), int(info["size"]), version_of(info), key=posixpath.relpath(path, base))
                      for path, info in found)
 
 
@@ -223,7 +223,7 @@ def _list_manifest(fs, path: str, allow_outside: bool) -> Listing:
         if isinstance(info, str):
             rejected.append((Source(uri, 0, ""), info))
         else:
-            sources.append(Source(uri, int(info["size"]), _version(info), label, split, key=key))
+            sources.append(Source(uri, int(info["size"]), version_of(info), label, split, key=key))
     return Listing(sources, rejected)
 
 
@@ -306,11 +306,3 @@ def _info(uri: str) -> dict | str:
     if info.get("type") == "directory":
         return "not found"
     return info if info.get("type") == "file" else NOT_REGULAR
-
-
-def _version(info: dict) -> str:
-    """What changes when the object's content does: ETag on S3, generation on GCS, mtime locally."""
-    for key in ("ETag", "etag", "generation", "mtime", "LastModified", "updated"):
-        if info.get(key) is not None:
-            return str(info[key]).strip('"')
-    return ""

@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from beam_jobs.local import canonical, open_source
 from beam_jobs.sources import Source
-from components.common.content_index import parse, read_index
-from components.common.files import exists
+from components.common.content_index import parse
+from components.common.trusted_index import verified
 from components.contracts.layout import Root
 
 BLOCK = 1 << 20
@@ -30,17 +30,19 @@ def without_unchanged(fresh: list[Source], touched: list[Source], root: Root) ->
 
 
 def _published_hashes(candidates: dict, root: Root) -> dict[str, str]:
-    """SHA-256 of each candidate's published record, from the spans' content indexes."""
-    found = {}
-    for number in root.published():
-        uri = root.content_index(number)
-        if exists(uri):
-            for line in read_index(uri):
+    """SHA-256 of each candidate's published record, from the spans' content indexes (checked as
+    they stream, rebuilt where broken: components/common/trusted_index.py)."""
+    def scan(lines) -> dict[str, str]:
+        found = {}
+        for number in root.published():
+            for line in lines(number):
                 sha, _, _, _, source = parse(line)
                 name = canonical(source)
                 if name in candidates:
                     found[name] = sha
-    return found
+        return found
+
+    return verified(root, scan)
 
 
 def _digest(uri: str) -> str | None:

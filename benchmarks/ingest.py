@@ -30,9 +30,9 @@ from pathlib import Path
 import psutil
 from isal import isal_zlib
 
-from beam_jobs.images import normalize
 from beam_jobs.sources import list_source
 from benchmarks.jpeg_spans import make_camera_photos, make_photos
+from components.common.images import normalize
 from components.contracts import schema
 
 

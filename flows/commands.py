@@ -12,13 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
 import sys
 import time
-import urllib.parse
 import urllib.request
 
 from components.common import processes
@@ -28,6 +26,7 @@ from components.contracts.beam_options import BEAM_ARGS_ENV
 from components.contracts.layout import Root, new_run_id
 from components.contracts.program import BAD_SETTINGS, printable
 from components.contracts.run_config import RunConfig
+from components.contracts.secrets import without_secrets
 from flows.parameters import read_beam_args
 from flows.run_options import FIELDS, add_config_arguments, config_from
 from flows.work_pools import add_notifications_argument
@@ -194,7 +193,7 @@ def _banner(args: argparse.Namespace, config: RunConfig, home: str, url: str, lo
     database = os.environ.get("PREFECT_SERVER_DATABASE_CONNECTION_URL") or os.path.join(home, "prefect.db")
     auth = "  export PREFECT_API_AUTH_STRING=<user:password>\n" if os.environ.get(AUTH_ENV) else ""
     train = config.resolved().train
-    return (f"Prefect server: {url} (log: {log_path}; database: {without_password(database)})\n"
+    return (f"Prefect server: {url} (log: {log_path}; database: {without_secrets(database)})\n"
             + ("" if auth else f"No auth string: anyone who can reach 127.0.0.1:{args.port} can start runs "
                "(--auth-string-file)\n")
             + f"Serving train/nightly ({args.cron or 'cron 0 2 * * *'} {args.timezone}; and on stoke.data.arrived) "
@@ -240,22 +239,6 @@ def _start_server(port: int, log_path: str) -> subprocess.Popen:
         time.sleep(0.5)
     processes.stop(server, SERVER_STOP_SECONDS)
     raise ServerError(f"the Prefect server did not answer within {SERVER_START_SECONDS} s; see {log_path}")
-
-
-# Names of the query (or `;`/space separated) parameters a database URL may carry a credential in:
-# password, sslpassword, passfile, sslkey, api_key, auth_token, client_secret, credentials...
-_SECRET_PARAMETER = re.compile(
-    r"(?i)(^|[?&;\s])([^=?&;#\s/]*(?:pass|pwd|secret|token|key|credential|auth)[^=?&;#\s]*)=([^&;#\s]*)")
-
-
-def without_password(url: str) -> str:
-    """A database URL fit to print: the password of its user info and every parameter whose name says
-    password, secret, token, key or credential, as ***; the user name, host and other parameters kept."""
-    parts = urllib.parse.urlsplit(url)
-    userinfo, at, host = parts.netloc.rpartition("@")
-    if at and ":" in userinfo:  # rebuilt only then: urlunsplit drops the // of sqlite:////abs/path
-        url = urllib.parse.urlunsplit(parts._replace(netloc=f"{userinfo.split(':', 1)[0]}:***@{host}"))
-    return _SECRET_PARAMETER.sub(r"\1\2=***", url)
 
 
 def _interrupt(signum, frame):

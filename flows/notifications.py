@@ -7,7 +7,9 @@ A queue hands out messages; `collect` gathers them until the queue has been quie
 burst of uploads is one batch), `created` reads which new objects a message names, and `done`
 deletes (SQS) or acknowledges (Pub/Sub) them. The watcher calls `done` only after it has emitted its
 event: a crash in between delivers the messages again, which at worst asks for an ingest that finds
-nothing new. Plain code, no Prefect: the watcher (flows/watch_bucket.py) decides what to do.
+nothing new. An S3 event holds a list of records, and each is judged alone: a malformed or foreign
+record is a reason in `Announced.dropped`, never the loss of the good records beside it.
+Plain code, no Prefect: the watcher (flows/watch_bucket.py) decides what to do.
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ import re
 import time
 import urllib.parse
 from dataclasses import dataclass
+
+from components.contracts.secrets import without_secrets
 
 SQS_WAIT_LIMIT = 20  # seconds: SQS's longest long poll
 BATCH = 10  # messages per SQS receive and delete, its maximum
@@ -29,7 +33,15 @@ class NotificationError(ValueError):
 
 
 class Dropped(ValueError):
-    """A message that names no created object (a test event, another bucket, a deletion, garbage)."""
+    """A record or message that names no created object (a test event, a deletion, garbage)."""
+
+
+@dataclass(frozen=True)
+class Announced:
+    """What one message announces: the created objects' URIs, and why each other record (or the
+    whole message) names none."""
+    uris: list[str]
+    dropped: list[str]
 
 
 @dataclass(frozen=True)
@@ -48,7 +60,7 @@ def checked(uri: str) -> str:
     if has_scheme and ((scheme == "sqs" and SQS_NAME.fullmatch(rest)) or
                        (scheme == "pubsub" and PUBSUB_PATH.fullmatch(rest))):
         return f"{scheme}://{rest}"
-    raise NotificationError(f"--notifications {uri!r}: expected sqs://QUEUE_NAME or "
+    raise NotificationError(f"--notifications {without_secrets(repr(uri))}: expected sqs://QUEUE_NAME or "
                             "pubsub://projects/PROJECT/subscriptions/SUBSCRIPTION")
 
 
@@ -75,22 +87,32 @@ def collect(queue, wait_seconds: float, quiet_seconds: float, limit: int) -> lis
     return list(held.values())
 
 
-def created(message: Message) -> list[str]:
-    """URIs of the objects a message announces as created; raises Dropped saying why it names none."""
+def created(message: Message) -> Announced:
+    """The objects a message announces as created, each of its records judged alone."""
     if "eventType" in message.attributes or "bucketId" in message.attributes:
-        return [_gcs_object(message.attributes)]
+        return _each([message.attributes], _gcs_object, single=True)
     try:
         body = json.loads(message.body)
     except (ValueError, RecursionError):
-        raise Dropped("not JSON: neither an S3 event nor a GCS notification") from None
+        return Announced([], ["not JSON: neither an S3 event nor a GCS notification"])
     if isinstance(body, dict) and body.get("Type") == "Notification" and isinstance(body.get("Message"), str):
         return created(Message(message.id, message.receipt, body["Message"].encode(), {}))  # through SNS
     if isinstance(body, dict) and body.get("Event") == "s3:TestEvent":
-        return _dropped("S3's test event (sent when the notification is configured)")
+        return Announced([], ["S3's test event (sent when the notification is configured)"])
     records = body.get("Records") if isinstance(body, dict) else None
     if not isinstance(records, list) or not records:
-        return _dropped("no Records: not an S3 event notification")
-    return [_s3_object(record) for record in records]
+        return Announced([], ["no Records: not an S3 event notification"])
+    return _each(records, _s3_object, single=len(records) == 1)
+
+
+def _each(records: list, read, single: bool) -> Announced:
+    found = Announced([], [])
+    for number, record in enumerate(records):
+        try:
+            found.uris.append(read(record))
+        except Dropped as why:
+            found.dropped.append(str(why) if single else f"record {number}: {why}")
+    return found
 
 
 def _s3_object(record) -> str:
@@ -99,7 +121,7 @@ def _s3_object(record) -> str:
     except (KeyError, TypeError):
         return _dropped("an S3 record without eventName, bucket or key")
     if not (isinstance(name, str) and name.startswith("ObjectCreated:")):
-        return _dropped(f"S3 event {name!r}: not a created object")
+        return _dropped(f"S3 event {_short(name)}: not a created object")
     if not (isinstance(bucket, str) and isinstance(key, str) and bucket and key):
         return _dropped("an S3 record whose bucket or key is not a name")
     return f"s3://{bucket}/{urllib.parse.unquote_plus(key)}"  # keys arrive URL-encoded, spaces as +
@@ -108,7 +130,7 @@ def _s3_object(record) -> str:
 def _gcs_object(attributes: dict[str, str]) -> str:
     kind, bucket, name = attributes.get("eventType"), attributes.get("bucketId"), attributes.get("objectId")
     if kind != "OBJECT_FINALIZE":
-        return _dropped(f"GCS event {kind!r}: not a created object")
+        return _dropped(f"GCS event {_short(kind)}: not a created object")
     if not (bucket and name):
         return _dropped("a GCS notification without bucketId or objectId")
     return gcs_uri(bucket, name)
@@ -120,6 +142,12 @@ def gcs_uri(bucket: str, name: str) -> str:
 
 def _dropped(reason: str):
     raise Dropped(reason)
+
+
+def _short(value) -> str:
+    """A value from a message as a reason shows it: whatever its size, a log line stays short."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 class SqsQueue:

@@ -24,9 +24,12 @@ new objects instead, and nothing is listed:
                                                               redelivers them, and ingest, being
                                                               exactly-once, publishes nothing twice
 
-A message that names no new object of SOURCE (S3's test event, another bucket, a deletion, garbage)
-is one log line and is deleted with the rest. A lost notification delays data until the nightly run,
-whose ingest lists all of SOURCE; it never loses it.
+Each record of an S3 event is judged alone: one that names no created object (S3's test event, a
+deletion, garbage) is left out and the rest of its message kept; the poll logs one line for all it
+left out, and those messages are deleted with the rest. Prefect's emit_event reports a failure by
+returning None (it logs why): then nothing is deleted, the run fails, and the queue hands the
+messages out again. A lost notification delays data until the nightly run, whose ingest lists all
+of SOURCE; it never loses it.
 """
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ from prefect.states import Failed
 from beam_jobs.compare import compare
 from beam_jobs.sources import each_listed, list_named
 from components.contracts.layout import Root
-from components.contracts.program import escape_logs
+from components.contracts.program import escape_logs, printable
 from components.contracts.results import ResultError
 from flows import notifications as queues
 from flows.console import quiet_console
@@ -65,12 +68,12 @@ def watch_bucket(source: str = DEMO_SOURCE, root: str = DEMO_ROOT, settle_second
             return watch_queue(source, root, queues.open_queue(notifications), settle_seconds, wait_seconds)
         except (queues.NotificationError, ResultError) as error:
             logger.error("%s", error)
-            return Failed(message=str(error))
+            return Failed(message=printable(str(error)))
     try:
         first = new_files(source, root)
     except ResultError as error:  # a broken span manifest: every stage would stop on it, so say which
         logger.error("%s", error)
-        return Failed(message=str(error))
+        return Failed(message=printable(str(error)))
     if not first:
         logger.info("nothing new in %s", source)
         return {"source": source, "new_files": 0, "emitted": False, "reason": "nothing new"}
@@ -78,7 +81,7 @@ def watch_bucket(source: str = DEMO_SOURCE, root: str = DEMO_ROOT, settle_second
     try:
         second = new_files(source, root)
     except ResultError as error:
-        return Failed(message=str(error))
+        return Failed(message=printable(str(error)))
     if second != first:
         logger.info("%d new files, but the listing is still changing; waiting for the next poll", len(second))
         return {"source": source, "new_files": len(second), "emitted": False, "reason": "still changing"}
@@ -88,9 +91,11 @@ def watch_bucket(source: str = DEMO_SOURCE, root: str = DEMO_ROOT, settle_second
         return {"source": source, "new_files": len(second), "emitted": False,
                 "reason": f"train run {pending[0]} is already queued or running"}
     event = emit_event(EVENT, resource=source_resource(source), payload={"source": source, "new_files": len(second)})
+    if event is None:
+        return not_emitted(f"{len(second)} new files in {source}, but {EVENT} could not be emitted; the next poll "
+                           "asks again")
     logger.info("%d new files in %s: emitted %s", len(second), source, EVENT)
-    return {"source": source, "new_files": len(second), "emitted": True,
-            "event_id": str(event.id) if event else None}
+    return {"source": source, "new_files": len(second), "emitted": True, "event_id": str(event.id)}
 
 
 @task(retries=3, retry_delay_seconds=[5, 15, 45], retry_condition_fn=lambda task, run, state: not _broken(state))
@@ -104,12 +109,14 @@ def watch_queue(source: str, root: str, queue, settle_seconds: float, wait_secon
     """One batch of notifications: an event naming the new files, then the messages deleted."""
     logger = get_run_logger()
     messages = queues.collect(queue, wait_seconds, settle_seconds, BATCH_LIMIT)
-    named = set()
+    named, dropped = set(), []
     for message in messages:
-        try:
-            named.update(queues.created(message))
-        except queues.Dropped as why:
-            logger.warning("dropped message %s from %s: %s", message.id, queue.name, why)
+        announced = queues.created(message)
+        named.update(announced.uris)
+        dropped += [f"message {message.id}: {why}" for why in announced.dropped]
+    if dropped:  # one line for the poll, however many there are
+        logger.warning("dropped %d notification records from %s that name no created object: %s%s", len(dropped),
+                       queue.name, "; ".join(dropped[:3]), f"; and {len(dropped) - 3} more" if len(dropped) > 3 else "")
     fresh = named_new_files(source, root, sorted(named))
     result = {"source": source, "messages": len(messages), "new_files": len(fresh), "emitted": False}
     if fresh:
@@ -117,8 +124,11 @@ def watch_queue(source: str, root: str, queue, settle_seconds: float, wait_secon
         if len(fresh) <= NAMED_LIMIT:
             payload["files"] = fresh
         event = emit_event(EVENT, resource=source_resource(source), payload=payload)
+        if event is None:  # not emitted: the messages stay, so the queue hands them out again
+            return not_emitted(f"{len(fresh)} new files in {source} announced by {queue.name}, but {EVENT} could not "
+                               f"be emitted; its {len(messages)} messages stay in the queue and come back")
         logger.info("%d new files in %s announced by %s: emitted %s", len(fresh), source, queue.name, EVENT)
-        result.update(emitted=True, event_id=str(event.id) if event else None)
+        result.update(emitted=True, event_id=str(event.id))
     elif messages:
         result["reason"] = "nothing new"
     else:
@@ -127,6 +137,12 @@ def watch_queue(source: str, root: str, queue, settle_seconds: float, wait_secon
     if failed:
         logger.warning("%d messages were not deleted and will come back (harmless): %s", len(failed), failed[:3])
     return result
+
+
+def not_emitted(message: str):
+    """The poll's failure when Prefect could not emit the event (emit_event returned None, having logged why)."""
+    get_run_logger().error("%s", message)
+    return Failed(message=printable(message))
 
 
 def named_new_files(source: str, root: str, uris: list[str]) -> list[str]:

@@ -33,6 +33,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from components.contracts.beam_options import BEAM_ARGS_ENV
+from components.contracts.program import printable
 from components.contracts.run_config import RunConfig
 from flows.parameters import OPEN_VARIABLES, read_beam_args
 
@@ -228,10 +229,11 @@ def main(argv: list[str] | None = None) -> int:
         names = deploy(config_from(args), pool, template, beam_args, poll_seconds=args.poll_seconds,
                        notifications=args.notifications)
     except ValidationError as error:
-        print(f"stoke deploy: error: {error.errors()[0]['loc'][0]}: {error.errors()[0]['msg']}", file=sys.stderr)
+        print(f"stoke deploy: error: {error.errors()[0]['loc'][0]}: {printable(error.errors()[0]['msg'])}",
+              file=sys.stderr)
         return 1
     except (WorkPoolError, OSError, ValueError) as error:  # ValueError: a bad configuration too
-        print(f"stoke deploy: error: {error}", file=sys.stderr)
+        print(f"stoke deploy: error: {printable(str(error))}", file=sys.stderr)
         return 1
     summary = {"work_pool": pool.name, "type": pool.type, "deployments": names, "image": pool.image}
     print(json.dumps(summary, sort_keys=True) if args.json else

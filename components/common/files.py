@@ -102,6 +102,14 @@ def uri_of(fs: fsspec.AbstractFileSystem, path: str) -> str:
     return path if is_local(fs) else fs.unstrip_protocol(path)
 
 
+def version_of(info: dict) -> str:
+    """What changes when a file's content does (fsspec's `info`): ETag on S3, generation on GCS, mtime locally."""
+    for key in ("ETag", "etag", "generation", "mtime", "LastModified", "updated"):
+        if info.get(key) is not None:
+            return str(info[key]).strip('"')
+    return ""
+
+
 def is_uri(location: str) -> bool:
     """A location with a scheme (`s3://b/k`, `file:///x`), not a local path."""
     return "://" in location

@@ -1,5 +1,5 @@
 """Opening an untrusted image by its header only: the formats Stoke accepts and a pixel cap, checked
-before any pixel is decoded, for ingest (beam_jobs/images.py) and `stoke predict` alike.
+before any pixel is decoded, for ingest (components/common/images.py) and `stoke predict` alike.
 
 Only the formats the record contract needs are opened: JPEG (and MPO, a JPEG with more frames), PNG
 (and APNG), GIF, BMP, TIFF and WebP, the formats ingest lists by extension. Every other format Pillow

@@ -15,10 +15,14 @@ import urllib.request
 from components.common import processes
 from components.contracts.schema import SERVING_INPUT, SERVING_SIGNATURE
 
-# tensorflow/serving releases follow TensorFlow's; 2.21.0 is the newest tag found (Docker Hub
-# tensorflow/serving, also named by TF Serving's release PRs up to 2.20.0 and used as
-# `FROM tensorflow/serving:2.21.0` / `2.21.0-gpu` in published deployment guides) and matches the
-# TensorFlow 2.21 that trains Stoke's models. Raise it together with TensorFlow.
+# tensorflow/serving releases follow TensorFlow's. 2.21.0 is the newest release seen, checked on
+# 2026-12-01: PyPI has tensorflow-serving-api 2.21.0 (released 2026-09, from the same release), and
+# the public tutorial github.com/subirroy71/tfserving_tutorial serves SavedModels exported by
+# tensorflow==2.21.0 from `tensorflow/serving:2.21.0` (docker-compose.yml) in its CI's end-to-end
+# run; TF Serving's own release PRs seen stop at 2.20.0 (tensorflow/serving#4135), and no 2.22 was
+# found. The 2.21.0-gpu tag was seen named, not run. Written by hand, so `stoke push --build-image`
+# has the container engine find or pull the tag before building (components/push/serving_image.py).
+# Raise it together with TensorFlow.
 SERVING_VERSION = "2.21.0"
 SERVING_IMAGE = "tensorflow/serving"
 

@@ -31,6 +31,7 @@ import google_crc32c
 from components.common.files import filesystem
 from components.common.tfrecord import BadRecord, count_records
 from components.contracts.layout import Shard
+from components.contracts.program import printable
 
 CACHE_DIR_ENV = "STOKE_CACHE_DIR"
 MARKER = ".verified"
@@ -116,7 +117,8 @@ class ShardCache:
                 and _crc32c(local) == marker.get("crc32c")):
             os.utime(local + MARKER)
             return "ok"
-        print(f"stoke: the cached copy of {shard.uri} fails its check; copying it again", file=sys.stderr, flush=True)
+        print(printable(f"stoke: the cached copy of {shard.uri} fails its check; copying it again"), file=sys.stderr,
+              flush=True)
         _remove(local)
         return "corrupt"
 
@@ -135,7 +137,7 @@ class ShardCache:
                 _write_marker(local)
                 return True
         os.replace(part, local)
-        print(f"stoke: {shard.uri} {problem}, in the bucket as well as in its copy", file=sys.stderr, flush=True)
+        print(printable(f"stoke: {shard.uri} {problem}, in the bucket as well as in its copy"), file=sys.stderr, flush=True)
         return False
 
     def _make_room(self, need: int, keep: set[str], wanted: int) -> None:

@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from components.contracts import schema
+from components.contracts.secrets import without_secrets
 
 # The networks training can fit (components/train/models.py builds each).
 Network = Literal["small_cnn", "mobilenet_v3_small", "efficientnet_b0", "resnet50"]
@@ -53,7 +54,7 @@ def check_service_address(address: str) -> str:
     """`address` as grpc://HOST:PORT, or a ValueError saying what a service address looks like."""
     match = SERVICE_ADDRESS.fullmatch(address) if isinstance(address, str) else None
     if not match or not 0 < int(match["port"]) < 65536:
-        raise ValueError(f"bad tf.data service address {address!r}: grpc://HOST:PORT is needed, "
+        raise ValueError(f"bad tf.data service address {without_secrets(repr(address))}: grpc://HOST:PORT is needed, "
                          "with a port from 1 to 65535 (e.g. grpc://127.0.0.1:5050)")
     return f"grpc://{match['host']}:{int(match['port'])}"
 

@@ -22,7 +22,9 @@ DEAD_LETTER = "dead_letter.jsonl"
 LABELS = "labels.json"
 # Beside a span's shards: what its records hold. The content index is one line per record, sorted by
 # SHA-256 (`sha256 TAB dhash TAB split TAB "label" TAB "uri"`, label and URI as JSON strings), so a
-# new arrival's hashes merge against it in one streaming pass.
+# new arrival's hashes merge against it in one streaming pass. Derived from the shards: its readers
+# check it as they stream it (sorted, whole, as many lines as the manifest counts records), and one
+# missing or damaged is rebuilt from them (components/common/trusted_index.py).
 CONTENT_INDEX = "content_index.tsv.gz"
 # What a span's sources are, by identity: `# sources N` then N lines sorted as strings,
 # `"uri" TAB size TAB "version"` (URI and version as JSON strings, local paths by their real path),

@@ -17,6 +17,7 @@ from components.contracts import overrides
 from components.contracts.options import add_options, given, option
 from components.contracts.results import Result
 from components.contracts.run_config import program_model
+from components.contracts.secrets import without_secrets
 from components.contracts.stages import stage
 from components.contracts.summaries import Progress
 
@@ -89,12 +90,13 @@ def progress_printer(as_json: bool) -> Callable[[Progress], None]:
 
 
 def printable(value):
-    """`value` (a string, or the strings in a dict or list) with control and format characters
-    escaped: a file name can hold terminal escapes, newlines or bidirectional overrides, and
-    names reach terminals, logs and markdown reports."""
+    """`value` (a string, or the strings in a dict or list) fit to show: control and format
+    characters escaped (a file name can hold terminal escapes, newlines or bidirectional overrides,
+    and names reach terminals, logs and markdown reports), and passwords and credentials hidden
+    (components/contracts/secrets.py: a URL a user gives can carry them)."""
     if isinstance(value, str):
-        return "".join(ch.encode("unicode_escape").decode("ascii") if unicodedata.category(ch) in _HIDDEN else ch
-                       for ch in value)
+        return without_secrets("".join(ch.encode("unicode_escape").decode("ascii")
+                                       if unicodedata.category(ch) in _HIDDEN else ch for ch in value))
     if isinstance(value, dict):
         return {key: printable(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
@@ -142,6 +144,7 @@ def settings_message(error: ValidationError) -> str:
 
 
 def _fail(prog: str, as_json: bool, message: str, failed: Result | None, code: int) -> int:
+    message = without_secrets(message)  # the JSON line too: whatever reads it may log it
     print(f"{prog}: error: {printable(message)}", file=sys.stderr, flush=True)
     if as_json:
         summary = type(failed).model_validate({**failed.to_json(), "error": message}).to_json() if failed else {

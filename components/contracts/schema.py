@@ -2,8 +2,9 @@
 the signatures of every exported model.
 
 `encode_example` writes the wire format directly, so the ingest workers build records without
-importing TensorFlow (seconds of start-up and half a gigabyte per worker). Tests check the bytes
-against `tf.train.Example` and `tf.io.parse_single_example`.
+importing TensorFlow (seconds of start-up and half a gigabyte per worker), and `example_bytes`
+reads the bytes features back the same way, for the readers that must not import it either.
+Tests check both against `tf.train.Example` and `tf.io.parse_single_example`.
 """
 from __future__ import annotations
 
@@ -64,6 +65,20 @@ def feature_spec() -> dict:
     }
 
 
+def example_bytes(data: bytes) -> dict[str, bytes]:
+    """The first value of each bytes feature of a serialized tf.Example (int64 and float features are
+    left out); ValueError for bytes that are not a tf.Example."""
+    found = {}
+    for features in (payload for number, payload in _fields(data) if number == 1):  # Example.features
+        for entry in (payload for number, payload in _fields(features) if number == 1):  # the map's entries
+            parts = dict(_fields(entry))  # key = 1, Feature = 2
+            lists = dict(_fields(parts.get(2, b"")))  # Feature: bytes_list = 1, float_list = 2, int64_list = 3
+            if 1 in parts and 1 in lists:
+                values = [value for number, value in _fields(lists[1]) if number == 1]
+                found[parts[1].decode("utf-8")] = values[0] if values else b""
+    return found
+
+
 # Protocol buffer wire format: a length-delimited field is tag, length, payload; see
 # https://protobuf.dev/programming-guides/encoding/. Feature is a oneof of
 # bytes_list = 1, float_list = 2, int64_list = 3; each list keeps its values in field 1.
@@ -90,3 +105,38 @@ def _varint(value: int) -> bytes:
         value >>= 7
     out.append(value)
     return bytes(out)
+
+
+def _fields(data: bytes):
+    """(field number, payload) of each length-delimited field in `data`; other wire types are
+    skipped (varint, 64-bit, 32-bit), a truncated or malformed message is a ValueError."""
+    position = 0
+    while position < len(data):
+        tag, position = _read_varint(data, position)
+        number, kind = tag >> 3, tag & 7
+        if kind == 0:
+            _, position = _read_varint(data, position)
+        elif kind in (1, 5):
+            position += 8 if kind == 1 else 4
+        elif kind == 2:
+            length, position = _read_varint(data, position)
+            if position + length > len(data):
+                raise ValueError("a field runs past the end of the message")
+            yield number, data[position:position + length]
+            position += length
+        else:
+            raise ValueError(f"wire type {kind} is not one a tf.Example holds")
+    if position > len(data):
+        raise ValueError("the message ends inside a field")
+
+
+def _read_varint(data: bytes, position: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if position >= len(data) or shift > 63:
+            raise ValueError("a truncated or overlong varint")
+        byte = data[position]
+        value |= (byte & 0x7F) << shift
+        position, shift = position + 1, shift + 7
+        if not byte & 0x80:
+            return value, position

@@ -12,8 +12,9 @@ from collections import defaultdict
 from tensorflow_metadata.proto.v0 import statistics_pb2
 
 from components.common import clock
-from components.common.content_index import parse, read_index
+from components.common.content_index import parse
 from components.common.files import exists, filesystem
+from components.common.trusted_index import verified
 from components.contracts import program
 from components.contracts.layout import Root
 from components.contracts.results import ResultError
@@ -78,13 +79,16 @@ def read_statistics(uri: str) -> statistics_pb2.DatasetFeatureStatisticsList:
 
 
 def dhashes(root: Root, number: int) -> dict[str, list[str]]:
-    """dHash -> URIs of the span's records, from its content index (empty without one)."""
-    found = defaultdict(list)
-    if exists(root.content_index(number)):
-        for line in read_index(root.content_index(number)):
+    """dHash -> URIs of the span's records, from its content index: checked as it streams, rebuilt
+    from the span's shards where missing or broken (components/common/trusted_index.py)."""
+    def scan(lines) -> dict[str, list[str]]:
+        found = defaultdict(list)
+        for line in lines(number):
             _, dhash, _, _, uri = parse(line)
             found[dhash].append(uri)
-    return dict(found)
+        return dict(found)
+
+    return verified(root, scan)
 
 
 def describe(summary: dict) -> str:

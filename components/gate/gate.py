@@ -36,7 +36,7 @@ from components.common.repository import SAVED_MODEL, Repository, RepositoryErro
 from components.common.shard_cache import CacheError, ShardCache
 from components.common.tf_files import local_copy, push, tf_reads
 from components.contracts import program, schema
-from components.contracts.layout import Root, RunDir, Shard
+from components.contracts.layout import Root, RunDir, Shard, SpanQuarantined
 from components.contracts.results import GateResult, ResultError, TrainMetrics
 from components.contracts.run_config import GateSettings
 from components.gate import records, rule
@@ -137,7 +137,11 @@ def gather(config: GateSettings) -> GateInputs:
     if not exists(join(candidate, SAVED_MODEL)):
         raise GateError(f"run {config.run_id} has no candidate SavedModel at {candidate}")
     labels, spans = trained.labels, trained.spans
-    shards = root.shards("eval", spans)
+    try:
+        shards = root.shards("eval", spans)
+    except SpanQuarantined as exc:  # held back after the run trained on it: its records are not evidence
+        raise GateError(f"run {config.run_id} trained on a span the data check has since quarantined: {exc}; "
+                        "or train again without it") from None
     if not sum(s.records for s in shards):
         raise GateError(f"spans {spans} of run {config.run_id} have no eval records to gate on")
     shards, staged = _staged(config, shards)

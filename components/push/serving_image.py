@@ -179,12 +179,15 @@ def _mirror_versions(repo: Repository, versions: list[int], fs, target: str) -> 
 
 
 def build_image(serving_uri: str, command: str) -> dict:
-    """Builds the image when a container engine answers; otherwise says why not."""
+    """Builds the image when a container engine answers and the base image's tag exists; otherwise says why not."""
     fs, _ = filesystem(serving_uri)
     if not is_local(fs):
         return {"built": False, "reason": "the build context is on an object store; copy it locally to build"}
     if not docker_engine():
         return {"built": False, "reason": "no container engine answers (`docker info` failed or docker is absent)"}
+    problem = base_image_problem(f"{SERVING_IMAGE}:{SERVING_VERSION}")
+    if problem:
+        return {"built": False, "reason": problem}
     try:
         result = processes.run(shlex.split(command), timeout=BUILD_SECONDS)
     except subprocess.TimeoutExpired:
@@ -192,3 +195,23 @@ def build_image(serving_uri: str, command: str) -> dict:
     if result.returncode != 0:
         return {"built": False, "reason": f"docker build failed: {result.stderr.strip()[-300:]}"}
     return {"built": True}
+
+
+def base_image_problem(image: str) -> str | None:
+    """None when the engine holds `image` or can pull it (the pull the build would make anyway);
+    else why the build cannot start from it. SERVING_VERSION is written by hand: a tag that does not
+    exist would otherwise surface as a pull error halfway through `docker build`."""
+    try:
+        if processes.run(["docker", "image", "inspect", image], timeout=60).returncode == 0:
+            return None
+        pulled = processes.run(["docker", "pull", image], timeout=BUILD_SECONDS)
+    except subprocess.TimeoutExpired:
+        return f"docker pull {image} did not finish within {BUILD_SECONDS} s"
+    if pulled.returncode == 0:
+        return None
+    said = next((line.strip() for line in reversed((pulled.stderr + pulled.stdout).splitlines()) if line.strip()),
+                f"exit code {pulled.returncode}")[:300]
+    if "manifest unknown" in said.lower() or "not found" in said.lower():
+        return (f"{image} does not exist in its registry ({said}); set SERVING_VERSION in "
+                "components/common/serving.py to a tensorflow/serving tag that exists")
+    return f"cannot pull {image}, the base of the serving image: {said}"

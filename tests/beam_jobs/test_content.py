@@ -1,5 +1,6 @@
 """What a span holds, by content: exact copies never cross splits, blank frames are set aside, and
 statistics.pb describes the shards. Real image files through the real Beam job."""
+import gzip
 import hashlib
 import io
 import json
@@ -183,3 +184,68 @@ def test_reencoded_copies_across_splits_are_reported_not_dropped(tmp_path, capsy
     pair = next(p for p in near["examples"] if p["uri"].endswith("b.jpg"))
     assert pair["split"] == "eval" and pair["other_split"] == "train" and pair["distance"] <= 4
     assert json.dumps(near)  # plain JSON in the summary
+
+
+def reverse_lines(path) -> None:
+    with gzip.open(path, "rt") as f:
+        lines = f.readlines()
+    with gzip.open(path, "wt") as f:
+        f.writelines(lines[::-1])
+
+
+def test_exact_copies_never_cross_splits_through_an_unsorted_content_index(tmp_path, capsys):
+    first, again, root = tmp_path / "first", tmp_path / "again", tmp_path / "root"
+    photos(first, 12, "cat")
+    photos(first, 12, "dog", start=12)
+    assert ingest(first, root, "--eval-fraction", "0.5", *IN_MEMORY, capsys=capsys)[1]["span"] == 1
+    index = Root(str(root)).content_index(1)
+    reverse_lines(index)
+    for path in sorted(first.rglob("*.*")):  # byte-identical copies under other names: other splits too
+        target = again / path.parent.name / f"copy of {path.stem}{path.suffix}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+    code, summary = ingest(again, root, "--eval-fraction", "0.5", *IN_MEMORY, capsys=capsys)
+    assert code == 0 and not summary["published"] and summary["duplicates"] == 24, summary
+    split = contents_by_split(root)
+    assert not split["train"] & split["eval"] and Root(str(root)).span_numbers() == [1]
+
+
+def test_a_truncated_content_index_is_rebuilt_with_a_warning_not_a_traceback(tmp_path, capsys):
+    source, root = tmp_path / "source", tmp_path / "root"
+    photos(source, 6, "cat")
+    assert ingest(source, root, *IN_MEMORY, capsys=capsys)[1]["span"] == 1
+    index = Root(str(root)).content_index(1)
+    written = open(index, "rb").read()
+    open(index, "wb").write(written[:len(written) // 2])
+
+    photos(source, 2, "dog", start=50)
+    code, _ = ingest(source, root, *IN_MEMORY)
+    err = capsys.readouterr().err
+    assert code == 0 and "Traceback" not in err, err
+    assert err.count("\n") == 1 and err.startswith(f"stoke: warning: {index}: damaged (") and "rebuilt" in err, err
+    assert open(index, "rb").read() == written  # the index ingest wrote, whole again
+    assert Root(str(root)).span_numbers() == [1, 2]
+
+    open(index, "wb").write(written[:len(written) // 2])  # and the data check, which reads its dHashes
+    from components.datacheck import datacheck
+    code = datacheck.run(["--root", str(root), "--span", "1", "--json"])
+    err = capsys.readouterr().err
+    assert code == 0 and "Traceback" not in err and err.startswith(f"stoke: warning: {index}: "), err
+
+
+def test_a_damaged_index_over_corrupt_shards_stops_ingest_in_one_line_naming_the_shard(tmp_path, capsys):
+    source, root = tmp_path / "source", tmp_path / "root"
+    photos(source, 6, "cat")
+    assert ingest(source, root, *IN_MEMORY, capsys=capsys)[1]["span"] == 1
+    layout_root = Root(str(root))
+    reverse_lines(layout_root.content_index(1))
+    shard = layout_root.shards("train", [1])[0].uri
+    data = open(shard, "rb").read()
+    open(shard, "wb").write(data[:len(data) // 2])
+    photos(source, 2, "dog", start=50)
+    code, _ = ingest(source, root, *IN_MEMORY)
+    captured = capsys.readouterr()
+    summary, err = json.loads(captured.out.strip().splitlines()[-1]), captured.err
+    assert code == 1 and not summary["published"] and "Traceback" not in err, err
+    assert err.count("\n") == 1 and f"shard {shard} is corrupt" in err, err
+    assert layout_root.span_numbers() == [1]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from PIL import Image, ImageFile
 
-from beam_jobs.images import Rejected, normalize
+from components.common.images import Rejected, normalize
 from tests.beam_jobs import images
 
 LIMIT = 5_000_000  # 5 MP: the 6 MP images below are over it

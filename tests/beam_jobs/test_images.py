@@ -6,7 +6,7 @@ import tensorflow as tf
 from PIL import Image
 from PIL.JpegImagePlugin import JpegImageFile
 
-from beam_jobs.images import Rejected, normalize
+from components.common.images import Rejected, normalize
 from tests.beam_jobs import images
 
 

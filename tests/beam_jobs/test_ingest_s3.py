@@ -1,4 +1,5 @@
 """The same ingest from, and into, an s3:// bucket served by moto on 127.0.0.1."""
+import gzip
 import json
 import os
 import re
@@ -95,3 +96,29 @@ def test_a_second_ingest_into_a_bucket_is_refused_while_the_first_runs(s3_bucket
     finally:
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
+
+
+def test_a_damaged_content_index_in_a_bucket_is_rebuilt_there_as_ingest_wrote_it(s3_bucket, capsys):
+    """The rebuild reads the shards from the bucket, and re-reads a re-encoded record's source there
+    (known by its ETag), so re-uploads of every file, the re-encoded one too, are still copies."""
+    fs = fsspec.filesystem("s3")
+    fs.invalidate_cache()
+    for i in range(3):
+        fs.pipe_file(f"{s3_bucket}/photos/cat/{i}.jpg", images.rgb_jpeg(seed=i))
+    fs.pipe_file(f"{s3_bucket}/photos/dog/a.png", images.rgba_png())  # alpha: re-encoded at ingest
+    source, root = f"s3://{s3_bucket}/photos", f"s3://{s3_bucket}/root"
+    assert run([source, "--root", root, "--json"]) == 0
+    capsys.readouterr()
+    index = f"{root}/data/spans/span-00001/content_index.tsv.gz"
+    good = fs.cat_file(index)
+    fs.pipe_file(index, gzip.compress(b"".join(gzip.decompress(good).splitlines(keepends=True)[::-1])))
+    for name in ("cat/0.jpg", "cat/1.jpg", "cat/2.jpg", "dog/a.png"):
+        fs.copy(f"{s3_bucket}/photos/{name}", f"{s3_bucket}/again/{name.replace('/', '/copy-')}")
+
+    assert run([f"s3://{s3_bucket}/again", "--root", root, "--json"]) == 0
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out.strip().splitlines()[-1])
+    assert not summary["published"] and summary["duplicates"] == 4, summary
+    assert captured.err.startswith(f"stoke: warning: {index}: line 2 is out of order"), captured.err
+    fs.invalidate_cache()
+    assert fs.cat_file(index) == good

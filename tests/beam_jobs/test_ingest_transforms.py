@@ -6,9 +6,9 @@ import tensorflow as tf
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_jobs.images import Rejected
 from beam_jobs.pipeline import Gather, WriteShards, dead_letter, read_source, to_example
 from components.common.files import read_json
+from components.common.images import Rejected
 from components.contracts import schema
 from tests.beam_jobs import images
 

@@ -79,17 +79,21 @@ def damage(path: str, how: str) -> None:
 
 
 @pytest.mark.parametrize("how", ["missing", "cut", "empty", "lines lost", "unsorted", "not gzip"])
-def test_a_missing_or_damaged_index_is_rebuilt_from_the_manifest(tmp_path, how):
+def test_a_missing_or_damaged_index_is_rebuilt_from_the_manifest(tmp_path, how, capsys):
     root = Root(str(tmp_path / "root"))
     published = [(f"s3://b/{i:03d}.png", i, f"v{i}") for i in range(40)]
     publish(root, 1, published[:20])
     publish(root, 2, published[20:])
     listed = [(Source(u, s, v, "x"), None) for u, s, v in published] + [(Source("s3://b/new.png", 1, "v"), None)]
     assert [s.uri for s in compare(listed, root).fresh] == ["s3://b/new.png"]  # spans of before: built
+    capsys.readouterr()
     good = open(root.source_index(2), "rb").read()
     damage(root.source_index(2), how)
     assert [s.uri for s in compare(listed, root).fresh] == ["s3://b/new.png"]
     assert open(root.source_index(2), "rb").read() == good  # stored again, whole
+    err = capsys.readouterr().err  # and said so, naming the file
+    assert err.count("\n") == 1 and err.startswith(f"stoke: warning: {root.source_index(2)}: ") and \
+        err.endswith("; rebuilt from span 2's manifest\n"), err
 
 
 def test_an_index_that_cannot_be_stored_is_kept_for_the_run(tmp_path):

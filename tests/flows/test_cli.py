@@ -111,44 +111,6 @@ def test_up_serves_the_deployments_until_ctrl_c(pushed_run, tmp_path):
     assert not listening(port), "the server still listens after Ctrl-C"
 
 
-def test_printed_database_urls_hide_their_password():
-    from flows.commands import without_password
-
-    assert without_password("postgresql+asyncpg://prefect:p%40ss@db:5432/prefect") == \
-        "postgresql+asyncpg://prefect:***@db:5432/prefect"
-    assert without_password("/home/me/.prefect/prefect.db") == "/home/me/.prefect/prefect.db"
-
-
-@pytest.mark.parametrize("url, secrets", [
-    ("postgresql://db/prefect?password=hunter2", ["hunter2"]),
-    ("postgresql://db/prefect?sslmode=require&sslpassword=hunter2", ["hunter2"]),
-    ("postgresql://db/prefect?PassWord=hunter2&user=me", ["hunter2"]),
-    ("postgresql://db/prefect?passfile=/home/me/.pgpass", ["/home/me/.pgpass", "%2Fhome%2Fme"]),
-    ("postgresql://db/prefect?sslkey=/k/client.key&api_token=t0k&client_secret=s3c", ["client.key", "t0k", "s3c"]),
-    ("postgresql://prefect@db/prefect?password=p%40ss", ["p%40ss", "p@ss"]),
-    ("postgresql://prefect:@db/prefect?connect_timeout=5&sslpassword=", ["prefect:@"]),
-    ("postgresql://u:pw@db/prefect?password=hunter2 host=db password=x2", ["hunter2", "=x2"]),
-    ("postgresql://u:p%3Ass@db/prefect?password=a&password=b", ["p%3Ass", "=a", "=b"]),
-    ("postgresql://db/prefect?password=hunter2#frag", ["hunter2"]),
-    ("postgresql://db/prefect;password=hunter2", ["hunter2"]),
-])
-def test_printed_database_urls_hide_every_credential_they_carry(url, secrets):
-    from flows.commands import without_password
-
-    shown = without_password(url)
-    assert "db" in shown and not any(secret in shown for secret in secrets), shown
-
-
-def test_printed_database_urls_keep_what_is_not_a_credential():
-    from flows.commands import without_password
-
-    assert without_password("postgresql+asyncpg://prefect:pw@db:5432/prefect?sslmode=require&application_name=stoke") \
-        == "postgresql+asyncpg://prefect:***@db:5432/prefect?sslmode=require&application_name=stoke"
-    for kept in ("sqlite+aiosqlite:////home/me/.prefect/prefect.db", "/home/key/prefect.db",
-                 "postgresql://prefect@db/prefect?sslmode=verify-full"):
-        assert without_password(kept) == kept
-
-
 def _children(pid: int) -> list[tuple[int, str]]:
     """(pid, command line) of the processes whose parent is PID."""
     found = []

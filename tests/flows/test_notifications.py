@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+from urllib.parse import quote_plus
 
 import boto3
 import pytest
@@ -56,7 +57,7 @@ def in_queue(url: str) -> int:
     return sum(int(v) for v in counts.values())
 
 
-def test_uploads_are_one_event_naming_them_and_foreign_messages_one_line_each(announced, s3_endpoint, caplog):
+def test_uploads_are_one_event_naming_them_and_foreign_records_one_line_for_the_poll(announced, s3_endpoint, caplog):
     new = upload(announced, announced["images"][:3])
     s3 = boto3.client("s3")
     s3.put_object(Bucket=announced["bucket"], Key="incoming/3/notes.txt", Body=b"a sidecar, not an image")
@@ -75,13 +76,12 @@ def test_uploads_are_one_event_naming_them_and_foreign_messages_one_line_each(an
     assert [e.payload for e in events] == [{"source": announced["source"], "new_files": 3, "files": new}]
     assert in_queue(announced["url"]) == 0  # all deleted, the dropped ones too
     lines = [r.getMessage() for r in caplog.records]
-    dropped = [line for line in lines if line.startswith(("dropped message", "ignored"))]
-    assert len(dropped) == 4, dropped
-    assert any("S3's test event" in line for line in dropped)
-    assert any("not JSON" in line for line in dropped)
-    assert any("'ObjectRemoved:Delete'" in line for line in dropped)
-    assert any(line.startswith("ignored s3://") and "elsewhere/1/a.png: not under" in line for line in dropped)
-    assert all("\n" not in line for line in dropped)
+    [dropped] = [line for line in lines if line.startswith("dropped ")]  # one line for the poll
+    assert dropped.startswith(f"dropped 3 notification records from {announced['queue'][6:]} ")
+    assert "S3's test event" in dropped and "not JSON" in dropped and "'ObjectRemoved:Delete'" in dropped
+    [ignored] = [line for line in lines if line.startswith("ignored")]
+    assert ignored.startswith("ignored s3://") and "elsewhere/1/a.png: not under" in ignored
+    assert "\n" not in dropped + ignored
 
 
 def test_messages_stay_until_the_event_is_emitted(announced, s3_endpoint, monkeypatch):
@@ -101,6 +101,113 @@ def test_messages_stay_until_the_event_is_emitted(announced, s3_endpoint, monkey
                           **QUICK)
     assert result["emitted"]
     assert [e.payload["files"] for e in events_for(announced["source"])] == [new]
+
+
+def unemitted_event_deletes_nothing(announced, monkeypatch, caplog, fail) -> None:
+    """Prefect's emit_event does not raise when it cannot emit: it logs and returns None. Then the
+    messages stay in the queue, the run fails in one line, and the next run gets them again."""
+    from prefect.events.worker import EventsWorker
+
+    new = upload(announced, announced["images"][:2])
+    try:
+        fail()
+        with caplog.at_level(logging.INFO):
+            state = watch_bucket(source=announced["source"], root=announced["root"],
+                                 notifications=announced["queue"], return_state=True, **QUICK)
+    finally:
+        EventsWorker.set_client_override(None)
+        monkeypatch.undo()
+    assert state.is_failed() and "could not be emitted" in state.message and "\n" not in state.message
+    assert in_queue(announced["url"]) >= 2  # nothing deleted
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR and "could not be emitted" in r.getMessage()]
+    assert len(said) == 1, said
+
+    result = watch_bucket(source=announced["source"], root=announced["root"], notifications=announced["queue"],
+                          **QUICK)
+    assert result["emitted"] and in_queue(announced["url"]) == 0
+    assert [e.payload["files"] for e in events_for(announced["source"])] == [new]
+
+
+def test_emit_returning_none_deletes_no_message(announced, s3_endpoint, monkeypatch, caplog):
+    unemitted_event_deletes_nothing(announced, monkeypatch, caplog,
+                                    lambda: monkeypatch.setattr(watcher, "emit_event", lambda *args, **kwargs: None))
+
+
+def test_no_events_client_deletes_no_message(announced, s3_endpoint, monkeypatch, caplog):
+    """Prefect's own emit_event, with an events worker that sends nothing: it answers None."""
+    from prefect.events.clients import NullEventsClient
+    from prefect.events.worker import EventsWorker
+
+    unemitted_event_deletes_nothing(announced, monkeypatch, caplog, lambda: EventsWorker.set_client_override(NullEventsClient))
+
+
+def s3_record(bucket: str, key: str, name: str = "ObjectCreated:Put") -> dict:
+    return {"eventName": name, "s3": {"bucket": {"name": bucket}, "object": {"key": quote_plus(key, safe="/")}}}
+
+
+def test_a_bad_record_keeps_the_good_ones_of_its_message_and_is_deleted_after_the_event(announced, s3_endpoint,
+                                                                                        caplog):
+    new = upload(announced, announced["images"][:3])
+    sqs, bucket = boto3.client("sqs"), announced["bucket"]
+    sqs.purge_queue(QueueUrl=announced["url"])  # the notifications S3 sent: now one message names all three
+    keys = [uri.removeprefix(f"s3://{bucket}/") for uri in new]
+    records = [s3_record(bucket, keys[0]), None, s3_record(bucket, keys[1]),
+               s3_record(bucket, keys[0], "ObjectRemoved:Delete"), {"eventName": "ObjectCreated:Put"},
+               s3_record(bucket, keys[2])]
+    sqs.send_message(QueueUrl=announced["url"], MessageBody=json.dumps({"Records": records}))
+    with caplog.at_level(logging.INFO):
+        result = watch_bucket(source=announced["source"], root=announced["root"],
+                              notifications=announced["queue"], **QUICK)
+    assert result["emitted"] and result["new_files"] == 3 and result["messages"] == 1
+    assert [e.payload["files"] for e in events_for(announced["source"])] == [new]
+    assert in_queue(announced["url"]) == 0
+    [dropped] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("dropped")]
+    assert dropped.startswith("dropped 3 notification records ") and "record 1: " in dropped
+    assert "record 3: S3 event 'ObjectRemoved:Delete'" in dropped and "record 4: " in dropped
+
+
+def message(body) -> notifications.Message:
+    return notifications.Message("m-1", "r-1", (body if isinstance(body, str) else json.dumps(body)).encode(), {})
+
+
+def test_one_bad_record_among_ten_thousand_loses_none_of_the_others():
+    records = [s3_record("b", f"incoming/{i}.png") for i in range(9_999)]
+    records.insert(5_000, {"eventName": "ObjectCreated:Put", "s3": {"bucket": {"name": "b"}}})
+    found = notifications.created(message({"Records": records}))
+    assert found.uris == [f"s3://b/incoming/{i}.png" for i in range(9_999)]
+    assert found.dropped == ["record 5000: an S3 record without eventName, bucket or key"]
+
+
+BAD_RECORDS = {
+    "null": None, "a string": "ObjectCreated:Put", "a list": [1, 2], "empty": {}, "no s3": {"eventName": "ObjectCreated:Put"},
+    "s3 not an object": {"eventName": "ObjectCreated:Put", "s3": "b/k"},
+    "key a number": {"eventName": "ObjectCreated:Put", "s3": {"bucket": {"name": "b"}, "object": {"key": 5}}},
+    "bucket empty": {"eventName": "ObjectCreated:Put", "s3": {"bucket": {"name": ""}, "object": {"key": "k"}}},
+    "event a number": {"eventName": 7, "s3": {"bucket": {"name": "b"}, "object": {"key": "k"}}},
+    "a deletion": s3_record("b", "k", "ObjectRemoved:Delete"),
+    "a huge event name": s3_record("b", "k", "ObjectCreated" + "x" * 100_000),
+}
+
+
+@pytest.mark.parametrize("where", [0, 1, 2])  # first, between, last
+@pytest.mark.parametrize("bad", BAD_RECORDS, ids=list(BAD_RECORDS))
+def test_each_kind_of_bad_record_is_left_out_alone_wherever_it_stands(bad, where):
+    records = [s3_record("b", "incoming/a.png"), s3_record("b", "incoming/b c.png")]
+    records.insert(where, BAD_RECORDS[bad])
+    for body in ({"Records": records}, {"Type": "Notification", "Message": json.dumps({"Records": records})}):  # SNS too
+        found = notifications.created(message(body))
+        assert found.uris == ["s3://b/incoming/a.png", "s3://b/incoming/b c.png"]
+        [why] = found.dropped
+        assert why.startswith(f"record {where}: ") and len(why) < 200, why
+
+
+@pytest.mark.parametrize("body, why", [
+    ("{not json", "not JSON"), ({"Event": "s3:TestEvent"}, "S3's test event"), ({"Records": []}, "no Records"),
+    ({"Records": "x"}, "no Records"), ([1, 2], "no Records"), ({"Records": [None]}, "an S3 record without"),
+])
+def test_a_message_that_names_nothing_says_why_once(body, why):
+    found = notifications.created(message(body))
+    assert found.uris == [] and len(found.dropped) == 1 and found.dropped[0].startswith(why), found
 
 
 def test_a_crash_between_event_and_delete_redelivers_without_a_second_span(announced, s3_endpoint, monkeypatch,
@@ -188,4 +295,12 @@ def test_gcs_notifications_through_pubsub_are_acknowledged_after_the_event(pubsu
     assert [e.payload["files"] for e in events_for(str(source))] == [[f"{source}/{name}" for name in images]]
     assert sorted(pubsub.acked) == sorted(ids + foreign) and pubsub.unacknowledged() == 0
     dropped = [r.getMessage() for r in caplog.records if r.getMessage().startswith(("dropped", "ignored"))]
-    assert len(dropped) == 3, dropped
+    assert len(dropped) == 2 and dropped[0].startswith("dropped 2 notification records "), dropped
+
+
+def test_a_notifications_value_with_a_password_fails_the_run_without_echoing_it(tmp_path, caplog):
+    with caplog.at_level(logging.INFO):
+        state = watch_bucket(source=str(tmp_path), root=str(tmp_path / "root"), notifications="sqs://u:hunter2@queue",
+                             return_state=True)
+    assert state.is_failed() and "sqs://u:***@queue" in state.message and "hunter2" not in state.message
+    assert caplog.records and not any("hunter2" in r.getMessage() for r in caplog.records)

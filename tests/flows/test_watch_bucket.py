@@ -108,3 +108,15 @@ def test_a_broken_span_manifest_fails_the_poll_at_once_naming_it(digits, tmp_pat
     state = watch_bucket(source=digits, root=root, settle_seconds=0.2, return_state=True)
     assert state.is_failed() and state.message.startswith(f"{manifest} is not JSON")
     assert events_for(digits) == []
+
+
+def test_an_event_prefect_could_not_emit_fails_the_poll_instead_of_saying_emitted(digits, tmp_path, monkeypatch):
+    """emit_event answers None when it could not emit (it logs why); the next poll asks again."""
+    from flows import watch_bucket as watcher
+
+    monkeypatch.setattr(watcher, "emit_event", lambda *args, **kwargs: None)
+    state = watch_bucket(source=digits, root=str(tmp_path / "root"), settle_seconds=0.2, return_state=True)
+    assert state.is_failed() and "could not be emitted; the next poll asks again" in state.message
+    monkeypatch.undo()
+    result = watch_bucket(source=digits, root=str(tmp_path / "root"), settle_seconds=0.2)
+    assert result["emitted"] and len(events_for(digits)) == 1

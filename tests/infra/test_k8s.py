@@ -3,6 +3,7 @@ resolved, the TF_CONFIG the training Job builds parsed by the trainer's own logi
 paths, images and users equal to the code's."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import stat

@@ -65,3 +65,77 @@ def test_templates_ship_as_package_data():
     assert not any("$" in text for text in files.values())  # every placeholder filled
     config = text_format.Parse(files["models.config"], model_server_config_pb2.ModelServerConfig())
     assert dict(config.model_config_list.config[0].version_labels) == {"stable": 7, "canary": 9}
+
+
+# A stand-in for the docker CLI: logs each call, answers `info` and `build`, and answers
+# `image inspect` and `pull` as the scenario says. No container engine runs on the test machines.
+FAKE_DOCKER = """#!/bin/sh
+echo "$*" >> "{log}"
+case "$1" in
+  info) exit {info} ;;
+  image) {local} ;;
+  pull) {pull} ;;
+  build) exit 0 ;;
+esac
+exit 2
+"""
+NO_SUCH_IMAGE = 'echo "Error: No such image: $3" >&2; exit 1'
+PULLS = {
+    "missing": 'echo "Error response from daemon: manifest for $2 not found: manifest unknown: manifest unknown" >&2; exit 1',
+    "offline": 'echo "Error response from daemon: Get https://registry-1.docker.io/v2/: dial tcp: lookup '
+               'registry-1.docker.io: no such host" >&2; exit 1',
+    "pulled": 'echo "Status: Downloaded newer image for $2"; exit 0',
+}
+
+
+def fake_docker(tmp_path, monkeypatch, pull: str = "missing", local: bool = False, info: int = 0) -> str:
+    """Puts a fake `docker` first on PATH; returns the file its calls are logged to."""
+    folder, log = tmp_path / "fake-bin", tmp_path / "docker-calls.log"
+    folder.mkdir()
+    script = folder / "docker"
+    script.write_text(FAKE_DOCKER.format(log=log, info=info, local="exit 0" if local else NO_SUCH_IMAGE, pull=PULLS[pull]))
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+    log.write_text("")
+    return str(log)
+
+
+def calls(log: str) -> list[str]:
+    return [line.split()[0] for line in open(log).read().splitlines()]
+
+
+BASE = f"{serving.SERVING_IMAGE}:{serving.SERVING_VERSION}"
+
+
+def test_push_does_not_build_on_a_base_image_tag_that_does_not_exist(trained_runs, tmp_path, monkeypatch):
+    """`stoke push --build-image` with an engine that answers but a registry that lacks the tag."""
+    from tests.components.gate_runs import copy_root, push_run
+
+    root = copy_root(trained_runs, tmp_path)
+    log = fake_docker(tmp_path, monkeypatch, pull="missing")
+    code, summary = push_run(root, "mixed", "--build-image")
+    assert code == 0 and summary["already_pushed"]
+    image = summary["image"]
+    assert image["built"] is False and "SERVING_VERSION" in image["reason"]
+    assert image["reason"].startswith(f"{BASE} does not exist in its registry (Error response from daemon: manifest for "
+                                      f"{BASE} not found")
+    assert calls(log) == ["info", "image", "pull"]  # never `build`
+
+
+@pytest.mark.parametrize("scenario, expected_calls, built", [
+    ({"local": True}, ["info", "image", "build"], True),  # the engine holds the tag: no registry needed
+    ({"pull": "pulled"}, ["info", "image", "pull", "build"], True),
+    ({"pull": "missing"}, ["info", "image", "pull"], False),
+    ({"pull": "offline"}, ["info", "image", "pull"], False),  # cannot tell: no build that would fail later
+    ({"info": 1}, ["info"], False),  # no engine answers
+])
+def test_the_build_starts_only_from_a_base_image_the_engine_holds_or_pulls(tmp_path, monkeypatch, scenario,
+                                                                            expected_calls, built):
+    log = fake_docker(tmp_path, monkeypatch, **scenario)
+    context = tmp_path / "serving"
+    context.mkdir()
+    result = serving.build_image(str(context), f"docker build -t stoke-serving-stoke:3 {context}")
+    assert result["built"] is built and calls(log) == expected_calls, result
+    if scenario.get("pull") == "offline":
+        assert result["reason"] == f"cannot pull {BASE}, the base of the serving image: Error response from daemon: " \
+                                   "Get https://registry-1.docker.io/v2/: dial tcp: lookup registry-1.docker.io: no such host"

@@ -1,9 +1,11 @@
 """What a record's content is, small enough to group, sort and count without its bytes.
 
-Computed in the Beam job from what ingest already holds: the source file's bytes (SHA-256: a
+Computed in ingest's Beam job from what it already holds: the source file's bytes (SHA-256: a
 re-upload under another name shares it) and the image ingest decoded to verify it (a 64-bit
 difference hash and the grey level's mean and spread). The driver decides duplicates, writes the
-span's content index and statistics from these alone (beam_jobs/duplicates.py, statistics.py).
+span's content index and statistics from these alone (beam_jobs/duplicates.py, statistics.py); a
+damaged content index is computed again from the span's records the same way
+(components/common/trusted_index.py), which is why this lives below both.
 """
 from __future__ import annotations
 

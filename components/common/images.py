@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageOps
 
-from beam_jobs.signatures import Pixels, pixels_of
 from components.common.image_header import ImageRefused, open_image
+from components.common.signatures import Pixels, pixels_of
 
 EXTENSIONS = frozenset({".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".gif", ".bmp", ".tif", ".tiff", ".webp"})
 LOSSY = frozenset({"JPEG", "MPO", "WEBP"})

@@ -1,0 +1,145 @@
+"""Passwords and credentials never come back in what Stoke echoes: the one scrubber on database URLs,
+service addresses, bucket URIs and signed URLs, and every program's error line, JSON error and logs."""
+import argparse
+import json
+import logging
+
+import pytest
+
+from components.contracts import program
+from components.contracts.secrets import without_secrets
+
+SECRET = "hunter2"
+
+
+def test_printed_database_urls_hide_their_password():
+    assert without_secrets("postgresql+asyncpg://prefect:p%40ss@db:5432/prefect") == \
+        "postgresql+asyncpg://prefect:***@db:5432/prefect"
+    assert without_secrets("/home/me/.prefect/prefect.db") == "/home/me/.prefect/prefect.db"
+
+
+@pytest.mark.parametrize("url, secrets", [
+    ("postgresql://db/prefect?password=hunter2", ["hunter2"]),
+    ("postgresql://db/prefect?sslmode=require&sslpassword=hunter2", ["hunter2"]),
+    ("postgresql://db/prefect?PassWord=hunter2&user=me", ["hunter2"]),
+    ("postgresql://db/prefect?passfile=/home/me/.pgpass", ["/home/me/.pgpass", "%2Fhome%2Fme"]),
+    ("postgresql://db/prefect?sslkey=/k/client.key&api_token=t0k&client_secret=s3c", ["client.key", "t0k", "s3c"]),
+    ("postgresql://prefect@db/prefect?password=p%40ss", ["p%40ss", "p@ss"]),
+    ("postgresql://prefect:@db/prefect?connect_timeout=5&sslpassword=", ["prefect:@"]),
+    ("postgresql://u:pw@db/prefect?password=hunter2 host=db password=x2", ["hunter2", "=x2"]),
+    ("postgresql://u:p%3Ass@db/prefect?password=a&password=b", ["p%3Ass", "=a", "=b"]),
+    ("postgresql://db/prefect?password=hunter2#frag", ["hunter2"]),
+    ("postgresql://db/prefect;password=hunter2", ["hunter2"]),
+])
+def test_printed_database_urls_hide_every_credential_they_carry(url, secrets):
+    shown = without_secrets(url)
+    assert "db" in shown and not any(secret in shown for secret in secrets), shown
+
+
+def test_printed_database_urls_keep_what_is_not_a_credential():
+    assert without_secrets("postgresql+asyncpg://prefect:pw@db:5432/prefect?sslmode=require&application_name=stoke") \
+        == "postgresql+asyncpg://prefect:***@db:5432/prefect?sslmode=require&application_name=stoke"
+    for kept in ("sqlite+aiosqlite:////home/me/.prefect/prefect.db", "/home/key/prefect.db",
+                 "postgresql://prefect@db/prefect?sslmode=verify-full"):
+        assert without_secrets(kept) == kept
+
+
+@pytest.mark.parametrize("text, kept", [
+    ("grpc://u:hunter2@dispatcher:5050", "grpc://u:***@dispatcher:5050"),
+    ("u:hunter2@dispatcher:5050", "u:***@dispatcher:5050"),  # grpc's HOST:PORT spelling, no scheme
+    ("'grpc://:hunter2@[::1]:5050'", "'grpc://:***@[::1]:5050'"),
+    ("GRPC://u:hun%40ter2@h:5050", "GRPC://u:***@h:5050"),
+    ("s3://AKIAEXAMPLE:wJal/K7MD+hunter2@bucket/photos", "s3://AKIAEXAMPLE:***@bucket/photos"),  # a raw secret key
+    ("ftp://me:p@ss@hunter2@host/x.png", "ftp://me:***@host/x.png"),  # unencoded @ in the password
+    ("cannot reach http://u:hunter2@127.0.0.1:9/v1: refused", "cannot reach http://u:***@127.0.0.1:9/v1: refused"),
+    ("s3://a:hunter2@b/x and gs://c:hunter2@d/y", "s3://a:***@b/x and gs://c:***@d/y"),
+    ("https://b.s3.amazonaws.com/k?X-Amz-Credential=AK%2Fhunter2&X-Amz-Signature=hunter2&X-Amz-Security-Token=hunter2",
+     "https://b.s3.amazonaws.com/k?X-Amz-Credential=***&X-Amz-Signature=***&X-Amz-Security-Token=***"),
+    ("https://acct.blob.core.windows.net/c/b?sv=2020-01&sig=hunter2%2B", "https://acct.blob.core.windows.net/c/b?sv=2020-01&sig=***"),
+    ("gs://bucket/x?token=hunter2", "gs://bucket/x?token=***"),
+])
+def test_every_spelling_of_a_credential_is_hidden_and_the_rest_kept(text, kept):
+    assert without_secrets(text) == kept
+
+
+@pytest.mark.parametrize("text", ["http://host:8501/v1/models/stoke:predict", "grpc://127.0.0.1:5050", "s3://b/k@2x.png",
+                                  "label cat:3 at 12:30", "gs://b/a b/c.jpg", "span 3: 12 ones and 4 twos"])
+def test_text_without_credentials_is_left_as_it_is(text):
+    assert without_secrets(text) == text
+
+
+def last_json(out: str) -> dict:
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("address", ["grpc://u:hunter2@h:5050", "u:hunter2@h:5050", "grpc://u:hunter2@h:99999",
+                                     "grpc://u:hunter2@[::1]:5050", "grpc://h:5050/?token=hunter2"])
+def test_a_refused_data_service_address_is_echoed_without_its_password(address, tmp_path, capsys):
+    from components.train import trainer
+
+    code = trainer.run(["--root", str(tmp_path), "--data-service", address, "--json"])
+    captured = capsys.readouterr()
+    assert code == program.BAD_SETTINGS and "bad tf.data service address" in captured.err
+    assert SECRET not in captured.err + captured.out and captured.err.count("\n") == 1
+    assert SECRET not in last_json(captured.out)["error"]
+
+
+def test_a_data_service_worker_refuses_a_dispatcher_address_without_echoing_its_password(capsys):
+    from components.train import data_service
+
+    code = data_service.run(["worker", "--dispatcher", "grpc://u:hunter2@h:5050", "--json"])
+    captured = capsys.readouterr()
+    assert code == program.FAILED and "--dispatcher: bad tf.data service address" in captured.err
+    assert SECRET not in captured.err + captured.out
+
+
+@pytest.mark.parametrize("flag", ["source", "--root"])
+def test_ingest_errors_echo_bucket_uris_without_their_password(flag, tmp_path, capsys):
+    from beam_jobs.ingest import run
+
+    given = "memory://u:hunter2@nowhere/photos"
+    argv = [given, "--root", str(tmp_path / "root")] if flag == "source" else [str(tmp_path), "--root", given]
+    code = run([*argv, "--json"])
+    captured = capsys.readouterr()
+    assert code == 1 and "memory://u:***@nowhere" in captured.err, captured.err
+    assert SECRET not in captured.err + captured.out
+
+
+def test_a_model_server_url_is_echoed_without_its_password(tmp_path, capsys):
+    from components.push import predict
+    from tests.beam_jobs import images
+
+    image = tmp_path / "a.png"
+    image.write_bytes(images.rgb_png())
+    code = predict.run(["http://u:hunter2@127.0.0.1:9/v1/models/stoke", str(image), "--json"])
+    captured = capsys.readouterr()
+    assert code == 1 and "http://u:***@127.0.0.1:9" in captured.err, captured.err
+    assert SECRET not in captured.err + captured.out
+
+
+def test_every_program_hides_credentials_in_its_error_line_and_json(capsys):
+    def work():
+        raise ValueError("cannot open postgresql://u:hunter2@db/x?sslpassword=hunter2")
+
+    assert program.main("stoke x", True, work, str, errors=(ValueError,)) == program.FAILED
+    captured = capsys.readouterr()
+    assert captured.err == "stoke x: error: cannot open postgresql://u:***@db/x?sslpassword=***\n"
+    assert last_json(captured.out)["error"] == "cannot open postgresql://u:***@db/x?sslpassword=***"
+
+
+def test_logs_through_the_escape_filter_hide_credentials(caplog):
+    program.escape_logs("stoke.test.secrets")
+    with caplog.at_level(logging.INFO, logger="stoke.test.secrets"):
+        logging.getLogger("stoke.test.secrets").info("%s: %s", "ingest", "--root s3://k:hunter2@b/root")
+    assert [r.getMessage() for r in caplog.records] == ["ingest: --root s3://k:***@b/root"]
+
+
+def test_a_notifications_value_naming_no_queue_is_refused_without_its_password(capsys):
+    from flows.work_pools import add_notifications_argument
+
+    parser = argparse.ArgumentParser(prog="stoke deploy")
+    add_notifications_argument(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--notifications", "sqs://u:hunter2@queue"])
+    err = capsys.readouterr().err
+    assert "expected sqs://QUEUE_NAME" in err and SECRET not in err and "sqs://u:***@queue" in err
