@@ -25,7 +25,7 @@ from components.common.files import filesystem, is_local, join, read_json, write
 from components.common.lease import TTL, LeaseError, LeaseHeld, LeaseLost, exclusive
 from components.contracts.config import MODEL_NAME_PATTERN
 from components.contracts.layout import Root
-from components.contracts.results import Lineage
+from components.contracts.lineage import Lineage
 
 SAVED_MODEL = "saved_model.pb"
 ASSETS_EXTRA = "assets.extra"

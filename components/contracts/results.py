@@ -1,6 +1,6 @@
-"""The typed results stages hand each other through ROOT: the span manifest, a run's metrics.json, gate.json
-and pushed.json, and the lineage of a served version. The stage programs' own summaries, the run report and
-progress events are in summaries.py, on the same base.
+"""The typed results stages hand each other through ROOT: the span manifest, a run's metrics.json and
+gate.json. What a push leaves (pushed.json, a version's lineage) is in lineage.py; the stage programs' own
+summaries, the run report and progress events are in summaries.py, all on the same base.
 
 Each is written and read through its model. Keys are strict both ways: a missing key fails, and so does an unknown
 one, so a key renamed on one side fails loudly in a test instead of turning into None in a report.
@@ -294,6 +294,15 @@ class Comparison(PairedComparison):
     best_retained: PairedComparison | None = None  # against the retained version most accurate on these records
 
 
+class Collapse(Result):
+    """A candidate that answers one class for most eval records (components/gate/decision.py collapse)."""
+
+    label: str
+    answered: int  # eval records it answered with the class
+    actual: int  # eval records of the class
+    example_count: int
+
+
 class GateResult(Result):
     """ROOT/runs/<id>/gate.json: the blessing and its reasons (BLESSED/NOT_BLESSED beside it)."""
 
@@ -307,6 +316,7 @@ class GateResult(Result):
     baseline_version: int | None  # the served version compared with, None when not compared
     shared_classes: SharedClasses | None = None  # set when compared on the classes both know
     comparison: Comparison | None = None  # paired, per record; None: no served version to compare with
+    collapse: Collapse | None = None  # None: the candidate answers more than one class
     served_version: int | None  # the newest served version when gated
     thresholds: Thresholds
     serving_check: dict  # components/gate/serving_check.py's report
@@ -318,81 +328,3 @@ class GateResult(Result):
     warmup_uri: str
     gate_uri: str
     gated_at: str
-
-
-# ---------------------------------------------------------------- a push
-
-
-class Pushed(Result):
-    """ROOT/runs/<id>/pushed.json: the version a run became."""
-
-    version: int
-    model_uri: str
-    pushed_at: str
-
-
-class PushIntent(Result):
-    """ROOT/runs/<id>/push_intent.json: the version a push is about to publish, written before it."""
-
-    version: int
-    model_uri: str
-    started_at: str
-
-
-class LineageSpan(Result):
-    span: int
-    manifest_uri: str
-    manifest_sha256: str
-    source: str
-    created: str
-    counts: SpanCounts
-    sources: int
-
-
-class Training(Result):
-    network: str
-    image_size: int
-    precision: str
-    strategy: str
-    epochs: int
-    total_steps: int
-    global_batch_size: int
-    train: LossAccuracy
-    eval: LossAccuracy
-
-
-class Blessing(Result):
-    blessed: bool
-    reasons: list[str]
-    notes: list[str]
-    thresholds: Thresholds
-    baseline_version: int | None
-    gate_uri: str
-    gated_at: str
-
-
-class RolledBack(Result):
-    at: str
-    reason: str
-    moved_to: str
-    serving_now: int
-
-
-class Lineage(Result):
-    """assets.extra/stoke_lineage.json of a version: served version -> run -> spans -> metrics."""
-
-    model_name: str
-    version: int
-    pushed_at: str
-    run_id: str
-    run_uri: str
-    labels: list[str]
-    spans: list[LineageSpan]
-    training: Training
-    metrics: GateMetrics
-    blessing: Blessing
-    tensorflow_version: str
-    serving_image: str
-    code_version: dict
-    rolled_back: RolledBack | None = None
-    retired_at: str | None = None

@@ -283,6 +283,7 @@ class RunReport(Summary):
     stages: list[str]
     status: Literal["pushed", "refused", "skipped", "failed", "trained"]
     message: str
+    alerts: list[str] = []  # what to know before reading on: a collapsed model, training's warnings
     blessed: bool
     pushed_version: int | None
     reasons: list[str]
@@ -295,6 +296,8 @@ class RunReport(Summary):
     push: PushSummary | None = None  # the summary's keys a report shows, null when the push has none
     datacheck: DataCheckSummary | None = None
     plots: dict[str, str]  # curves, gpus, confusion_matrix, throughput: PNG URIs
+    config: dict | None = None  # the run configuration as config.json records it; None: not recorded
+    config_json: str | None = None
     report_md: str
     report_json: str
 

@@ -28,7 +28,6 @@ import posixpath
 import subprocess
 import sys
 import tempfile
-from typing import NamedTuple
 
 from components.common import clock, plots, processes
 from components.common.files import check_writable, exists, filesystem, join, remove, write_text
@@ -40,6 +39,7 @@ from components.contracts.layout import Root, RunDir, Shard, SpanQuarantined
 from components.contracts.results import GateResult, ResultError, TrainMetrics
 from components.contracts.run_config import GateSettings
 from components.gate import records, rule
+from components.gate.decision import Decision, Floor, collapse, decide
 from components.gate.labelset import known_classes, label_set_reasons
 from components.gate.shards import named_corruption
 from components.gate.tfma import eval_config_for, label_name, read_tfma, run_tfma
@@ -62,15 +62,6 @@ def _describe(summary: dict) -> str:
     verdict = "BLESSED" if summary["blessed"] else "NOT BLESSED"
     return (f"{verdict}: accuracy {summary['metrics']['accuracy']:.4f}"
             + "".join(f"\n  - {reason}" for reason in summary["reasons"] + summary["notes"]))
-
-
-@dataclasses.dataclass(frozen=True)
-class Floor:
-    """The accuracy a candidate must reach: --min-accuracy, or more than the most common class's share."""
-    value: float
-    inclusive: bool  # --min-accuracy is met at equality; the majority share must be beaten
-    source: str
-    majority_label: str | None  # the most common class when it sets the floor, else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,15 +91,6 @@ class GateInputs:
     floor: Floor
     served: Served
     top_k: int
-
-
-class Decision(NamedTuple):
-    """The verdict and its grounds, as gate.json reports them."""
-    blessed: bool
-    reasons: list[str]
-    notes: list[str]  # what the decision adds to the notes of the baseline resolution
-    shared_classes: dict | None
-    comparison: dict | None = None  # the paired comparison (gate.json's `comparison`)
 
 
 def gate(config: GateSettings) -> dict:
@@ -153,7 +135,8 @@ def gather(config: GateSettings) -> GateInputs:
     served = _served(Repository(root, config.model_name), labels)
     return GateInputs(run=run, candidate=candidate, labels=labels, spans=spans, shards=shards, counts=counts,
                       warm_images=warm_images, majority_rate=majority_rate,
-                      floor=_floor(config.min_accuracy, majority_rate, label_name(labels, majority_id)),
+                      floor=_floor(config.min_accuracy, majority_count, sum(counts.values()),
+                                   label_name(labels, majority_id)),
                       served=dataclasses.replace(served, notes=served.notes + staged),
                       top_k=min(config.top_k, len(labels)))
 
@@ -172,12 +155,13 @@ def _staged(config: GateSettings, shards: list[Shard]) -> tuple[list[Shard], lis
                            f"{staged.reused} reused"]
 
 
-def _floor(min_accuracy: float | None, majority_rate: float, majority_label: str) -> Floor:
-    """--min-accuracy when given; otherwise a model that learned nothing must never pass."""
+def _floor(min_accuracy: float | None, majority_count: int, total: int, majority_label: str) -> Floor:
+    """gate.min_accuracy when given; otherwise a model that learned nothing must never pass."""
     if min_accuracy is not None:
-        return Floor(min_accuracy, True, "--min-accuracy", None)
-    return Floor(majority_rate, False, f"must beat {majority_rate:.4f}, the share of the most common class "
-                                       f"({majority_label}) in the eval split", majority_label)
+        return Floor(min_accuracy, True, "gate.min_accuracy", None, total=total)
+    rate = majority_count / total
+    return Floor(rate, False, f"must beat {rate:.4f} ({majority_count} of {total}), the share of the most common "
+                              f"class ({majority_label}) in the eval split", majority_label, majority_count, total)
 
 
 def _served(repo: Repository, labels: list[str]) -> Served:
@@ -228,61 +212,6 @@ def evaluate(config: GateSettings, inputs: GateInputs) -> tuple[dict, dict]:
     return results, serving
 
 
-def decide(candidate: dict, baseline: dict | None, served_version: int | None, shared: list[str] | None,
-           floor: Floor, max_regression: float, serving: dict, validation_ok: bool,
-           validation_failures: list[str], evidence: rule.Evidence | None = None,
-           label_reasons: list[str] = ()) -> Decision:
-    """Blessed or not, and why, from the metrics and per-record correctness alone: no file, no model,
-    no TFMA. Without `evidence`, or under --decision point, the accuracies are compared as they are.
-    `label_reasons` (labelset.label_set_reasons) refuse whatever the accuracy."""
-    reasons, notes, noise = [*label_reasons, *_floor_reasons(candidate["accuracy"], floor)], [], []
-    shared_classes = shared_comparison(candidate, baseline, shared) if baseline is not None and shared else None
-    compared = rule.comparison(evidence, served_version) if baseline is not None else None
-    if compared is not None and compared["decision"] == "evidence":
-        more, noise, said = rule.verdict(compared, shared, max_regression)
-        reasons += more
-    else:
-        reasons += _point_reasons(candidate["accuracy"], baseline, shared_classes, served_version, max_regression)
-        said = []
-    if shared_classes is not None:
-        notes.append("per class, candidate vs served: " + ", ".join(
-            f"{name} {value:.4f} vs {shared_classes['baseline_per_class_accuracy'][name]:.4f}"
-            for name, value in shared_classes["per_class_accuracy"].items()))
-    reasons += [f"serving check: {problem}" for problem in serving["problems"]]
-    if not validation_ok and not reasons:
-        reasons.append("TFMA's validation failed: " + "; ".join(validation_failures))
-    notes += [f"{line}; {'not a reason to refuse' if reasons else 'blessed'}" for line in noise] + said
-    if serving.get("real_server", {}).get("status") == "skipped":
-        notes.append(f"real TF Serving check skipped: {serving['real_server']['reason']}")
-    return Decision(not reasons, reasons, notes, shared_classes, compared)
-
-
-def _floor_reasons(accuracy: float, floor: Floor) -> list[str]:
-    if accuracy >= floor.value and (floor.inclusive or accuracy > floor.value):
-        return []
-    if floor.majority_label is None:
-        return [f"accuracy {accuracy:.4f} is below the required {floor.value:.4f} (--min-accuracy)"]
-    return [f"accuracy {accuracy:.4f} does not beat {floor.value:.4f}, what always answering the most "
-            f"common class ({floor.majority_label}) scores on the eval split"]
-
-
-def _point_reasons(accuracy: float, baseline: dict | None, shared_classes: dict | None, served_version: int | None,
-                   max_regression: float) -> list[str]:
-    """--decision point: the accuracies as they are, at most --max-regression apart."""
-    if shared_classes is not None:
-        drop = shared_classes["baseline_accuracy"] - shared_classes["accuracy"]
-        if drop > max_regression + 1e-9:
-            return [f"on the {len(shared_classes['classes'])} classes both models know, accuracy "
-                    f"{shared_classes['accuracy']:.4f} is {drop:.4f} below the served version {served_version} "
-                    f"({shared_classes['baseline_accuracy']:.4f}); allowed regression {max_regression}"]
-    elif baseline is not None:
-        drop = baseline["accuracy"] - accuracy
-        if drop > max_regression + 1e-9:
-            return [f"accuracy {accuracy:.4f} is {drop:.4f} below the served version {served_version} "
-                    f"({baseline['accuracy']:.4f}); allowed regression {max_regression}"]
-    return []
-
-
 def write(config: GateSettings, inputs: GateInputs, metrics: dict, results: dict, serving: dict,
           decision: Decision) -> dict:
     """gate.json, the confusion matrix and, last, the BLESSED or NOT_BLESSED marker."""
@@ -302,6 +231,7 @@ def write(config: GateSettings, inputs: GateInputs, metrics: dict, results: dict
         "baseline_version": served.version if baseline is not None else None,
         "shared_classes": decision.shared_classes,
         "comparison": decision.comparison,
+        "collapse": collapse(metrics, inputs.labels),
         "served_version": served.version,
         "thresholds": {"min_accuracy": floor.value, "min_accuracy_inclusive": floor.inclusive,
                        "min_accuracy_source": floor.source, "max_regression": config.max_regression,
@@ -323,22 +253,6 @@ def write(config: GateSettings, inputs: GateInputs, metrics: dict, results: dict
     # The marker last: its presence means gate.json beside it is complete.
     write_text(run.blessed if decision.blessed else run.not_blessed, "\n".join(decision.reasons or ["blessed"]) + "\n")
     return validation.to_json()
-
-
-def shared_comparison(candidate: dict, baseline: dict, classes: list[str]) -> dict:
-    """Both models' accuracy on the records of `classes` alone, weighted from TFMA's per-class slices
-    (a candidate that answers a new class for one of them is wrong there, as it would be in serving)."""
-    counts = {name: candidate["per_class_examples"].get(name, 0) for name in classes}
-    seen = [name for name in classes if counts[name]]
-    total = sum(counts.values())
-
-    def restricted(model: dict) -> float:
-        return sum(model["per_class_accuracy"].get(name, 0.0) * counts[name] for name in seen) / max(total, 1)
-
-    return {"classes": classes, "example_count": total, "accuracy": restricted(candidate),
-            "baseline_accuracy": restricted(baseline),
-            "per_class_accuracy": {name: candidate["per_class_accuracy"].get(name, 0.0) for name in seen},
-            "baseline_per_class_accuracy": {name: baseline["per_class_accuracy"].get(name, 0.0) for name in seen}}
 
 
 def _scan_eval(shards, keep_images: int) -> tuple[collections.Counter, list[bytes]]:

@@ -24,18 +24,8 @@ from components.common.files import exists, filesystem, join, read_json, remove
 from components.common.repository import ASSETS_EXTRA, LINEAGE_FILE, Repository, RepositoryError, kill_drill
 from components.contracts import program
 from components.contracts.layout import WARMUP_FILE, Root, RunDir
-from components.contracts.results import (
-    Blessing,
-    GateResult,
-    Lineage,
-    LineageSpan,
-    Pushed,
-    PushIntent,
-    ResultError,
-    SpanManifest,
-    Training,
-    TrainMetrics,
-)
+from components.contracts.lineage import Blessing, Lineage, LineageSpan, Pushed, PushIntent, Training
+from components.contracts.results import GateResult, ResultError, SpanManifest, TrainMetrics
 from components.contracts.run_config import PushSettings
 from components.contracts.summaries import PushSummary
 from components.push.serving_image import ServingError

@@ -14,7 +14,7 @@ from components.common.files import join, write_json
 from components.common.repository import ASSETS_EXTRA, LINEAGE_FILE, ROLLED_BACK_PREFIX, Repository, RepositoryError
 from components.contracts import program
 from components.contracts.layout import Root
-from components.contracts.results import RolledBack
+from components.contracts.lineage import RolledBack
 from components.push.serving_image import ServingError, render
 
 

@@ -7,18 +7,20 @@ about it, so `write_report` can rebuild the report of any run, also one that fai
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 
 from components.common import plots as draw
-from components.common.files import exists, write_text
+from components.common.files import exists, read_json, write_text
 from components.contracts import stages
 from components.contracts.config import DISPATCHER_PORT
-from components.contracts.layout import RunDir
+from components.contracts.layout import Root, RunDir
 from components.contracts.program import printable
 from components.contracts.results import Comparison, GateMetrics, GateResult, InputProbe, TrainMetrics
 from components.contracts.summaries import PushSummary, RunReport
 from components.report import datacheck as datacheck_section
+from components.report.alerts import alerts
 
 # The stages whose summaries have sections of their own (a stage added to the registry is listed in
 # report.json's `stages` before it has one).
@@ -39,9 +41,10 @@ def build_report(run: RunDir, skipped: str | None = None, failed: str | None = N
     if datacheck is not None and datacheck.status == "quarantined" and not skipped:
         message += f" Span {datacheck.span} was held back: the data check quarantined it (see Data check)."
     pushed = _pushed(push)
+    config = read_json(run.config) if exists(run.config) else None
     report = RunReport(
         run_id=run.run_id, run_dir=run.uri, stages=list(present),
-        status=status, message=message,
+        status=status, message=message, alerts=alerts(gate, train, config, _train_records(run, train)),
         # The headline, with the same keys as `stoke run --json`: blessed, pushed_version, reasons, metrics.
         blessed=bool(gate and gate.blessed),
         pushed_version=push.version if pushed else None,
@@ -50,6 +53,7 @@ def build_report(run: RunDir, skipped: str | None = None, failed: str | None = N
                                                  "majority_class_rate"}) if gate else {},
         model_uri=push.model_uri if pushed else None,
         plots={}, report_md=run.report_md, report_json=run.report_json,
+        config=config, config_json=run.config if config is not None else None,
     )
     if preflight is not None:
         report.preflight = {"status": preflight.status, "failed": preflight.failed,
@@ -107,6 +111,7 @@ def _staging(staging: dict | None, preflight) -> str | None:
 
 def render_markdown(report: RunReport) -> str:
     lines = [f"# Run {report.run_id}: {report.status}", "", report.message, ""]
+    lines += [f"> **Warning.** {alert}\n" for alert in report.alerts]
     if report.preflight is not None:
         p = report.preflight
         lines += ["## Preflight", "", f"Status: **{p.status}**" + (f"; failed: {', '.join(p.failed)}" if p.failed else ""), ""]
@@ -151,6 +156,11 @@ def render_markdown(report: RunReport) -> str:
                      f"; image not built ({p.image.reason or 'no container engine'})." if p.image else "."), ""]
         if p.commands:
             lines += ["```sh"] + [f"# {name}\n{cmd}" for name, cmd in p.commands.to_json().items()] + ["```", ""]
+    if report.config is not None:
+        lines += ["## Configuration", "", f"What the run was asked to do, resolved: [`config.json`]({report.config_json}) "
+                  "(`stoke run ... --config` it to run the same elsewhere).", "",
+                  "<details><summary>Run configuration</summary>", "", "```json",
+                  json.dumps(report.config, indent=2), "```", "", "</details>", ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -330,6 +340,16 @@ def _plot_rates(rates: dict, uri: str) -> None:
     for y, value in enumerate(rates.values()):
         ax.text(value, y, f" {value:,.0f}", va="center")
     draw.save(fig, uri)
+
+
+def _train_records(run: RunDir, train: TrainMetrics | None) -> int | None:
+    """The training records of the spans the run trained on, as their manifests count them."""
+    if train is None:
+        return None
+    try:
+        return sum(m.counts.train for m in Root(run.root).each_manifest(train.spans, quarantined=True, sources=False))
+    except (OSError, ValueError):
+        return None
 
 
 def _read(run: RunDir, stage: stages.Stage):

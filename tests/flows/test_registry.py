@@ -7,14 +7,14 @@ import inspect
 
 import pytest
 
-from components.contracts import results, stages
+from components.contracts import lineage, stages
 from components.contracts.config import PushConfig
 from components.contracts.layout import Root
 from components.contracts.run_config import RunConfig, Timeouts, program_model
 from flows import cli
 from flows.pipeline import pipeline
 
-DUMMY = stages.Stage("dummy", "tests.flows.stage_program", "a stand-in stage", PushConfig, results.Pushed, 7,
+DUMMY = stages.Stage("dummy", "tests.flows.stage_program", "a stand-in stage", PushConfig, lineage.Pushed, 7,
                      inputs=("root", "run_id"), required=("root", "run_id"))
 
 

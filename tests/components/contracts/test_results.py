@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from components.common.files import read_json, write_json
-from components.contracts import results, summaries
+from components.contracts import lineage, results, summaries
 from components.contracts.layout import Root
 from components.report.report import build_report
 
@@ -15,9 +15,9 @@ FILES = {
     "_MANIFEST.json": results.SpanManifest,
     "metrics.json": results.TrainMetrics,
     "gate.json": results.GateResult,
-    "pushed.json": results.Pushed,
-    "stoke_lineage.json": results.Lineage,  # a rolled-back version's
-    "retired.json": results.Lineage,
+    "pushed.json": lineage.Pushed,
+    "stoke_lineage.json": lineage.Lineage,  # a rolled-back version's
+    "retired.json": lineage.Lineage,
     "ingest-summary.json": summaries.IngestSummary,
     "preflight-summary.json": summaries.PreflightSummary,
     "push-summary.json": summaries.PushSummary,

@@ -4,14 +4,15 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
-from components.gate.gate import Floor, decide
+from components.gate.decision import Floor, decide
 from components.gate.rule import Evidence
 
 SERVED = {"ok": True, "problems": [], "real_server": {"status": "passed"}}
 MAJORITY = Floor(0.5, False, "must beat 0.5000, the share of the most common class (red) in the eval split", "red")
-REQUIRED = Floor(0.9, True, "--min-accuracy", None)
+REQUIRED = Floor(0.9, True, "gate.min_accuracy", None)
 
 
 def metrics(accuracy: float, per_class: dict[str, float] | None = None, examples: dict[str, int] | None = None):
@@ -30,7 +31,7 @@ def test_no_baseline_blesses_above_the_floor():
 
 def test_below_the_required_accuracy_says_so():
     blessed, reasons, *_ = verdict(metrics(0.85), floor=REQUIRED)
-    assert not blessed and reasons == ["accuracy 0.8500 is below the required 0.9000 (--min-accuracy)"]
+    assert not blessed and reasons == ["accuracy 0.8500 is below the required 0.9000 (gate.min_accuracy)"]
     assert verdict(metrics(0.9), floor=REQUIRED).blessed  # --min-accuracy is met at equality
 
 
@@ -39,6 +40,46 @@ def test_the_majority_share_must_be_beaten_not_matched():
     assert not blessed and reasons == [
         "accuracy 0.5000 does not beat 0.5000, what always answering the most common class (red) scores "
         "on the eval split"]
+
+
+def one_class(answer: int, labels: list[int], classes: int = 2) -> dict:
+    """Metrics of a model that answers class `answer` for every eval record, as TFMA reports them:
+    accuracy in float32, the confusion matrix in whole records."""
+    matrix = [[0] * classes for _ in range(classes)]
+    for label in labels:
+        matrix[label][answer] += 1
+    right = sum(label == answer for label in labels)
+    return {**metrics(float(np.float32(right / len(labels)))), "confusion_matrix": matrix, "example_count": len(labels)}
+
+
+def test_an_exact_tie_with_the_majority_share_is_not_a_win():
+    # 3 of 5 eval records are class 0; a model answering 0 for all of them is right 3 times, as often
+    # as always answering the majority class: TFMA's float32 0.6000000238 must not beat 3/5.
+    tie = one_class(0, [0, 0, 0, 1, 1])
+    assert tie["accuracy"] > 0.6
+    floor = Floor(0.6, False, "must beat 0.6000 (3 of 5)", "cats", majority_count=3, total=5)
+    blessed, reasons, *_ = verdict(tie, floor=floor)
+    assert not blessed and reasons == ["accuracy 0.6000 (3 of 5 right) does not beat 0.6000 (3 of 5), what always "
+                                       "answering the most common class (cats) scores on the eval split"]
+    won = {**tie, "confusion_matrix": [[3, 0], [0, 2]], "accuracy": 1.0}
+    assert verdict(won, floor=floor).blessed
+
+
+@pytest.mark.parametrize("right, total, required, blessed", [
+    (6, 15, 0.4, True),  # exactly the required share: met at equality, decided on the fraction 6/15 = 2/5
+    (5, 15, 0.4, False), (9, 10, 0.9, True), (8, 10, 0.9, False), (1, 3, 1 / 3, True), (2, 7, 0.2857, True),
+])
+def test_a_required_accuracy_is_met_in_exact_counts(right, total, required, blessed):
+    matrix = [[right, 0], [total - right, 0]]  # answers class 0; `right` of the records are class 0
+    candidate = {**metrics(float(np.float32(right / total))), "confusion_matrix": matrix, "example_count": total}
+    floor = Floor(required, True, "gate.min_accuracy", None, total=total)
+    assert verdict(candidate, floor=floor).blessed == blessed
+
+
+def test_without_counts_the_float32_figures_are_compared_at_float32():
+    floor = Floor(0.4, False, "must beat 0.4000", "cats")
+    assert not verdict(metrics(float(np.float32(0.4))), floor=floor).blessed  # 0.4000000059604645 is 0.4
+    assert verdict(metrics(float(np.float32(0.41))), floor=floor).blessed
 
 
 def test_regression_beyond_the_allowance_is_refused():
@@ -91,7 +132,7 @@ def test_tfma_validation_failure_is_a_reason_only_when_there_is_no_other():
     blessed, reasons, *_ = verdict(metrics(0.75), validation_ok=False, failures=["accuracy too low", "change"])
     assert not blessed and reasons == ["TFMA's validation failed: accuracy too low; change"]
     _, reasons, *_ = verdict(metrics(0.85), floor=REQUIRED, validation_ok=False, failures=["accuracy too low"])
-    assert reasons == ["accuracy 0.8500 is below the required 0.9000 (--min-accuracy)"]
+    assert reasons == ["accuracy 0.8500 is below the required 0.9000 (gate.min_accuracy)"]
 
 
 def test_the_gate_decides_without_tensorflow():
