@@ -167,7 +167,7 @@ class Root:
         for manifest in self.each_manifest(spans, quarantined=quarantined, sources=False):
             folder = self.span(manifest.span)
             found += [Shard(join(folder, entry.file), TF_COMPRESSION[manifest.compression], entry.records,
-                            manifest.span, entry.bytes) for entry in manifest.shards if entry.split == split]
+                            manifest.span, entry.bytes, entry.sha256) for entry in manifest.shards if entry.split == split]
         return found
 
     def label_names(self, spans: list[int] | None = None) -> list[str]:
@@ -237,6 +237,7 @@ class Shard:
     records: int
     span: int
     bytes: int | None = None  # as the manifest records it
+    sha256: str | None = None  # as the manifest records it: a cached copy is used only when it matches
 
 
 def parse_spans(text: str | None) -> list[int] | None:

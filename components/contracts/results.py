@@ -1,6 +1,5 @@
-"""The typed results stages hand each other through ROOT: the span manifest, a run's metrics.json, validation.json
-and pushed.json, and the lineage of a served version. The stage programs' own summaries, the run report and
-progress events are in summaries.py, on the same base.
+"""The typed results stages hand each other through ROOT: the span manifest, a run's metrics.json, validation.json,
+pushed.json and a served version's lineage (the programs' summaries, the report and progress: summaries.py, same base).
 
 Each is written and read through its model. Keys are strict both ways: a missing key fails, and so does an unknown
 one, so a key renamed on one side fails loudly in a test instead of turning into None in a report. Files written by
@@ -11,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from components.common.files import read_json, write_json
 
@@ -92,10 +91,11 @@ class Anomaly(Result):
 
 
 class ShardEntry(Result):
-    file: str  # relative to the span folder
+    file: str = Field(pattern=r"^[^/\\\x00]*[^/\\\x00.][^/\\\x00]*$")  # a file name in the span folder, no path
     split: Literal["train", "eval"]
     records: int
     bytes: int
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")  # of the whole file as ingest wrote it: what a cached copy must match
 
 
 class SourceEntry(Result):

@@ -1,3 +1,4 @@
+import hashlib
 import io
 import json
 import os
@@ -277,8 +278,9 @@ def _publish_span(root: str, number: int, records: int, shards: int = 2) -> dict
                 writer.write(schema.encode_example(encoded=_noise_png(i), image_format="png", height=96,
                                                    width=96, label=i % 2, text=["a", "b"][i % 2],
                                                    source=f"file:///in/{i}.png"))
-        entries.append({"file": name, "split": "train", "records": count,
-                        "bytes": os.path.getsize(files.join(folder, name))})
+        data = open(files.join(folder, name), "rb").read()
+        entries.append({"file": name, "split": "train", "records": count, "bytes": len(data),
+                        "sha256": hashlib.sha256(data).hexdigest()})
     manifest = {"span": number, "created": "2026-01-01T00:00:00Z", "compression": "gzip", "source": "/in",
                 "counts": {"train": records, "eval": 0, "dead_letter": 0}, "labels": ["a", "b"],
                 "shards": entries, "sources": []}
@@ -361,7 +363,8 @@ def test_free_space_against_the_next_span(tmp_path):
     def span(size):
         return [SpanManifest(span=1, created="2026-01-01T00:00:00Z", source="/in", labels=["a"], sources=[],
                              counts={"train": 1, "eval": 0, "dead_letter": 0},
-                             shards=[{"file": "x", "split": "train", "records": 1, "bytes": size}])]
+                             shards=[{"file": "x", "split": "train", "records": 1, "bytes": size,
+                                                      "sha256": "0" * 64}])]
 
     assert storage.free_space(str(tmp_path), []).status == "ok"
     assert storage.free_space(str(tmp_path), span(1024)).status == "ok"
