@@ -357,6 +357,23 @@ def test_read_throughput_without_spans_times_a_temporary_file(tmp_path):
     assert list(tmp_path.iterdir()) == [], "the temporary file must be removed"
 
 
+def test_the_shard_cache_check_looks_where_training_would_and_fails_a_folder_it_would_refuse(
+        tmp_path, monkeypatch, s3_endpoint):
+    monkeypatch.delenv("STOKE_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    check = storage.shard_cache("s3://no-such-bucket/root", [], None, 1.0)
+    assert check.status == "ok" and check.facts["folder"] == str(tmp_path / "xdg" / "stoke")
+    assert not (tmp_path / "xdg").exists()  # looked at, not made
+    shared = tmp_path / "xdg" / "stoke"
+    shared.mkdir(parents=True)
+    shared.chmod(0o1777)
+    check = storage.shard_cache("s3://no-such-bucket/root", [], None, 1.0)
+    assert check.status == "fail" and "writable by others" in check.summary and "chmod go-w" in check.fix
+    (tmp_path / "link").symlink_to(shared)
+    check = storage.shard_cache("s3://no-such-bucket/root", [], str(tmp_path / "link"), 1.0)
+    assert check.status == "fail" and "symbolic link" in check.summary and "--cache-dir" in check.fix
+
+
 def test_free_space_against_the_next_span(tmp_path):
     free = shutil.disk_usage(tmp_path).free
 
