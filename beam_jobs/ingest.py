@@ -265,7 +265,7 @@ def publish(root, number, shards, dead, labels, fresh, refused, config, findings
         for index, shard in enumerate(files):
             name = shard_name(split, index, len(files), config.compression)
             fs.mv(filesystem(shard["file"])[1], filesystem(join(span, name))[1])
-            named.append({"file": name, "split": split, "records": shard["records"], "bytes": shard["bytes"]})
+            named.append({"file": name, "split": split, **{k: shard[k] for k in ("records", "bytes", "sha256")}})
     if labels != root.read_labels():
         write_json(root.labels, labels)
     write_text(root.dead_letter(number), "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in dead))

@@ -6,9 +6,14 @@ Beam worker costs seconds and memory; records are framed by components/common/tf
 Compression goes through ISA-L, which writes the same DEFLATE streams as zlib. On JPEG bytes,
 which are entropy-coded already, zlib spends about half of an image's ingest time to save under 1%;
 ISA-L saves the same at several times the speed (benchmarks/ingest.py measures both).
+
+Each file's SHA-256 is taken over the bytes as they are written, which are the whole file: the manifest
+records what ingest wrote (a cached copy must match it), at no second read of the shard from its store,
+and a store that later returns other bytes fails that check instead of becoming the record.
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import uuid
 from collections.abc import Iterator
@@ -29,6 +34,7 @@ class RecordFile:
     def __init__(self, uri: str, compression: str):
         self.uri, self.records, self.raw_bytes = uri, 0, 0
         self._raw = fsspec.open(uri, "wb").open()
+        self._digest = hashlib.sha256()
         self._codec = None
         if compression != "none":
             self._codec = isal_zlib.compressobj(
@@ -36,16 +42,20 @@ class RecordFile:
 
     def write(self, record: bytes) -> None:
         data = frame(record)
-        self._raw.write(self._codec.compress(data) if self._codec else data)
+        self._put(self._codec.compress(data) if self._codec else data)
         self.records += 1
         self.raw_bytes += len(record)
 
+    def _put(self, data: bytes) -> None:
+        self._raw.write(data)
+        self._digest.update(data)
+
     def close(self) -> dict:
         if self._codec is not None:
-            self._raw.write(self._codec.flush())
+            self._put(self._codec.flush())
         self._raw.close()
         fs, path = filesystem(self.uri)
-        return {"file": self.uri, "records": self.records, "bytes": fs.size(path)}
+        return {"file": self.uri, "records": self.records, "bytes": fs.size(path), "sha256": self._digest.hexdigest()}
 
 
 class RollingShards:

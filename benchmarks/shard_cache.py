@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import json
 import os
 import shutil
@@ -59,7 +60,9 @@ def main(argv: list[str] | None = None) -> dict:
         for path, records, size in made:
             key = f"bench/root/data/spans/span-00001/{os.path.basename(path)}"
             fs.put_file(path, key)
-            shards.append(Shard(f"s3://{key}", "GZIP", records, 1, size))
+            with open(path, "rb") as f:
+                digest = hashlib.file_digest(f, "sha256").hexdigest()
+            shards.append(Shard(f"s3://{key}", "GZIP", records, 1, size, digest))
         total = sum(size for _, _, size in made) / 1e6
         cache = ShardCache(os.path.join(work, "cache"), max_gb=100)
         cold = cache.stage(shards)

@@ -1,13 +1,14 @@
 """A local cache of span shards, for a ROOT on a store TensorFlow cannot read (components/common/tf_files.py).
 
 Training and the gate copy the shards they read into CACHE/<ROOT's spans>/span-NNNNN/<file> before
-TensorFlow starts, many at a time through fsspec. A copy counts only once it is verified: its size
-against the manifest, every record's CRCs and the record count; a marker beside it then keeps its
-size and the CRC32C of the whole file, which later runs check (one fast pass over the bytes)
-before reusing it. Spans are immutable once published, so a span and a file name is a key that
-never goes stale. Under the size cap, the copies used longest ago are evicted first; a run that
-needs more than the cap, or more than the disk has free, stops before training with one line.
-Two runs may share a cache folder: a copy lands under a temporary name and is renamed into place.
+TensorFlow starts, many at a time through fsspec. The span's manifest is the authority: a copy is used
+only when its size and SHA-256 are the manifest's, hashed whole each time a run uses it. The marker
+beside it (<file>.verified) records the size and digest it was fetched for and, by its time, when it
+was last used: a quick way to pass over a copy that cannot match and the order of eviction, never a
+reason to trust a copy. Spans are immutable once published, so a span and a file name is a key that
+never goes stale. Under the size cap, the copies used longest ago are evicted first, never one that
+a running process reads; a run that needs more than the cap, or more than the disk has free, stops
+before training with one line. The folder's rules, the pins and partial copies: cache_folder.py.
 """
 from __future__ import annotations
 
@@ -21,31 +22,30 @@ import os
 import posixpath
 import re
 import shutil
+import stat
 import sys
-import tempfile
 import time
 import zlib
 
-import google_crc32c
-
+from components.common.cache_folder import (
+    CACHE_DIR_ENV,
+    RUNS,
+    CacheError,
+    default_folder,
+    live_pins,
+    locked,
+    pin,
+    secure,
+    sweep_partials,
+)
 from components.common.files import filesystem
+from components.common.local_copies import Folder, UnsafeKey, relative_parts
 from components.common.tfrecord import BadRecord, count_records
 from components.contracts.layout import Shard
 from components.contracts.program import printable
 
-CACHE_DIR_ENV = "STOKE_CACHE_DIR"
 MARKER = ".verified"
 FETCHERS = 16  # copies in flight: object stores answer each request slowly, not each byte
-CHUNK = 4 << 20
-
-
-class CacheError(Exception):
-    """A cache that cannot hold what the run needs; the message says what to change."""
-
-
-def default_folder() -> str:
-    """$STOKE_CACHE_DIR (a fast local disk, such as NVMe), else a folder in the temp directory."""
-    return os.environ.get(CACHE_DIR_ENV) or os.path.join(tempfile.gettempdir(), "stoke-cache")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,32 +71,43 @@ class ShardCache:
     def __init__(self, folder: str | None, max_gb: float):
         self.folder = os.path.abspath(folder or default_folder())
         self.max_bytes = int(max_gb * 1e9)
+        self.pin = None
 
-    def path(self, shard: Shard) -> str:
-        """The copy's place: keyed by the ROOT's spans folder, the span and the file."""
+    def key(self, shard: Shard) -> list[str]:
+        """The copy's place below the folder: the ROOT's spans folder (named and hashed), the span and the file."""
         span_folder, name = posixpath.split(shard.uri)
         spans, span = posixpath.split(span_folder)
         slug = re.sub(r"[^A-Za-z0-9._-]+", "_", spans)[-60:].strip("_")
-        return os.path.join(self.folder, f"{slug}-{hashlib.sha256(spans.encode()).hexdigest()[:10]}", span, name)
+        return relative_parts(f"{slug}-{hashlib.sha256(spans.encode()).hexdigest()[:10]}/{span}/{name}", shard.uri)
+
+    def path(self, shard: Shard) -> str:
+        return os.path.join(self.folder, *self.key(shard))
 
     def local(self, shards: list[Shard]) -> list[Shard]:
         return [dataclasses.replace(s, uri=self.path(s)) for s in shards]
 
     def needs(self, shards: list[Shard]) -> int:
-        """Bytes still to copy for `shards` (by the markers alone: no file is read)."""
-        return sum(_size(s) for s in shards if _marker(self.path(s)).get("bytes") != _size(s))
+        """Bytes still to copy for `shards` (by the markers alone: no copy is read)."""
+        return sum(s.bytes or 0 for s in shards if _marker(self.folder, self.key(s)) != _expected(s))
+
+    def run_folder(self, name: str) -> str:
+        """CACHE/runs/<name>, where training writes before it uploads, reached without following a link."""
+        secure(self.folder)
+        with Folder.open(self.folder, [RUNS, name], create=True) as folder:
+            return folder.path
 
     def stage(self, shards: list[Shard]) -> Staged:
-        """Copies what is not cached yet (or no longer verifies), evicting the least recently used."""
+        """Copies what is not cached yet (or no longer matches its manifest), evicting the least recently used."""
         started = time.monotonic()
-        try:
-            os.makedirs(self.folder, exist_ok=True)
-        except OSError as error:
-            raise CacheError(f"cannot create the shard cache {self.folder}: {error.strerror}") from None
+        keys = self._keys(shards)
+        secure(self.folder)
+        with locked(self.folder) as pins:  # pinned before any is checked: an eviction from now on leaves them
+            self.pin = pin(self.folder, keys)
+            sweep_partials(self.folder, set(live_pins(pins)))
         checked = dict(zip((s.uri for s in shards), _map(self._check, shards)))
         missing = [s for s in shards if checked[s.uri] != "ok"]
-        need = sum(_size(s) for s in missing)
-        self._make_room(need, {self.path(s) for s in shards}, sum(_size(s) for s in shards))
+        need = sum(s.bytes for s in missing)
+        self._make_room(need, sum(s.bytes for s in shards))
         free = shutil.disk_usage(self.folder).free
         if need > free:
             raise CacheError(f"the shard cache {self.folder} has {free / 1e6:,.1f} MB free and this run must copy "
@@ -107,54 +118,79 @@ class ShardCache:
                       [uri for uri, state in checked.items() if state == "corrupt"], corrupt, need,
                       time.monotonic() - started)
 
+    def _keys(self, shards: list[Shard]) -> list[str]:
+        unchecked = [s.uri for s in shards if s.bytes is None or not s.sha256]
+        if unchecked:
+            raise CacheError(f"{unchecked[0]} has no size and SHA-256 in its manifest, so no copy of it can be checked")
+        try:
+            return ["/".join(self.key(s)) for s in shards]
+        except UnsafeKey as error:
+            raise CacheError(str(error)) from None
+
     def _check(self, shard: Shard) -> str:
         """"ok" (and marked as just used), "absent", or "corrupt" (and removed)."""
-        local = self.path(shard)
-        marker = _marker(local)
-        if not marker:
+        *folders, name = self.key(shard)
+        folder = Folder.open(self.folder, folders, create=False)
+        if folder is None:
             return "absent"
-        if (marker.get("bytes") == _size(shard) and os.path.exists(local) and os.path.getsize(local) == marker["bytes"]
-                and _crc32c(local) == marker.get("crc32c")):
-            os.utime(local + MARKER)
-            return "ok"
-        print(printable(f"stoke: the cached copy of {shard.uri} fails its check; copying it again"), file=sys.stderr,
-              flush=True)
-        _remove(local)
+        with folder:
+            marker, st = _read_marker(folder, name), folder.lstat(name)
+            if not marker or st is None:
+                return "absent"  # a copy without a marker is never trusted: it is fetched over
+            if (marker == _expected(shard) and stat.S_ISREG(st.st_mode) and st.st_size == shard.bytes
+                    and _digest(folder, name) == shard.sha256):
+                folder.touch(name + MARKER)
+                return "ok"
+            print(printable(f"stoke: the cached copy of {shard.uri} does not match its manifest; copying it again"),
+                  file=sys.stderr, flush=True)
+            folder.remove(name + MARKER)  # the marker first: a copy without one is never trusted
+            folder.remove(name)
         return "corrupt"
 
     def _fetch(self, shard: Shard) -> bool:
-        """Copies one shard and verifies it, twice at most; False when the bucket's copy is corrupt
-        (then it is left unmarked, for --skip-corrupt to read around and the next run to fetch again)."""
+        """Copies one shard and checks it, twice at most; False when the bucket's copy does not match its
+        manifest (then it is left unmarked, for --skip-corrupt to read around and the next run to fetch again)."""
         fs, remote = filesystem(shard.uri)
-        local = self.path(shard)
-        os.makedirs(os.path.dirname(local), exist_ok=True)
-        part = f"{local}.part-{os.getpid()}"
-        for _ in range(2):
-            fs.get_file(remote, part)
-            problem = _verify(part, shard)
-            if problem is None:
-                os.replace(part, local)
-                _write_marker(local)
-                return True
-        os.replace(part, local)
-        print(printable(f"stoke: {shard.uri} {problem}, in the bucket as well as in its copy"), file=sys.stderr, flush=True)
+        *folders, name = self.key(shard)
+        part = f"{name}.part-{self.pin.id}"  # fetched in there; removed if the copy fails (a full disk)
+        try:
+            with Folder.open(self.folder, folders, create=True) as folder:
+                folder.remove(name + MARKER)
+                for attempt in range(2):
+                    problem = folder.fetch(fs, remote, name, part, lambda box, data: _verify(box, data, shard),
+                                           keep_failed=attempt == 1)
+                    if problem is None:
+                        folder.write_bytes(name + MARKER, json.dumps(_expected(shard)).encode(),
+                                           tmp=f"{name}{MARKER}.part-{self.pin.id}")
+                        return True
+        except OSError as error:
+            raise CacheError(f"copying {shard.uri} into the shard cache {self.folder} failed: "
+                             f"{error.strerror or error}") from None
+        print(printable(f"stoke: {shard.uri} {problem}, in the bucket as well as in its copy"), file=sys.stderr,
+              flush=True)
         return False
 
-    def _make_room(self, need: int, keep: set[str], wanted: int) -> None:
-        """Evicts the least recently used copies not in `keep` until `need` more bytes fit under the cap."""
+    def _make_room(self, need: int, wanted: int) -> None:
+        """Evicts the least recently used copies no live pin lists until `need` more bytes fit under the cap."""
         if wanted > self.max_bytes:
             raise CacheError(f"the shards to read take {wanted / 1e9:,.2f} GB, more than the shard cache may hold "
                              f"(--shard-cache-max-gb {self.max_bytes / 1e9:g}); raise it")
-        entries = []
-        for marker in _markers(self.folder):
-            local = marker[:-len(MARKER)]
-            entries.append((os.path.getmtime(marker), local, _marker(local).get("bytes", 0)))
-        total = sum(size for _, _, size in entries)
-        for _, local, size in sorted(e for e in entries if e[1] not in keep):
-            if total + need <= self.max_bytes:
-                break
-            _remove(local)
-            total -= size
+        with locked(self.folder) as pins:
+            listed = live_pins(pins).values()
+            pinned = set().union(*(p for p in listed if p is not None))
+            entries = _copies(self.folder)
+            total = sum(size for _, _, size in entries)
+            evictable = [] if None in listed else sorted(e for e in entries if e[1] not in pinned)
+            for _, rel, size in evictable:
+                if total + need <= self.max_bytes:
+                    break
+                for path in (rel + MARKER, rel):  # the marker first: a copy without one is never trusted
+                    _unlink(os.path.join(self.folder, path))
+                total -= size
+        if total + need > self.max_bytes:
+            raise CacheError(f"the shard cache {self.folder} is full of copies that running processes read "
+                             f"({total / 1e9:,.2f} GB) and this run must copy {need / 1e9:,.2f} GB more under "
+                             f"--shard-cache-max-gb {self.max_bytes / 1e9:g}: raise it, or run when they are done")
 
 
 def shards_of_worker(shards: list[Shard], workers: int, pipeline: int, by_file: bool) -> list[Shard]:
@@ -163,13 +199,15 @@ def shards_of_worker(shards: list[Shard], workers: int, pipeline: int, by_file: 
     return shards[pipeline::workers] if by_file and workers > 1 else list(shards)
 
 
-def _verify(path: str, shard: Shard) -> str | None:
-    """None when the copy has the manifest's size and records, each passing its CRCs; else what is wrong."""
-    size = os.path.getsize(path)
-    if shard.bytes is not None and size != shard.bytes:
+def _verify(folder: Folder, name: str, shard: Shard) -> str | None:
+    """None when the copy has the manifest's size and SHA-256; else what is wrong, its records read to say it."""
+    size = folder.lstat(name).st_size
+    if size != shard.bytes:
         return f"has {size} bytes where its manifest says {shard.bytes}"
+    if _digest(folder, name) == shard.sha256:
+        return None
     try:
-        with open(path, "rb") as raw:
+        with folder.reader(name) as raw:
             if shard.compression == "GZIP":
                 with gzip.open(raw) as stream:
                     records = count_records(stream)
@@ -179,47 +217,61 @@ def _verify(path: str, shard: Shard) -> str | None:
                 records = count_records(raw)
     except (BadRecord, OSError, EOFError, zlib.error) as error:
         return f"is corrupt ({error})"
-    return None if records == shard.records else f"holds {records} records where its manifest says {shard.records}"
+    if records != shard.records:
+        return f"holds {records} records where its manifest says {shard.records}"
+    return "is not the file its manifest's SHA-256 names"
 
 
-def _size(shard: Shard) -> int:
-    if shard.bytes is not None:
-        return shard.bytes
-    fs, path = filesystem(shard.uri)
-    return fs.size(path)
+def _expected(shard: Shard) -> dict:
+    return {"bytes": shard.bytes, "sha256": shard.sha256}
 
 
-def _crc32c(path: str) -> str:
-    checksum = google_crc32c.Checksum()
-    with open(path, "rb") as f:
-        while block := f.read(CHUNK):
-            checksum.update(block)
-    return checksum.hexdigest().decode()
-
-
-def _write_marker(local: str) -> None:
-    with open(local + MARKER, "w") as f:
-        json.dump({"bytes": os.path.getsize(local), "crc32c": _crc32c(local)}, f)
-
-
-def _marker(local: str) -> dict:
+def _digest(folder: Folder, name: str) -> str | None:
     try:
-        with open(local + MARKER) as f:
-            return json.load(f)
+        return folder.sha256(name)
+    except OSError:  # gone, or a link put in its place
+        return None
+
+
+def _read_marker(folder: Folder, name: str) -> dict:
+    try:
+        with folder.reader(name + MARKER) as f:
+            marker = json.load(f)
     except (OSError, ValueError):
         return {}
+    return marker if isinstance(marker, dict) else {}
 
 
-def _markers(folder: str) -> list[str]:
-    return [os.path.join(d, f) for d, _, files in os.walk(folder) for f in files if f.endswith(MARKER)]
+def _marker(folder: str, key: list[str]) -> dict:
+    found = Folder.open(folder, key[:-1], create=False) if os.path.isdir(folder) else None
+    if found is None:
+        return {}
+    with found:
+        return _read_marker(found, key[-1])
 
 
-def _remove(local: str) -> None:
-    for path in (local + MARKER, local):  # the marker first: a copy without one is never trusted
-        try:
-            os.remove(path)
-        except FileNotFoundError:
-            pass
+def _copies(folder: str) -> list[tuple[float, str, int]]:
+    """(last used, path relative to the folder, bytes) of every marked copy."""
+    found = []
+    for parent, folders, files in os.walk(folder):
+        if parent == folder:
+            folders[:] = [f for f in folders if not f.startswith(".") and f != RUNS]
+        for name in files:
+            if name.endswith(MARKER):
+                copy = os.path.join(parent, name[:-len(MARKER)])
+                try:
+                    used, size = os.lstat(copy + MARKER).st_mtime, os.lstat(copy).st_size
+                except FileNotFoundError:
+                    continue
+                found.append((used, os.path.relpath(copy, folder), size))
+    return found
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
 
 
 def _map(function, items: list) -> list:

@@ -4,15 +4,16 @@ TensorFlow's own file systems (tf.data, checkpoints, SavedModels, TensorBoard) k
 gs://; s3:// went to the tensorflow-io package, which no longer follows TensorFlow's releases. So a
 ROOT on any other fsspec store takes one path: what TensorFlow reads is copied to a local disk first
 (shards through components/common/shard_cache.py, models and folders here), and what it writes goes
-to a local folder that is uploaded afterwards, the file that marks it complete last.
+to a local folder that is uploaded afterwards, the file that marks it complete last. Copies down go
+through components/common/local_copies.py, which keeps each inside its local folder.
 """
 from __future__ import annotations
 
 import os
 import posixpath
-import shutil
 
 from components.common.files import filesystem, is_local, protocol
+from components.common.local_copies import copy_file, copy_tree
 
 # gcsfs reads this to talk to an emulator; TensorFlow's GCS client always talks to Google.
 GCS_EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
@@ -40,21 +41,19 @@ def local_copy(uri: str, scratch: str, name: str) -> str:
         return path
     if tf_reads(uri):
         return uri
-    local = os.path.join(scratch, name)
-    fs.get(path, local, recursive=fs.isdir(path))
-    return local
+    if fs.isdir(path):
+        copy_tree(fs, path, os.path.join(scratch, name))
+        return os.path.join(scratch, name)
+    return copy_file(fs, path, scratch, name)
 
 
 def pull(uri: str, local: str) -> bool:
-    """Copies the folder `uri` into `local` (made empty first); False when there is none."""
+    """Copies the folder `uri` into `local` (made empty first); False when there is none. A key that
+    would land outside `local` raises UnsafeKey before anything is written."""
     fs, path = filesystem(uri)
     if not fs.isdir(path):
         return False
-    shutil.rmtree(local, ignore_errors=True)
-    for remote in fs.find(path):
-        out = os.path.join(local, posixpath.relpath(remote, path))
-        os.makedirs(os.path.dirname(out), exist_ok=True)
-        fs.get_file(remote, out)
+    copy_tree(fs, path, local)
     return True
 
 

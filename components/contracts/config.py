@@ -73,8 +73,8 @@ class ShardCacheConfig(BaseModel):
 
     model_config = SETTINGS_CONFIG
 
-    dir: str | None = Field(None, description="local folder for the copies, reused across runs (default: "
-                            "$STOKE_CACHE_DIR, else stoke-cache in the temp directory)")
+    dir: str | None = Field(None, description="local folder for the copies, reused across runs, your own (made 0700; "
+                            "default: $STOKE_CACHE_DIR, else $XDG_CACHE_HOME/stoke or ~/.cache/stoke)")
     max_gb: float = Field(100.0, gt=0, le=1e6, description="size cap of that folder in GB; the copies used "
                           "longest ago are evicted first")
 

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from components.common.files import filesystem, join
 from components.contracts.config import check_run_id
 from components.contracts.results import ResultError, SpanManifest, load_json
+from components.contracts.summaries import Quarantine, Release
 
 MANIFEST = "_MANIFEST.json"
 DEAD_LETTER = "dead_letter.jsonl"
@@ -94,8 +95,18 @@ class Root:
         return join(self.span(number), RELEASED)
 
     def is_quarantined(self, number: int) -> bool:
+        """A quarantine marker is there, whatever it holds: one that is no valid record still holds the span."""
         fs, path = filesystem(self.quarantine(number))
         return fs.exists(path)
+
+    def markers(self, number: int) -> Markers:
+        """The data check's markers on span `number`, each read through its model; a marker that is
+        no valid record of this span is named, and counts as a quarantine but never as a release."""
+        quarantine, quarantine_problem = _record(Quarantine, self.quarantine(number), number)
+        release, release_problem = _record(Release, self.released(number), number)
+        return Markers(self.is_quarantined(number), quarantine, release,
+                       [p + ": the span stays held back" for p in quarantine_problem]
+                       + [p + ": not a release" for p in release_problem])
 
     @property
     def runs(self) -> str:
@@ -169,7 +180,7 @@ class Root:
         for manifest in self.each_manifest(spans, quarantined=quarantined, sources=False):
             folder = self.span(manifest.span)
             found += [Shard(join(folder, entry.file), TF_COMPRESSION[manifest.compression], entry.records,
-                            manifest.span, entry.bytes) for entry in manifest.shards if entry.split == split]
+                            manifest.span, entry.bytes, entry.sha256) for entry in manifest.shards if entry.split == split]
         return found
 
     def label_names(self, spans: list[int] | None = None) -> list[str]:
@@ -179,6 +190,32 @@ class Root:
             if len(manifest.labels) > len(names):
                 names = list(manifest.labels)
         return names
+
+
+@dataclasses.dataclass(frozen=True)
+class Markers:
+    held: bool  # a quarantine marker is there: training and the gate leave the span out
+    quarantine: Quarantine | None  # its record, when it is one
+    release: Release | None  # a valid release record of this span
+    problems: list[str]  # markers that are there but are no valid record, each named with why
+
+
+def _record(model, uri: str, number: int) -> tuple:
+    """(the record at `uri`, []) when it is a valid one of span `number`; (None, [why]) when it is not;
+    (None, []) when there is none."""
+    fs, path = filesystem(uri)
+    try:
+        if not fs.exists(path):
+            return None, []
+        record = model.read(uri)
+    except ResultError as error:
+        return None, [str(error)]
+    except OSError as error:
+        return None, [f"{uri} cannot be read: {error.strerror or error}"]
+    spans = {record.span, *([record.quarantine.span] if isinstance(record, Release) else [])}
+    if spans != {number}:
+        return None, [f"{uri} is the record of span {min(spans - {number})}, not of span {number}"]
+    return record, []
 
 
 def _without_sources(data):
@@ -244,6 +281,7 @@ class Shard:
     records: int
     span: int
     bytes: int | None = None  # as the manifest records it
+    sha256: str | None = None  # as the manifest records it: a cached copy is used only when it matches
 
 
 def parse_spans(text: str | None) -> list[int] | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from components.common.files import read_json, write_json
 
@@ -90,10 +90,11 @@ class Anomaly(Result):
 
 
 class ShardEntry(Result):
-    file: str  # relative to the span folder
+    file: str = Field(pattern=r"^[^/\\\x00]*[^/\\\x00.][^/\\\x00]*$")  # a file name in the span folder, no path
     split: Literal["train", "eval"]
     records: int
     bytes: int
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")  # of the whole file as ingest wrote it: what a cached copy must match
 
 
 class SourceEntry(Result):

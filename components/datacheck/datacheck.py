@@ -58,14 +58,19 @@ def check_span(config: DataCheckSettings) -> DataCheckSummary:
     if verdict.errors:
         summary.status = hold_back(root, number, verdict.errors)
         summary.quarantine_uri = root.quarantine(number) if summary.status == "quarantined" else None
+    problems = root.markers(number).problems
+    if problems:
+        summary.message = "; ".join(problems)
     return summary
 
 
 def hold_back(root: Root, number: int, errors) -> str:
-    """Quarantines the span, unless someone released it after looking (or it is held back already)."""
-    if exists(root.released(number)):
+    """Quarantines the span, unless a valid release record says someone let it in after looking. A
+    quarantine marker that is no valid record (the span was held all along) is replaced by this one."""
+    markers = root.markers(number)
+    if markers.release:
         return "released"
-    if not root.is_quarantined(number):
+    if markers.quarantine is None:
         Quarantine(span=number, reasons=[e.message for e in errors], anomalies=errors,
                    quarantined_at=clock.now()).write(root.quarantine(number))
     return "quarantined"
@@ -96,6 +101,7 @@ def describe(summary: dict) -> str:
         return summary.get("message") or "not checked"
     lines = [f"span {summary['span']}: {summary['status']}"]
     lines += [f"{a['severity']}: {a['message']}" for a in summary.get("anomalies") or []]
+    lines += [summary["message"]] if summary.get("message") else []
     if summary.get("status") == "quarantined":
         lines.append(f"held back from training; after a look: stoke spans release {summary['span']} --root ROOT")
     return "\n".join(lines)

@@ -24,14 +24,18 @@ class SpansError(Exception):
 
 
 def status(root: Root, manifest: SpanManifest) -> SpanStatus:
+    """The span's row; a marker that is no valid record is its reason (a bad quarantine still holds the span)."""
     number, counts = manifest.span, manifest.counts
     row = SpanStatus(span=number, status="ok", train=counts.train, eval=counts.eval, dead_letter=counts.dead_letter)
-    if root.is_quarantined(number):
-        row.status, row.reason = "quarantined", (Quarantine.read(root.quarantine(number)).reasons or [None])[0]
-    elif exists(root.released(number)):
-        release = Release.read(root.released(number))
-        row.status, row.released_by = "released", release.released_by
-        row.reason = (release.quarantine.reasons or [None])[0]
+    markers = root.markers(number)
+    if markers.held:
+        row.status = "quarantined"
+        row.reason = (markers.quarantine.reasons or [None])[0] if markers.quarantine else None
+    elif markers.release:
+        row.status, row.released_by = "released", markers.release.released_by
+        row.reason = (markers.release.quarantine.reasons or [None])[0]
+    if markers.problems:
+        row.reason = "; ".join(markers.problems + ([row.reason] if row.reason else []))
     return row
 
 
@@ -43,13 +47,16 @@ def release(root: Root, number: int, by: str | None = None) -> SpansSummary:
     """Lets span `number` in: its quarantine record goes into _RELEASED.json with who and when."""
     if not exists(root.manifest(number)):
         raise SpansError(f"span {number} is not published under {root.spans}")
-    if not root.is_quarantined(number):
-        if exists(root.released(number)):
-            done = Release.read(root.released(number))
+    markers = root.markers(number)
+    if not markers.held:
+        if markers.release:
+            done = markers.release
             raise SpansError(f"span {number} was released already, by {done.released_by} at {done.released_at}")
-        raise SpansError(f"span {number} is not quarantined")
+        raise SpansError(f"span {number} is not quarantined" + "".join(f" ({p})" for p in markers.problems))
+    # A quarantine marker that is no record still held the span: the release keeps why it could not be read.
+    held = markers.quarantine or Quarantine(span=number, reasons=markers.problems[:1], anomalies=[], quarantined_at="")
     record = Release(span=number, released_by=by or f"{getpass.getuser()}@{socket.gethostname()}",
-                     released_at=clock.now(), quarantine=Quarantine.read(root.quarantine(number)))
+                     released_at=clock.now(), quarantine=held)
     record.write(root.released(number))
     remove(root.quarantine(number))
     return SpansSummary(released=status(root, SpanManifest.read(root.manifest(number))))

@@ -31,6 +31,7 @@ import tempfile
 
 from components.common import clock, plots, processes
 from components.common.files import check_writable, exists, filesystem, join, remove, write_text
+from components.common.local_copies import UnsafeKey
 from components.common.repository import SAVED_MODEL, Repository, RepositoryError
 from components.common.shard_cache import CacheError, ShardCache
 from components.common.tf_files import local_copy, push, tf_reads
@@ -55,7 +56,7 @@ class GateError(Exception):
 def run(argv: list[str] | None = None) -> int:
     args = program.stage_arguments("gate", argv)
     return program.main("stoke gate", args.json, lambda: gate(program.stage_settings("gate", args)),
-                        _describe, errors=(GateError, RepositoryError, ResultError, OSError))
+                        _describe, errors=(GateError, RepositoryError, ResultError, UnsafeKey, OSError))
 
 
 def _describe(summary: dict) -> str:

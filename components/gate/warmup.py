@@ -7,10 +7,9 @@ server will replay has been tried before the push.
 """
 from __future__ import annotations
 
-import os
 import tempfile
 
-from components.common.files import filesystem
+from components.common.tf_files import local_copy
 from components.common.tfrecord import frame
 from components.contracts.schema import SERVING_INPUT, SERVING_SIGNATURE
 
@@ -46,13 +45,9 @@ def read_prediction_logs(uri: str) -> list:
     import tensorflow as tf
     from tensorflow_serving.apis import prediction_log_pb2
 
-    fs, path = filesystem(uri)
     with tempfile.TemporaryDirectory() as tmp:
-        local = os.path.join(tmp, "records")
-        with open(local, "wb") as f:
-            f.write(fs.cat_file(path))
         logs = []
-        for record in tf.data.TFRecordDataset(local).as_numpy_iterator():
+        for record in tf.data.TFRecordDataset(local_copy(uri, tmp, "records")).as_numpy_iterator():
             log = prediction_log_pb2.PredictionLog()
             log.ParseFromString(record)
             logs.append(log)

@@ -234,13 +234,18 @@ def free_space(root: str, manifests: list[SpanManifest]) -> Check:
 
 def shard_cache(root: str, manifests: list[SpanManifest], cache_dir: str | None, max_gb: float) -> Check:
     """With ROOT on a store TensorFlow cannot read, the shard cache's disk against what training
-    must copy into it: every published shard not cached yet, plus the next span."""
+    must copy into it: every published shard not cached yet, plus the next span. A folder the cache
+    would refuse (a link, another user's, writable by others) fails here with the same line."""
+    from components.common.cache_folder import refusal
     from components.common.shard_cache import ShardCache
     from components.common.tf_files import tf_reads
 
     if tf_reads(root):
         return Check("shard cache", "skip", f"TensorFlow reads {root} itself: no local copies")
     cache = ShardCache(cache_dir, max_gb)
+    refused = refusal(cache.folder)
+    if refused:
+        return Check("shard cache", "fail", *refused, {"folder": cache.folder})
     shards = Root(root).shards("train") + Root(root).shards("eval")
     need = cache.needs(shards) + (sum(s.bytes for s in manifests[-1].shards) if manifests else 0)
     usage = shutil.disk_usage(_existing(cache.folder))

@@ -13,6 +13,7 @@ import tempfile
 
 from components.common.files import filesystem
 from components.common.image_header import ImageRefused, open_image
+from components.common.local_copies import UnsafeKey
 from components.common.serving import PredictError, rest_predict
 from components.common.tf_files import local_copy
 from components.contracts import program
@@ -88,7 +89,7 @@ def run(argv: list[str] | None = None) -> int:
     parser.add_argument("images", nargs="+", help="image files (local paths or fsspec URIs)")
     args = parser.parse_args(argv)
     return program.main("stoke predict", args.json, lambda: predict(args.target, args.images), _describe,
-                        errors=(PredictError,))
+                        errors=(PredictError, UnsafeKey))
 
 
 def _describe(summary: dict) -> str:

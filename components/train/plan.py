@@ -71,6 +71,7 @@ def resolve(config: TrainSettings) -> RunPlan:
     try:
         train_shards, eval_shards, staging = remote_root.stage(config, train_shards, eval_shards,
                                                                placement.workers, placement.pipeline)
+        work = remote_root.work_dir(config, run)
     except CacheError as exc:
         raise TrainError(str(exc)) from None
     corrupt, train_records, eval_counts = readable_records(config, train_shards, eval_shards)
@@ -85,7 +86,7 @@ def resolve(config: TrainSettings) -> RunPlan:
         steps_per_epoch = min(steps_per_epoch, config.steps_per_epoch)
     total = config.epochs * steps_per_epoch
     return RunPlan(
-        placement=placement, run=run, work=remote_root.work_dir(config, run), labels=labels,
+        placement=placement, run=run, work=work, labels=labels,
         train_shards=train_shards, eval_shards=eval_shards,
         corrupt=corrupt, batch_size=batch_size, global_batch=global_batch, steps_per_epoch=steps_per_epoch,
         validation_steps=eval_batches.steps(eval_counts, placement.workers, global_batch),

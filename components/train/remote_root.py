@@ -60,12 +60,12 @@ def work_dir(config: TrainSettings, run: RunDir) -> RunDir:
     if not is_remote(run):
         return run
     key = hashlib.sha256(run.uri.encode()).hexdigest()[:10]
-    cache = ShardCache(config.shard_cache.dir, config.shard_cache.max_gb)
-    return RunDir(os.path.join(cache.folder, "runs", f"{run.run_id}-{key}"))
+    return RunDir(ShardCache(config.shard_cache.dir, config.shard_cache.max_gb).run_folder(f"{run.run_id}-{key}"))
 
 
 def resume_from(run: RunDir, work: RunDir) -> None:
-    """Makes the local backup the bucket's: a run resumes from what was uploaded, on any machine."""
+    """Makes the local backup the bucket's: a run resumes from what was uploaded, on any machine.
+    Raises UnsafeKey, before anything is written, for a key in the bucket that would land outside it."""
     if work is run:
         return
     if not pull(run.backup, work.backup):

@@ -24,6 +24,7 @@ from collections.abc import Callable
 import tensorflow as tf
 import tf_keras as keras
 
+from components.common.local_copies import UnsafeKey
 from components.common.shard_scan import scan_shards
 from components.contracts import presets, program
 from components.contracts.layout import RunDir, Shard
@@ -46,7 +47,7 @@ def run(argv: list[str] | None = None) -> int:
     progress = program.progress_printer(as_json=True) if args.json else None
     return program.main("stoke train", args.json,
                         lambda: train(_with_preset(program.stage_settings("train", args)), progress),
-                        _describe, errors=(TrainError, ResultError, OSError))
+                        _describe, errors=(TrainError, ResultError, UnsafeKey, OSError))
 
 
 def _with_preset(settings: TrainSettings) -> TrainSettings:

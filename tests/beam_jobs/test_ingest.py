@@ -1,4 +1,5 @@
 """The ingest job end to end on real files: exactly once, dead letters, crashes, S3."""
+import hashlib
 import json
 import os
 import signal
@@ -10,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from beam_jobs.ingest import run
-from components.common.files import join, read_json
+from components.common.files import filesystem, join, read_json
 from components.contracts import schema
 from components.contracts.layout import DEAD_LETTER, MANIFEST, TF_COMPRESSION, Root
 from tests.beam_jobs import images
@@ -32,11 +33,15 @@ def ingest(source, root, *extra, capsys=None):
 
 
 def records(root, manifest):
-    """Every record of a span, parsed, with its decoded image."""
+    """Every record of a span, parsed, with its decoded image; each shard checked against the size and
+    SHA-256 its manifest records (what a cached copy must match)."""
     found = []
     for split in schema.SPLITS:
         folder = Root(str(root)).span(manifest["span"])
         files = [join(folder, s["file"]) for s in manifest["shards"] if s["split"] == split]
+        for shard, path in zip((s for s in manifest["shards"] if s["split"] == split), files):
+            data = filesystem(path)[0].cat_file(path)
+            assert (len(data), hashlib.sha256(data).hexdigest()) == (shard["bytes"], shard["sha256"]), path
         for data in tf.data.TFRecordDataset(files, TF_COMPRESSION[manifest["compression"]]):
             parsed = tf.io.parse_single_example(data, schema.feature_spec())
             pixels = tf.io.decode_image(parsed[schema.ENCODED], expand_animations=False).numpy()

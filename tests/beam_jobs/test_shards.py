@@ -1,7 +1,9 @@
+import hashlib
+
 import pytest
 import tensorflow as tf
 
-from beam_jobs.shards import RecordFile, RollingShards
+from beam_jobs.shards import RecordFile, RollingShards, prune
 from components.contracts.layout import TF_COMPRESSION
 
 
@@ -13,6 +15,7 @@ def test_tensorflow_reads_what_the_writer_frames(tmp_path, compression):
         writer.write(record)
     described = writer.close()
     assert described["records"] == 3 and described["bytes"] == (tmp_path / "f").stat().st_size
+    assert described["sha256"] == hashlib.sha256((tmp_path / "f").read_bytes()).hexdigest()  # of the whole file
     read = [r.numpy() for r in tf.data.TFRecordDataset(str(tmp_path / "f"), TF_COMPRESSION[compression])]
     assert read == records
 
@@ -25,3 +28,14 @@ def test_rolling_shards_bound_each_file(tmp_path):
         ("eval", 1), ("train", 1), ("train", 3), ("train", 3)]
     total = sum(sum(1 for _ in tf.data.TFRecordDataset(c["file"], "GZIP")) for c in closed)
     assert total == 8
+
+
+def test_a_pruned_shard_records_the_digest_of_its_new_bytes(tmp_path):
+    shards = RollingShards(str(tmp_path), max_bytes=10**6, compression="gzip")
+    for index in range(4):
+        shards.write("train", b"record %d" % index)
+    [staged] = shards.close()
+    [kept] = prune([staged], [{"file": staged["file"], "index": 1}], "gzip")
+    data = open(kept["file"], "rb").read()
+    assert kept["records"] == 3 and (kept["bytes"], kept["sha256"]) == (len(data), hashlib.sha256(data).hexdigest())
+    assert kept["sha256"] != staged["sha256"]

@@ -1,6 +1,7 @@
 """Small spans written the way the ingest job publishes them: GZIP shards, then _MANIFEST.json."""
 from __future__ import annotations
 
+import hashlib
 import io
 
 import numpy as np
@@ -44,8 +45,9 @@ def write_span(root: str, number: int, splits: dict[str, list[tuple[bytes, str, 
                     writer.write(schema.encode_example(
                         encoded=encoded, image_format=image_format, height=int(height), width=int(width),
                         label=label, text=labels[label], source=f"mem://{split}/{index}/{position}"))
-            size = files.filesystem(folder)[0].size(files.join(folder, name))
-            shards.append({"file": name, "split": split, "records": len(part), "bytes": size})
+            data = files.filesystem(folder)[0].cat_file(files.join(folder, name))
+            shards.append({"file": name, "split": split, "records": len(part), "bytes": len(data),
+                           "sha256": hashlib.sha256(data).hexdigest()})
     manifest = SpanManifest(span=number, created="2025-01-01T00:00:00Z", source="mem://", labels=labels,
                             counts={split: len(splits.get(split, [])) for split in schema.SPLITS}
                             | {"dead_letter": 0, "duplicates": 0},

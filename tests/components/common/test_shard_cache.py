@@ -1,8 +1,11 @@
 """The shard cache on its own: what it copies, what it keeps, what it evicts, and which shards a worker stages."""
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 
+import google_crc32c
 import pytest
 
 from components.common import tf_files
@@ -50,15 +53,90 @@ def test_copies_are_reused_and_a_copy_damaged_in_place_is_fetched_again(shards, 
 
 def test_a_shard_corrupt_at_its_source_is_left_unverified_and_named(shards, tmp_path):
     source = tmp_path / "source.tfrecord.gz"
-    data = bytearray(open(shards[0].uri, "rb").read())
-    data[len(data) // 2] ^= 0xFF
-    source.write_bytes(bytes(data))
-    shard = type(shards[0])(str(source), shards[0].compression, shards[0].records, 1, len(data))
+    source.write_bytes(_flipped(open(shards[0].uri, "rb").read()))
+    shard = dataclasses.replace(shards[0], uri=str(source))  # the manifest's size and digest, other bytes
     cache = ShardCache(str(tmp_path / "cache"), max_gb=1)
     staged = cache.stage([shard])
     assert staged.corrupt == [str(source)]
     assert os.path.exists(cache.path(shard)) and not os.path.exists(cache.path(shard) + ".verified")
     assert cache.stage([shard]).fetched == 1  # never trusted: the next run fetches it again
+
+
+def _flipped(data: bytes) -> bytes:
+    """The same number of bytes, one of them different: a forged or rotten copy that keeps its size."""
+    data = bytearray(data)
+    data[len(data) // 2] ^= 0xFF
+    return bytes(data)
+
+
+def _forge(cache, shard, marker: dict | None) -> None:
+    """Puts a same-size copy with other bytes where the cache keeps `shard`, and `marker` beside it."""
+    local = cache.path(shard)
+    with open(local, "wb") as f:
+        f.write(_flipped(open(shard.uri, "rb").read()))
+    if marker is not None:
+        with open(local + ".verified", "w") as f:
+            json.dump(marker, f)
+
+
+def _crc32c(path) -> str:
+    return google_crc32c.Checksum(open(path, "rb").read()).hexdigest().decode()
+
+
+@pytest.mark.parametrize("marker", ["its own size and CRC32C", "the manifest's digest", "none"])
+def test_a_forged_copy_is_never_reused_whatever_its_marker_says(shards, tmp_path, marker):
+    cache = ShardCache(str(tmp_path), max_gb=1)
+    cache.stage(shards)
+    shard = shards[0]
+    local = cache.path(shard)
+    claims = {"its own size and CRC32C": lambda: {"bytes": shard.bytes, "crc32c": _crc32c(local)},
+              "the manifest's digest": lambda: {"bytes": shard.bytes, "sha256": shard.sha256}, "none": lambda: None}
+    _forge(cache, shard, None)
+    _forge(cache, shard, claims[marker]())
+    staged = cache.stage(shards)
+    assert (staged.fetched, staged.reused) == (1, len(shards) - 1)
+    assert open(local, "rb").read() == open(shard.uri, "rb").read()
+
+
+def test_a_shard_without_a_digest_in_its_manifest_is_not_cached(shards, tmp_path):
+    with pytest.raises(CacheError, match="no size and SHA-256"):
+        ShardCache(str(tmp_path), max_gb=1).stage([dataclasses.replace(shards[0], sha256=None)])
+    with pytest.raises(CacheError, match="no plain path"):  # a name that is no file name in its span folder
+        ShardCache(str(tmp_path), max_gb=1).stage([dataclasses.replace(shards[0], uri=shards[0].uri + "/..")])
+
+
+def test_links_planted_in_the_cache_are_never_followed(shards, tmp_path):
+    """A link in place of a copy (to a good copy elsewhere), of its marker, or at the name a partial copy
+    once took: each is replaced or removed, and nothing outside the cache changes."""
+    a, b, _ = shards
+    cache, outside = ShardCache(str(tmp_path / "cache"), max_gb=1), tmp_path / "outside"
+    cache.stage([a])
+    outside.mkdir()
+    for name in ("copy", "marker", "victim"):
+        (outside / name).write_bytes(open(a.uri, "rb").read() if name == "copy" else b"untouched")
+    local = cache.path(a)
+    os.remove(local)
+    os.symlink(outside / "copy", local)  # the right bytes, the right marker beside it: still not a copy of ours
+    os.symlink(outside / "marker", cache.path(b) + ".verified")
+    os.symlink(outside / "victim", f"{cache.path(b)}.part-{os.getpid()}")  # the name a copy once took
+    staged = cache.stage(shards)
+    assert staged.refetched == [a.uri] and staged.fetched == 3
+    for shard in shards:
+        assert not os.path.islink(cache.path(shard)) and not os.path.islink(cache.path(shard) + ".verified")
+        assert open(cache.path(shard), "rb").read() == open(shard.uri, "rb").read()
+    assert not os.path.lexists(f"{cache.path(b)}.part-{os.getpid()}")
+    assert sorted(os.listdir(outside)) == ["copy", "marker", "victim"]
+    assert (outside / "marker").read_bytes() == b"untouched" and (outside / "victim").read_bytes() == b"untouched"
+
+
+def test_a_link_in_place_of_a_span_folder_is_replaced(shards, tmp_path):
+    cache, outside = ShardCache(str(tmp_path / "cache"), max_gb=1), tmp_path / "outside"
+    outside.mkdir()
+    span = os.path.dirname(cache.path(shards[0]))
+    os.makedirs(os.path.dirname(span))
+    os.symlink(outside, span)
+    assert cache.stage(shards).fetched == len(shards)
+    assert not os.path.islink(span) and not os.listdir(outside)
 
 
 def test_a_worker_stages_the_files_its_input_pipeline_reads(shards):

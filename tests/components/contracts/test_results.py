@@ -156,6 +156,16 @@ def test_the_manifest_written_by_ingest_is_what_readers_see(tmp_path):
     assert {s.split for s in manifest.shards} <= {"train", "eval"}
 
 
+@pytest.mark.parametrize("change", [{"sha256": None}, {"sha256": "not hex"}, {"file": "../span-00002/x.tfrecord.gz"},
+                                    {"file": "sub/x.tfrecord.gz"}, {"file": ".."}, {"file": "a\\b"}])
+def test_a_shard_entry_names_a_file_of_its_span_and_its_digest(change):
+    """The digest is what a cached copy must match; a name with a path could point a reader out of the span."""
+    data = json.loads((WRITTEN / "_MANIFEST.json").read_text())
+    data["shards"][0] = {k: v for k, v in {**data["shards"][0], **change}.items() if v is not None}
+    with pytest.raises(results.ResultError, match="shards.0"):
+        results.SpanManifest.check(data, "_MANIFEST.json")
+
+
 def test_write_json_reaches_the_disk_before_it_takes_the_name(tmp_path, monkeypatch):
     """Rename without fsync can leave an empty file under the final name after a power cut."""
     import os

@@ -1,3 +1,4 @@
+import hashlib
 import io
 import json
 import os
@@ -275,8 +276,9 @@ def _publish_span(root: str, number: int, records: int, shards: int = 2) -> dict
                 writer.write(schema.encode_example(encoded=_noise_png(i), image_format="png", height=96,
                                                    width=96, label=i % 2, text=["a", "b"][i % 2],
                                                    source=f"file:///in/{i}.png"))
-        entries.append({"file": name, "split": "train", "records": count,
-                        "bytes": os.path.getsize(files.join(folder, name))})
+        data = open(files.join(folder, name), "rb").read()
+        entries.append({"file": name, "split": "train", "records": count, "bytes": len(data),
+                        "sha256": hashlib.sha256(data).hexdigest()})
     manifest = {"span": number, "created": "2026-01-01T00:00:00Z", "compression": "gzip", "source": "/in",
                 "counts": {"train": records, "eval": 0, "dead_letter": 0, "duplicates": 0}, "labels": ["a", "b"],
                 "shards": entries, "sources": []}
@@ -353,13 +355,31 @@ def test_read_throughput_without_spans_times_a_temporary_file(tmp_path):
     assert list(tmp_path.iterdir()) == [], "the temporary file must be removed"
 
 
+def test_the_shard_cache_check_looks_where_training_would_and_fails_a_folder_it_would_refuse(
+        tmp_path, monkeypatch, s3_endpoint):
+    monkeypatch.delenv("STOKE_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    check = storage.shard_cache("s3://no-such-bucket/root", [], None, 1.0)
+    assert check.status == "ok" and check.facts["folder"] == str(tmp_path / "xdg" / "stoke")
+    assert not (tmp_path / "xdg").exists()  # looked at, not made
+    shared = tmp_path / "xdg" / "stoke"
+    shared.mkdir(parents=True)
+    shared.chmod(0o1777)
+    check = storage.shard_cache("s3://no-such-bucket/root", [], None, 1.0)
+    assert check.status == "fail" and "writable by others" in check.summary and "chmod go-w" in check.fix
+    (tmp_path / "link").symlink_to(shared)
+    check = storage.shard_cache("s3://no-such-bucket/root", [], str(tmp_path / "link"), 1.0)
+    assert check.status == "fail" and "symbolic link" in check.summary and "--shard-cache-dir" in check.fix
+
+
 def test_free_space_against_the_next_span(tmp_path):
     free = shutil.disk_usage(tmp_path).free
 
     def span(size):
         return [SpanManifest(span=1, created="2026-01-01T00:00:00Z", source="/in", labels=["a"], sources=[],
                              counts={"train": 1, "eval": 0, "dead_letter": 0, "duplicates": 0},
-                             shards=[{"file": "x", "split": "train", "records": 1, "bytes": size}])]
+                             shards=[{"file": "x", "split": "train", "records": 1, "bytes": size,
+                                      "sha256": "0" * 64}])]
 
     assert storage.free_space(str(tmp_path), []).status == "ok"
     assert storage.free_space(str(tmp_path), span(1024)).status == "ok"

@@ -71,3 +71,15 @@ def test_a_killed_run_resumes_from_the_bucket_on_a_fresh_cache(bucket_root, tmp_
     code, summary = _run(capsys, bucket_root, tmp_path / "second", *args)
     assert code == 0, summary
     assert summary["resumed_from_step"] == 6 and summary["total_steps"] == 12
+
+
+def test_a_backup_key_that_would_leave_the_local_folder_stops_the_run_in_one_line(bucket_root, tmp_path, capsys):
+    """The local run folder is CACHE/runs/<run>-<hash>/: three '..' from its backup is the cache's parent."""
+    fs = fsspec.filesystem("s3")
+    escaping = "train-root/root/runs/s3-escape/backup/../../../outside/escaped"
+    fs.pipe_file("train-root/root/runs/s3-escape/backup/checkpoint", b"pointer")
+    fs.pipe_file(escaping, b"attacker")
+    code, summary = _run(capsys, bucket_root, tmp_path / "cache", "--run-id", "s3-escape")
+    assert code == 1 and escaping in summary["error"] and "\n" not in summary["error"]
+    assert not (tmp_path / "outside").exists()
+    assert not fs.exists("train-root/root/runs/s3-escape/metrics.json")
