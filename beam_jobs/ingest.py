@@ -166,7 +166,7 @@ def extended_labels(root: Root, fresh: list[Source]) -> list[str]:
     Known means labels.json and every published manifest's list together, so a lost or stale
     labels.json cannot hand out an id twice; lists that give one id two names stop the job."""
     labels, origin = root.read_labels(), root.labels
-    for manifest in root.each_manifest(quarantined=True, sources=False):
+    for manifest in root.each_manifest(checked=False, sources=False):
         names, uri = manifest.labels, root.manifest(manifest.span)
         for index, (mine, theirs) in enumerate(zip(labels, names)):
             if mine != theirs:

@@ -3,8 +3,11 @@
     0 config     ROOT/runs/<id>/config.json  the run configuration, resolved, before anything runs
     1 preflight  components.preflight   SOURCE, the machine: disks, read speed, GPUs, /dev/shm, limits
     2 ingest     beam_jobs.ingest       new files -> a new span of GZIP TFRecords (retried: it is exactly-once)
-    2b datacheck components.datacheck   the new span against the published history; errors quarantine it,
-                                        and training goes on with the other spans
+    2b datacheck components.datacheck   every span not checked yet (the new one, one published by hand or by
+                                        a run that died) against the history; errors quarantine it, and
+                                        training goes on with the spans the check let in
+       (skip)                           nothing to train on, or (scheduled runs) every span the check let
+                                        in is in the served model already
     3 train      components.train       all published spans -> candidate SavedModel (tag `gpu`; never retried:
                                         a rerun of the same run id resumes from its backup instead)
     4 gate       components.gate        TFMA against thresholds and the served baseline -> blessed or not
@@ -86,15 +89,11 @@ def pipeline(
     try:
         if config.preflight is not None:
             check_machine(config, run)                                                      # 1
-        ingested = ingest_span(config, run, arrived)                                        # 2
-        held = ingested.published and check_span(config, run, ingested.span).status == "quarantined"  # 2b
-        if skip_unchanged and (held or not ingested.published) and served_versions(config):
-            what = held_back(config.root, ingested.span) if held else ingested.message or "nothing new"
-            return write_report(run, skipped=f"{what}; model {config.model_name} is already served, so nothing "
-                                "was trained")
-        if held and not Root(config.root).manifests():
-            return write_report(run, skipped=f"{held_back(config.root, ingested.span)}, and no other span is left "
-                                "to train on")
+        ingest_span(config, run, arrived)                                                   # 2
+        held = check_spans(config, run) if Root(config.root).unchecked() else []             # 2b
+        skipped = nothing_to_train(config, held, skip_unchanged)
+        if skipped:
+            return write_report(run, skipped=skipped)
         train_model(config, run)                                                            # 3
         if gate_model(config, run).blessed:                                                 # 4
             push_model(config, run)                                                         # 5
@@ -147,15 +146,32 @@ def ingest_span(config: RunConfig, run: RunDir, arrived: str = "") -> summaries.
 
 
 @task(name="datacheck", retries=1, retry_delay_seconds=30, retry_condition_fn=unless_timed_out)
-def check_span(config: RunConfig, run: RunDir, span: int) -> summaries.DataCheckSummary:
-    """Compares the new span with the published history; an error quarantines it, not the run."""
-    summary = run_program(stage("datacheck"), config, run, span=span)
+def check_spans(config: RunConfig, run: RunDir) -> list[int]:
+    """Checks every span not checked yet against the history; an error quarantines the span, not the run.
+    Returns the spans it held back."""
+    summary = run_program(stage("datacheck"), config, run)
     logger = get_run_logger()
-    for anomaly in summary.anomalies or []:
-        logger.warning("datacheck %s: %s", anomaly.severity, anomaly.message)
-    if summary.status == "quarantined":
-        logger.warning("%s; training goes on without it", held_back(config.root, span))
-    return summary
+    for check in summary.spans:
+        for anomaly in check.anomalies:
+            logger.warning("datacheck span %d %s: %s", check.span, anomaly.severity, anomaly.message)
+    for check in summary.held():
+        logger.warning("%s; training goes on without it", held_back(config.root, check.span))
+    return [check.span for check in summary.held()]
+
+
+def nothing_to_train(config: RunConfig, held: list[int], skip_unchanged: bool) -> str | None:
+    """Why the run trains nothing (its report says "skipped"), or None: no span the data check let in;
+    or, for a scheduled or data-triggered run, a served model trained on every span it let in."""
+    root = Root(config.root)
+    checked = [n for n in root.published() if root.check_record(n).trusted]
+    aside = "".join(f"; {held_back(config.root, span)}" for span in held)
+    if not checked:
+        return f"no span the data check let in to train on{aside}"
+    served = served_spans(config)
+    if skip_unchanged and served is not None and set(checked) <= served[1]:
+        return (f"nothing new to train on: model {config.model_name} is already served (version {served[0]}), trained "
+                f"on every span the data check let in ({', '.join(map(str, checked))}){aside}")
+    return None
 
 
 @task(name="train", tags=[GPU_TAG], retries=0)
@@ -256,8 +272,12 @@ def held_back(root: str, span: int) -> str:
     return f"span {span} is quarantined by the data check (release it with `stoke spans release {span} --root {root}`)"
 
 
-def served_versions(config: RunConfig) -> list[int]:
-    """Complete integer versions in the model repository: what TF Serving would load."""
+def served_spans(config: RunConfig) -> tuple[int, set[int]] | None:
+    """The newest served version and the spans it was trained on (its lineage); None when no version
+    is served, or the newest has no lineage to say (then a run trains)."""
     from components.common.repository import Repository
 
-    return Repository(config.root, config.model_name).versions()
+    repository = Repository(config.root, config.model_name)
+    version = repository.newest()
+    lineage = repository.lineage(version) if version is not None else None
+    return (version, {span.span for span in lineage.spans}) if lineage is not None else None

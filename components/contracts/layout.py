@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from components.common.files import filesystem, join
 from components.contracts.config import check_run_id
 from components.contracts.results import ResultError, SpanManifest, load_json
-from components.contracts.summaries import Quarantine, Release
+from components.contracts.summaries import TRUSTED, DataCheckRecord
 
 MANIFEST = "_MANIFEST.json"
 DEAD_LETTER = "dead_letter.jsonl"
@@ -33,11 +33,10 @@ CONTENT_INDEX = "content_index.tsv.gz"
 # the manifest's `sources`: a span published without one gets it built from its manifest.
 SOURCE_INDEX = "source_index.tsv.gz"
 STATISTICS = "statistics.pb"  # a binary tensorflow_metadata DatasetFeatureStatisticsList, one dataset per split
-# The data check's verdict on a published span (components/datacheck): while _QUARANTINE.json exists,
-# training and the gate do not read the span; `stoke spans release N` writes _RELEASED.json (the
-# quarantine record, who and when) and only then removes the marker, so the evidence stays.
-QUARANTINE = "_QUARANTINE.json"
-RELEASED = "_RELEASED.json"
+# The data check's record of a published span (summaries.DataCheckRecord): training and the gate read a
+# span only when its record is valid and says ok, warning or released. Fail closed: a span published by
+# hand, or by a run that died before its check, is not read until the data check has judged it.
+DATACHECK = "_DATACHECK.json"
 SPAN_PATTERN = re.compile(r"^span-(\d{5,})$")
 METRICS = "metrics.json"  # in a run folder: written last by training, so its presence means finished
 WARMUP_FILE = "tf_serving_warmup_requests"  # TF Serving's name, in a run and in assets.extra/ of a version
@@ -88,25 +87,29 @@ class Root:
     def statistics(self, number: int) -> str:
         return join(self.span(number), STATISTICS)
 
-    def quarantine(self, number: int) -> str:
-        return join(self.span(number), QUARANTINE)
+    def datacheck(self, number: int) -> str:
+        return join(self.span(number), DATACHECK)
 
-    def released(self, number: int) -> str:
-        return join(self.span(number), RELEASED)
+    def check_record(self, number: int) -> CheckRecord:
+        """Span `number`'s data-check record, read through its model: a record that is there but is no
+        valid one of this span is named, and lets nothing in."""
+        uri = self.datacheck(number)
+        fs, path = filesystem(uri)
+        try:
+            if not fs.exists(path):
+                return CheckRecord(number, None, None)
+            record = DataCheckRecord.read(uri)
+        except ResultError as error:
+            return CheckRecord(number, None, str(error))
+        except OSError as error:
+            return CheckRecord(number, None, f"{uri} cannot be read: {error.strerror or error}")
+        if record.span != number:
+            return CheckRecord(number, None, f"{uri} is the record of span {record.span}, not of span {number}")
+        return CheckRecord(number, record, None)
 
-    def is_quarantined(self, number: int) -> bool:
-        """A quarantine marker is there, whatever it holds: one that is no valid record still holds the span."""
-        fs, path = filesystem(self.quarantine(number))
-        return fs.exists(path)
-
-    def markers(self, number: int) -> Markers:
-        """The data check's markers on span `number`, each read through its model; a marker that is
-        no valid record of this span is named, and counts as a quarantine but never as a release."""
-        quarantine, quarantine_problem = _record(Quarantine, self.quarantine(number), number)
-        release, release_problem = _record(Release, self.released(number), number)
-        return Markers(self.is_quarantined(number), quarantine, release,
-                       [p + ": the span stays held back" for p in quarantine_problem]
-                       + [p + ": not a release" for p in release_problem])
+    def unchecked(self) -> list[int]:
+        """Published spans without a valid data-check record: what the data check has still to judge."""
+        return [n for n in self.published() if self.check_record(n).record is None]
 
     @property
     def runs(self) -> str:
@@ -141,20 +144,21 @@ class Root:
         names = (posixpath.basename(p.rstrip("/")) for p in fs.ls(path, detail=False))
         return sorted(int(m.group(1)) for m in map(SPAN_PATTERN.match, names) if m)
 
-    def manifests(self, spans: list[int] | None = None, *, quarantined: bool = False) -> list[SpanManifest]:
+    def manifests(self, spans: list[int] | None = None, *, checked: bool = True) -> list[SpanManifest]:
         """Manifests of the published spans (those whose _MANIFEST.json exists), oldest first.
 
-        Quarantined spans are left out unless `quarantined`: training and the gate read what is left,
-        while ingest (duplicates, labels, what is already known) counts every published span. Naming a
-        quarantined span in `spans` raises SpanQuarantined rather than quietly reading less."""
-        return list(self.each_manifest(spans, quarantined=quarantined))
+        With `checked`, only the spans the data check let in: training and the gate read those, while
+        ingest (duplicates, labels, what is already known) and the data check count every published span
+        (`checked=False`). Naming a span in `spans` that the check has not let in raises SpanNotChecked,
+        with why and what to do, rather than quietly reading less."""
+        return list(self.each_manifest(spans, checked=checked))
 
     def published(self) -> list[int]:
-        """Numbers of the published spans, quarantined ones included."""
+        """Numbers of the published spans, checked or not."""
         fs, _ = filesystem(self.spans)
         return [n for n in self.span_numbers() if fs.exists(filesystem(self.manifest(n))[1])]
 
-    def each_manifest(self, spans: list[int] | None = None, *, quarantined: bool = False,
+    def each_manifest(self, spans: list[int] | None = None, *, checked: bool = True,
                       sources: bool = True) -> Iterator[SpanManifest]:
         """`manifests`, read one at a time: a reader that keeps little of each holds one span's in memory.
         Without `sources` each manifest's `sources` list (by far its biggest part) is left empty."""
@@ -165,19 +169,18 @@ class Root:
             uri = self.manifest(number)
             if not fs.exists(filesystem(uri)[1]):
                 continue
-            if not quarantined and self.is_quarantined(number):
+            why = self.check_record(number).refusal(self.uri) if checked else None
+            if why:
                 if spans is not None:
-                    raise SpanQuarantined(f"span {number} is quarantined by the data check (see "
-                                          f"{self.quarantine(number)}); after looking at it, let it in with "
-                                          f"`stoke spans release {number} --root {self.uri}`")
+                    raise SpanNotChecked(why)
                 continue
             yield SpanManifest.read(uri) if sources else SpanManifest.check(_without_sources(load_json(uri)), uri)
 
-    def shards(self, split: str, spans: list[int] | None = None, *, quarantined: bool = False) -> list[Shard]:
-        """Shard files of one split across the published spans (unpublished span folders are ignored;
-        quarantined ones too, unless `quarantined`)."""
+    def shards(self, split: str, spans: list[int] | None = None, *, checked: bool = True) -> list[Shard]:
+        """Shard files of one split across the published spans the data check let in (all published
+        spans without `checked`; unpublished span folders are ignored)."""
         found = []
-        for manifest in self.each_manifest(spans, quarantined=quarantined, sources=False):
+        for manifest in self.each_manifest(spans, checked=checked, sources=False):
             folder = self.span(manifest.span)
             found += [Shard(join(folder, entry.file), TF_COMPRESSION[manifest.compression], entry.records,
                             manifest.span, entry.bytes, entry.sha256) for entry in manifest.shards if entry.split == split]
@@ -186,44 +189,42 @@ class Root:
     def label_names(self, spans: list[int] | None = None) -> list[str]:
         """labels.json (append-only, so it covers every span), else the longest list of a manifest."""
         names = self.read_labels()
-        for manifest in self.each_manifest(spans, quarantined=True, sources=False):
+        for manifest in self.each_manifest(spans, checked=False, sources=False):
             if len(manifest.labels) > len(names):
                 names = list(manifest.labels)
         return names
 
 
 @dataclasses.dataclass(frozen=True)
-class Markers:
-    held: bool  # a quarantine marker is there: training and the gate leave the span out
-    quarantine: Quarantine | None  # its record, when it is one
-    release: Release | None  # a valid release record of this span
-    problems: list[str]  # markers that are there but are no valid record, each named with why
+class CheckRecord:
+    """A span's data-check record as read: the record, or why there is none to trust."""
+    span: int
+    record: DataCheckRecord | None
+    problem: str | None  # a record is there but is not a valid one of this span
 
+    @property
+    def trusted(self) -> bool:
+        return self.record is not None and self.record.status in TRUSTED
 
-def _record(model, uri: str, number: int) -> tuple:
-    """(the record at `uri`, []) when it is a valid one of span `number`; (None, [why]) when it is not;
-    (None, []) when there is none."""
-    fs, path = filesystem(uri)
-    try:
-        if not fs.exists(path):
-            return None, []
-        record = model.read(uri)
-    except ResultError as error:
-        return None, [str(error)]
-    except OSError as error:
-        return None, [f"{uri} cannot be read: {error.strerror or error}"]
-    spans = {record.span, *([record.quarantine.span] if isinstance(record, Release) else [])}
-    if spans != {number}:
-        return None, [f"{uri} is the record of span {min(spans - {number})}, not of span {number}"]
-    return record, []
+    def refusal(self, root: str) -> str | None:
+        """Why training may not read the span, with what to do; None when it may."""
+        if self.trusted:
+            return None
+        check = f"`stoke datacheck --root {root} --span {self.span}`"
+        if self.record is not None:
+            return (f"span {self.span} is quarantined by the data check ({'; '.join(self.record.reasons[:1])}); "
+                    f"after looking at it, let it in with `stoke spans release {self.span} --root {root}`")
+        if self.problem:
+            return f"span {self.span} has no valid data-check record ({self.problem}); check it again with {check}"
+        return f"span {self.span} has not been data-checked; check it with {check}"
 
 
 def _without_sources(data):
     return {**data, "sources": []} if isinstance(data, dict) else data
 
 
-class SpanQuarantined(ValueError):
-    """A span named explicitly that the data check holds back; the message says how to release it."""
+class SpanNotChecked(ValueError):
+    """A span named explicitly that the data check has not let in; the message says why and what to do."""
 
 
 class RunDir:

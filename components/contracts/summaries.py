@@ -164,57 +164,71 @@ class PushSummary(Summary):
 class DataAnomaly(Result):
     """One thing the data check found in a span: how bad, how many records, and a few of them."""
 
-    kind: Literal["label_conflict", "label_drift", "same_image_flood", "image_size", "rare_class"]
+    kind: Literal["label_conflict", "label_drift", "same_image_flood", "image_size", "rare_class", "no_statistics"]
     severity: Literal["error", "warning"]
     message: str
     count: int | None = None  # records concerned (None: a property of the whole span)
     examples: list[str] = []  # a few URIs, where records can be named
 
 
-class Quarantine(Result):
-    """ROOT/data/spans/span-N/_QUARANTINE.json: the span is held back from training and the gate
-    until someone releases it (`stoke spans release N`)."""
+# Which data check judged a span, in its record: raise it when the checks change, so records made by
+# an earlier check can be told from today's.
+DATACHECK_VERSION = 1
+
+
+class DataCheckRecord(Result):
+    """ROOT/data/spans/span-N/_DATACHECK.json: the data check's verdict on the span, and the only thing
+    that lets training and the gate read it (ok, warning or released; quarantined holds it back, and a
+    span without a valid record is not read at all). Rewritten whole, never removed: a release keeps
+    the reasons and anomalies it let in, beside who and when."""
 
     span: int
-    reasons: list[str]  # the errors' messages, first first
+    check_version: int
+    status: Literal["ok", "warning", "quarantined", "released"]
+    checked_at: str
+    reasons: list[str]  # the errors' messages, first first (what quarantined it)
     anomalies: list[DataAnomaly]
-    quarantined_at: str
+    released_by: str | None = None
+    released_at: str | None = None
 
 
-class Release(Result):
-    """ROOT/data/spans/span-N/_RELEASED.json: the quarantine record, kept, and who let the span in."""
+TRUSTED = ("ok", "warning", "released")  # the statuses training and the gate read
+
+
+class SpanCheck(Result):
+    """The data check of one span: its anomalies against the history, and the status it recorded."""
 
     span: int
-    released_by: str
-    released_at: str
-    quarantine: Quarantine
+    status: Literal["ok", "warning", "quarantined", "released"]
+    anomalies: list[DataAnomaly]
+    history_spans: list[int]  # the spans compared with (the others the data check let in, with statistics)
+    label_counts: dict[str, int]  # the span's records per class (train and eval)
+    history_label_counts: dict[str, int] | None = None
+    label_drift: float | None = None  # L-infinity distance of the class shares; None without history
+    record_uri: str
 
 
 class DataCheckSummary(Summary):
-    """The data check of one span: its anomalies, and whether they quarantined it; or why nothing was checked."""
+    """The data check: each span it checked (every span without a valid record, or the one asked for);
+    or why nothing was checked."""
 
-    checked: bool
-    span: int | None = None
-    status: Literal["ok", "warning", "quarantined", "released"] | None = None
-    anomalies: list[DataAnomaly] | None = None
-    history_spans: list[int] | None = None  # the spans compared with (published, not quarantined, with statistics)
-    label_counts: dict[str, int] | None = None  # the span's records per class (train and eval)
-    history_label_counts: dict[str, int] | None = None
-    label_drift: float | None = None  # L-infinity distance of the class shares; None without history
-    quarantine_uri: str | None = None
+    spans: list[SpanCheck] = []
     message: str | None = None
     error: str | None = None
+
+    def held(self) -> list[SpanCheck]:
+        return [check for check in self.spans if check.status == "quarantined"]
 
 
 class SpanStatus(Result):
     """A row of `stoke spans`."""
 
     span: int
-    status: Literal["ok", "quarantined", "released"]
+    status: Literal["ok", "warning", "quarantined", "released", "unchecked"]  # unchecked: not read by training
     train: int
     eval: int
     dead_letter: int
-    reason: str | None = None  # the first reason of the quarantine
+    reason: str | None = None  # the first reason of the quarantine, or why the record is not valid
     released_by: str | None = None
 
 
@@ -295,6 +309,7 @@ class RunReport(Summary):
     gate: GateSection | None = None
     push: PushSummary | None = None  # the summary's keys a report shows, null when the push has none
     datacheck: DataCheckSummary | None = None
+    unserved_spans: list[str] = []  # published spans the served model was not trained on, with their status
     plots: dict[str, str]  # curves, gpus, confusion_matrix, throughput: PNG URIs
     config: dict | None = None  # the run configuration as config.json records it; None: not recorded
     config_json: str | None = None

@@ -1,9 +1,12 @@
-"""`python -m components.datacheck --root ROOT [--span N]`: a new span against the published history.
+"""`python -m components.datacheck --root ROOT [--span N]`: published spans against the history.
 
-Gathers the span's statistics.pb, manifest and content index and the statistics of the other
-published spans that are not quarantined (the history), lets check.py decide, and on an error writes
-the span's quarantine marker: training and the gate then leave the span out until `stoke spans
-release N`. A released span is checked again without being held back a second time.
+Checks every published span that has no valid data-check record yet (a new span, one published by
+hand with `stoke ingest`, one whose run died before its check), oldest first; or, with --span, that
+span again. Each span's statistics, manifest and content index are compared with the statistics of
+the spans the check has let in (the history) by check.py, and the verdict is written as the span's
+record, _DATACHECK.json: ok or warning let training and the gate read it, an error quarantines it
+until `stoke spans release N`. A released span checked again stays released. A span that cannot be
+checked (no statistics) is quarantined too: fail closed, with a release for the person who looked.
 """
 from __future__ import annotations
 
@@ -17,10 +20,16 @@ from components.common.files import exists, filesystem
 from components.common.trusted_index import verified
 from components.contracts import program
 from components.contracts.layout import Root
-from components.contracts.results import ResultError
+from components.contracts.results import ResultError, SpanManifest
 from components.contracts.run_config import DataCheckSettings
-from components.contracts.summaries import DataCheckSummary, Quarantine
-from components.datacheck.check import decide, profile
+from components.contracts.summaries import (
+    DATACHECK_VERSION,
+    DataAnomaly,
+    DataCheckRecord,
+    DataCheckSummary,
+    SpanCheck,
+)
+from components.datacheck.check import Verdict, decide, profile
 
 
 class DataCheckError(Exception):
@@ -29,51 +38,59 @@ class DataCheckError(Exception):
 
 def run(argv: list[str] | None = None) -> int:
     args = program.stage_arguments("datacheck", argv)
-    return program.main("stoke datacheck", args.json, lambda: check_span(program.stage_settings("datacheck", args)),
+    return program.main("stoke datacheck", args.json, lambda: check_spans(program.stage_settings("datacheck", args)),
                         describe, errors=(DataCheckError, ResultError, OSError))
 
 
-def check_span(config: DataCheckSettings) -> DataCheckSummary:
+def check_spans(config: DataCheckSettings) -> DataCheckSummary:
+    """Checks the span asked for, or every published span without a valid record, and records each verdict."""
     root = Root(config.root)
-    published = root.manifests(quarantined=True)
+    published = {m.span: m for m in root.each_manifest(checked=False, sources=False)}
     if not published:
-        return DataCheckSummary(checked=False, message=f"no published span under {root.spans} to check")
-    number = config.span or published[-1].span
-    manifest = next((m for m in published if m.span == number), None)
-    if manifest is None:
-        raise DataCheckError(f"span {number} is not published under {root.spans}")
+        return DataCheckSummary(message=f"no published span under {root.spans} to check")
+    if config.span is not None and config.span not in published:
+        raise DataCheckError(f"span {config.span} is not published under {root.spans}")
+    numbers = [config.span] if config.span is not None else root.unchecked()
+    if not numbers:
+        return DataCheckSummary(message=f"every published span under {root.spans} is checked already")
+    return DataCheckSummary(spans=[check_span(root, published[n], config) for n in numbers])
+
+
+def check_span(root: Root, manifest: SpanManifest, config: DataCheckSettings) -> SpanCheck:
+    """One span against the spans the check lets in now; its record written."""
+    number = manifest.span
+    history = [n for n in root.published() if n != number and root.check_record(n).trusted
+               and exists(root.statistics(n))]
     if not exists(root.statistics(number)):
-        return DataCheckSummary(checked=False, span=number, message=f"span {number} has no statistics "
-                                "(published before 0.2): not checked")
-    history = [m.span for m in published if m.span != number and exists(root.statistics(m.span))
-               and not root.is_quarantined(m.span)]
-    verdict = decide(number, profile(read_statistics(root.statistics(number))),
-                     [profile(read_statistics(root.statistics(n))) for n in history], config,
-                     classes=manifest.labels, conflicts=manifest.anomalies or [], dhashes=dhashes(root, number))
-    summary = DataCheckSummary(
-        checked=True, span=number, anomalies=verdict.anomalies, history_spans=history,
-        label_counts=verdict.label_counts, history_label_counts=verdict.history_label_counts,
-        label_drift=None if verdict.label_drift is None else round(verdict.label_drift, 4),
-        status="warning" if verdict.anomalies else "ok")
-    if verdict.errors:
-        summary.status = hold_back(root, number, verdict.errors)
-        summary.quarantine_uri = root.quarantine(number) if summary.status == "quarantined" else None
-    problems = root.markers(number).problems
-    if problems:
-        summary.message = "; ".join(problems)
-    return summary
+        missing = DataAnomaly(kind="no_statistics", severity="error", message=f"span {number} has no statistics "
+                              f"({root.statistics(number)}), so it cannot be checked; ingest its files into a new span, "
+                              "or release it after a look")
+        verdict = Verdict([missing], {}, {}, None)
+    else:
+        verdict = decide(number, profile(read_statistics(root.statistics(number))),
+                         [profile(read_statistics(root.statistics(n))) for n in history], config,
+                         classes=manifest.labels, conflicts=manifest.anomalies, dhashes=dhashes(root, number))
+    status = record(root, number, verdict)
+    return SpanCheck(span=number, status=status, anomalies=verdict.anomalies, history_spans=history,
+                     label_counts=verdict.label_counts, history_label_counts=verdict.history_label_counts or None,
+                     label_drift=None if verdict.label_drift is None else round(verdict.label_drift, 4),
+                     record_uri=root.datacheck(number))
 
 
-def hold_back(root: Root, number: int, errors) -> str:
-    """Quarantines the span, unless a valid release record says someone let it in after looking. A
-    quarantine marker that is no valid record (the span was held all along) is replaced by this one."""
-    markers = root.markers(number)
-    if markers.release:
-        return "released"
-    if markers.quarantine is None:
-        Quarantine(span=number, reasons=[e.message for e in errors], anomalies=errors,
-                   quarantined_at=clock.now()).write(root.quarantine(number))
-    return "quarantined"
+def record(root: Root, number: int, verdict: Verdict) -> str:
+    """Writes the span's record; errors quarantine it, unless a valid record says someone released it."""
+    errors = [a for a in verdict.anomalies if a.severity == "error"]
+    earlier = root.check_record(number).record
+    status = "quarantined" if errors else "warning" if verdict.anomalies else "ok"
+    kept = {}
+    if earlier is not None and earlier.status == "released":
+        status, kept = "released", {"released_by": earlier.released_by, "released_at": earlier.released_at,
+                                    "reasons": earlier.reasons}
+    DataCheckRecord.model_validate({
+        "span": number, "check_version": DATACHECK_VERSION, "status": status, "checked_at": clock.now(),
+        "reasons": [e.message for e in errors], "anomalies": verdict.anomalies, **kept,
+    }).write(root.datacheck(number))
+    return status
 
 
 def read_statistics(uri: str) -> statistics_pb2.DatasetFeatureStatisticsList:
@@ -97,11 +114,12 @@ def dhashes(root: Root, number: int) -> dict[str, list[str]]:
 
 
 def describe(summary: dict) -> str:
-    if not summary.get("checked"):
-        return summary.get("message") or "not checked"
-    lines = [f"span {summary['span']}: {summary['status']}"]
-    lines += [f"{a['severity']}: {a['message']}" for a in summary.get("anomalies") or []]
-    lines += [summary["message"]] if summary.get("message") else []
-    if summary.get("status") == "quarantined":
-        lines.append(f"held back from training; after a look: stoke spans release {summary['span']} --root ROOT")
+    if not summary.get("spans"):
+        return summary.get("message") or "nothing checked"
+    lines = []
+    for check in summary["spans"]:
+        lines.append(f"span {check['span']}: {check['status']}")
+        lines += [f"  {a['severity']}: {a['message']}" for a in check["anomalies"]]
+        if check["status"] == "quarantined":
+            lines.append(f"  held back from training; after a look: stoke spans release {check['span']} --root ROOT")
     return "\n".join(lines)

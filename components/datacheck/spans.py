@@ -1,9 +1,10 @@
-"""`stoke spans --root ROOT`: every published span with its status (ok, quarantined, released) and counts.
+"""`stoke spans --root ROOT`: every published span with its data-check status (ok, warning,
+quarantined, released, or unchecked: not read by training) and counts.
 `stoke spans release N --root ROOT`: lets a quarantined span in, after someone looked at it.
 
-A release never deletes the evidence: the quarantine record moves into the release record
-(_RELEASED.json, with who and when), written before the marker goes, so a crash in between leaves
-the span still quarantined and the release can simply run again.
+A release rewrites the span's record in one write: status released, who and when, and the reasons and
+anomalies it let in kept beside them, so the evidence stays and a release interrupted halfway leaves the
+span quarantined.
 """
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ import socket
 import sys
 
 from components.common import clock
-from components.common.files import exists, remove
+from components.common.files import exists
 from components.contracts import program
 from components.contracts.layout import Root
 from components.contracts.results import ResultError, SpanManifest
-from components.contracts.summaries import Quarantine, Release, SpansSummary, SpanStatus
+from components.contracts.summaries import SpansSummary, SpanStatus
 
 
 class SpansError(Exception):
@@ -24,41 +25,37 @@ class SpansError(Exception):
 
 
 def status(root: Root, manifest: SpanManifest) -> SpanStatus:
-    """The span's row; a marker that is no valid record is its reason (a bad quarantine still holds the span)."""
+    """The span's row: its record's status, or unchecked (with why, when a record is there but is no valid one)."""
     number, counts = manifest.span, manifest.counts
-    row = SpanStatus(span=number, status="ok", train=counts.train, eval=counts.eval, dead_letter=counts.dead_letter)
-    markers = root.markers(number)
-    if markers.held:
-        row.status = "quarantined"
-        row.reason = (markers.quarantine.reasons or [None])[0] if markers.quarantine else None
-    elif markers.release:
-        row.status, row.released_by = "released", markers.release.released_by
-        row.reason = (markers.release.quarantine.reasons or [None])[0]
-    if markers.problems:
-        row.reason = "; ".join(markers.problems + ([row.reason] if row.reason else []))
+    found = root.check_record(number)
+    row = SpanStatus(span=number, status=found.record.status if found.record else "unchecked", train=counts.train,
+                     eval=counts.eval, dead_letter=counts.dead_letter)
+    if found.record is not None:
+        row.reason = (found.record.reasons or [None])[0]
+        row.released_by = found.record.released_by
+    else:
+        row.reason = found.problem or "not checked yet: training leaves it out until `stoke datacheck` has"
     return row
 
 
 def list_spans(root: Root) -> SpansSummary:
-    return SpansSummary(spans=[status(root, m) for m in root.manifests(quarantined=True)])
+    return SpansSummary(spans=[status(root, m) for m in root.manifests(checked=False)])
 
 
 def release(root: Root, number: int, by: str | None = None) -> SpansSummary:
-    """Lets span `number` in: its quarantine record goes into _RELEASED.json with who and when."""
+    """Lets span `number` in: its record says released, by whom and when, and keeps what it let in."""
     if not exists(root.manifest(number)):
         raise SpansError(f"span {number} is not published under {root.spans}")
-    markers = root.markers(number)
-    if not markers.held:
-        if markers.release:
-            done = markers.release
-            raise SpansError(f"span {number} was released already, by {done.released_by} at {done.released_at}")
-        raise SpansError(f"span {number} is not quarantined" + "".join(f" ({p})" for p in markers.problems))
-    # A quarantine marker that is no record still held the span: the release keeps why it could not be read.
-    held = markers.quarantine or Quarantine(span=number, reasons=markers.problems[:1], anomalies=[], quarantined_at="")
-    record = Release(span=number, released_by=by or f"{getpass.getuser()}@{socket.gethostname()}",
-                     released_at=clock.now(), quarantine=held)
-    record.write(root.released(number))
-    remove(root.quarantine(number))
+    found = root.check_record(number)
+    if found.record is None or found.record.status != "quarantined":
+        if found.record is not None and found.record.status == "released":
+            raise SpansError(f"span {number} was released already, by {found.record.released_by} at "
+                             f"{found.record.released_at}")
+        why = found.refusal(root.uri) or f"span {number} is not quarantined (the data check found it {found.record.status})"
+        raise SpansError(why)
+    found.record.model_copy(update={
+        "status": "released", "released_by": by or f"{getpass.getuser()}@{socket.gethostname()}",
+        "released_at": clock.now()}).write(root.datacheck(number))
     return SpansSummary(released=status(root, SpanManifest.read(root.manifest(number))))
 
 

@@ -36,7 +36,7 @@ from components.common.repository import SAVED_MODEL, Repository, RepositoryErro
 from components.common.shard_cache import CacheError, ShardCache
 from components.common.tf_files import local_copy, push, tf_reads
 from components.contracts import program, schema
-from components.contracts.layout import Root, RunDir, Shard, SpanQuarantined
+from components.contracts.layout import Root, RunDir, Shard, SpanNotChecked
 from components.contracts.results import GateResult, ResultError, TrainMetrics
 from components.contracts.run_config import GateSettings
 from components.gate import records, rule
@@ -122,8 +122,8 @@ def gather(config: GateSettings) -> GateInputs:
     labels, spans = trained.labels, trained.spans
     try:
         shards = root.shards("eval", spans)
-    except SpanQuarantined as exc:  # held back after the run trained on it: its records are not evidence
-        raise GateError(f"run {config.run_id} trained on a span the data check has since quarantined: {exc}; "
+    except SpanNotChecked as exc:  # held back since the run trained on it: its records are no evidence
+        raise GateError(f"run {config.run_id} trained on a span the data check does not let in now: {exc}; "
                         "or train again without it") from None
     if not sum(s.records for s in shards):
         raise GateError(f"spans {spans} of run {config.run_id} have no eval records to gate on")

@@ -6,53 +6,59 @@ import os
 
 from components.common import plots as draw
 from components.contracts.layout import RunDir
-from components.contracts.summaries import DataCheckSummary, IngestSummary
+from components.contracts.summaries import DataCheckSummary, IngestSummary, SpanCheck
 
 
 def plot(run: RunDir, data: DataCheckSummary | None) -> dict:
-    """The span's label mix beside the history's, when both are known."""
-    if data is None or not data.label_counts:
+    """The newest checked span's label mix beside the history's, when both are known."""
+    check = data.spans[-1] if data is not None and data.spans else None
+    if check is None or not check.label_counts:
         return {}
-    history = ", ".join(map(str, data.history_spans or []))
-    draw.label_shares(data.label_counts, data.history_label_counts or {}, run.labels_plot,
-                      title=f"span {data.span} against spans {history}" if history else
-                      f"span {data.span}, the first (no history to compare with)")
+    history = ", ".join(map(str, check.history_spans))
+    draw.label_shares(check.label_counts, check.history_label_counts or {}, run.labels_plot,
+                      title=f"span {check.span} against spans {history}" if history else
+                      f"span {check.span}, the first (no history to compare with)")
     return {"labels": run.labels_plot}
 
 
-def section(data: DataCheckSummary | None, ingest: IngestSummary | None, root: str, plots: dict) -> list[str]:
-    if data is None and not (ingest and ingest.published):
+def section(data: DataCheckSummary | None, ingest: IngestSummary | None, root: str, plots: dict,
+            unserved: list[str] = ()) -> list[str]:
+    """The Data check section; `unserved` names the published spans the served model was not trained on."""
+    if data is None and not (ingest and ingest.published) and not unserved:
         return []
     lines = ["## Data check", ""]
-    if data is not None and data.checked:
-        history = ", ".join(map(str, data.history_spans)) if data.history_spans else "none (the first span)"
-        drift = f"; label drift {data.label_drift:.3f} (L-infinity)" if data.label_drift is not None else ""
-        lines += [f"Span {data.span} against the published history (spans {history}): **{data.status}**{drift}.", ""]
-        if data.status == "quarantined":
-            lines += [f"**Held back**: span {data.span} is quarantined and this run trained without it. After a "
-                      f"look at the examples below, let it in with `stoke spans release {data.span} --root {root}`.",
+    for check in data.spans if data is not None else []:
+        history = ", ".join(map(str, check.history_spans)) if check.history_spans else "none (the first span)"
+        drift = f"; label drift {check.label_drift:.3f} (L-infinity)" if check.label_drift is not None else ""
+        lines += [f"Span {check.span} against the spans the check let in (spans {history}): **{check.status}**{drift}.",
+                  ""]
+        if check.status == "quarantined":
+            lines += [f"**Held back**: span {check.span} is quarantined and this run trained without it. After a "
+                      f"look at the examples below, let it in with `stoke spans release {check.span} --root {root}`.",
                       ""]
-        lines += anomalies(data) + labels(data, plots)
-    elif data is not None:
-        lines += [data.message or data.error or "not checked", ""]
+        lines += anomalies(check) + labels(check, plots if check is data.spans[-1] else {})
+    if data is not None and not data.spans:
+        lines += [data.message or data.error or "nothing checked", ""]
+    if unserved:
+        lines += [f"Published spans the served model was not trained on: {', '.join(unserved)}.", ""]
     return lines + kept_out(ingest)
 
 
-def anomalies(data: DataCheckSummary) -> list[str]:
-    if not data.anomalies:
+def anomalies(check: SpanCheck) -> list[str]:
+    if not check.anomalies:
         return ["No anomalies.", ""]
     lines = ["| severity | anomaly | records | what | examples |", "| --- | --- | --- | --- | --- |"]
     lines += [f"| {a.severity} | {a.kind} | {a.count if a.count is not None else '-'} | {a.message} | "
-              f"{', '.join(f'`{uri}`' for uri in a.examples) or '-'} |" for a in data.anomalies]
+              f"{', '.join(f'`{uri}`' for uri in a.examples) or '-'} |" for a in check.anomalies]
     return lines + [""]
 
 
-def labels(data: DataCheckSummary, plots: dict) -> list[str]:
-    mine, theirs = data.label_counts or {}, data.history_label_counts or {}
+def labels(check: SpanCheck, plots: dict) -> list[str]:
+    mine, theirs = check.label_counts or {}, check.history_label_counts or {}
     if not mine:
         return []
     total, past = sum(mine.values()) or 1, sum(theirs.values()) or 1
-    lines = [f"| class | span {data.span} | share | history | share |", "| --- | --- | --- | --- | --- |"]
+    lines = [f"| class | span {check.span} | share | history | share |", "| --- | --- | --- | --- | --- |"]
     lines += [f"| {name} | {mine.get(name, 0)} | {mine.get(name, 0) / total:.0%} | {theirs.get(name, 0)} | "
               f"{theirs.get(name, 0) / past:.0%} |" for name in sorted(set(mine) | set(theirs))]
     if plots.get("labels"):

@@ -38,8 +38,8 @@ def build_report(run: RunDir, skipped: str | None = None, failed: str | None = N
     present = {name: summary for name, summary in found.items() if summary is not None}
     preflight, ingest, datacheck, train, gate, push = (present.get(name) for name in SECTIONS)
     status, message = _outcome(gate, push, skipped, failed)
-    if datacheck is not None and datacheck.status == "quarantined" and not skipped:
-        message += f" Span {datacheck.span} was held back: the data check quarantined it (see Data check)."
+    for check in datacheck.held() if datacheck is not None and not skipped else []:
+        message += f" Span {check.span} was held back: the data check quarantined it (see Data check)."
     pushed = _pushed(push)
     config = read_json(run.config) if exists(run.config) else None
     report = RunReport(
@@ -82,6 +82,7 @@ def build_report(run: RunDir, skipped: str | None = None, failed: str | None = N
     if push is not None:
         report.push = push.model_dump(include=PUSH_KEYS)
     report.datacheck = datacheck
+    report.unserved_spans = _unserved(run, config)
     report.plots = {**_plots(run, report, train, gate), **datacheck_section.plot(run, datacheck)}
     return report
 
@@ -130,7 +131,8 @@ def render_markdown(report: RunReport) -> str:
                 lines += [f"- `{d.uri}`: {d.reason}" for d in i.dead_letters] + [""]
         else:
             lines += [i.message or i.error or "nothing published", ""]
-    lines += datacheck_section.section(report.datacheck, report.ingest, RunDir(report.run_dir).root, report.plots)
+    lines += datacheck_section.section(report.datacheck, report.ingest, RunDir(report.run_dir).root, report.plots,
+                                       report.unserved_spans)
     if report.train is not None:
         lines += _training_lines(report.train, report.plots)
     if report.gate is not None:
@@ -342,12 +344,31 @@ def _plot_rates(rates: dict, uri: str) -> None:
     draw.save(fig, uri)
 
 
+def _unserved(run: RunDir, config: dict | None) -> list[str]:
+    """The published spans the newest served version was not trained on, each with its data-check status
+    (none when no version is served: then no span is)."""
+    from components.common.repository import Repository
+
+    root = Root(run.root)
+    try:
+        repository = Repository(root.uri, (config or {}).get("model_name", "stoke"))
+        version = repository.newest()
+        lineage = repository.lineage(version) if version is not None else None
+        if lineage is None:
+            return []
+        seen = {span.span for span in lineage.spans}
+        records = {n: root.check_record(n).record for n in root.published() if n not in seen}
+        return [f"{n} ({record.status if record else 'unchecked'})" for n, record in records.items()]
+    except (OSError, ValueError):
+        return []
+
+
 def _train_records(run: RunDir, train: TrainMetrics | None) -> int | None:
     """The training records of the spans the run trained on, as their manifests count them."""
     if train is None:
         return None
     try:
-        return sum(m.counts.train for m in Root(run.root).each_manifest(train.spans, quarantined=True, sources=False))
+        return sum(m.counts.train for m in Root(run.root).each_manifest(train.spans, checked=False, sources=False))
     except (OSError, ValueError):
         return None
 

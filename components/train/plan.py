@@ -16,7 +16,7 @@ from components.common.files import check_writable, exists
 from components.common.shard_cache import CacheError
 from components.common.shard_scan import scan_shards
 from components.contracts.config import DEFAULT_BATCH, MIN_STEPS_PER_EPOCH, SMALL_BATCH
-from components.contracts.layout import Root, RunDir, Shard, SpanQuarantined, new_run_id, parse_spans
+from components.contracts.layout import Root, RunDir, Shard, SpanNotChecked, new_run_id, parse_spans
 from components.contracts.run_config import TrainSettings
 
 
@@ -152,11 +152,14 @@ def find_data(config: TrainSettings) -> tuple[RunDir, list[Shard], list[Shard], 
     try:
         train_shards = root.shards("train", spans)
         eval_shards = root.shards("eval", spans)
-    except SpanQuarantined as exc:
+    except SpanNotChecked as exc:
         raise TrainError(str(exc)) from None
     if not train_shards:
-        raise TrainError(f"no published span with training records under {root.spans}"
-                         + (f" among spans {config.spans}" if spans else "") + "; run `stoke ingest` first")
+        unchecked = [n for n in root.published() if (spans is None or n in spans) and root.check_record(n).record is None]
+        raise TrainError(f"no published span the data check let in with training records under {root.spans}"
+                         + (f" among spans {config.spans}" if spans else "")
+                         + (f"; spans {', '.join(map(str, unchecked))} are not checked yet: run `stoke datacheck "
+                            f"--root {root.uri}`" if unchecked else "; run `stoke ingest` first"))
     labels = root.label_names(spans)
     stored = min((m.max_side for m in root.manifests(spans) if m.max_side), default=None)
     if stored and config.image_size > stored:

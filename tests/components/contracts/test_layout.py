@@ -37,9 +37,9 @@ def test_manifests_read_without_their_sources_keep_the_rest(tmp_path):
     SpanManifest(span=1, created="2026-01-01T00:00:00Z", source="/in", labels=["cat", "dog"], shards=[],
                  counts={"train": 2, "eval": 0, "dead_letter": 0, "duplicates": 0},
                  sources=[{"uri": f"/in/cat/{i}.png", "size": i, "version": "v"} for i in range(2)]).write(root.manifest(1))
-    [light] = root.each_manifest(quarantined=True, sources=False)
+    [light] = root.each_manifest(checked=False, sources=False)
     assert light.sources == [] and light.labels == ["cat", "dog"] and light.counts.train == 2
-    assert len(root.manifests()[0].sources) == 2 and root.published() == [1]
+    assert len(root.manifests(checked=False)[0].sources) == 2 and root.published() == [1]
     (tmp_path / "data" / "spans" / "span-00001" / "_MANIFEST.json").write_text('["not", "a manifest"]')
     with pytest.raises(ResultError, match="_MANIFEST.json is not a valid SpanManifest"):
-        list(root.each_manifest(sources=False))
+        list(root.each_manifest(checked=False, sources=False))

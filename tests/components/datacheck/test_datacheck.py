@@ -8,9 +8,9 @@ import pytest
 
 from beam_jobs.ingest import run as ingest
 from components.common.files import exists
-from components.contracts.layout import Root, SpanQuarantined
+from components.contracts.layout import Root, SpanNotChecked
 from components.contracts.run_config import DataCheckSettings
-from components.contracts.summaries import Quarantine, Release
+from components.contracts.summaries import DataCheckRecord
 from components.datacheck import datacheck, spans
 from components.train import trainer
 from flows.demo import NAMES, write_digits
@@ -56,12 +56,13 @@ def spans_root(tmp_path_factory):
                 if int(path.stem.split("-")[1]) >= 100:
                     path.unlink()
         assert ingest([str(source), "--root", root, *IN_MEMORY]) == 0
-        checked[number] = datacheck.check_span(DataCheckSettings(root=root))
+        assert Root(root).unchecked() == [number]  # published, and not read by training until checked
+        (checked[number],) = datacheck.check_spans(DataCheckSettings(root=root)).spans
     return root, checked
 
 
 def spans_root_source(root):
-    return Root(root).manifests(quarantined=True)[0].source
+    return Root(root).manifests(checked=False)[0].source
 
 
 def test_a_mild_shift_only_warns(spans_root):
@@ -70,7 +71,7 @@ def test_a_mild_shift_only_warns(spans_root):
     assert summary.span == 2 and summary.status == "warning" and summary.history_spans == [1]
     assert [(a.kind, a.severity) for a in summary.anomalies if a.kind == "label_drift"] == [("label_drift", "warning")]
     assert 0.125 < summary.label_drift <= 0.25
-    assert not Root(root).is_quarantined(2)
+    assert Root(root).check_record(2).trusted
     assert checked[1].status in ("ok", "warning") and checked[1].label_drift is None
 
 
@@ -79,15 +80,15 @@ def test_a_large_shift_quarantines_the_span_and_training_leaves_it_out(spans_roo
     summary = checked[3]
     assert summary.status == "quarantined" and summary.label_drift > 0.5 and summary.history_spans == [1, 2]
     assert summary.label_counts == {"one": 12, "two": 4}
-    marker = Quarantine.read(Root(root).quarantine(3))
-    assert "'one'" in marker.reasons[0] and marker.anomalies[0].kind == "label_drift"
+    record = DataCheckRecord.read(Root(root).datacheck(3))
+    assert record.status == "quarantined" and "'one'" in record.reasons[0] and record.anomalies[0].kind == "label_drift"
     assert {s.span for s in Root(root).shards("train")} == {1, 2}
-    assert {m.span for m in Root(root).manifests(quarantined=True)} == {1, 2, 3}
-    with pytest.raises(SpanQuarantined, match="stoke spans release 3"):
+    assert {m.span for m in Root(root).manifests(checked=False)} == {1, 2, 3}
+    with pytest.raises(SpanNotChecked, match="stoke spans release 3"):
         Root(root).shards("train", [3])
     # Still published for ingest: its files are known and it is no debris to clean up.
     assert ingest([str(spans_root_source(root)), "--root", root, *IN_MEMORY]) == 0
-    assert Root(root).is_quarantined(3) and exists(Root(root).manifest(3))
+    assert not Root(root).check_record(3).trusted and exists(Root(root).manifest(3))
     assert Root(root).span_numbers() == [1, 2, 3]
 
     metrics = last_json(trainer.run(["--root", root, "--run-id", "held", *SHORT_TRAINING, "--json"]), capsys)
@@ -99,17 +100,17 @@ def test_a_large_shift_quarantines_the_span_and_training_leaves_it_out(spans_roo
 def test_release_lets_the_span_in_and_keeps_the_evidence(spans_root, capsys):
     root, _ = spans_root
     listed = last_json(spans.run(["--root", root, "--json"]), capsys)["spans"]
-    assert [(s["span"], s["status"]) for s in listed] == [(1, "ok"), (2, "ok"), (3, "quarantined")]
+    assert [(s["span"], s["status"]) for s in listed] == [(1, "ok"), (2, "warning"), (3, "quarantined")]
     assert "label mix" in listed[2]["reason"]
 
     released = last_json(spans.run(["release", "3", "--root", root, "--by", "ana", "--json"]), capsys)["released"]
     assert (released["status"], released["released_by"]) == ("released", "ana")
-    record = Release.read(Root(root).released(3))
-    assert record.quarantine.span == 3 and record.quarantine.anomalies
-    assert not exists(Root(root).quarantine(3))
+    record = DataCheckRecord.read(Root(root).datacheck(3))
+    assert (record.status, record.released_by) == ("released", "ana")
+    assert record.anomalies and "label mix" in record.reasons[0]  # the evidence stays beside the release
     assert {s.span for s in Root(root).shards("train")} == {1, 2, 3}
     again = last_json(spans.run(["release", "3", "--root", root, "--json"]), capsys, 1)
     assert "released already, by ana" in again["error"]
     # Checking a released span again reports its anomalies and holds nothing back.
-    rechecked = datacheck.check_span(DataCheckSettings(root=root, span=3))
-    assert rechecked.status == "released" and not Root(root).is_quarantined(3)
+    (rechecked,) = datacheck.check_spans(DataCheckSettings(root=root, span=3)).spans
+    assert rechecked.status == "released" and rechecked.anomalies and Root(root).check_record(3).trusted

@@ -66,25 +66,32 @@ def test_a_read_only_root_is_one_line_naming_the_path(trained_runs, tmp_path, ca
     assert summary["error"] == f"{run} cannot be written: read-only file system"
 
 
+def quarantine(root: str, span: int) -> None:
+    from components.contracts.summaries import DataCheckRecord
+
+    DataCheckRecord(span=span, check_version=1, status="quarantined", checked_at="2026-12-01T02:00:00Z",
+                    reasons=["label drift 0.6"], anomalies=[]).write(Root(root).datacheck(span))
+
+
 @pytest.mark.parametrize("marker", ["the data check's", "not JSON"])
 def test_a_span_quarantined_after_training_is_a_one_line_refusal(trained_runs, tmp_path, capsys, marker):
-    """The run trained on span 1; the data check quarantined it since. Its records are no evidence
-    for a blessing until someone releases the span: the gate refuses in one line saying how."""
-    from components.contracts.summaries import Quarantine
-
+    """The run trained on span 1; the data check quarantined it since (or its record was damaged). Its
+    records are no evidence for a blessing until the check lets the span in: the gate refuses in one line
+    saying how."""
     root = copy_root(trained_runs, tmp_path)
-    quarantine = Root(root).quarantine(1)
-    if marker == "not JSON":  # a marker is a marker, readable or not
-        open(quarantine, "w").write("{")
+    record = Root(root).datacheck(1)
+    if marker == "not JSON":  # a damaged record lets nothing in
+        open(record, "w").write("{")
     else:
-        Quarantine(span=1, reasons=["label drift 0.6"], anomalies=[], quarantined_at="2026-12-01T02:00:00Z").write(quarantine)
+        quarantine(root, 1)
     gate_file = os.path.join(root, "runs", "good", "gate.json")
     before = open(gate_file).read()
     code, err, summary = _gate(root, capsys)
     assert code == 1 and err.count("\n") == 1 and "Traceback" not in err, err
-    assert err.startswith("stoke gate: error: run good trained on a span the data check has since quarantined: "
-                          f"span 1 is quarantined by the data check (see {quarantine})"), err
-    assert f"stoke spans release 1 --root {root}" in err and summary["error"] in err
+    assert err.startswith("stoke gate: error: run good trained on a span the data check does not let in now: "
+                          "span 1 "), err
+    assert (f"stoke spans release 1 --root {root}" if marker != "not JSON" else "stoke datacheck") in err
+    assert summary["error"] in err
     assert open(gate_file).read() == before  # nothing written
 
 
@@ -94,7 +101,6 @@ def test_a_quarantined_span_is_refused_without_a_trained_model_too(tmp_path, cap
     import pathlib
 
     from components.common.files import write_json
-    from components.contracts.summaries import Quarantine
     from tests.components.conftest import TRAIN_LABELS, tiny_records, write_span
 
     root = str(tmp_path / "root")
@@ -105,8 +111,7 @@ def test_a_quarantined_span_is_refused_without_a_trained_model_too(tmp_path, cap
     write_json(run.metrics, {**metrics, "run_id": "good", "spans": [1], "labels": TRAIN_LABELS})
     os.makedirs(run.candidate)
     open(os.path.join(run.candidate, "saved_model.pb"), "wb").close()
-    Quarantine(span=1, reasons=["label drift 0.6"], anomalies=[], quarantined_at="2026-12-01T02:00:00Z").write(
-        Root(root).quarantine(1))
+    quarantine(root, 1)
     code, err, summary = _gate(root, capsys)
     assert code == 1 and err.count("\n") == 1 and "Traceback" not in err, err
-    assert "has since quarantined: span 1 is quarantined" in err and f"stoke spans release 1 --root {root}" in err
+    assert "does not let in now: span 1 is quarantined" in err and f"stoke spans release 1 --root {root}" in err

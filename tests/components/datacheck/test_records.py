@@ -1,0 +1,111 @@
+"""Fail closed: training and the gate read a span only when its data-check record is a valid one of
+that span and lets it in. A span published by hand, one whose check never ran, and one whose record is
+damaged or another span's are left out, named, listed by `stoke spans`, and checked by the next data check."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from components.contracts.layout import Root, SpanNotChecked
+from components.contracts.run_config import DataCheckSettings
+from components.contracts.summaries import DATACHECK_VERSION, DataAnomaly, DataCheckRecord
+from components.datacheck import datacheck, spans
+from tests.components.conftest import TRAIN_LABELS, let_in, tiny_records, write_span
+
+ERRORS = [DataAnomaly(kind="label_drift", severity="error", message="the label mix moved")]
+
+BAD = {  # what a record may hold instead of itself
+    "not JSON": b"{garbage",
+    "empty": b"",
+    "not UTF-8": b"\xff\xfe{}",
+    "an empty object": b"{}",
+    "a list": b"[1, 2]",
+    "an unknown status": json.dumps({"span": 2, "check_version": 1, "status": "fine", "checked_at": "x",
+                                     "reasons": [], "anomalies": []}).encode(),
+    "another span's": json.dumps({"span": 7, "check_version": 1, "status": "ok", "checked_at": "x",
+                                  "reasons": [], "anomalies": []}).encode(),
+    "a folder": None,
+}
+
+
+def quarantined(span: int) -> DataCheckRecord:
+    return DataCheckRecord(span=span, check_version=DATACHECK_VERSION, status="quarantined", checked_at="2026-01-01T00:00:00Z",
+                           reasons=["the label mix moved"], anomalies=ERRORS)
+
+
+def plant(path: str, kind: str) -> None:
+    os.remove(path) if os.path.exists(path) else None
+    if kind == "a folder":
+        os.makedirs(path)
+        return
+    with open(path, "wb") as f:
+        f.write(BAD[kind])
+
+
+@pytest.fixture
+def root(tmp_path):
+    """Three published spans: 1 let in, 2 let in, 3 quarantined."""
+    for number in (1, 2, 3):
+        write_span(str(tmp_path), number, {"train": tiny_records(4, offset=10 * number)}, TRAIN_LABELS, {"train": 1})
+    quarantined(3).write(Root(str(tmp_path)).datacheck(3))
+    return Root(str(tmp_path))
+
+
+def listed(root: Root, capsys) -> dict:
+    assert spans.run(["--root", root.uri, "--json"]) == 0, capsys.readouterr().err
+    return {row["span"]: row for row in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["spans"]}
+
+
+def test_a_span_published_without_a_check_is_never_read(tmp_path, capsys):
+    write_span(str(tmp_path), 1, {"train": tiny_records(4)}, TRAIN_LABELS, {"train": 1}, checked=False)
+    root = Root(str(tmp_path))
+    assert root.shards("train") == [] and root.unchecked() == [1]
+    with pytest.raises(SpanNotChecked, match=r"span 1 has not been data-checked; check it with `stoke datacheck"):
+        root.shards("train", [1])
+    row = listed(root, capsys)[1]
+    assert row["status"] == "unchecked" and "training leaves it out" in row["reason"]
+    let_in(str(tmp_path), 1)
+    assert [s.span for s in root.shards("train")] == [1]
+
+
+@pytest.mark.parametrize("kind", sorted(BAD))
+def test_a_bad_record_lets_nothing_in_is_named_and_the_listing_goes_on(root, kind, capsys):
+    plant(root.datacheck(2), kind)
+    assert {s.span for s in root.shards("train")} == {1}  # fail closed: span 2 stays out of training
+    with pytest.raises(SpanNotChecked, match=r"span 2 has no valid data-check record \(.*_DATACHECK.json"):
+        root.shards("train", [2])
+    rows = listed(root, capsys)
+    assert [(n, r["status"]) for n, r in rows.items()] == [(1, "ok"), (2, "unchecked"), (3, "quarantined")]
+    assert "_DATACHECK.json" in rows[2]["reason"] and "\n" not in rows[2]["reason"]
+    assert rows[3]["reason"] == "the label mix moved"
+    assert root.unchecked() == [2]  # the next data check judges it again
+
+
+@pytest.mark.parametrize("kind", sorted(BAD))
+def test_a_span_with_a_bad_record_cannot_be_released_only_checked(root, kind, capsys):
+    plant(root.datacheck(2), kind)
+    assert spans.run(["release", "2", "--root", root.uri, "--json"]) == 1
+    error = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
+    assert "check it again with `stoke datacheck" in error and "\n" not in error
+    assert spans.run(["release", "3", "--root", root.uri, "--by", "ana", "--json"]) == 0  # the others as ever
+    capsys.readouterr()
+    assert {s.span for s in root.shards("train")} == {1, 3}
+
+
+def test_releasing_keeps_the_evidence_in_one_record(root, capsys):
+    assert spans.run(["release", "3", "--root", root.uri, "--by", "ana", "--json"]) == 0
+    capsys.readouterr()
+    record = DataCheckRecord.read(root.datacheck(3))
+    assert (record.status, record.released_by, record.reasons, record.anomalies) == (
+        "released", "ana", ["the label mix moved"], ERRORS)
+    assert spans.run(["release", "1", "--root", root.uri, "--json"]) == 1  # a span it found fine is no release
+    assert "not quarantined (the data check found it ok)" in capsys.readouterr().out
+
+
+def test_a_span_without_statistics_is_quarantined_not_trusted(tmp_path):
+    write_span(str(tmp_path), 1, {"train": tiny_records(4)}, TRAIN_LABELS, {"train": 1}, checked=False)
+    (check,) = datacheck.check_spans(DataCheckSettings(root=str(tmp_path))).spans
+    assert check.status == "quarantined" and [a.kind for a in check.anomalies] == ["no_statistics"]
+    assert Root(str(tmp_path)).shards("train") == []
