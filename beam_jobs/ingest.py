@@ -15,9 +15,11 @@ this job does not know (`--runner`, `--project`, `--flink_master`, ...) pass thr
 """
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
+import posixpath
 import sys
 import threading
 import time
@@ -98,6 +100,12 @@ def _ingest(config: IngestSettings, pipeline_args: list[str], root: Root, starte
                                  "all copies of images already published (duplicates, kept out)",
                                  dead_letters=dead[:20])
         check(fresh, refused, shards, dead, config.max_bad_fraction, copies)
+        if not sum(s["records"] for s in shards):  # every new file set aside: nothing to publish
+            return IngestSummary(published=False, span=None, new_sources=len(fresh) + len(refused),
+                                 removed_debris=removed, duplicates=copies, dead_letters=dead[:20],
+                                 set_aside=set_aside_by_folder(dead),
+                                 message=f"nothing to publish from {config.source}: all {len(dead)} new files were "
+                                 "set aside (reasons below)")
         lease.check()
         manifest = publish_or_withdraw(root, number, shards, dead, labels, fresh, refused, config, findings)
     finally:
@@ -120,6 +128,7 @@ def _ingest(config: IngestSettings, pipeline_args: list[str], root: Root, starte
         removed_debris=removed,
         unchanged=unchanged,
         duplicates=copies,
+        set_aside=set_aside_by_folder(dead),
         anomalies=manifest.anomalies,
         near_duplicates=findings.near,
     )
@@ -227,19 +236,37 @@ def pipeline_options(pipeline_args: list[str]):
 
 
 def check(fresh, refused, shards, dead, max_bad_fraction: float, duplicates: int = 0) -> None:
-    """Every new source is in a shard or a dead letter, and not too many are bad: `duplicates` of
-    the dead letters are good files already published, which do not count."""
+    """Every new source is in a shard or a dead letter, and not too many are bad: unreadable or broken
+    files, over the sources that are not copies. Copies (`duplicates` of the dead letters) are good files
+    already published, and images set aside for their quality (a dead camera's blank frames) are good
+    files of a bad scene: neither fails the arrival, whose good images are published beside them."""
     records = sum(s["records"] for s in shards)
     if records + len(dead) != len(fresh) + len(refused):
         raise IngestError(f"{len(fresh) + len(refused)} new sources but {records} records and "
                           f"{len(dead)} dead letters; nothing was published")
-    total, bad = len(fresh) + len(refused), len(dead) - duplicates
+    culprits = [d for d in dead if dead_letter_kind(d["reason"]) == "bad"]
+    total, bad = len(fresh) + len(refused) - duplicates, len(culprits)
     if total and bad / total > max_bad_fraction:
-        culprits = [d for d in dead if not d["reason"].startswith("duplicate of")]
         reasons = "; ".join(f"{d['uri']}: {d['reason']}" for d in culprits[:3])
         raise IngestError(
-            f"{bad} of {total} new sources ({bad / total:.1%}) are bad, more than "
-            f"--max-bad-fraction {max_bad_fraction}; nothing was published. First: {reasons}")
+            f"{bad} of {total} new sources ({bad / total:.1%}, copies aside) are unreadable or broken, more than "
+            f"ingest.max_bad_fraction {max_bad_fraction}; nothing was published. First: {reasons}")
+
+
+# What a dead letter's reason says it is: a copy of a published or listed image, an image set aside
+# for its quality, or a bad file (unreadable, broken, too large, not an image, no label...).
+COPY_REASONS, QUALITY_REASONS = ("duplicate of",), ("blank image",)
+
+
+def dead_letter_kind(reason: str) -> str:
+    return "copy" if reason.startswith(COPY_REASONS) else "quality" if reason.startswith(QUALITY_REASONS) else "bad"
+
+
+def set_aside_by_folder(dead: list[dict], most: int = 5) -> dict[str, int]:
+    """Images set aside for their quality, counted by their folder (the `most` fullest): a dead camera's
+    blank frames come from its folder."""
+    folders = collections.Counter(posixpath.dirname(d["uri"]) for d in dead if dead_letter_kind(d["reason"]) == "quality")
+    return dict(folders.most_common(most))
 
 
 def publish_or_withdraw(root: Root, number: int, *details) -> SpanManifest:

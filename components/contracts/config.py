@@ -106,8 +106,9 @@ class IngestConfig(BaseModel):
         "the header before decoding (a small file can declare a huge image)")
     max_file_mb: float = Field(64.0, gt=0, le=16384, description="set aside source files larger than this, unread")
     max_bad_fraction: float = Field(
-        0.05, ge=0.0, le=1.0, description="fail, publishing nothing, when more sources than this are bad"
-    )
+        0.05, ge=0.0, le=1.0, description="fail, publishing nothing, when more than this share of the new files that "
+        "are not copies are unreadable or broken (images set aside for their quality, such as blank frames, do not "
+        "count)")
     blank_std: float = Field(
         2.0, ge=0.0, le=255.0, description="set aside images whose grey level (0-255) has a standard deviation below "
         "this, such as a dead camera's blank frames; 0 keeps them")

@@ -78,6 +78,7 @@ class IngestSummary(Summary):
     dead_letter_uri: str | None = None
     unchanged: int | None = None  # files with a new version (mtime, ETag) but published content: not new
     duplicates: int | None = None  # exact copies kept out (also in dead_letters, not counted as bad)
+    set_aside: dict[str, int] | None = None  # images set aside for their quality (blank frames), by folder
     anomalies: list[Anomaly] | None = None
     near_duplicates: NearDuplicates | None = None  # reported, not dropped
 

@@ -67,14 +67,14 @@ def labels(check: SpanCheck, plots: dict) -> list[str]:
 
 
 def kept_out(ingest: IngestSummary | None) -> list[str]:
-    """Exact copies, near-duplicates and blank frames, as the ingest summary tells them."""
-    if ingest is None or not ingest.published:
+    """Exact copies, near-duplicates and blank frames (by folder: a dead camera's), as the ingest summary tells them."""
+    if ingest is None or not (ingest.published or ingest.set_aside):
         return []
-    listed = ingest.dead_letters or []
-    blanks = sum(d.reason.startswith("blank image") for d in listed)
-    more = ingest.counts is not None and ingest.counts.dead_letter > len(listed)
-    lines = [f"Exact copies kept out at ingest: {ingest.duplicates or 0}. Blank frames set aside: {blanks}"
-             + (f" among the first {len(listed)} dead letters" if more else "") + "."]
+    aside = ingest.set_aside or {}
+    lines = [f"Exact copies kept out at ingest: {ingest.duplicates or 0}. Images set aside for their quality "
+             f"(blank frames): {sum(aside.values())}"
+             + (" (" + ", ".join(f"{count} in `{folder}`" for folder, count in aside.items()) + ")" if aside else "")
+             + "."]
     near = ingest.near_duplicates
     if near and near.count:
         pair = near.examples[0]

@@ -121,22 +121,46 @@ def blank_jpeg(level: int) -> bytes:
     return images.encode(Image.new("RGB", (64, 48), (level, level, level)), "JPEG", quality=90)
 
 
-def test_blank_frames_are_dead_letters_and_never_reach_the_shards(tmp_path, capsys):
+def test_blank_frames_are_set_aside_and_the_good_images_beside_them_are_published(tmp_path, capsys):
+    """A dead camera's 30 blank frames beside 10 good photos, at the default ingest.max_bad_fraction
+    (0.05): the blanks are set aside with their reason and named by folder, the photos are published."""
     source, root = tmp_path / "source", tmp_path / "root"
     photos(source, 10, "cat")
-    (source / "dead-camera").mkdir()
+    (source / "cat" / "dead-camera").mkdir()
     for i in range(30):
-        (source / "dead-camera" / f"frame-{i:02d}.jpg").write_bytes(blank_jpeg(i * 8))
-    code, summary = ingest(source, root, "--max-bad-fraction", "0.8", *IN_MEMORY, capsys=capsys)
+        (source / "cat" / "dead-camera" / f"frame-{i:02d}.jpg").write_bytes(blank_jpeg(i * 8))
+    code, summary = ingest(source, root, *IN_MEMORY, capsys=capsys)
     assert code == 0 and summary["counts"]["dead_letter"] == 30 and summary["counts"]["duplicates"] == 0
     assert all(d["reason"].startswith("blank image: std 0.0") for d in dead_letters(root, 1))
     assert {r[schema.TEXT] for r in records(root, manifest_of(summary))} == {"cat"}
+    assert summary["set_aside"] == {str(source / "cat" / "dead-camera"): 30}
 
     code, summary = ingest(source, tmp_path / "other", "--blank-std", "0", *IN_MEMORY, capsys=capsys)
     assert code == 0 and summary["counts"]["dead_letter"] == 0  # 0 keeps them
 
-    code, summary = ingest(source, tmp_path / "strict", *IN_MEMORY, capsys=capsys)  # default 0.05
-    assert code == 1 and "30 of 40 new sources (75.0%) are bad" in summary["error"]
+
+def test_blanks_with_copies_are_judged_over_the_files_that_are_not_copies(tmp_path, capsys):
+    """30 blank frames arriving with 180 re-uploads of published photos and 2 broken files: 2 of the 32
+    files that are not copies are bad (6%, above 0.05): the arrival fails naming the broken ones, and
+    the denominator leaves the copies out."""
+    source, root = tmp_path / "source", tmp_path / "root"
+    photos(source, 20, "cat")
+    assert ingest(source, root, *IN_MEMORY, capsys=capsys)[0] == 0
+    published = sorted((source / "cat").iterdir())
+    for i in range(180):
+        original = published[i % len(published)]
+        shutil.copyfile(original, source / "cat" / f"again-{i:03d}{original.suffix}")
+    (source / "cam").mkdir()
+    for i in range(30):
+        (source / "cam" / f"frame-{i:02d}.jpg").write_bytes(blank_jpeg(i * 8))
+    code, summary = ingest(source, root, "--max-bad-fraction", "0.1", *IN_MEMORY, capsys=capsys)
+    assert code == 0 and summary["published"] is False and summary["duplicates"] == 180
+    assert "all 210 new files were set aside" in summary["message"] and summary["set_aside"] == {str(source / "cam"): 30}
+    for i in range(2):
+        (source / "cat" / f"broken-{i}.jpg").write_bytes(b"\xff\xd8 not a jpeg")
+    code, summary = ingest(source, root, *IN_MEMORY, capsys=capsys)
+    assert code == 1 and "2 of 32 new sources (6.2%, copies aside) are unreadable or broken" in summary["error"]
+    assert "broken-0.jpg" in summary["error"] and "frame-" not in summary["error"]
 
 
 def statistics(root, span):
