@@ -80,4 +80,8 @@ def kept_out(ingest: IngestSummary | None) -> list[str]:
         pair = near.examples[0]
         lines.append(f"Near-duplicates across splits (reported, not dropped): {near.count}, e.g. `{pair.uri}` "
                      f"({pair.split}) and `{pair.other_uri}` ({pair.other_split}), {pair.distance} bits apart.")
+        records = ingest.counts.train + ingest.counts.eval if ingest.counts else 0
+        if records and near.count > records / 4:
+            lines.append("So many pairs mean the pictures look alike at the 9x8 grey thumbnail the difference hash "
+                         "compares (small or plain images, such as the 8x8 demo digits), not that they are copies.")
     return lines + [""]

@@ -146,7 +146,7 @@ def render_markdown(report: RunReport) -> str:
             lines += comparison_in_words(v.comparison, v.thresholds.max_regression)
             if report.plots.get("comparison"):
                 lines += [f"![paired difference]({os.path.basename(report.plots['comparison'])})", ""]
-        lines += _metrics_table(v.metrics)
+        lines += _metrics_table(v.metrics, len(v.labels))
         lines += _per_class_table(v.metrics)
         if report.plots.get("confusion_matrix"):
             lines += [f"![confusion matrix]({os.path.basename(report.plots['confusion_matrix'])})", ""]
@@ -186,6 +186,13 @@ def _training_lines(t, plots: dict) -> list[str]:
     if t.profiler:
         lines += [f"Profiler (input-pipeline analyzer on {t.profiler.steps} traced steps, TensorBoard's "
                   f"Profile tab): {t.profiler.conclusion}", ""]
+        if t.input_bound is False and t.profiler.classification in ("highly", "moderately", "potentially"):
+            # The two answer different questions, and on a CPU input and model share the cores.
+            lines += ["The probe and the profiler measure different things: the probe compares how fast the input "
+                      "pipeline alone delivers with how fast the model alone takes batches (it can keep up); the "
+                      f"profiler timed {t.profiler.steps} steps of training, where input and model ran together "
+                      "on the same cores, and counts any wait for input, however short, as a possible bottleneck.",
+                      ""]
     return lines + [f"![{name}]({os.path.basename(uri)})" for name, uri in plots.items()
                     if name in ("curves", "throughput", "gpus")] + [""]
 
@@ -285,9 +292,11 @@ def _comparison_plot(comparison: Comparison, max_regression: float, uri: str) ->
     draw.differences(rows, max_regression, uri, title=f"{comparison.confidence:.0%} paired intervals")
 
 
-def _metrics_table(metrics: GateMetrics) -> list[str]:
+def _metrics_table(metrics: GateMetrics, classes: int) -> list[str]:
+    """The overall figures; top-k accuracy only when k is below the number of classes (else it is 1, and says nothing)."""
+    trivial = {"top_k_accuracy"} if metrics.top_k >= classes else set()
     scalars = {k: v for k, v in metrics.to_json().items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-               and k != "top_k"}
+               and k != "top_k" and k not in trivial}
     if not scalars:
         return []
     return ["| metric | value |", "| --- | --- |"] + [f"| {k} | {_num(v, 4)} |" for k, v in sorted(scalars.items())] + [""]

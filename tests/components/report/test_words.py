@@ -1,0 +1,66 @@
+"""The report says what a user needs and no puzzle: no top-k accuracy that cannot be below 1, a
+near-duplicate count that means small pictures look alike, the probe beside a profiler that disagrees,
+a collapsed model and training's warnings first."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from components.common.files import read_json, write_json
+from components.contracts.layout import Root
+from components.report.report import write_report
+
+SAMPLES = Path(__file__).parents[1] / "contracts" / "samples"
+
+
+def run_with(tmp_path, gate=None, train=None, ingest=None):
+    run = Root(str(tmp_path)).run("r1")
+    for stage, name, change in (("gate", "gate.json", gate), ("train", "metrics.json", train),
+                                ("ingest", "ingest-summary.json", ingest)):
+        data = read_json(str(SAMPLES / name))
+        write_json(run.summary(stage), change(data) if change else data)
+    return write_report(run)
+
+
+def test_top_k_accuracy_is_shown_only_when_k_is_below_the_classes(tmp_path):
+    shown = run_with(tmp_path)["markdown"]  # 10 classes, k = 5
+    assert "| top_k_accuracy |" in shown
+
+    def three_classes(gate):
+        gate["metrics"]["top_k"] = 3
+        gate["labels"] = gate["labels"][:3]
+        return gate
+    assert "| top_k_accuracy |" not in run_with(tmp_path / "b", gate=three_classes)["markdown"]
+
+
+def test_many_near_duplicates_are_said_to_be_alike_pictures_not_copies(tmp_path):
+    def alike(ingest):
+        pair = {"uri": "/in/a/1.png", "split": "train", "other_uri": "/in/a/2.png", "other_split": "eval",
+                "distance": 3}
+        return {**ingest, "near_duplicates": {"count": 30, "examples": [pair]}}
+    markdown = run_with(tmp_path, ingest=alike)["markdown"]
+    assert "Near-duplicates across splits (reported, not dropped): 30" in markdown
+    assert "look alike at the 9x8 grey thumbnail" in markdown
+
+
+def test_a_profiler_that_disagrees_with_the_probe_is_explained(tmp_path):
+    def traced(metrics):
+        metrics["profiler"] = {"input_percent": 12.0, "classification": "potentially", "input_bound": False,
+                               "step_time_ms": 40.0, "input_time_ms": 5.0, "steps": 10, "trace": "/t",
+                               "conclusion": "Your program is POTENTIALLY input-bound because 12.0% of the total step "
+                                             "time sampled is spent on 'All Others' time."}
+        return metrics
+    markdown = run_with(tmp_path, train=traced)["markdown"]
+    assert "POTENTIALLY input-bound" in markdown and "The probe and the profiler measure different things" in markdown
+
+
+def test_a_collapsed_model_and_training_warnings_come_first(tmp_path):
+    def one_class(gate):
+        gate["collapse"] = {"label": "cats", "answered": 14, "actual": 6, "example_count": 15}
+        return gate
+
+    def warned(metrics):
+        return {**metrics, "warnings": ["only 12 training steps: a model trained from scratch rarely converges"]}
+    markdown = run_with(tmp_path, gate=one_class, train=warned)["markdown"]
+    head = markdown.split("## ")[0]
+    assert "The model answers one class: `cats` for 14 of 15 eval images (6 of them are cats)" in head
+    assert "Training: only 12 training steps" in head
