@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ import time
 import urllib.request
 
 from components.common import processes
+from components.common.shard_cache import CacheError
 from components.common.files import exists, is_uri, read_json
 from components.contracts import overrides
 from components.contracts.beam_options import BEAM_ARGS_ENV
@@ -58,7 +60,9 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     try:
         run_id, config = checked(args)
-    except (ValueError, overrides.ConfigError) as error:
+        if not os.environ.get("PREFECT_API_URL") and not os.environ.get("PREFECT_HOME"):
+            os.environ["PREFECT_HOME"] = prefect_home(config.root)
+    except (ValueError, overrides.ConfigError, CacheError) as error:
         print(f"stoke run: error: {printable(str(error))}", file=sys.stderr, flush=True)
         return BAD_SETTINGS
     from flows.pipeline import pipeline
@@ -86,6 +90,15 @@ def checked(args: argparse.Namespace) -> tuple[str, RunConfig]:
     except ValueError as error:
         raise ValueError(f"--run-id: {error}") from None
     return run_id, config
+
+
+def prefect_home(root: str) -> str:
+    """The ephemeral Prefect server's home for runs into ROOT (its SQLite database): one per ROOT, so
+    unrelated local runs never share a database or a queue (before Prefect is imported here)."""
+    from components.common.cache_folder import default_folder, secure
+
+    key = hashlib.sha256(_absolute(root).encode()).hexdigest()[:16]
+    return os.path.join(secure(os.path.join(secure(default_folder()), "prefect")), key)
 
 
 def flow_parameters(config: RunConfig) -> dict:
@@ -149,9 +162,7 @@ def up(args: argparse.Namespace) -> int:
         server = _start_server(args.port, log_path)
         print(_banner(args, config, home, url, log_path), flush=True)
         from flows.deployments import NIGHTLY_CRON, serve_deployments
-        from flows.pipeline import ensure_gpu_limit
 
-        ensure_gpu_limit()
         serve_deployments(config, poll_seconds=args.poll_seconds, cron=args.cron or NIGHTLY_CRON,
                           timezone=args.timezone, notifications=args.notifications)
     except KeyboardInterrupt:

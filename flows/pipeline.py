@@ -42,11 +42,11 @@ from components.contracts.presets import PresetName
 from components.contracts.run_config import RunConfig, Timeouts, stage_settings
 from components.contracts.stages import Stage, stage
 from flows.parameters import check_job_variables, deployment_beam_args, registered_parameters, run_job_variables
+from flows.gpus import gpu_slot
 from flows.programs import StageError, run_stage
 from flows.reporting import ProgressArtifact, publish_report
 
-GPU_TAG = "gpu"
-GPU_SLOTS = 1  # one training process owns all of a machine's GPUs (mirrored strategy)
+GPU_TAG = "gpu"  # the tasks that hold this machine's GPU slot (flows/gpus.py), tagged for the UI
 
 
 def unless_timed_out(task, task_run, state) -> bool:
@@ -85,7 +85,6 @@ def pipeline(
     run = Root(config.root).run(run_id or flow_run_id())
     get_run_logger().info("run %s: %s -> %s (preset %s)", run.run_id, config.source, run.uri, config.preset)
     write_json(run.config, config.model_dump(mode="json"))
-    ensure_gpu_limit()
     try:
         if config.preflight is not None:
             check_machine(config, run)                                                      # 1
@@ -179,14 +178,15 @@ def train_model(config: RunConfig, run: RunDir) -> results.TrainMetrics:
     """Trains on every published span into ROOT/runs/<run-id>/candidate."""
     if exists(run.metrics):  # a retried flow run: this run's training already finished
         return keep_summary(stage("train"), read_json(run.metrics), run)
-    with ProgressArtifact("train") as progress:
-        return run_program(stage("train"), config, run, progress, run_id=run.run_id)
+    with ProgressArtifact("train") as progress, gpu_slot(get_run_logger(), f"train of run {run.run_id}") as slot:
+        return run_program(stage("train"), config, run, progress, slot=slot, run_id=run.run_id)
 
 
 @task(name="gate", tags=[GPU_TAG], retries=1, retry_delay_seconds=30, retry_condition_fn=unless_timed_out)
 def gate_model(config: RunConfig, run: RunDir) -> results.GateResult:
     """Gates the candidate with TFMA: thresholds, and not worse than the served model."""
-    summary = run_program(stage("gate"), config, run, run_id=run.run_id)
+    with gpu_slot(get_run_logger(), f"gate of run {run.run_id}") as slot:
+        summary = run_program(stage("gate"), config, run, slot=slot, run_id=run.run_id)
     reasons = "; ".join(summary.reasons)
     if summary.blessed:
         get_run_logger().info("blessed: %s", reasons or "all checks passed")
@@ -219,13 +219,15 @@ class ConfigurationError(ValueError):
 
 
 def run_program(of: Stage, config: RunConfig, run: RunDir, progress: ProgressArtifact | None = None,
-                extra: list[str] = (), **facts):
+                extra: list[str] = (), slot: int | None = None, **facts):
     """Writes the stage's settings file into the run folder, runs its program on it
-    (`python -m module --config FILE --json`) and keeps its summary in the run folder."""
+    (`python -m module --config FILE --json`, holding the GPU `slot` too when given) and keeps its
+    summary in the run folder."""
     settings = run.stage_config(of.name)
     write_json(settings, stage_settings(of, config, **facts).model_dump(mode="json"))
     summary = run_stage(of.name, of.program, ["--config", settings, *extra, "--json"],
-                        timeout=getattr(config.timeouts, of.name) * 60, logger=get_run_logger(), progress=progress)
+                        timeout=getattr(config.timeouts, of.name) * 60, logger=get_run_logger(), progress=progress,
+                        pass_fds=() if slot is None else (slot,))
     return keep_summary(of, summary, run)
 
 
@@ -253,18 +255,6 @@ def _log_checks(summary: summaries.PreflightSummary) -> None:
     for check in summary.checks:
         logger.log(30 if check.status in ("warn", "fail") else 20, "preflight %s %s: %s%s", check.status,
                    check.name, check.summary, f" (fix: {check.fix})" if check.fix else "")
-
-
-def ensure_gpu_limit() -> None:
-    """Creates the `gpu` tag concurrency limit when the server has none; a limit someone set is kept."""
-    from prefect import get_client
-    from prefect.exceptions import ObjectNotFound
-
-    with get_client(sync_client=True) as client:
-        try:
-            client.read_concurrency_limit_by_tag(GPU_TAG)
-        except ObjectNotFound:
-            client.create_concurrency_limit(tag=GPU_TAG, concurrency_limit=GPU_SLOTS)
 
 
 def held_back(root: str, span: int) -> str:

@@ -42,7 +42,8 @@ class StageError(RuntimeError):
 
 
 def run_stage(name: str, module: str, argv: list[str], *, timeout: float, logger: logging.Logger,
-              progress: Callable[[Progress], None] | None = None, env: dict | None = None) -> dict:
+              progress: Callable[[Progress], None] | None = None, env: dict | None = None,
+              pass_fds: tuple[int, ...] = ()) -> dict:
     """Runs `python -m module argv` and returns the JSON object on its last stdout line.
 
     Progress events (JSON lines of stdout with an "event" key, components/contracts/results.py) go to
@@ -51,9 +52,12 @@ def run_stage(name: str, module: str, argv: list[str], *, timeout: float, logger
     StageError on a non-zero exit, on timeout (after killing the whole process group) or without a summary."""
     command = [sys.executable, "-m", module, *argv]
     logger.info("%s: %s", name, " ".join(command[1:]))
-    # Its own process group: Beam's worker processes and TensorFlow's children stop with it.
+    # Its own process group: Beam's worker processes and TensorFlow's children stop with it. And it
+    # stops when this process dies, however it dies: nothing would read its output, and it may hold
+    # the GPUs (`pass_fds`: the GPU slot it inherits).
     process = processes.start(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1, pass_fds=pass_fds,
+        preexec_fn=processes.dies_with_this_process(),
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", **(env or {})})
     lines: queue.Queue = queue.Queue()
     readers = [threading.Thread(target=_pump, args=(stream, tag, lines), daemon=True)

@@ -1,9 +1,14 @@
 import os
+import tempfile
 
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# Each pytest-xdist worker its own GPU slot (flows/gpus.py): the tests train on the CPU, and two
+# workers queueing behind one slot would only make the suite slower.
+os.environ.setdefault("STOKE_GPU_LOCK", os.path.join(tempfile.gettempdir(),
+                                                     f"stoke-gpus-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.lock"))
 
 
 def pytest_collection_modifyitems(config, items):
