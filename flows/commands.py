@@ -21,8 +21,8 @@ import time
 import urllib.request
 
 from components.common import processes
-from components.common.shard_cache import CacheError
 from components.common.files import exists, is_uri, read_json
+from components.common.shard_cache import CacheError
 from components.contracts import overrides
 from components.contracts.beam_options import BEAM_ARGS_ENV
 from components.contracts.layout import Root, new_run_id

@@ -41,8 +41,8 @@ from components.contracts.layout import Root, RunDir, new_run_id
 from components.contracts.presets import PresetName
 from components.contracts.run_config import RunConfig, Timeouts, stage_settings
 from components.contracts.stages import Stage, stage
-from flows.parameters import check_job_variables, deployment_beam_args, registered_parameters, run_job_variables
 from flows.gpus import gpu_slot
+from flows.parameters import check_job_variables, deployment_beam_args, registered_parameters, run_job_variables
 from flows.programs import StageError, run_stage
 from flows.reporting import ProgressArtifact, publish_report
 
