@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from prefect.settings import PREFECT_API_URL
 
 from components.common.repository import Repository
 from components.contracts.run_config import RunConfig
+from flows.demo import write_digits
 from flows.deployments import ARRIVED, build_deployments
 from flows.watch_bucket import EVENT, source_resource
 from tests.flows.conftest import TINY_BEAM, TINY_MODEL
@@ -83,9 +85,14 @@ def test_with_notifications_the_watcher_reads_the_queue_and_events_name_what_ing
     assert render_user_template_sync(ARRIVED, {"event": {"payload": {"source": source, "new_files": 2}}}) == ""
 
 
-def test_an_arrival_event_runs_train_nightly_and_a_refused_model_completes(client, pushed_run):
-    # The deployment's own default source is elsewhere: the run must take the event's.
-    config = {"source": "/nowhere", "root": pushed_run["root"], "preflight": None, "skip_unchanged": False,
+def test_an_arrival_event_runs_train_nightly_and_a_refused_model_completes(client, pushed_run, tmp_path):
+    # A copy of the served ROOT, whose source 20 new digits land in; the deployment's own default source
+    # is elsewhere: the run must take the event's.
+    source, root = str(tmp_path / "digits"), str(tmp_path / "root")
+    shutil.copytree(pushed_run["source"], source)
+    shutil.copytree(pushed_run["root"], root)
+    write_digits(source, limit=60)
+    config = {"source": "/nowhere", "root": root, "preflight": None,
               "preset": "demo", "train": TINY_MODEL, "gate": {"min_accuracy": 1.0, "max_regression": 0.0},
               "push": {"build_image": False}, "beam_args": TINY_BEAM}
     code = ("import json, sys; from flows.deployments import serve_deployments; "
@@ -95,8 +102,8 @@ def test_an_arrival_event_runs_train_nightly_and_a_refused_model_completes(clien
         [sys.executable, "-c", code, json.dumps(config)],
         env={**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_RUNNER_POLL_FREQUENCY": "1"})
     try:
-        nightly = wait_for(lambda: _deployment_with_trigger(client), "the served deployment and its trigger")
-        source = pushed_run["source"]
+        nightly = wait_for(lambda: _deployment_with_trigger(client), "the served deployment and its trigger", 180,
+                           process=server)
         emit_event(EVENT, resource=source_resource(source), payload={"source": source, "new_files": 3})
         run = wait_for(lambda: _final_run(client, nightly.id), "train/nightly to run and finish", seconds=300)
     finally:
@@ -104,12 +111,12 @@ def test_an_arrival_event_runs_train_nightly_and_a_refused_model_completes(clien
         server.wait(timeout=60)
 
     assert run.state.type.value == "COMPLETED", run.state.message
-    assert run.parameters["source"] == source and run.parameters["root"] == pushed_run["root"]
-    (report_uri,) = glob.glob(os.path.join(pushed_run["root"], "runs", f"*-{run.name}", "report.json"))
+    assert run.parameters["source"] == source and run.parameters["root"] == root
+    (report_uri,) = glob.glob(os.path.join(root, "runs", f"*-{run.name}", "report.json"))
     report = json.load(open(report_uri))
     assert report["status"] == "refused" and not report["blessed"] and report["pushed_version"] is None
     assert any("accuracy" in reason for reason in report["reasons"])
-    assert Repository(pushed_run["root"], "stoke").versions() == [pushed_run["state"].result()["pushed_version"]]
+    assert Repository(root, "stoke").versions() == [pushed_run["state"].result()["pushed_version"]]
 
 
 def _deployment_with_trigger(client):
