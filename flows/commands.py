@@ -58,6 +58,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Runs the train flow once and prints its summary; exit 0 also when the model was refused."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # The ephemeral server's start: Prefect waits 20 s, which a loaded machine (another training on its
+    # cores) needs more than; a server that never answers still fails, after this long.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(SERVER_START_SECONDS))
     try:
         run_id, config = checked(args)
         if not os.environ.get("PREFECT_API_URL") and not os.environ.get("PREFECT_HOME"):
