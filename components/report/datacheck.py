@@ -28,10 +28,10 @@ def section(data: DataCheckSummary | None, ingest: IngestSummary | None, root: s
         return []
     lines = ["## Data check", ""]
     for check in data.spans if data is not None else []:
-        history = ", ".join(map(str, check.history_spans)) if check.history_spans else "none (the first span)"
         drift = f"; label drift {check.label_drift:.3f} (L-infinity)" if check.label_drift is not None else ""
-        lines += [f"Span {check.span} against the spans the check let in (spans {history}): **{check.status}**{drift}.",
-                  ""]
+        against = (f"against the spans the check let in ({', '.join(map(str, check.history_spans))})"
+                   if check.history_spans else "with no history to compare with (the first span the check lets in)")
+        lines += [f"Span {check.span}, {against}: **{check.status}**{drift}.", ""]
         if check.status == "quarantined":
             lines += [f"**Held back**: span {check.span} is quarantined and this run trained without it. After a "
                       f"look at the examples below, let it in with `stoke spans release {check.span} --root {root}`.",
@@ -58,9 +58,13 @@ def labels(check: SpanCheck, plots: dict) -> list[str]:
     if not mine:
         return []
     total, past = sum(mine.values()) or 1, sum(theirs.values()) or 1
-    lines = [f"| class | span {check.span} | share | history | share |", "| --- | --- | --- | --- | --- |"]
-    lines += [f"| {name} | {mine.get(name, 0)} | {mine.get(name, 0) / total:.0%} | {theirs.get(name, 0)} | "
-              f"{theirs.get(name, 0) / past:.0%} |" for name in sorted(set(mine) | set(theirs))]
+    if theirs:
+        lines = [f"| class | span {check.span} | share | history | share |", "| --- | --- | --- | --- | --- |"]
+        lines += [f"| {name} | {mine.get(name, 0)} | {mine.get(name, 0) / total:.0%} | {theirs.get(name, 0)} | "
+                  f"{theirs.get(name, 0) / past:.0%} |" for name in sorted(set(mine) | set(theirs))]
+    else:
+        lines = [f"| class | span {check.span} | share |", "| --- | --- | --- |"]
+        lines += [f"| {name} | {count} | {count / total:.0%} |" for name, count in sorted(mine.items())]
     if plots.get("labels"):
         lines += ["", f"![label mix]({os.path.basename(plots['labels'])})"]
     return lines + [""]
