@@ -40,6 +40,7 @@ from components.contracts.config import (
 from components.contracts.layout import Root, RunDir, new_run_id
 from components.contracts.presets import PresetName
 from components.contracts.run_config import RunConfig, Timeouts, stage_settings
+from components.contracts.secrets import without_secrets
 from components.contracts.stages import Stage, stage
 from flows.gpus import gpu_slot
 from flows.parameters import check_job_variables, deployment_beam_args, registered_parameters, run_job_variables
@@ -76,15 +77,16 @@ def pipeline(
 ) -> dict:
     """Turns what is new in SOURCE into a span, trains on every span, and pushes a blessed model.
     The parameters before `skip_unchanged` are the run configuration's (`stoke config show` lists them
-    all). The others say why the run started: `skip_unchanged` ends it early, training nothing, when
-    nothing is new and a model is served (the nightly and data-triggered runs); `run_id` resumes a
-    stopped run; `arrived` (URIs, one a line, from bucket notifications) makes ingest read only those."""
+    all). The others say why the run started: `skip_unchanged` ends it early, training nothing, when the
+    served model was trained on every span the data check lets in (the nightly and data-triggered runs);
+    `run_id` resumes a stopped run; `arrived` (URIs, one a line, from bucket notifications) makes ingest
+    read only those."""
     check_job_variables(run_job_variables())  # before anything runs: no run chooses its command or env
     given = {name: value for name, value in locals().items() if name in RunConfig.model_fields}
     config = configure(given)  # every setting checked before anything is ingested or trained
     run = Root(config.root).run(run_id or flow_run_id())
     get_run_logger().info("run %s: %s -> %s (preset %s)", run.run_id, config.source, run.uri, config.preset)
-    write_json(run.config, config.model_dump(mode="json"))
+    write_json(run.config, recorded(config))
     try:
         if config.preflight is not None:
             check_machine(config, run)                                                      # 1
@@ -113,6 +115,13 @@ def configure(given: dict) -> RunConfig:
         return overrides.build(RunConfig, overrides.deep_merge(registered, values)).resolved()
     except overrides.ConfigError as error:
         raise ConfigurationError(str(error)) from None
+
+
+def recorded(config: RunConfig) -> dict:
+    """config.json: the resolved configuration, with any credential in SOURCE or ROOT (user:password@)
+    left out, since the run folder is read by whoever may read the run."""
+    return {**config.model_dump(mode="json"), "source": without_secrets(config.source),
+            "root": without_secrets(config.root)}
 
 
 # ---------------------------------------------------------------- stages

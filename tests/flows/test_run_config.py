@@ -132,3 +132,11 @@ def test_a_stage_answers_help_before_loading_tensorflow_or_beam(stage):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "HEAVY []" in done.stdout, done.stdout[-500:] + done.stderr[-500:]
     assert "--config FILE" in done.stdout
+
+
+def test_the_record_leaves_credentials_out():
+    from flows.pipeline import recorded
+
+    record = recorded(RunConfig(source="s3://AKIAEXAMPLE:s3cret/key@photos/in", root="gs://user:pw@b/root").resolved())
+    assert "s3cret" not in json.dumps(record) and ":pw@" not in json.dumps(record)
+    assert record["source"].endswith("@photos/in") and record["train"]["network"] == "efficientnet_b0"
