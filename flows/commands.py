@@ -99,9 +99,7 @@ def start_api() -> None:
     settings = get_current_settings()
     if settings.api.url or not settings.server.ephemeral.enabled:
         return
-    ephemeral = settings.server.ephemeral
-    timeout = (ephemeral.startup_timeout_seconds if "startup_timeout_seconds" in ephemeral.model_fields_set
-               else EPHEMERAL_START_SECONDS)
+    timeout = startup_timeout(settings)
     os.makedirs(str(settings.home), exist_ok=True)
     log_path = os.path.join(str(settings.home), EPHEMERAL_LOG)
     server = SubprocessASGIServer()
@@ -116,6 +114,14 @@ def start_api() -> None:
     # Stopped at exit after Prefect's log and event workers, registered later and so run earlier, have sent
     # what they hold; its goodbye goes to its log too.
     atexit.register(_stop_into, server, log_path)
+
+
+def startup_timeout(settings) -> int:
+    """Seconds the temporary server has to answer: PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS where it
+    is set (environment or profile), else EPHEMERAL_START_SECONDS."""
+    ephemeral = settings.server.ephemeral
+    return ephemeral.startup_timeout_seconds if "startup_timeout_seconds" in ephemeral.model_fields_set \
+        else EPHEMERAL_START_SECONDS
 
 
 def _stop_into(server, log_path: str) -> None:

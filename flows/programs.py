@@ -82,7 +82,7 @@ def run_stage(name: str, module: str, argv: list[str], *, timeout: float, logger
         reader.start()
 
     deadline = time.monotonic() + timeout
-    last_json, tail, open_streams = None, [], 2
+    last_json, tail, said, open_streams = None, [], None, 2  # said: the last line on stderr
     try:
         while open_streams:
             remaining = deadline - time.monotonic()
@@ -106,6 +106,7 @@ def run_stage(name: str, module: str, argv: list[str], *, timeout: float, logger
                     last_json = line  # a summary candidate: the last one printed wins
                 continue
             tail = (tail + [line])[-TAIL_LINES:]
+            said = line if tag == "err" else said
             logger.log(_level(line), "%s: %s", name, printable(line))
         code = process.wait(timeout=max(deadline - time.monotonic(), 1.0))
     except BaseException:
@@ -115,23 +116,23 @@ def run_stage(name: str, module: str, argv: list[str], *, timeout: float, logger
 
     summary = _parse(last_json)
     if code != 0:
-        raise _failed(name, code, summary, tail)
+        raise _failed(name, code, summary, said or (tail[-1] if tail else None))
     if summary is None:  # a program that breaks its contract does so every time: not retried
         raise StageError(f"{name} exited 0 but printed no JSON summary as its last line", stage=name,
                          reason="exited 0 but printed no JSON summary as its last line")
     return summary
 
 
-def _failed(name: str, code: int, summary: dict | None, tail: list[str]) -> StageError:
+def _failed(name: str, code: int, summary: dict | None, last: str | None) -> StageError:
     """The StageError of a program that exited `code`. Its reason is its own error line (the summary's
-    `error`), else its last line of output (a crash's exception), never a traceback's middle. Transient
-    when it exited TRANSIENT, or when a signal ended it: the OOM killer choosing among a shared machine's
-    processes, an operator or a preemption stopped it, not its input, and every retried stage is safe to
-    run again (ingest publishes exactly once, push finishes what a kill left undone)."""
+    `error`), else its `last` line of output, stderr's first (a crash's exception, never a traceback's
+    middle). Transient when it exited TRANSIENT, or when a signal ended it: the OOM killer choosing among
+    a shared machine's processes, an operator or a preemption stopped it, not its input, and every
+    retried stage is safe to run again (ingest publishes exactly once, push finishes what a kill left undone)."""
     if code < 0:
-        reason = f"killed by {_signal_name(-code)}" + (f"; last output: {tail[-1]}" if tail else "")
+        reason = f"killed by {_signal_name(-code)}" + (f"; last output: {last}" if last else "")
     else:
-        reason = (summary or {}).get("error") or (tail[-1] if tail else f"exit code {code}")
+        reason = (summary or {}).get("error") or last or f"exit code {code}"
     return StageError(f"{name} failed (exit code {code}): {reason}", summary, stage=name, reason=reason,
                       transient=code == TRANSIENT or code < 0)
 

@@ -106,7 +106,7 @@ def problem(error: BaseException, *uris: str) -> Problem | None:
     if code in REFUSED or names & REFUSED or status == 401:
         return Problem(f"{store} refused the credentials for {where} ({said})", f"check them: {_credentials(store)}",
                        transient(error))
-    if code in DENIED or status == 403 or (store == "GCS" and said.startswith("Forbidden")):
+    if code in DENIED or status == 403 or (store == "GCS" and str(error).startswith("Forbidden")):
         return Problem(f"{store} denied access to {where} ({said})", _grant(store), False)
     if code == "NoSuchBucket":
         return Problem(f"{store} {where} does not exist", "check its name" + _endpoint(store), False)
@@ -150,6 +150,11 @@ def _answer(error: BaseException) -> tuple[str | None, int | None]:
 
 def _said(error: BaseException, code: str | None) -> str:
     """The store's own words, one line: `InvalidAccessKeyId: The AWS Access Key Id ...`."""
+    for link in causes(error):
+        response = getattr(link, "response", None)
+        message = response.get("Error", {}).get("Message") if isinstance(response, dict) else None
+        if message:  # botocore's ClientError: its Message, without "An error occurred (...) when calling ..."
+            return f"{code}: {message}" if code and not code.isdigit() else message
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     said = lines[-1] if lines else type(error).__name__
     return f"{code}: {said}" if code and not code.isdigit() and code not in said else said
