@@ -31,7 +31,7 @@ DENIED = {"AccessDenied", "AllAccessDisabled", "AccountProblem", "InvalidObjectS
 
 @dataclass(frozen=True)
 class Problem:
-    """What failed on which bucket, and what fixes it; `transient` when another try may not fail."""
+    """What failed on which bucket, and what fixes it; `transient` when another try may succeed."""
 
     summary: str
     fix: str
