@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from components.contracts.program import causes, store_answer, transient
+from components.contracts.secrets import without_secrets
 
 STORES = {"s3": "S3", "s3a": "S3", "gs": "GCS", "gcs": "GCS"}
 S3_CREDENTIALS = ("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, or run where an instance role "
@@ -174,4 +175,4 @@ def _grant(store: str) -> str:
 def _endpoint(store: str) -> str:
     """The endpoint a user set, which points bucket names at another store (MinIO, an emulator)."""
     name = "AWS_ENDPOINT_URL" if store == "S3" else "STORAGE_EMULATOR_HOST"
-    return f" and {name} (now {os.environ[name]})" if os.environ.get(name) else ""
+    return f" and {name} (now {without_secrets(os.environ[name])})" if os.environ.get(name) else ""

@@ -85,7 +85,7 @@ def render(report: Report):
         table.add_column(column, overflow="fold")
     for c in report.checks:
         table.add_row(c.name, f"[{colour[c.status]}]{c.status}[/]", escape(program.printable(c.summary)),
-                      escape(c.fix or ""))
+                      escape(program.printable(c.fix or "")))
     return table
 
 

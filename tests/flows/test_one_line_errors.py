@@ -74,6 +74,11 @@ def make(name: str, tmp_path, store) -> Case:
         (folder / "cat" / "0.png").write_bytes(b"x")
         folder.chmod(0)
         return Case(str(folder), [f"{folder} cannot be read: permission denied"], prefix=WITHOUT_OVERRIDE)
+    if name == "a folder inside one it may not enter":  # where `exists` would say "does not exist"
+        (tmp_path / "locked" / "photos" / "cat").mkdir(parents=True)
+        (tmp_path / "locked").chmod(0)
+        inner = tmp_path / "locked" / "photos"
+        return Case(str(inner), [f"{inner} cannot be read: permission denied"], prefix=WITHOUT_OVERRIDE)
     folder.mkdir()
     if name == "an empty folder":
         return Case(str(folder), [f"SOURCE holds no images: {folder} has no image files"])
@@ -91,7 +96,8 @@ def make(name: str, tmp_path, store) -> Case:
 
 
 CASES = ["s3 without credentials", "s3 with an unknown key", "s3 with a wrong secret", "s3 without permission",
-         "a bucket that does not exist", "a mistyped local path", "a folder it may not read", "an empty folder",
+         "a bucket that does not exist", "a mistyped local path", "a folder it may not read",
+         "a folder inside one it may not enter", "an empty folder",
          "a folder of sidecars", "a CSV with path,label", "a CSV with uri,class", "an empty CSV"]
 
 

@@ -99,3 +99,9 @@ def test_a_heads_bare_403_is_replaced_by_the_refusal_a_get_names(s3_bucket, s3_e
         requests.post(f"{s3_endpoint}/moto-api/reset-auth", data=b"inf")
     assert "403 Forbidden" in problem(head.value, f"s3://{s3_bucket}").summary
     assert "(InvalidAccessKeyId" in problem(named.value, f"s3://{s3_bucket}").summary
+
+
+def test_the_endpoint_a_line_names_shows_no_password(monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://minio:s3cret@127.0.0.1:9000")
+    found = problem(_translated("NoSuchBucket", 404), SOURCE)
+    assert "s3cret" not in str(found) and "AWS_ENDPOINT_URL (now http://minio:***@127.0.0.1:9000)" in found.fix
