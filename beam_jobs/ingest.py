@@ -16,6 +16,7 @@ this job does not know (`--runner`, `--project`, `--flink_master`, ...) pass thr
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import logging
 import os
@@ -38,6 +39,8 @@ from components.common import clock
 from components.common.content_index import write_index
 from components.common.files import exists, filesystem, join, read_json, write_json, write_text
 from components.common.lease import LeaseError, LeaseHeld, exclusive
+from components.common.source_files import no_images
+from components.common.store_errors import naming
 from components.contracts import program, schema
 from components.contracts.layout import Root, shard_name
 from components.contracts.results import ResultError, SpanManifest
@@ -60,15 +63,17 @@ def ingest(config: IngestSettings, pipeline_args: list[str],
     # One ingest at a time per ROOT: a second would pick the same span number and take the first's
     # staging folder for debris. An flock locally; on a bucket, a lease object that lapses when its
     # holder dies (components/common/lease.py).
-    try:
-        with exclusive(root.ingest_lock, "ingest") as lease:
-            return _ingest(config, pipeline_args, root, started, lease,
-                           progress or program.progress_printer(as_json=False))
-    except LeaseHeld as error:
-        detail = f" ({error})" if error.holder else ""
-        raise IngestError(f"another ingest is writing into {root.uri}; run again when it has finished{detail}") from None
-    except LeaseError as error:
-        raise IngestError(f"{error}; nothing was published") from None
+    with naming(config.root):  # a bucket's refusal names the bucket and what to set (SOURCE's: in `listed`)
+        try:
+            with exclusive(root.ingest_lock, "ingest") as lease:
+                return _ingest(config, pipeline_args, root, started, lease,
+                               progress or program.progress_printer(as_json=False))
+        except LeaseHeld as error:
+            detail = f" ({error})" if error.holder else ""
+            raise IngestError(f"another ingest is writing into {root.uri}; run again when it has finished{detail}") \
+                from None
+        except LeaseError as error:
+            raise IngestError(f"{error}; nothing was published") from None
 
 
 def _ingest(config: IngestSettings, pipeline_args: list[str], root: Root, started: float, lease,
@@ -79,13 +84,18 @@ def _ingest(config: IngestSettings, pipeline_args: list[str], root: Root, starte
     except MisplacedSpan as error:
         raise IngestError(str(error)) from None
 
-    comparison = compare(listed(config), root)  # streams: the listing is not kept, only what is new
+    entries = listed(config)
+    with naming(config.source):
+        first = next(entries, None)  # a local folder is walked as it is compared: its first file, here
+    if first is None and not config.arrived:  # notifications may name only sidecars: that is nothing new
+        raise IngestError(no_images(config.source))
+    comparison = compare(itertools.chain([first] if first else [], entries), root)  # streams: only what is new is kept
     refused = comparison.refused
     fresh, unchanged = without_unchanged(comparison.fresh, comparison.touched, root)
     if not fresh and not refused:
         touched = f" ({unchanged} with a new version but the same content, recognised by content)" if unchanged else ""
         return IngestSummary(published=False, span=None, new_sources=0, removed_debris=removed, unchanged=unchanged,
-                             message=f"nothing new in {config.source}: every file is already in a published span{touched}")
+                             message=f"nothing new in {config.source}: every image is already in a published span{touched}")
 
     labels = extended_labels(root, fresh)
     staging = join(root.spans, f"{STAGING_PREFIX}{uuid.uuid4().hex[:12]}")
@@ -150,10 +160,11 @@ def listed(config: IngestSettings) -> Iterator[tuple[Source, str | None]]:
     """What SOURCE holds: every file, or only those bucket notifications announced (--arrived);
     each with the reason it is refused, or None."""
     try:
-        if config.arrived:
-            return list_named(config.source, announced(config.arrived), config.eval_fraction).entries()
-        return each_listed(config.source, config.eval_fraction, config.allow_outside_source)
-    except (FileNotFoundError, ValueError) as error:
+        with naming(config.source):
+            if config.arrived:
+                return list_named(config.source, announced(config.arrived), config.eval_fraction).entries()
+            return each_listed(config.source, config.eval_fraction, config.allow_outside_source)
+    except (FileNotFoundError, PermissionError, ValueError) as error:
         raise IngestError(str(error)) from None
 
 

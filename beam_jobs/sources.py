@@ -12,6 +12,7 @@ import io
 import json
 import os
 import posixpath
+import stat
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -19,8 +20,9 @@ from dataclasses import asdict, dataclass, field
 import fsspec
 
 from beam_jobs.local import CHAINING, NOT_REGULAR, local_path, walk
+from components.common import source_files, store_errors
 from components.common.files import filesystem, is_local, is_uri, join, protocol, uri_of, version_of
-from components.common.images import EXTENSIONS
+from components.common.source_files import is_candidate
 
 MANIFEST_SUFFIXES = (".csv", ".jsonl")
 SPLIT_NAMES = {"train": "train", "eval": "eval", "validation": "eval"}
@@ -75,8 +77,12 @@ def each_listed(source: str, eval_fraction: float, allow_outside: bool = False) 
         raise ValueError(f"source {source}: '::' (fsspec's chaining) is not read; name a folder or a manifest")
     local = local_path(source)
     fs, path = filesystem(local) if local else filesystem(source)
-    if not (os.path.exists(local) if local else fs.exists(path)):
-        raise FileNotFoundError(f"source {source} does not exist")
+    if local:
+        _check_readable(source, local)
+    elif not _in_store(fs, path):
+        bucket = path.split("/", 1)[0]
+        missing = f" (there is no bucket {bucket})" if bucket != path and not fs.exists(bucket) else ""
+        raise FileNotFoundError(f"source {source} does not exist{missing}")
     if local and os.path.isdir(local):
         entries = _each_in_folder(local, allow_outside)
     elif fs.isdir(path):
@@ -86,6 +92,30 @@ def each_listed(source: str, eval_fraction: float, allow_outside: bool = False) 
     else:
         raise ValueError(f"source {source} is neither a folder nor a .csv/.jsonl manifest")
     return ((s if reason or s.split else _with_split(s, eval_fraction), reason) for s, reason in entries)
+
+
+def _in_store(fs, path: str) -> bool:
+    """Whether a bucket holds `path`; a refusal is raised naming its reason (components/common/store_errors.py)."""
+    try:
+        store_errors.info(fs, path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _check_readable(source: str, local: str) -> None:
+    """Raises FileNotFoundError or PermissionError naming SOURCE: a walk would make a folder it cannot
+    read one dead letter, and `exists` calls a path under a folder it may not enter missing."""
+    try:
+        status = os.stat(local)
+        if stat.S_ISDIR(status.st_mode):
+            os.scandir(local).close()
+        elif stat.S_ISREG(status.st_mode):
+            open(local, "rb").close()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"source {source} does not exist") from None
+    except (PermissionError, NotADirectoryError) as error:
+        raise PermissionError(f"source {source} cannot be read: {(error.strerror or str(error)).lower()}") from None
 
 
 def list_named(source: str, uris: list[str], eval_fraction: float = 0.0) -> Listing:
@@ -129,14 +159,6 @@ def _path_in(fs, uri: str) -> str | None:
     if is_local(fs):
         return os.path.realpath(rest if has_scheme else uri)
     return posixpath.normpath(rest)
-
-
-def is_candidate(relative_path: str) -> bool:
-    """Images only: hidden files and folders and sidecars (.txt, .json, ...) are not sources."""
-    parts = relative_path.split("/")
-    if any(part.startswith(".") for part in parts):
-        return False
-    return posixpath.splitext(parts[-1])[1].lower() in EXTENSIONS
 
 
 def split_of(key: str, eval_fraction: float) -> str:
@@ -262,16 +284,33 @@ def _row_problem(row) -> str:
         return f"manifest row is {type(row).__name__}, not an object with uri and label"
     if not (row.get("uri") or "") or (isinstance(row["uri"], str) and not row["uri"].strip()):
         return "manifest row has no uri"
-    wrong = [k for k in ("uri", "label", "split") if row.get(k) is not None and not isinstance(row[k], str)]
+    unknown = [str(key) for key in row if key not in source_files.COLUMNS]
+    if unknown:
+        return f"manifest row has the unknown key {unknown[0]}; its keys are uri,label[,split]"
+    wrong = [k for k in source_files.COLUMNS if row.get(k) is not None and not isinstance(row[k], str)]
     return f"manifest row's {wrong[0]} is not a string" if wrong else ""
 
 
 def _read_rows(fs, path: str) -> list[dict | str]:
-    """The manifest's rows as dicts; a row that cannot be parsed as the reason (a dead letter)."""
-    text = fs.cat_file(path).decode("utf-8-sig")
-    if path.lower().endswith(".jsonl"):
-        return [_json_row(line) for line in text.splitlines() if line.strip()]
-    reader, rows = csv.reader(io.StringIO(text)), []
+    """The manifest's rows as dicts; a row that cannot be parsed as the reason (a dead letter).
+    Raises ManifestError for a manifest without rows or without the columns (components/common/source_files.py)."""
+    text, manifest = fs.cat_file(path).decode("utf-8-sig"), uri_of(fs, path)
+    rows = _jsonl_rows(manifest, text) if path.lower().endswith(".jsonl") else _csv_rows(manifest, text)
+    if not rows:
+        raise source_files.no_rows(manifest)
+    return rows
+
+
+def _jsonl_rows(manifest: str, text: str) -> list[dict | str]:
+    rows = [_json_row(line) for line in text.splitlines() if line.strip()]
+    first = next((row for row in rows if isinstance(row, dict)), None)
+    if first is not None:  # its keys are the manifest's columns, as a CSV's header is
+        source_files.check_keys(manifest, first)
+    return rows
+
+
+def _csv_rows(manifest: str, text: str) -> list[dict | str]:
+    reader, rows, columns = csv.reader(io.StringIO(text)), [], None
     while True:
         try:
             row = next(reader)
@@ -280,10 +319,16 @@ def _read_rows(fs, path: str) -> list[dict | str]:
         except csv.Error as error:  # a field over csv's limit (128 KB), a stray NUL: this row only
             rows.append(f"manifest line {reader.line_num} is not a CSV row: {error}")
             continue
-        if row and any(cell.strip() for cell in row):
-            rows.append(dict(zip(("uri", "label", "split"), row)))
-    if rows and isinstance(rows[0], dict) and rows[0]["uri"].strip().lower() == "uri":
-        rows = rows[1:]
+        if not (row and any(cell.strip() for cell in row)):
+            continue
+        if columns is None:
+            columns = source_files.header(manifest, row) if source_files.is_header(row) else ()
+            if columns:
+                continue
+        names = columns or source_files.COLUMNS  # without a header: by position
+        extra = [cell for cell in row[len(names):] if cell.strip()]
+        rows.append(f"manifest line {reader.line_num} has {len(row)} cells; its columns are {','.join(names)}"
+                    if extra else dict(zip(names, row)))
     return rows
 
 

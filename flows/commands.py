@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import hashlib
 import json
 import os
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import contextmanager
 
 from components.common import processes
 from components.common.files import exists, is_uri, read_json
@@ -34,6 +36,11 @@ from flows.run_options import FIELDS, add_config_arguments, config_from
 from flows.work_pools import add_notifications_argument
 
 SERVER_START_SECONDS = 120
+# Prefect's ephemeral server answers within PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, 20 by default:
+# less than a loaded 2-core machine takes to import it and migrate its database. `stoke run` waits this long
+# unless the setting is set.
+EPHEMERAL_START_SECONDS = 180
+EPHEMERAL_LOG = "stoke-ephemeral-server.log"  # under PREFECT_HOME
 PREFECT_PORT = 4200  # Prefect's own default; the API is at http://<host>:PREFECT_PORT/api
 SERVER_STOP_SECONDS = 30
 AUTH_ENV = "PREFECT_SERVER_API_AUTH_STRING"  # Prefect's own setting: basic auth on the API and UI
@@ -58,9 +65,6 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Runs the train flow once and prints its summary; exit 0 also when the model was refused."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    # The ephemeral server's start: Prefect waits 20 s, which a loaded machine (another training on its
-    # cores) needs more than; a server that never answers still fails, after this long.
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(SERVER_START_SECONDS))
     try:
         run_id, config = checked(args)
         if not os.environ.get("PREFECT_API_URL") and not os.environ.get("PREFECT_HOME"):
@@ -68,6 +72,11 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, overrides.ConfigError, CacheError) as error:
         print(f"stoke run: error: {printable(str(error))}", file=sys.stderr, flush=True)
         return BAD_SETTINGS
+    try:
+        start_api()
+    except ServerError as error:
+        print(f"stoke run: error: {printable(str(error))}", file=sys.stderr, flush=True)
+        return 1
     from flows.pipeline import pipeline
 
     state = pipeline(**flow_parameters(config), skip_unchanged=args.skip_unchanged, run_id=run_id, return_state=True)
@@ -75,11 +84,72 @@ def run(args: argparse.Namespace) -> int:
         summary = state.result()
     else:
         summary = _failed_summary(config.root, run_id, state)
-        print(f"stoke run: error: {printable(str(summary['message']))}", file=sys.stderr, flush=True)
+        print(f"stoke run: error: {printable(_failure_line(state, summary))}", file=sys.stderr, flush=True)
     summary.setdefault("model_name", config.model_name)
     print(json.dumps(summary, sort_keys=True, default=str) if args.json else _describe(printable(summary)),
           flush=True)
     return 0 if state.is_completed() else 1
+
+
+def start_api() -> None:
+    """The Prefect API of `stoke run`: the one PREFECT_API_URL names, else Prefect's own temporary server,
+    started here as Prefect would start it on the flow's first call, but given EPHEMERAL_START_SECONDS (or
+    the setting) to answer, with its output in PREFECT_HOME/stoke-ephemeral-server.log instead of on the
+    terminal (and on stdout, whose last line is the summary). A server that does not answer is a
+    ServerError naming the log."""
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import get_current_settings
+
+    settings = get_current_settings()
+    if settings.api.url or not settings.server.ephemeral.enabled:
+        return
+    timeout = startup_timeout(settings)
+    os.makedirs(str(settings.home), exist_ok=True)
+    log_path = os.path.join(str(settings.home), EPHEMERAL_LOG)
+    server = SubprocessASGIServer()
+    with _output_to(log_path):
+        try:
+            server.start(timeout=timeout)
+        except RuntimeError:  # Prefect's "Timed out while attempting to connect to ephemeral Prefect API server"
+            server.stop()
+            raise ServerError(f"the temporary Prefect server did not answer within {timeout} s; see {log_path} (raise "
+                              "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, or start one with `prefect server "
+                              "start` and set PREFECT_API_URL)") from None
+    # Stopped at exit after Prefect's log and event workers, registered later and so run earlier, have sent
+    # what they hold; its goodbye goes to its log too.
+    atexit.register(_stop_into, server, log_path)
+
+
+def startup_timeout(settings) -> int:
+    """Seconds the temporary server has to answer: PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS where it
+    is set (environment or profile), else EPHEMERAL_START_SECONDS."""
+    ephemeral = settings.server.ephemeral
+    return ephemeral.startup_timeout_seconds if "startup_timeout_seconds" in ephemeral.model_fields_set \
+        else EPHEMERAL_START_SECONDS
+
+
+def _stop_into(server, log_path: str) -> None:
+    with _output_to(log_path):
+        server.stop()
+
+
+@contextmanager
+def _output_to(path: str):
+    """File descriptors 1 and 2 write to `path` in the block: a process started in it writes there for life."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with open(path, "ab") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, copy in zip((1, 2), saved):
+            os.dup2(copy, fd)
+            os.close(copy)
 
 
 def checked(args: argparse.Namespace) -> tuple[str, RunConfig]:
@@ -116,6 +186,18 @@ def _failed_summary(root: str, run_id: str, state) -> dict:
         return read_json(uri)
     return {"run_id": run_id, "status": "failed", "message": state.message or state.name,
             "blessed": False, "pushed_version": None, "reasons": [], "metrics": {}}
+
+
+def _failure_line(state, summary: dict) -> str:
+    """A failed run's cause in one line: the stage and its own error (flows/programs.py StageError.line),
+    a configuration's refusal as it is, else the report's message."""
+    try:
+        error = state.result(raise_on_failure=False)
+    except Exception:  # a result that cannot be read back says nothing more than the report
+        error = None
+    if isinstance(error, Exception):
+        return getattr(error, "line", None) or str(error)
+    return str(summary["message"])
 
 
 def _describe(summary: dict) -> str:

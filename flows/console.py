@@ -1,6 +1,7 @@
 """What a flow run shows on the terminal: its own lines, not the engine's routine ones. Prefect's
 console handler prints four lines for every watch-bucket poll (the run began, its URL, a task
-finished, the run finished); the run's log in the Prefect API and UI keeps all of them."""
+finished, the run finished), and a stage's one-line error twice more as a traceback (the task's
+failure and the flow's); the run's log in the Prefect API and UI keeps all of them."""
 from __future__ import annotations
 
 import logging
@@ -23,9 +24,36 @@ class QuietRoutine(logging.Filter):
 
 def quiet_console(*flows: str) -> None:
     """Installs QuietRoutine on the console handlers Prefect configured (once each)."""
+    for handler in _console_handlers():
+        if not any(isinstance(f, QuietRoutine) for f in handler.filters):
+            handler.addFilter(QuietRoutine(flows))
+
+
+class QuietFailures(logging.Formatter):
+    """Formats the records of the named flows' runs whose exception is one of `errors` (an error that is
+    its own one line, a stage's) without their traceback: the message still names the exception. Wraps
+    the console handler's formatter and formats a copy of the record, so the API handler, which formats
+    the record itself, keeps the traceback in the run's log."""
+
+    def __init__(self, inner: logging.Formatter | None, flows: tuple[str, ...], errors: tuple[type[BaseException], ...]):
+        super().__init__()
+        self.inner, self.flows, self.errors = inner or logging.Formatter(), flows, errors
+
+    def format(self, record: logging.LogRecord) -> str:
+        if (record.exc_info and isinstance(record.exc_info[1], self.errors)
+                and getattr(record, "flow_name", None) in self.flows):
+            record = logging.makeLogRecord({**record.__dict__, "exc_info": None, "exc_text": None})
+        return self.inner.format(record)
+
+
+def quiet_failures(*flows: str, errors: tuple[type[BaseException], ...]) -> None:
+    """Installs QuietFailures on the console handlers Prefect configured (once each)."""
+    for handler in _console_handlers():
+        if not isinstance(handler.formatter, QuietFailures):
+            handler.setFormatter(QuietFailures(handler.formatter, flows, errors))
+
+
+def _console_handlers() -> list[logging.Handler]:
     from prefect.logging.handlers import PrefectConsoleHandler
 
-    handlers = [h for name in ("", "prefect") for h in logging.getLogger(name).handlers]
-    for handler in handlers:
-        if isinstance(handler, PrefectConsoleHandler) and not any(isinstance(f, QuietRoutine) for f in handler.filters):
-            handler.addFilter(QuietRoutine(flows))
+    return [h for name in ("", "prefect") for h in logging.getLogger(name).handlers if isinstance(h, PrefectConsoleHandler)]

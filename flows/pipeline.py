@@ -42,6 +42,8 @@ from components.contracts.presets import PresetName
 from components.contracts.run_config import RunConfig, Timeouts, stage_settings
 from components.contracts.secrets import without_secrets
 from components.contracts.stages import Stage, stage
+from components.preflight.source import NAME as SOURCE_CHECK
+from flows.console import quiet_failures
 from flows.gpus import gpu_slot
 from flows.parameters import check_job_variables, deployment_beam_args, registered_parameters, run_job_variables
 from flows.programs import StageError, run_stage
@@ -50,10 +52,12 @@ from flows.reporting import ProgressArtifact, publish_report
 GPU_TAG = "gpu"  # the tasks that hold this machine's GPU slot (flows/gpus.py), tagged for the UI
 
 
-def unless_timed_out(task, task_run, state) -> bool:
-    """Retry a stage that failed (a bucket that did not answer), not one that ran out of time."""
-    error = state.result(raise_on_failure=False)
-    return not (isinstance(error, StageError) and error.timed_out)
+def only_transient(task, task_run, state) -> bool:
+    """Retry a stage whose failure another try may not meet: its program said so (a store that did not
+    answer, throttling, a reset connection: exit code 75) or a signal ended it (flows/programs.py). Never
+    a deterministic one (a bad path, missing or refused credentials, a bad manifest or setting), which
+    fails the same way 30 s later, nor one that ran out of time."""
+    return bool(getattr(state.result(raise_on_failure=False), "transient", False))
 
 
 @flow(name="train", description="preflight -> ingest -> datacheck -> train -> gate -> push -> report")
@@ -84,7 +88,10 @@ def pipeline(
     check_job_variables(run_job_variables())  # before anything runs: no run chooses its command or env
     given = {name: value for name, value in locals().items() if name in RunConfig.model_fields}
     config = configure(given)  # every setting checked before anything is ingested or trained
-    run = Root(config.root).run(run_id or flow_run_id())
+    try:
+        run = Root(config.root).run(run_id or flow_run_id())
+    except ValueError as error:  # a run id that would leave ROOT/runs
+        raise ConfigurationError(str(error)) from None
     get_run_logger().info("run %s: %s -> %s (preset %s)", run.run_id, config.source, run.uri, config.preset)
     write_json(run.config, recorded(config))
     try:
@@ -127,7 +134,7 @@ def recorded(config: RunConfig) -> dict:
 # ---------------------------------------------------------------- stages
 
 
-@task(name="preflight")  # no retries: a failed check fails again
+@task(name="preflight", retries=1, retry_delay_seconds=30, retry_condition_fn=only_transient)
 def check_machine(config: RunConfig, run: RunDir) -> summaries.PreflightSummary:
     """Checks SOURCE, disks, read speed, GPUs, /dev/shm and limits; stops the run on a failed check."""
     try:
@@ -135,14 +142,14 @@ def check_machine(config: RunConfig, run: RunDir) -> summaries.PreflightSummary:
     except StageError as error:
         if error.summary is None:
             raise
-        _log_checks(keep_summary(stage("preflight"), error.summary, run))
-        raise PreflightFailed(f"{error}; fix it or skip the checks (`stoke run --no-preflight`, or preflight=null)") \
-            from None
+        failed = keep_summary(stage("preflight"), error.summary, run)
+        _log_checks(failed)
+        raise PreflightFailed(failed, error.transient) from None
     _log_checks(summary)
     return summary
 
 
-@task(name="ingest", retries=2, retry_delay_seconds=30, retry_condition_fn=unless_timed_out)
+@task(name="ingest", retries=2, retry_delay_seconds=30, retry_condition_fn=only_transient)
 def ingest_span(config: RunConfig, run: RunDir, arrived: str = "") -> summaries.IngestSummary:
     """Publishes what SOURCE holds beyond the published spans as a new span (or says nothing is new)."""
     facts = {}
@@ -153,7 +160,7 @@ def ingest_span(config: RunConfig, run: RunDir, arrived: str = "") -> summaries.
         return run_program(stage("ingest"), config, run, progress, beam_options(config), **facts)
 
 
-@task(name="datacheck", retries=1, retry_delay_seconds=30, retry_condition_fn=unless_timed_out)
+@task(name="datacheck", retries=1, retry_delay_seconds=30, retry_condition_fn=only_transient)
 def check_spans(config: RunConfig, run: RunDir) -> list[int]:
     """Checks every span not checked yet against the history; an error quarantines the span, not the run.
     Returns the spans it held back."""
@@ -191,7 +198,7 @@ def train_model(config: RunConfig, run: RunDir) -> results.TrainMetrics:
         return run_program(stage("train"), config, run, progress, slot=slot, run_id=run.run_id)
 
 
-@task(name="gate", tags=[GPU_TAG], retries=1, retry_delay_seconds=30, retry_condition_fn=unless_timed_out)
+@task(name="gate", tags=[GPU_TAG], retries=1, retry_delay_seconds=30, retry_condition_fn=only_transient)
 def gate_model(config: RunConfig, run: RunDir) -> results.GateResult:
     """Gates the candidate with TFMA: thresholds, and not worse than the served model."""
     with gpu_slot(get_run_logger(), f"gate of run {run.run_id}") as slot:
@@ -204,7 +211,7 @@ def gate_model(config: RunConfig, run: RunDir) -> results.GateResult:
     return summary
 
 
-@task(name="push", retries=1, retry_delay_seconds=30, retry_condition_fn=unless_timed_out)
+@task(name="push", retries=1, retry_delay_seconds=30, retry_condition_fn=only_transient)
 def push_model(config: RunConfig, run: RunDir) -> summaries.PushSummary:
     """Pushes the blessed candidate as a new integer version of the served model."""
     return run_program(stage("push"), config, run, run_id=run.run_id)
@@ -219,12 +226,24 @@ def write_report(run: RunDir, skipped: str | None = None, failed: str | None = N
 # ---------------------------------------------------------------- plumbing
 
 
-class PreflightFailed(RuntimeError):
-    pass
+class PreflightFailed(StageError):
+    """A failed check, named with its finding and fix; retried when the store behind SOURCE did not answer."""
+
+    def __init__(self, summary: summaries.PreflightSummary, transient: bool = False):
+        first = next(check for check in summary.checks if check.status == "fail")
+        reason = f"{first.name} failed: {first.summary}" + (f" (fix: {first.fix})" if first.fix else "")
+        if first.name != SOURCE_CHECK:  # skipping the checks does not make SOURCE readable
+            reason += "; fix it or skip the checks (`stoke run --no-preflight`, or preflight=null)"
+        super().__init__(f"preflight failed: {reason}", summary.to_json(), stage="preflight", reason=reason,
+                         transient=transient)
 
 
 class ConfigurationError(ValueError):
     """Parameters that make no run configuration; the message names the setting."""
+
+
+# On the terminal these failures are their one line; the engine's traceback of them stays in the run's log.
+quiet_failures("train", errors=(StageError, ConfigurationError))
 
 
 def run_program(of: Stage, config: RunConfig, run: RunDir, progress: ProgressArtifact | None = None,

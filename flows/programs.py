@@ -13,6 +13,7 @@ import logging
 import os
 import queue
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -20,7 +21,7 @@ import time
 from collections.abc import Callable
 
 from components.common import processes
-from components.contracts.program import escape_logs, printable
+from components.contracts.program import TRANSIENT, escape_logs, printable
 from components.contracts.results import ResultError
 from components.contracts.summaries import Progress, event
 
@@ -34,11 +35,30 @@ escape_logs("prefect.flow_runs", "prefect.task_runs")
 
 
 class StageError(RuntimeError):
-    """A stage program that failed, timed out or printed no summary; the message says which."""
+    """A stage program that failed, timed out or printed no summary; the message says which. `reason`
+    is the program's own one-line error, and `transient` whether another try may succeed: the program
+    said so (exit code 75, components/contracts/program.py) or a signal ended it."""
 
-    def __init__(self, message: str, summary: dict | None = None, timed_out: bool = False):
+    def __init__(self, message: str, summary: dict | None = None, timed_out: bool = False, *, stage: str = "",
+                 reason: str = "", transient: bool = False):
         super().__init__(printable(message))  # shown by Prefect's state messages and tracebacks
         self.summary, self.timed_out = summary, timed_out
+        self.stage, self.reason, self.transient = stage, printable(reason), transient
+
+    def __reduce__(self):  # a pickled copy (Prefect may persist a failed state's exception) keeps what retries read
+        return _restored, (type(self), self.args[0], self.__dict__)
+
+    @property
+    def line(self) -> str:
+        """The stage and its own one-line error, as `stoke run` ends with it."""
+        return f"{self.stage}: {self.reason}" if self.stage and self.reason else str(self)
+
+
+def _restored(kind: type[StageError], message: str, state: dict) -> StageError:
+    error = kind.__new__(kind)
+    error.args = (message,)
+    error.__dict__.update(state)
+    return error
 
 
 def run_stage(name: str, module: str, argv: list[str], *, timeout: float, logger: logging.Logger,
@@ -66,14 +86,14 @@ def run_stage(name: str, module: str, argv: list[str], *, timeout: float, logger
         reader.start()
 
     deadline = time.monotonic() + timeout
-    last_json, tail, open_streams = None, [], 2
+    last_json, tail, said, open_streams = None, [], None, 2  # said: the last line on stderr
     try:
         while open_streams:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 processes.stop(process, KILL_GRACE_SECONDS)
-                raise StageError(f"{name} timed out after {timeout:,.0f} s and was stopped; "
-                                 f"last output: {' | '.join(tail[-3:]) or 'none'}", timed_out=True)
+                why = f"timed out after {timeout:,.0f} s and was stopped; last output: {' | '.join(tail[-3:]) or 'none'}"
+                raise StageError(f"{name} {why}", timed_out=True, stage=name, reason=why)
             try:
                 tag, line = lines.get(timeout=min(remaining, 1.0))
             except queue.Empty:
@@ -90,6 +110,7 @@ def run_stage(name: str, module: str, argv: list[str], *, timeout: float, logger
                     last_json = line  # a summary candidate: the last one printed wins
                 continue
             tail = (tail + [line])[-TAIL_LINES:]
+            said = line if tag == "err" else said
             logger.log(_level(line), "%s: %s", name, printable(line))
         code = process.wait(timeout=max(deadline - time.monotonic(), 1.0))
     except BaseException:
@@ -99,11 +120,32 @@ def run_stage(name: str, module: str, argv: list[str], *, timeout: float, logger
 
     summary = _parse(last_json)
     if code != 0:
-        reason = (summary or {}).get("error") or (" | ".join(tail[-3:]) if tail else f"exit code {code}")
-        raise StageError(f"{name} failed (exit code {code}): {reason}", summary)
-    if summary is None:
-        raise StageError(f"{name} exited 0 but printed no JSON summary as its last line")
+        raise _failed(name, code, summary, said or (tail[-1] if tail else None))
+    if summary is None:  # a program that breaks its contract does so every time: not retried
+        raise StageError(f"{name} exited 0 but printed no JSON summary as its last line", stage=name,
+                         reason="exited 0 but printed no JSON summary as its last line")
     return summary
+
+
+def _failed(name: str, code: int, summary: dict | None, last: str | None) -> StageError:
+    """The StageError of a program that exited `code`. Its reason is its own error line (the summary's
+    `error`), else its `last` line of output, stderr's first (a crash's exception, never a traceback's
+    middle). Transient when it exited TRANSIENT, or when a signal ended it: the OOM killer choosing among
+    a shared machine's processes, an operator or a preemption stopped it, not its input, and every
+    retried stage is safe to run again (ingest publishes exactly once, push finishes what a kill left undone)."""
+    if code < 0:
+        reason = f"killed by {_signal_name(-code)}" + (f"; last output: {last}" if last else "")
+    else:
+        reason = (summary or {}).get("error") or last or f"exit code {code}"
+    return StageError(f"{name} failed (exit code {code}): {reason}", summary, stage=name, reason=reason,
+                      transient=code == TRANSIENT or code < 0)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:  # a real-time signal, which the enum does not name
+        return f"signal {number}"
 
 
 # TensorFlow's C++ logging (absl): "I0000 00:00:... port.cc:153] ...". Its info and warning lines

@@ -24,7 +24,6 @@ from PIL import Image, ImageOps
 from components.common.image_header import ImageRefused, open_image
 from components.common.signatures import Pixels, pixels_of
 
-EXTENSIONS = frozenset({".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".gif", ".bmp", ".tif", ".tiff", ".webp"})
 LOSSY = frozenset({"JPEG", "MPO", "WEBP"})
 ORIENTATION = 0x0112  # EXIF tag; TensorFlow's decoders ignore it, so rotated photos are re-encoded
 PNG_RGB8 = (8, 2)  # IHDR bit depth and colour type of plain 8-bit truecolour

@@ -23,6 +23,10 @@ from components.contracts.summaries import Progress
 
 BAD_SETTINGS = 2  # argparse's exit code for a command line it cannot use
 FAILED = 1
+# sysexits.h's EX_TEMPFAIL: a failure another try may not meet (a timeout, throttling, a reset
+# connection, a store's 5xx). The flow retries a stage that exits with it, and only such a stage: a
+# bad path, missing or refused credentials, a bad manifest or setting fail the same way every time.
+TRANSIENT = 75
 
 
 def arguments(prog: str, doc: str) -> argparse.ArgumentParser:
@@ -66,7 +70,12 @@ def main(prog: str, as_json: bool, work: Callable[[], Result | dict], describe: 
     except overrides.ConfigError as error:
         return _fail(prog, as_json, str(error), failed, BAD_SETTINGS)
     except errors as error:
-        return _fail(prog, as_json, os_error_line(error) if isinstance(error, OSError) else str(error), failed, FAILED)
+        message = os_error_line(error) if isinstance(error, OSError) else str(error)
+        return _fail(prog, as_json, message, failed, TRANSIENT if transient(error) else FAILED)
+    except Exception as error:
+        if not transient(error):
+            raise  # not the user's input nor the weather: a bug, whose traceback is what a report needs
+        return _fail(prog, as_json, _last_line(error), failed, TRANSIENT)
     if isinstance(summary, Result):
         summary = summary.to_json()
     print(json.dumps(summary, sort_keys=True) if as_json else describe(printable(summary)), flush=True)
@@ -135,6 +144,84 @@ def os_error_line(error: OSError) -> str:
     if error.errno in (errno.EACCES, errno.EPERM):
         return f"{path} cannot be written or read: {why} (check the owner and mode of ROOT)"
     return f"{path}: {why}"
+
+
+# What makes a failure transient, by class (module.name, anywhere in the exception's MRO), by the
+# error code or HTTP status a store answered, and by errno. Names, not imports: a program that never
+# touches a bucket does not load botocore or google-auth to classify its errors.
+_DETERMINISTIC_CLASSES = {
+    "botocore.exceptions.NoCredentialsError", "botocore.exceptions.PartialCredentialsError",
+    "botocore.exceptions.ProfileNotFound", "botocore.exceptions.SSLError",
+    "google.auth.exceptions.DefaultCredentialsError", "aiohttp.client_exceptions.ClientSSLError",
+}
+_TRANSIENT_CLASSES = {
+    "botocore.exceptions.ConnectionError", "botocore.exceptions.HTTPClientError",  # connection, read timeout, reset
+    "botocore.exceptions.IncompleteReadError", "requests.exceptions.ConnectionError", "requests.exceptions.Timeout",
+    "requests.exceptions.ChunkedEncodingError", "urllib3.exceptions.ProtocolError", "urllib3.exceptions.TimeoutError",
+    "aiohttp.client_exceptions.ClientConnectionError", "aiohttp.client_exceptions.ClientPayloadError",
+    "google.auth.exceptions.TransportError", "google.auth.exceptions.TimeoutError",
+}
+TRANSIENT_CODES = {"SlowDown", "Throttling", "ThrottlingException", "ThrottledException", "RequestThrottled",
+                   "RequestLimitExceeded", "TooManyRequestsException", "BandwidthLimitExceeded", "RequestTimeout",
+                   "RequestTimeoutException", "ServiceUnavailable", "InternalError", "PriorRequestNotComplete"}
+_TRANSIENT_ERRNOS = {errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNREFUSED, errno.ECONNABORTED, errno.EHOSTUNREACH,
+                     errno.ENETUNREACH, errno.ENETDOWN, errno.EAGAIN, errno.EBUSY, getattr(errno, "EREMOTEIO", errno.EIO)}
+
+
+def transient(error: BaseException) -> bool:
+    """Whether another try might succeed where `error` failed. The first exception of its chain
+    (the error, its cause, the cause's cause) that says decides: a `transient` attribute set where the
+    error was made; credentials missing, a bad profile, a bad certificate (never); a store's answer,
+    by its code (throttling, a timeout) or HTTP status (408, 429, 5xx); a connection refused, reset or
+    timed out. Anything else is deterministic: a bad path, an access denied, a bad manifest, a bug."""
+    for link in causes(error):
+        verdict = getattr(link, "transient", None)
+        if isinstance(verdict, bool):
+            return verdict
+        names = {f"{kind.__module__}.{kind.__qualname__}" for kind in type(link).__mro__}
+        if names & _DETERMINISTIC_CLASSES:
+            return False
+        if getattr(link, "retryable", None) is True:  # google-auth's RefreshError says it itself
+            return True
+        code, status = store_answer(link)
+        if code is not None or status is not None:
+            return code in TRANSIENT_CODES or status in (408, 429) or (status or 0) >= 500
+        if names & _TRANSIENT_CLASSES or isinstance(link, (ConnectionError, TimeoutError)):
+            return True
+        if isinstance(link, OSError) and link.errno in _TRANSIENT_ERRNOS:
+            return True
+    return False
+
+
+def store_answer(error: BaseException) -> tuple[str | None, int | None]:
+    """(error code, HTTP status) of a store's answer: botocore's ClientError, gcsfs's HttpError,
+    google-api-core's errors; (None, None) for anything else."""
+    response = getattr(error, "response", None)
+    if isinstance(response, dict) and isinstance(response.get("Error"), dict):  # botocore's ClientError
+        code = response["Error"].get("Code")
+        code = None if code is None else str(code)
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if not isinstance(status, int):
+            status = int(code) if code and code.isdigit() else None  # a HEAD's answer has no body: "403"
+        return code, status
+    status = getattr(error, "code", None)
+    if type(error).__module__.startswith(("gcsfs", "google.api_core")) and isinstance(status, int):
+        return None, status
+    return None, None
+
+
+def causes(error: BaseException | None):
+    """The error, then its cause (or the exception it was raised handling), and so on."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
+
+
+def _last_line(error: BaseException) -> str:
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[-1].strip()}" if lines else type(error).__name__
 
 
 def settings_message(error: ValidationError) -> str:

@@ -17,6 +17,7 @@ from tensorflow_metadata.proto.v0 import statistics_pb2
 from components.common import clock
 from components.common.content_index import parse
 from components.common.files import exists, filesystem
+from components.common.store_errors import on_root
 from components.common.trusted_index import verified
 from components.contracts import program
 from components.contracts.layout import Root
@@ -38,7 +39,8 @@ class DataCheckError(Exception):
 
 def run(argv: list[str] | None = None) -> int:
     args = program.stage_arguments("datacheck", argv)
-    return program.main("stoke datacheck", args.json, lambda: check_spans(program.stage_settings("datacheck", args)),
+    return program.main("stoke datacheck", args.json,
+                        on_root(check_spans, lambda: program.stage_settings("datacheck", args)),
                         describe, errors=(DataCheckError, ResultError, OSError))
 
 

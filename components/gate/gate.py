@@ -34,6 +34,7 @@ from components.common.files import check_writable, exists, filesystem, join, re
 from components.common.local_copies import UnsafeKey
 from components.common.repository import SAVED_MODEL, Repository, RepositoryError
 from components.common.shard_cache import CacheError, ShardCache
+from components.common.store_errors import on_root
 from components.common.tf_files import local_copy, push, tf_reads
 from components.contracts import program, schema
 from components.contracts.layout import Root, RunDir, Shard, SpanNotChecked
@@ -55,7 +56,7 @@ class GateError(Exception):
 
 def run(argv: list[str] | None = None) -> int:
     args = program.stage_arguments("gate", argv)
-    return program.main("stoke gate", args.json, lambda: gate(program.stage_settings("gate", args)),
+    return program.main("stoke gate", args.json, on_root(gate, lambda: program.stage_settings("gate", args)),
                         _describe, errors=(GateError, RepositoryError, ResultError, UnsafeKey, OSError))
 
 

@@ -38,7 +38,8 @@ class Report:
         if not self.failed:
             return None
         first, more = self.failed[0], len(self.failed) - 1
-        return f"{first.name} failed: {first.summary}" + (f" (and {more} more)" if more else "")
+        return (f"{first.name} failed: {first.summary}" + (f" (fix: {first.fix})" if first.fix else "")
+                + (f" (and {more} more)" if more else ""))
 
     def to_dict(self) -> dict:
         """The summary, as `stoke preflight --json` prints it and the train flow keeps it."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 
+from components.common.store_errors import problem
 from components.contracts import program
 from components.contracts.config import ShardCacheConfig
 from components.contracts.layout import Root
@@ -17,6 +18,7 @@ from components.contracts.results import ResultError, SpanManifest
 from components.preflight.checks import Check, Report
 from components.preflight.gpus import gpu_check, tensorflow_check
 from components.preflight.limits import cpu_check, memlock_check, open_files_check, shm_check
+from components.preflight.source import source_check
 from components.preflight.storage import disk_health, free_space, local_path, read_throughput, shard_cache, writable
 
 
@@ -24,14 +26,18 @@ def run_checks(root: str, source: str | None = None, require_gpu: bool = False,
                min_read_mbps: float | None = None, *, sample_mb: int = 256,
                mounts_text: str | None = None, sys_root: str = "/sys",
                smartctl: str = "smartctl", cache: ShardCacheConfig | None = None) -> Report:
-    """Every preflight check for training from ROOT (and ingesting from SOURCE when local)."""
+    """Every preflight check for training from ROOT and ingesting from SOURCE. SOURCE comes first, and
+    alone when it fails: a run that cannot read its input need not wait for TensorFlow's import to say so."""
+    found = [source_check(source)] if source else []
+    if found and found[0].status == "fail":
+        return Report(found)
     local_root = local_path(root)
     paths = {"ROOT": local_root} if local_root else {}
     if source and local_path(source):
         paths["source"] = local_path(source)
     manifests, broken = _manifests(root)
-    checks = _guarded("disk health", disk_health, paths, mounts_text, sys_root, smartctl) if paths else [
-        Check("disk health", "skip", f"ROOT {root} is not a local path; its store keeps its own disks")]
+    checks = found + (_guarded("disk health", disk_health, paths, mounts_text, sys_root, smartctl) if paths else [
+        Check("disk health", "skip", f"ROOT {root} is not a local path; its store keeps its own disks")])
     checks.append(_guarded("read throughput", read_throughput, root, manifests, sample_mb, min_read_mbps))
     checks.append(_guarded("free space", free_space, root, manifests))
     cache = cache or ShardCacheConfig()
@@ -52,7 +58,8 @@ def _guarded(name: str, check, *args):
     try:
         return check(*args)
     except Exception as e:  # a preflight must report, never stop the report
-        found = Check(name, "warn", f"could not check: {type(e).__name__}: {e}")
+        store = problem(e, *(arg for arg in args if isinstance(arg, str) and "://" in arg))
+        found = Check(name, "warn", f"could not check: {store or f'{type(e).__name__}: {e}'}")
         return [found] if name == "disk health" else found
 
 
@@ -78,7 +85,7 @@ def render(report: Report):
         table.add_column(column, overflow="fold")
     for c in report.checks:
         table.add_row(c.name, f"[{colour[c.status]}]{c.status}[/]", escape(program.printable(c.summary)),
-                      escape(c.fix or ""))
+                      escape(program.printable(c.fix or "")))
     return table
 
 
@@ -102,6 +109,8 @@ def run(argv: list[str] | None = None) -> int:
 
     code = program.main("stoke preflight", args.json, work, describe)
     if code == 0 and done[0].failed:
-        print(f"stoke preflight: {done[0].failure_line()}", file=sys.stderr, flush=True)
-        return program.FAILED
+        print(f"stoke preflight: {program.printable(done[0].failure_line())}", file=sys.stderr, flush=True)
+        # A store that did not answer may next time; a missing path or refused credentials will not.
+        transient = all(check.facts.get("transient") for check in done[0].failed)
+        return program.TRANSIENT if transient else program.FAILED
     return code

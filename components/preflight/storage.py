@@ -11,6 +11,7 @@ import uuid
 from collections import defaultdict
 
 from components.common.files import filesystem, is_local, join, protocol, read_json, uri_of
+from components.common.store_errors import problem
 from components.contracts.layout import METRICS, Root
 from components.contracts.results import SpanManifest
 from components.preflight import disks
@@ -270,7 +271,13 @@ def writable(root: str) -> Check:
     try:
         fs.pipe_file(probe, b"stoke preflight\n")
         fs.rm(probe)
-    except OSError as e:
+    except Exception as e:
+        store = problem(e, root)  # no credentials, refused ones, no such bucket: which, and what to set
+        if store is not None:
+            return Check("ROOT writable", "fail", f"cannot write under {folder}: {store.summary}", store.fix,
+                         {"path": folder, "transient": store.transient})
+        if not isinstance(e, OSError):
+            raise
         return Check("ROOT writable", "fail", f"cannot write under {folder}: {e.strerror or e}",
                      "make ROOT writable (mount it read-write, fix its owner or the bucket's permissions)",
                      {"path": folder})

@@ -22,6 +22,7 @@ import subprocess
 from components.common import clock, processes
 from components.common.files import exists, filesystem, join, read_json, remove
 from components.common.repository import ASSETS_EXTRA, LINEAGE_FILE, Repository, RepositoryError, kill_drill
+from components.common.store_errors import on_root
 from components.contracts import program
 from components.contracts.layout import WARMUP_FILE, Root, RunDir
 from components.contracts.lineage import Blessing, Lineage, LineageSpan, Pushed, PushIntent, Training
@@ -37,7 +38,7 @@ class PushError(Exception):
 
 def run(argv: list[str] | None = None) -> int:
     args = program.stage_arguments("push", argv)
-    return program.main("stoke push", args.json, lambda: push(program.stage_settings("push", args)), _describe,
+    return program.main("stoke push", args.json, on_root(push, lambda: program.stage_settings("push", args)), _describe,
                         errors=(PushError, RepositoryError, ServingError, ResultError, OSError),
                         failed=PushSummary(pushed=False))
 

@@ -26,6 +26,7 @@ import tf_keras as keras
 
 from components.common.local_copies import UnsafeKey
 from components.common.shard_scan import scan_shards
+from components.common.store_errors import on_root
 from components.contracts import presets, program
 from components.contracts.layout import RunDir, Shard
 from components.contracts.results import ResultError, TrainMetrics
@@ -46,7 +47,8 @@ def run(argv: list[str] | None = None) -> int:
     # Progress events with --json only: for people, Keras prints "Epoch N/M" itself.
     progress = program.progress_printer(as_json=True) if args.json else None
     return program.main("stoke train", args.json,
-                        lambda: train(_with_preset(program.stage_settings("train", args)), progress),
+                        on_root(lambda config: train(config, progress),
+                                lambda: _with_preset(program.stage_settings("train", args))),
                         _describe, errors=(TrainError, ResultError, UnsafeKey, OSError))
 
 

@@ -1,6 +1,9 @@
-"""One bad row, name or file is one dead letter with its reason: never a failed ingest, a traceback or a hang."""
+"""One bad row, name or file is one dead letter with its reason: never a failed ingest, a traceback or a hang.
+A SOURCE that holds no images, or a manifest without its columns, is one error line saying so."""
 import json
 import os
+
+import pytest
 
 from beam_jobs.pipeline import read_source
 from beam_jobs.sources import list_source
@@ -73,3 +76,56 @@ def test_bad_names_rows_and_fifos_end_as_dead_letters_of_one_ingest(tmp_path, ca
         ("bad-\\xff.jpg", "file name is not valid UTF-8"), ("x.png", "not a regular file")}
     code, summary = ingest(source, root, *IN_MEMORY, capsys=capsys)  # known now: nothing new
     assert code == 0 and not summary["published"]
+
+
+def _error_line(capsys) -> str:
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and "Traceback" not in captured.err
+    assert json.loads(captured.out.strip().splitlines()[-1])["error"] in captured.err
+    return captured.err.strip()
+
+
+def test_a_source_without_images_is_an_error_not_nothing_new(tmp_path, capsys):
+    """No image at all (an empty folder, one of sidecars and hidden files, an empty manifest) is its own
+    error; "nothing new" is for a SOURCE whose images are all published."""
+    source, root = tmp_path / "source", tmp_path / "root"
+    source.mkdir()
+    assert ingest(source, root, *IN_MEMORY)[0] == 1
+    assert _error_line(capsys) == (f"stoke ingest: error: SOURCE holds no images: {source} has no image files (.jpg, .png, "
+                                   ".gif, .bmp, .tiff, .webp, ...) in class folders; hidden files and sidecars (.txt, .json, "
+                                   "...) are not images")
+    for sidecar in ("cat/notes.txt", "cat/0.json", "cat/.0.jpg", ".thumbnails/cat/1.jpg"):
+        write(source / sidecar)
+    assert ingest(source, root, *IN_MEMORY)[0] == 1
+    assert "SOURCE holds no images" in _error_line(capsys)
+    (tmp_path / "m.csv").write_text("uri,label\n")
+    assert ingest(tmp_path / "m.csv", root, *IN_MEMORY)[0] == 1
+    assert "SOURCE holds no images: manifest" in _error_line(capsys)
+    assert not os.path.exists(root / "data" / "spans")
+
+    write(source / "cat" / "a.jpg", images.rgb_jpeg())
+    code, summary = ingest(source, root, *IN_MEMORY, capsys=capsys)
+    assert code == 0 and summary["published"]
+    code, summary = ingest(source, root, *IN_MEMORY, capsys=capsys)
+    assert code == 0 and not summary["published"] and "every image is already in a published span" in summary["message"]
+
+
+def test_notifications_naming_only_sidecars_are_nothing_new(tmp_path, capsys):
+    source, root = tmp_path / "source", tmp_path / "root"
+    write(source / "cat" / "notes.txt")
+    (tmp_path / "arrived").write_text(f"{source}/cat/notes.txt\n")
+    code, summary = ingest(source, root, "--arrived", str(tmp_path / "arrived"), *IN_MEMORY, capsys=capsys)
+    assert code == 0 and not summary["published"]
+
+
+@pytest.mark.parametrize("text,says", [
+    ("path,label\nbad/path,cat\n", "its header path,label has no column uri"),
+    ("uri,class\ncat/a.jpg,cat\n", "its header uri,class has no column label"),
+    ("", "has no rows"),
+])
+def test_a_manifest_without_its_columns_is_one_line_naming_them(tmp_path, capsys, text, says):
+    write(tmp_path / "cat" / "a.jpg", images.rgb_jpeg())
+    (tmp_path / "m.csv").write_text(text)
+    assert ingest(tmp_path / "m.csv", tmp_path / "root", *IN_MEMORY)[0] == 1
+    line = _error_line(capsys)
+    assert says in line and "uri,label[,split]" in line

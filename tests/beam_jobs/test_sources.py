@@ -107,3 +107,86 @@ def test_spellings_of_one_path_are_one_source_with_one_split(tmp_path):
                                                          (str(tmp_path / "img" / "b.png"), "img/b.png")]
     assert [s.split for s in listing.sources] == [split_of("a.png", 0.5), split_of("img/b.png", 0.5)]
     assert listing.rejected == []
+
+
+# ---------------------------------------------------------------- a manifest's columns
+
+
+def _rows(tmp_path, text: str, name: str = "m.csv"):
+    write(tmp_path / "img" / "a.png")
+    write(tmp_path / "img" / "b.png")
+    (tmp_path / name).write_text(text)
+    listing = list_source(str(tmp_path / name), eval_fraction=0.0)
+    return [(s.key, s.label, s.split) for s in listing.sources], [r for _, r in listing.rejected]
+
+
+@pytest.mark.parametrize("header", ["uri,label", "URI, Label", "label,uri", " uri ,label,split", "split,label,uri"])
+def test_a_header_names_the_columns_in_any_order(tmp_path, header):
+    order = [name.strip().lower() for name in header.split(",")]
+    row = {"uri": "img/a.png", "label": "cat", "split": "eval"}
+    sources, rejected = _rows(tmp_path, f"{header}\n{','.join(row[name] for name in order)}\n")
+    assert sources == [("img/a.png", "cat", "eval" if "split" in order else "train")] and rejected == []
+
+
+def test_a_csv_without_a_header_is_read_by_position(tmp_path):
+    sources, rejected = _rows(tmp_path, "img/a.png,cat\nimg/b.png,dog,eval\n")
+    assert sources == [("img/a.png", "cat", "train"), ("img/b.png", "dog", "eval")] and rejected == []
+
+
+@pytest.mark.parametrize("header,wrong", [
+    ("path,label", "has no column uri and the unknown column path"),
+    ("uri,class", "has no column label and the unknown column class"),
+    ("filename,class", "has no column uri, label and the unknown columns filename, class"),
+    ("uri,label,weight", "has the unknown column weight"),
+    ("uri,label,uri", "has uri twice"),
+    ("image", "has no column uri, label and the unknown column image"),
+])
+def test_a_header_without_the_columns_is_refused_naming_them(tmp_path, header, wrong):
+    write(tmp_path / "img" / "a.png")
+    (tmp_path / "m.csv").write_text(f"{header}\nimg/a.png,cat\n")
+    with pytest.raises(ValueError) as refused:
+        list_source(str(tmp_path / "m.csv"), 0.0)
+    assert str(refused.value) == (f"manifest {tmp_path / 'm.csv'}: its header {header} {wrong}; a manifest's columns are "
+                                  "uri,label[,split]: a first row naming them, in any order, or no header and the columns "
+                                  "in that order")
+
+
+@pytest.mark.parametrize("text", ["", "\n\n  \n", "uri,label\n", "\ufeffuri,label,split\n\n"])
+def test_a_manifest_without_rows_is_refused(tmp_path, text):
+    (tmp_path / "m.csv").write_text(text)
+    with pytest.raises(ValueError, match=f"^SOURCE holds no images: manifest {tmp_path / 'm.csv'} has no rows"):
+        list_source(str(tmp_path / "m.csv"), 0.0)
+
+
+def test_a_row_with_more_cells_than_columns_is_a_dead_letter(tmp_path):
+    sources, rejected = _rows(tmp_path, "uri,label\nimg/a.png,cat,eval\nimg/b.png,dog,\n")
+    assert sources == [("img/b.png", "dog", "train")]
+    assert rejected == ["manifest line 2 has 3 cells; its columns are uri,label"]
+
+
+def test_jsonl_keys_are_the_columns(tmp_path):
+    lines = [{"uri": "img/a.png", "label": "cat"}, {"uri": "img/b.png", "label": "dog", "weight": 2}]
+    sources, rejected = _rows(tmp_path, "".join(json.dumps(line) + "\n" for line in lines), "m.jsonl")
+    assert sources == [("img/a.png", "cat", "train")]
+    assert rejected == ["manifest row has the unknown key weight; its keys are uri,label[,split]"]
+    (tmp_path / "p.jsonl").write_text(json.dumps({"path": "img/a.png", "label": "cat"}) + "\n")
+    with pytest.raises(ValueError, match="its first row's keys path,label has no column uri and the unknown column path"):
+        list_source(str(tmp_path / "p.jsonl"), 0.0)
+
+
+def test_a_source_it_may_not_read_is_refused_not_listed_as_a_dead_letter(tmp_path, monkeypatch):
+    """Tests run as root, which reads through permissions: the folder's listing is refused here as it
+    is for another user (tests/flows/test_one_line_errors.py does it for real)."""
+    import os
+
+    write(tmp_path / "cat" / "a.png")
+    real = os.scandir
+
+    def scandir(path="."):
+        if str(path) == str(tmp_path):
+            raise PermissionError(13, "Permission denied", path)
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    with pytest.raises(PermissionError, match=f"^source {tmp_path} cannot be read: permission denied$"):
+        list_source(str(tmp_path), 0.0)

@@ -1,13 +1,19 @@
 """A stand-in stage program for tests of flows/programs.py: prints, forks, hangs or fails on request.
 
-    python -m tests.flows.stage_program ok|fail|hang PIDFILE
+    python -m tests.flows.stage_program ok|fail|transient|crash|killed|hang PIDFILE
+
+Each run appends a line to PIDFILE.runs, for tests that count retries.
 """
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
 
 mode, pidfile = sys.argv[1], sys.argv[2]
+with open(f"{pidfile}.runs", "a") as runs:
+    runs.write(f"{mode}\n")
 print("starting", flush=True)
 print("Epoch 1/2", flush=True)
 print("a line on stderr", file=sys.stderr, flush=True)
@@ -23,5 +29,12 @@ if mode == "hang":
 if mode == "fail":
     print(json.dumps({"error": "the source is empty"}), flush=True)
     sys.exit(3)
+if mode == "transient":  # components/contracts/program.py TRANSIENT
+    print(json.dumps({"error": "cannot reach S3 for bucket b (Connection reset by peer)"}), flush=True)
+    sys.exit(75)
+if mode == "killed":  # as the OOM killer ends a process
+    os.kill(os.getpid(), signal.SIGKILL)
+if mode == "crash":
+    raise RuntimeError("a bug's traceback: its last line is the reason")
 print(json.dumps({"done": True, "mode": mode}), flush=True)
 print(json.dumps({**PROGRESS, "done": 2}), flush=True)  # an event after the summary is still no summary

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import pickle
 
 import pytest
 
@@ -46,6 +47,51 @@ def test_a_failing_stage_raises_with_its_own_error_message(logger, tmp_path):
     with pytest.raises(StageError, match=r"fake failed \(exit code 3\): the source is empty") as raised:
         run_stage("fake", PROGRAM, ["fail", str(tmp_path / "pid")], timeout=60, logger=logger[0])
     assert raised.value.summary == {"error": "the source is empty"}
+
+
+@pytest.mark.parametrize("mode,transient,reason", [
+    ("fail", False, "the source is empty"),
+    ("transient", True, "cannot reach S3 for bucket b (Connection reset by peer)"),
+    ("killed", True, "killed by SIGKILL; last output: a line on stderr"),
+    ("crash", False, "RuntimeError: a bug's traceback: its last line is the reason"),
+])
+def test_a_failed_stage_says_its_own_line_and_whether_a_retry_may_help(logger, tmp_path, mode, transient, reason):
+    """The program's own error, or its last line (a crash's exception, never a traceback's middle);
+    transient when it exited 75 or a signal ended it."""
+    with pytest.raises(StageError) as raised:
+        run_stage("fake", PROGRAM, [mode, str(tmp_path / "pid")], timeout=60, logger=logger[0])
+    assert (raised.value.transient, raised.value.reason, raised.value.line) == (transient, reason, f"fake: {reason}")
+    copy = pickle.loads(pickle.dumps(raised.value))  # as Prefect may keep a failed state's exception
+    assert (type(copy), str(copy), copy.transient, copy.line) == (StageError, str(raised.value), transient, f"fake: {reason}")
+
+
+@pytest.mark.parametrize("mode,runs", [("transient", 3), ("killed", 3), ("fail", 1), ("crash", 1)])
+def test_only_transient_failures_are_retried(tmp_path, mode, runs):
+    """The flow's retry condition on a real task run: a stage that says its failure was transient is
+    run again, a deterministic failure once."""
+    from prefect import flow, task
+
+    from flows.pipeline import only_transient
+
+    @task(retries=2, retry_delay_seconds=0, retry_condition_fn=only_transient)
+    def stage():
+        return run_stage("fake", PROGRAM, [mode, str(tmp_path / "pid")], timeout=60, logger=logging.getLogger("x"))
+
+    @flow
+    def one_stage():
+        stage()
+
+    assert one_stage(return_state=True).is_failed()
+    assert (tmp_path / "pid.runs").read_text().splitlines() == [mode] * runs
+
+
+def test_a_stage_that_ran_out_of_time_is_not_retried():
+    from prefect.states import Failed
+
+    from flows.pipeline import only_transient
+
+    assert not only_transient(None, None, Failed(data=StageError("fake timed out", timed_out=True, stage="fake")))
+    assert only_transient(None, None, Failed(data=StageError("fake failed", stage="fake", transient=True)))
 
 
 def test_a_timeout_kills_the_stage_and_the_processes_it_started(logger, tmp_path):

@@ -61,3 +61,122 @@ def test_a_settings_file_with_a_key_the_stage_does_not_take_is_refused(tmp_path,
     args = program.stage_arguments("push", ["--config", str(settings), "--json"])
     assert program.main("stoke push", True, lambda: program.stage_settings("push", args), str) == program.BAD_SETTINGS
     assert capsys.readouterr().err.strip() == "stoke push: error: --epochs: no such setting"
+
+
+def _client_error(code: str, status: int, message: str = "the store's words"):
+    from botocore.exceptions import ClientError
+
+    return ClientError({"Error": {"Code": code, "Message": message}, "ResponseMetadata": {"HTTPStatusCode": status}},
+                       "ListObjectsV2")
+
+
+def _translated(code: str, status: int):
+    """A ClientError as s3fs raises it: an OSError whose __cause__ it is."""
+    from s3fs.errors import translate_boto_error
+
+    try:
+        raise translate_boto_error(_client_error(code, status))
+    except OSError as error:
+        return error
+
+
+def _errors():
+    """(error, transient) for the stores' and the system's exceptions, built from the installed libraries."""
+    import errno
+
+    import aiohttp
+    from botocore.exceptions import (
+        ConnectTimeoutError,
+        EndpointConnectionError,
+        NoCredentialsError,
+        PartialCredentialsError,
+        ProfileNotFound,
+        ReadTimeoutError,
+        SSLError,
+    )
+    from gcsfs.retry import HttpError
+    from google.api_core import exceptions as api
+    from google.auth.exceptions import DefaultCredentialsError, RefreshError, TransportError
+
+    return [
+        (NoCredentialsError(), False), (PartialCredentialsError(provider="env", cred_var="AWS_SECRET_ACCESS_KEY"), False),
+        (ProfileNotFound(profile="nope"), False), (SSLError(endpoint_url="https://s3", error="bad certificate"), False),
+        *[(_client_error(code, status), False) for code, status in
+          [("AccessDenied", 403), ("InvalidAccessKeyId", 403), ("SignatureDoesNotMatch", 403), ("NoSuchBucket", 404),
+           ("403", 403), ("NoSuchKey", 404)]],
+        *[(_client_error(code, status), True) for code, status in
+          [("SlowDown", 503), ("Throttling", 400), ("RequestTimeout", 400), ("ServiceUnavailable", 503),
+           ("InternalError", 500), ("503", 503)]],
+        (_translated("AccessDenied", 403), False), (_translated("InvalidAccessKeyId", 403), False),
+        (_translated("NoSuchBucket", 404), False), (_translated("SlowDown", 503), True),
+        (_translated("InternalError", 500), True),
+        (EndpointConnectionError(endpoint_url="http://127.0.0.1:9"), True), (ConnectTimeoutError(endpoint_url="http://s3"), True),
+        (ReadTimeoutError(endpoint_url="http://s3"), True),
+        (DefaultCredentialsError("no credentials"), False), (RefreshError("invalid_grant"), False),
+        (RefreshError("the token server is busy", retryable=True), True), (TransportError("reset"), True),
+        (HttpError({"code": 401, "message": "Anonymous caller does not have storage.objects.list access"}), False),
+        (HttpError({"code": 403, "message": "forbidden"}), False), (HttpError({"code": 429, "message": "slow down"}), True),
+        (HttpError({"code": 503, "message": "unavailable"}), True), (api.ServiceUnavailable("down"), True),
+        (api.TooManyRequests("slow down"), True), (api.Forbidden("no"), False), (api.NotFound("no bucket"), False),
+        (aiohttp.ServerDisconnectedError(), True), (ConnectionResetError(errno.ECONNRESET, "reset"), True),
+        (TimeoutError(), True), (OSError(errno.ETIMEDOUT, "timed out"), True),
+        (FileNotFoundError(errno.ENOENT, "No such file or directory", "/in"), False),
+        (PermissionError(errno.EACCES, "Permission denied", "/in"), False), (ValueError("bad manifest"), False),
+        (KeyError("a bug"), False),
+    ]
+
+
+@pytest.mark.parametrize("error,transient", _errors(), ids=lambda value: "" if isinstance(value, bool) else type(value).__name__)
+def test_a_failure_is_transient_only_when_another_try_may_not_meet_it(error, transient):
+    assert program.transient(error) is transient
+
+
+def test_the_cause_decides_and_a_verdict_set_where_the_error_was_made_wins():
+    from botocore.exceptions import EndpointConnectionError, NoCredentialsError
+
+    class StageFailed(Exception):
+        pass
+
+    try:
+        try:
+            raise EndpointConnectionError(endpoint_url="http://s3")
+        except Exception as cause:
+            raise StageFailed("the listing failed") from cause
+    except StageFailed as error:
+        assert program.transient(error)  # its cause is a connection that failed
+    try:
+        try:
+            raise EndpointConnectionError(endpoint_url="http://s3")
+        except Exception:
+            raise StageFailed("bad input") from None  # said in its own words: the cause is not its
+    except StageFailed as error:
+        assert not program.transient(error)
+    decided = StageFailed("a verdict")
+    decided.transient = True
+    decided.__cause__ = NoCredentialsError()
+    assert program.transient(decided)
+
+
+class Refused(Exception):
+    pass
+
+
+def test_a_program_exits_75_for_a_transient_failure_and_1_for_a_deterministic_one(capsys):
+    from botocore.exceptions import EndpointConnectionError, NoCredentialsError
+
+    def failing(error):
+        def work():
+            raise error
+        return work
+
+    assert program.main("stoke x", True, failing(OSError(110, "Connection timed out")), str, errors=(OSError,)) == 75
+    assert program.main("stoke x", True, failing(PermissionError(13, "Permission denied", "/in")), str,
+                        errors=(OSError,)) == program.FAILED
+    assert program.main("stoke x", True, failing(Refused("no")), str, errors=(Refused,)) == program.FAILED
+    capsys.readouterr()
+    # Not among the program's errors, and transient: still one line, and a retry.
+    assert program.main("stoke x", True, failing(EndpointConnectionError(endpoint_url="http://s3")), str) == 75
+    err = capsys.readouterr().err
+    assert err == 'stoke x: error: EndpointConnectionError: Could not connect to the endpoint URL: "http://s3"\n'
+    with pytest.raises(NoCredentialsError):  # not among them and not transient: a bug's traceback is wanted
+        program.main("stoke x", True, failing(NoCredentialsError()), str)

@@ -297,9 +297,12 @@ def span_root(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def machine_report(span_root):
+def machine_report(span_root, tmp_path_factory):
     root, _ = span_root
-    return preflight.run_checks(root, source=root, sample_mb=4)
+    source = tmp_path_factory.mktemp("preflight-source")
+    (source / "cat").mkdir()
+    (source / "cat" / "a.png").write_bytes(b"an image by its name: the check reads no pixels")
+    return preflight.run_checks(root, source=str(source), sample_mb=4)
 
 
 def test_this_machine_warns_but_does_not_fail(machine_report):
@@ -309,6 +312,7 @@ def test_this_machine_warns_but_does_not_fail(machine_report):
     assert statuses["GPU"] == "warn"  # no NVIDIA driver here
     assert statuses["TensorFlow GPUs"] == "ok"
     assert all(c.status == "warn" for c in report.checks if c.name == "disk health")
+    assert report.checks[0].name == "source" and statuses["source"] == "ok"
     assert set(statuses) >= {"disk health", "read throughput", "free space", "GPU", "TensorFlow GPUs",
                              "CPU cores", "/dev/shm", "memlock", "open files"}
     encoded = json.loads(json.dumps(report.to_dict()))

@@ -1,0 +1,178 @@
+"""A bucket's refusal as the one line a program prints: which store, which bucket, and what to set.
+
+s3fs raises botocore's exceptions (NoCredentialsError, EndpointConnectionError) or turns a ClientError
+into an OSError whose __cause__ it is; gcsfs raises google-auth's (DefaultCredentialsError, RefreshError),
+its own HttpError, or `OSError("Forbidden: ...")`. "Unable to locate credentials" alone leaves a user
+guessing whether SOURCE or ROOT failed and what to set where. Stage programs run their work inside
+`naming(ROOT)` (ingest lists SOURCE inside `naming(SOURCE)`), which turns such an exception into a
+StoreError; preflight's SOURCE check asks `problem` itself. Whether a retry could help is
+components/contracts/program.py's `transient`, the one rule the flow's retries follow.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from components.contracts.program import causes, store_answer, transient
+from components.contracts.secrets import without_secrets
+
+STORES = {"s3": "S3", "s3a": "S3", "gs": "GCS", "gcs": "GCS"}
+S3_CREDENTIALS = ("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, or run where an instance role "
+                  "provides them; for MinIO or another S3-compatible store also AWS_ENDPOINT_URL")
+GCS_CREDENTIALS = ("set GOOGLE_APPLICATION_CREDENTIALS to a service account's key file, or run `gcloud auth "
+                   "application-default login`; for an emulator STORAGE_EMULATOR_HOST")
+MISSING = {"NoCredentialsError", "PartialCredentialsError", "ProfileNotFound", "DefaultCredentialsError"}
+REFUSED = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken", "TokenRefreshRequired",
+           "AuthorizationHeaderMalformed", "RefreshError"}
+DENIED = {"AccessDenied", "AllAccessDisabled", "AccountProblem", "InvalidObjectState", "403"}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What failed on which bucket, and what fixes it; `transient` when another try may succeed."""
+
+    summary: str
+    fix: str
+    transient: bool
+
+    def __str__(self) -> str:
+        return f"{self.summary}: {self.fix}"
+
+
+class StoreError(OSError):
+    """A store that refused or could not be reached; the message is the whole line (an OSError, so
+    every program that lists OSError among its errors prints it as its one error line)."""
+
+    def __init__(self, problem: Problem):
+        super().__init__(str(problem))
+        self.problem, self.transient = problem, problem.transient
+
+
+@contextmanager
+def naming(*uris: str):
+    """Runs the block; a store's exception raised in it becomes a StoreError naming the bucket of
+    `uris` on that store. Everything else passes unchanged, a StoreError from an inner block too."""
+    try:
+        yield
+    except StoreError:
+        raise
+    except Exception as error:
+        found = problem(error, *uris)
+        if found is None:
+            raise
+        raise StoreError(found) from error
+
+
+def on_root(work: Callable[[Any], Any], settings: Callable[[], Any]) -> Callable[[], Any]:
+    """A stage program's work, `work(settings())`, with a bucket's refusal naming ROOT's bucket."""
+    def run():
+        config = settings()
+        with naming(config.root):
+            return work(config)
+    return run
+
+
+def info(fs, path: str) -> dict:
+    """fsspec's `info`, except that S3's answer to a HEAD, a bare 403 that cannot tell wrong credentials
+    from a refusal, is replaced by the PermissionError of a GET of the same key, whose body names it
+    (InvalidAccessKeyId, SignatureDoesNotMatch, AccessDenied)."""
+    try:
+        return fs.info(path)
+    except PermissionError:
+        try:
+            fs.cat_file(path, start=0, end=1)
+        except PermissionError as named:
+            raise named  # its __cause__ is the ClientError that says which
+        raise
+
+
+def problem(error: BaseException, *uris: str) -> Problem | None:
+    """The Problem `error` is on the bucket of `uris` it came from, or None when it is no store's
+    credentials, permissions, missing bucket, answer or connection (a missing object, say)."""
+    store = _store(error, uris)
+    if store is None:
+        return None
+    where, code, status = _buckets(store, uris), *_answer(error)
+    names = {kind.__name__ for link in causes(error) for kind in type(link).__mro__}
+    said = _said(error, code)
+    if names & MISSING or (store == "GCS" and status == 401 and "Anonymous caller" in said):
+        return Problem(f"no {store} credentials for {where}" + ("" if "Unable to locate" in said else f" ({said})"),
+                       _credentials(store), False)
+    if code == "403":  # a HEAD's answer has no body to tell wrong credentials from a refusal
+        return Problem(f"{store} refused access to {where} (403 Forbidden: wrong credentials, or ones that may not "
+                       "read it)", f"{_credentials(store)}; {_grant(store)}", False)
+    if code in REFUSED or names & REFUSED or status == 401:
+        return Problem(f"{store} refused the credentials for {where} ({said})", f"check them: {_credentials(store)}",
+                       transient(error))
+    if code in DENIED or status == 403 or (store == "GCS" and str(error).startswith("Forbidden")):
+        return Problem(f"{store} denied access to {where} ({said})", _grant(store), False)
+    if code == "NoSuchBucket":
+        return Problem(f"{store} {where} does not exist", "check its name" + _endpoint(store), False)
+    if transient(error):
+        what = f"{store} is busy or unavailable for {where}" if status else f"cannot reach {store} for {where}"
+        return Problem(f"{what} ({said})", "check the network and the store's status" + _endpoint(store), True)
+    return None
+
+
+def _store(error: BaseException, uris: tuple[str, ...]) -> str | None:
+    """"S3" or "GCS": the library that raised it; else, for an error that names no local file (gcsfs's
+    `OSError("Forbidden: ...")`, aiohttp's connection errors), the one bucket store among `uris`."""
+    for link in causes(error):
+        module = type(link).__module__
+        if module.startswith(("botocore", "aiobotocore", "s3fs", "boto3")):
+            return "S3"
+        if module.startswith(("google", "gcsfs")):
+            return "GCS"
+    stores = {STORES[scheme] for scheme in map(_scheme, uris) if scheme in STORES}
+    plain = type(error).__module__.startswith("aiohttp") or (
+        isinstance(error, (OSError, TimeoutError)) and error.filename is None and error.filename2 is None)
+    return stores.pop() if len(stores) == 1 and plain else None
+
+
+def _buckets(store: str, uris: tuple[str, ...]) -> str:
+    names = sorted({uri.split("://", 1)[1].split("/", 1)[0] for uri in uris if STORES.get(_scheme(uri)) == store})
+    return f"bucket{'s' * (len(names) > 1)} {' and '.join(names)}" if names else "its buckets"
+
+
+def _scheme(uri: str) -> str:
+    return uri.split("://", 1)[0].lower() if "://" in uri else ""
+
+
+def _answer(error: BaseException) -> tuple[str | None, int | None]:
+    for link in causes(error):
+        code, status = store_answer(link)
+        if code is not None or status is not None:
+            return code, status
+    return None, None
+
+
+def _said(error: BaseException, code: str | None) -> str:
+    """The store's own words, one line: `InvalidAccessKeyId: The AWS Access Key Id ...`."""
+    for link in causes(error):
+        response = getattr(link, "response", None)
+        message = response.get("Error", {}).get("Message") if isinstance(response, dict) else None
+        if message:  # botocore's ClientError: its Message, without "An error occurred (...) when calling ..."
+            return f"{code}: {message}" if code and not code.isdigit() else message
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    said = lines[-1] if lines else type(error).__name__
+    return f"{code}: {said}" if code and not code.isdigit() and code not in said else said
+
+
+def _credentials(store: str) -> str:
+    return S3_CREDENTIALS if store == "S3" else GCS_CREDENTIALS
+
+
+def _grant(store: str) -> str:
+    if store == "S3":
+        return ("grant the credentials in use s3:ListBucket and s3:GetObject on the bucket, and s3:PutObject and "
+                "s3:DeleteObject under ROOT")
+    return "grant the account in use roles/storage.objectViewer on the bucket, roles/storage.objectAdmin on ROOT's"
+
+
+def _endpoint(store: str) -> str:
+    """The endpoint a user set, which points bucket names at another store (MinIO, an emulator)."""
+    name = "AWS_ENDPOINT_URL" if store == "S3" else "STORAGE_EMULATOR_HOST"
+    return f" and {name} (now {without_secrets(os.environ[name])})" if os.environ.get(name) else ""
