@@ -20,7 +20,7 @@ PresetName = Literal["production", "cpu", "demo"]
 PRESETS: dict[str, dict[str, dict]] = {
     "production": {"train": {"network": "efficientnet_b0", "weights": "imagenet", "image_size": 224, "epochs": 30,
                              "flip": True, "input_probe_steps": 30}},
-    "cpu": {"train": {"network": "small_cnn", "weights": "none", "image_size": 96, "min_steps": 600, "flip": True,
+    "cpu": {"train": {"network": "small_cnn", "weights": "none", "image_size": 64, "min_steps": 600, "flip": True,
                       "input_probe_steps": 10}},
     "demo": {"train": {"network": "small_cnn", "weights": "none", "image_size": 32, "epochs": 8, "flip": False,
                        "input_probe_steps": 10, "batch_size": 32}},

@@ -54,10 +54,10 @@ def initial_weights(weights: str | None, network: str, timeout: float = FETCH_TI
 
 
 def keras_homes() -> list[str]:
-    """Where Keras keeps its cache: $KERAS_HOME, else ~/.keras; and /tmp/.keras, where tf_keras falls back
-    when that is not writable."""
+    """Where Keras keeps its cache: $KERAS_HOME, else ~/.keras; then /tmp/.keras, where tf_keras puts
+    its downloads when that is not writable."""
     home = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
-    return [home, os.path.join("/tmp", ".keras")]
+    return [home] if os.access(home, os.W_OK) else [home, os.path.join("/tmp", ".keras")]
 
 
 def imagenet_file(network: str, timeout: float = FETCH_TIMEOUT_SECONDS, origin: str | None = None) -> str:
