@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from components.contracts.results import GateResult, TrainMetrics
+from components.contracts.results import Collapse, GateResult, TrainMetrics
 from components.report.alerts import alerts
 
 SAMPLES = Path(__file__).parents[1] / "contracts" / "samples"
@@ -12,7 +12,7 @@ SAMPLES = Path(__file__).parents[1] / "contracts" / "samples"
 
 def _collapsed() -> GateResult:
     gate = GateResult.read(str(SAMPLES / "gate.json"))
-    return gate.model_copy(update={"collapse": {"label": "cat", "answered": 15, "actual": 5, "example_count": 15}})
+    return gate.model_copy(update={"collapse": Collapse(label="cat", answered=15, actual=5, example_count=15)})
 
 
 def test_a_collapse_from_scratch_points_to_pretrained_weights_and_the_cpu_preset():

@@ -33,7 +33,7 @@ def test_flat_at_the_majority_while_train_rises(val, train, flat):
     read = []
     found = run_warnings.learned_nothing(history(val, train), 19, lambda: read.append(1) or EVAL_LABELS)
     assert found == ((0, 7) if flat else None)
-    assert read == ([] if max(val) - min(val) > 2 / 19 else [1])  # labels read only when eval is flat
+    assert read == ([1] if len(val) > 1 and max(val) - min(val) <= 2 / 19 else [])  # read only when eval is flat
 
 
 def _constant_image() -> bytes:
@@ -51,7 +51,7 @@ def test_a_run_that_learned_nothing_says_so_with_the_fix(tmp_path, capsys):
                TRAIN_LABELS, {"train": 2, "eval": 1})
     code = train.run(["--root", root, *TINY, "--run-id", "flat", "--epochs", "4", "--seed", "1",
                       "--input-probe-steps", "0", "--json"])
-    out, err = capsys.readouterr()
+    out = capsys.readouterr().out
     assert code == 0
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["history"]["accuracy"][-1] > 0.6  # it learned the training images
@@ -60,7 +60,6 @@ def test_a_run_that_learned_nothing_says_so_with_the_fix(tmp_path, capsys):
     assert "the share of the eval split's most common class (red: 7 of 19)" in flat[0]
     assert "about 16 training images a class" in flat[0] and "more images a class" in flat[0]
     assert "more steps (train.min_steps, or train.epochs)" in flat[0]  # small_cnn from scratch
-    assert f"warning: {flat[0]}" in err  # stoke train says it too
 
 
 def test_the_advice_follows_the_settings():
