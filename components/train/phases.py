@@ -21,8 +21,9 @@ during the head phase would keep a single optimizer, but would still compute the
 gradients, and scaling gradients instead is no substitute: Adam's step does not shrink with them.)
 Epoch numbers run on (the second fit starts at `initial_epoch`), so Keras, TensorBoard and the progress
 events count 1..epochs. Each phase backs up into a folder of its own (RunDir.phase_backup); the head
-phase keeps its backup when it ends, so a rerun of a run killed while fine-tuning restores the finished
-head phase (its fit runs no epoch), then the fine-tuning phase's own backup, and goes on where it was.
+phase backs up once more as it ends and keeps that backup, so a rerun of a run killed while fine-tuning
+restores the finished head phase (its fit runs no epoch), then the fine-tuning phase's own backup, and
+goes on where it was.
 """
 from __future__ import annotations
 
@@ -87,13 +88,24 @@ def prepare(model, phase: Phase, config: TrainSettings, num_classes: int, jit_co
                              config.steps_per_execution)
 
 
-def backup_folder(work: RunDir, phases: list[Phase], phase: Phase) -> str:
-    return work.backup if len(phases) == 1 and phase.name == "all" else work.phase_backup(phase.name)
+def backup(config: TrainSettings, work: RunDir, phases: list[Phase], phase: Phase):
+    """The phase's BackupAndRestore: into `backup` for a run of one phase, else the phase's own folder;
+    a phase before the last keeps its backup, finished, when it ends."""
+    import tf_keras as keras
 
+    class KeptBackup(keras.callbacks.BackupAndRestore):
+        """Backs up once more as the phase ends, whatever the save frequency, so that a rerun restores the
+        phase finished rather than redoing its last steps; and keeps that backup."""
 
-def keeps_backup(phases: list[Phase], phase: Phase) -> bool:
-    """A phase before the last keeps its backup when it ends: a rerun restores it instead of redoing it."""
-    return phase is not phases[-1]
+        def on_train_end(self, logs=None):
+            if self.save_freq != "epoch" and self._batches_count:  # steps since the last backup
+                self._backup(epoch=self._current_epoch)
+            super().on_train_end(logs)
+
+    if phase is phases[-1]:
+        folder = work.backup if len(phases) == 1 and phase.name == "all" else work.phase_backup(phase.name)
+        return keras.callbacks.BackupAndRestore(folder, save_freq=config.backup_every or "epoch")
+    return KeptBackup(work.phase_backup(phase.name), save_freq=config.backup_every or "epoch", delete_checkpoint=False)
 
 
 def drop_backups(work: RunDir, run: RunDir, phases: list[Phase]) -> None:

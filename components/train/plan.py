@@ -57,6 +57,7 @@ class RunPlan:
     phases: list  # components/train/phases.py Phase: one from scratch, head then fine_tune from pretrained weights
     staging: dict | None  # the shard cache's report, when ROOT is read through local copies
     data_service: dict | None = None  # the tf.data service training reads from: address, mode, workers
+    start: str | None = None  # the weights file the network starts from (components/train/weights.py); None: scratch
 
     @property
     def replicas(self) -> int:
@@ -66,10 +67,13 @@ class RunPlan:
 def resolve(config: TrainSettings) -> RunPlan:
     """The plan of the run `config` asks for, or a TrainError saying why it cannot run."""
     from components.train import eval_batches, phases, remote_root
+    from components.train.weights import initial_weights
 
     placement = place(config)
     service = data_service(config)
     run, train_shards, eval_shards, labels = find_data(config)
+    # Before staging a shard or building a dataset: a run that cannot have its weights stops in seconds.
+    start = initial_weights(config.weights, config.network)
     try:
         train_shards, eval_shards, staging = remote_root.stage(config, train_shards, eval_shards,
                                                                placement.workers, placement.pipeline)
@@ -93,7 +97,7 @@ def resolve(config: TrainSettings) -> RunPlan:
         corrupt=corrupt, batch_size=batch_size, global_batch=global_batch, steps_per_epoch=steps_per_epoch,
         validation_steps=eval_batches.steps(eval_counts, placement.workers, global_batch),
         eval_records=sum(eval_counts), train_records=train_records, epochs=epochs, total=epochs * steps_per_epoch,
-        data_service=service, staging=staging, phases=phases.plan_phases(config, epochs, steps_per_epoch))
+        data_service=service, staging=staging, phases=phases.plan_phases(config, epochs, steps_per_epoch), start=start)
 
 
 def run_epochs(config: TrainSettings, steps_per_epoch: int) -> int:

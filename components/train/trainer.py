@@ -65,11 +65,9 @@ def train(config: TrainSettings, progress: Callable[[Progress], None] | None = N
     """Trains per `config` and returns the summary (also written to metrics.json by the chief);
     the chief hands `progress` an event at the end of each epoch."""
     from components.train.export import export_candidate
-    from components.train.weights import initial_weights
 
-    start = initial_weights(config.weights, config.network)  # first: a run without its weights stops in seconds
     plan = resolve(config)
-    model, train_data, eval_data = build(config, plan, start)
+    model, train_data, eval_data = build(config, plan)
     # Other workers write their copies into a scratch folder of the same layout, deleted at the end.
     scratch = [] if plan.placement.is_chief else [tempfile.mkdtemp(prefix="stoke-worker-")]
     mine = plan.work if plan.placement.is_chief else RunDir(scratch[0])
@@ -84,7 +82,7 @@ def train(config: TrainSettings, progress: Callable[[Progress], None] | None = N
         probe = input_probe(model, plan.placement.strategy, plan.train_shards, config, plan.global_batch,
                             plan.placement.workers, real_step_seconds=fitted.step_seconds,
                             steps=fitted.total_steps - fitted.resumed_from_step)
-    metrics = summarize(config, plan, fitted, probe, _service_at_end(plan.data_service), start)
+    metrics = summarize(config, plan, fitted, probe, _service_at_end(plan.data_service))
     if plan.placement.is_chief:
         remote_root.upload_candidate(plan.work, plan.run)
         _plot_curves(fitted.history, plan.run.curves)
@@ -94,8 +92,8 @@ def train(config: TrainSettings, progress: Callable[[Progress], None] | None = N
     return metrics.to_json()
 
 
-def build(config: TrainSettings, plan: RunPlan, start: str | None):
-    """The model, from the `start` weights file or from scratch, and the distributed train and eval datasets
+def build(config: TrainSettings, plan: RunPlan):
+    """The model, from the plan's weights file or from scratch, and the distributed train and eval datasets
     (None without eval records); each phase compiles the model itself (components/train/phases.py)."""
     from components.train import models, phases
 
@@ -105,7 +103,7 @@ def build(config: TrainSettings, plan: RunPlan, start: str | None):
                  if plan.validation_steps else None)
     with strategy.scope():
         try:
-            model = models.build_model(config.network, len(plan.labels), config.image_size, start,
+            model = models.build_model(config.network, len(plan.labels), config.image_size, plan.start,
                                        fine_tuning=phases.pretrained(config))
         except ValueError as exc:
             raise TrainError(str(exc)) from None
@@ -217,9 +215,7 @@ def _callbacks(config: TrainSettings, plan: RunPlan, phase, mine: RunDir, profil
     from components.train import phases, recipe
 
     callbacks = [
-        keras.callbacks.BackupAndRestore(phases.backup_folder(plan.work, plan.phases, phase),
-                                         save_freq=config.backup_every or "epoch",
-                                         delete_checkpoint=not phases.keeps_backup(plan.phases, phase)),
+        phases.backup(config, plan.work, plan.phases, phase),
         resume,
         ReplicaStatistics(),
         keras.callbacks.TensorBoard(mine.tensorboard, profile_batch=profiled),
@@ -249,7 +245,7 @@ def _service_at_end(service: dict | None) -> dict | None:
 
 
 def summarize(config: TrainSettings, plan: RunPlan, fitted: Fitted, probe: dict,
-              data_service: dict | None = None, start: str | None = None) -> TrainMetrics:
+              data_service: dict | None = None) -> TrainMetrics:
     """The run's TrainMetrics, as metrics.json holds them."""
     from components.train import run_warnings
 
@@ -288,7 +284,7 @@ def summarize(config: TrainSettings, plan: RunPlan, fitted: Fitted, probe: dict,
         "best_epoch": _best_epoch(epochs, first=fitted.resumed_from_step // plan.steps_per_epoch + 1),
         "warnings": run_warnings.warnings(config, plan, epochs),
         "weights": config.weights,
-        "weights_file": start,
+        "weights_file": plan.start,
         "phases": fitted.phases,
         "input": probe,
         "data_service": data_service,

@@ -1,8 +1,9 @@
 """The weights a run starts from: none, a local Keras .h5 file, or keras.applications' ImageNet weights.
 
-Settled first, before the devices, the spans or any dataset: a run that cannot have its weights stops
-in seconds with one line naming the ways out, instead of after staging shards or, worse, training
-from scratch a network that needs millions of images. ImageNet weights come from the Keras cache
+Settled with the plan (components/train/plan.py), once the spans are found and before any shard is
+staged or dataset built: a run that cannot have its weights stops in seconds with one line naming the
+ways out, instead of after staging shards or, worse, training from scratch a network that needs
+millions of images. ImageNet weights come from the Keras cache
 when a copy there matches keras.applications' hash (trusted on the hash, not on the name), else from
 keras.applications' own address, with a socket timeout: a machine behind a firewall that drops
 packets waits seconds, not the minutes of the system's default.

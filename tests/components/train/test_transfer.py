@@ -62,23 +62,30 @@ def _summary(capsys, root, *args) -> dict:
 
 @pytest.fixture(scope="module")
 def resumed(small_spans_root, backbone_file) -> dict:
-    """A run fine-tuned from the file, killed while fine-tuning (SIGKILL, no cleanup), then run again."""
-    args = ["--run-id", "resume-fine", "--weights", backbone_file, "--epochs", "3", "--backup-every", "2"]
-    killed = subprocess.Popen([sys.executable, "-m", "components.train", "--root", small_spans_root, *NET, "--json",
-                               *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=_env(STOKE_KILL_AT_STEP="11"))  # the head's 6 steps, then 5 of fine-tuning
+    """A run fine-tuned from the file, mirrored over two logical CPUs in mixed bfloat16 with the weight
+    average, killed while fine-tuning (SIGKILL, no cleanup), then run again."""
+    args = ["--run-id", "resume-fine", "--weights", backbone_file, "--epochs", "3", "--backup-every", "2",
+            "--strategy", "mirrored", "--cpu-devices", "2", "--precision", "mixed_bfloat16", "--ema"]
+
+    def spawn(**env):
+        return subprocess.Popen([sys.executable, "-m", "components.train", "--root", small_spans_root, *NET, "--json",
+                                 *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(**env))
+
+    killed = spawn(STOKE_KILL_AT_STEP="8")  # a global batch of 16: the head's 3 steps, then 5 of fine-tuning
     killed.communicate(timeout=600)
     backup = os.path.join(small_spans_root, "runs", "resume-fine", "backup")
     left = sorted(os.listdir(backup))
-    assert train.run(["--root", small_spans_root, *NET, *args]) == 0
-    with open(os.path.join(small_spans_root, "runs", "resume-fine", "metrics.json")) as f:
-        return {"killed": killed.returncode, "left": left, "summary": json.load(f), "backup": backup}
+    out, err = spawn().communicate(timeout=600)
+    assert out.strip(), err[-3000:]
+    return {"killed": killed.returncode, "left": left, "summary": json.loads(out.strip().splitlines()[-1]),
+            "backup": backup}
 
 
 def test_a_local_backbone_is_fine_tuned_head_first_then_all_of_it(resumed, backbone_file):
     summary = resumed["summary"]
     head, fine = summary["phases"]
-    steps = 48 // 8
+    steps = 48 // 16
+    assert (summary["strategy"], summary["replicas"], summary["precision"]) == ("mirrored", 2, "mixed_bfloat16")
     assert (head["name"], head["epochs"], head["first_epoch"], head["steps"]) == ("head", 1, 1, steps)  # a third
     assert (fine["name"], fine["epochs"], fine["first_epoch"], fine["steps"]) == ("fine_tune", 2, 2, 2 * steps)
     assert (head["peak_learning_rate"], fine["peak_learning_rate"]) == (3e-3, 1e-4)
@@ -100,10 +107,10 @@ def test_a_run_killed_while_fine_tuning_resumes_fine_tuning(resumed):
     assert resumed["killed"] == -signal.SIGKILL and resumed["left"] == ["fine_tune", "head"]
     summary = resumed["summary"]
     head, fine = summary["phases"]
-    assert head["resumed_from_step"] == 6  # finished: its fit restored it and ran no epoch
-    assert fine["resumed_from_step"] == 4  # the fine-tuning backup before the kill
-    assert summary["resumed_from_step"] == 10 and summary["total_steps"] == 18
-    assert len(summary["history"]["loss"]) == 2  # fine-tuning's epochs 2 and 3: it had not finished epoch 2
+    assert head["resumed_from_step"] == 3  # finished: its fit restored it and ran no epoch
+    assert fine["resumed_from_step"] == 4  # the fine-tuning backup before the kill, one step into epoch 3
+    assert summary["resumed_from_step"] == 7 and summary["total_steps"] == 9
+    assert len(summary["history"]["loss"]) == 1  # the rest of epoch 3
     assert max(summary["history"]["learning_rate"]) <= 1e-4  # the fine-tuning schedule's, not the head's
     assert not os.listdir(resumed["backup"])  # the kept head backup goes once the run is done
 
@@ -140,7 +147,7 @@ def test_imagenet_weights_that_cannot_be_had_stop_the_run_in_one_line_before_any
                             f"({tmp_path / 'keras' / 'models' / 'efficientnetb0_notop.h5'})")
     for way_out in ("--weights PATH (train.weights=PATH", "--weights none", "--preset cpu"):
         assert way_out in error
-    assert not os.path.exists(os.path.join(small_spans_root, "runs", "no-weights"))  # nothing built or written
+    assert os.listdir(os.path.join(small_spans_root, "runs", "no-weights")) == []  # nothing built or written
     assert not os.listdir(tmp_path / "keras" / "models")  # no half-downloaded file left
 
 
