@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import tf_keras as keras
+
 from components.common.files import exists, remove
 from components.contracts.layout import RunDir
 from components.contracts.run_config import TrainSettings
@@ -88,24 +90,26 @@ def prepare(model, phase: Phase, config: TrainSettings, num_classes: int, jit_co
                              config.steps_per_execution)
 
 
-def backup(config: TrainSettings, work: RunDir, phases: list[Phase], phase: Phase):
-    """The phase's BackupAndRestore: into `backup` for a run of one phase, else the phase's own folder;
-    a phase before the last keeps its backup, finished, when it ends."""
-    import tf_keras as keras
+class KeptBackup(keras.callbacks.BackupAndRestore):
+    """The backup of a phase before the last: it backs up once more as the phase ends, whatever the save
+    frequency, and keeps that backup, so that a rerun restores the phase finished instead of redoing it."""
 
-    class KeptBackup(keras.callbacks.BackupAndRestore):
-        """Backs up once more as the phase ends, whatever the save frequency, so that a rerun restores the
-        phase finished rather than redoing its last steps; and keeps that backup."""
+    def __init__(self, folder: str, save_freq):
+        super().__init__(folder, save_freq=save_freq, delete_checkpoint=False)
 
-        def on_train_end(self, logs=None):
-            if self.save_freq != "epoch" and self._batches_count:  # steps since the last backup
-                self._backup(epoch=self._current_epoch)
-            super().on_train_end(logs)
+    def on_train_end(self, logs=None):
+        if self.save_freq != "epoch" and self._batches_count:  # steps since the last backup
+            self._backup(epoch=self._current_epoch)
+        super().on_train_end(logs)
 
-    if phase is phases[-1]:
-        folder = work.backup if len(phases) == 1 and phase.name == "all" else work.phase_backup(phase.name)
-        return keras.callbacks.BackupAndRestore(folder, save_freq=config.backup_every or "epoch")
-    return KeptBackup(work.phase_backup(phase.name), save_freq=config.backup_every or "epoch", delete_checkpoint=False)
+
+def backup(config: TrainSettings, work: RunDir, phases: list[Phase], phase: Phase) -> keras.callbacks.Callback:
+    """The phase's BackupAndRestore: into `backup` for a run of one phase, else into the phase's own folder."""
+    save_freq = config.backup_every or "epoch"
+    if phase is not phases[-1]:
+        return KeptBackup(work.phase_backup(phase.name), save_freq)
+    folder = work.backup if len(phases) == 1 and phase.name == "all" else work.phase_backup(phase.name)
+    return keras.callbacks.BackupAndRestore(folder, save_freq=save_freq)
 
 
 def drop_backups(work: RunDir, run: RunDir, phases: list[Phase]) -> None:
