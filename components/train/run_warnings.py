@@ -19,12 +19,7 @@ RISE = 0.1
 
 def warnings(config: TrainSettings, plan, history: dict) -> list[str]:
     """The run's warnings, for metrics.json (`plan`: the RunPlan)."""
-    from components.train.recipe import MIN_STEPS
-
-    found = []
-    if config.weights == "none" and plan.total < MIN_STEPS:
-        found.append(f"only {plan.total} training steps: a model trained from scratch rarely converges in fewer "
-                     f"than {MIN_STEPS}; train more epochs, or on more data")
+    found = short_run_warnings(plan.total, config.weights)
     flat = learned_nothing(history, plan.eval_records, lambda: eval_labels(plan.eval_shards, config.skip_corrupt))
     if flat:
         per_class = round(plan.train_records / len(plan.labels)) if plan.labels else None
@@ -36,6 +31,16 @@ def warnings(config: TrainSettings, plan, history: dict) -> list[str]:
                      "classes apart. " + advice.in_words(*advice.causes_and_fixes(config.network, config.weights,
                                                                                   per_class)))
     return found
+
+
+def short_run_warnings(total_steps: int, weights: str | None) -> list[str]:
+    """A run from scratch of fewer steps than models need to converge."""
+    from components.train.recipe import MIN_STEPS
+
+    if weights == "none" and total_steps < MIN_STEPS:
+        return [f"only {total_steps} training steps: a model trained from scratch rarely converges in fewer "
+                f"than {MIN_STEPS}; train more epochs, or on more data"]
+    return []
 
 
 def learned_nothing(history: dict, eval_records: int, labels) -> tuple[int, int] | None:
