@@ -36,7 +36,7 @@ def main() -> int:
         write_span(root, Path(tmp) / "photos")
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
         out = subprocess.run(
-            [sys.executable, "-m", "flows.cli", "train", "--root", root, "--network", args.network,
+            [sys.executable, "-m", "flows.cli", "train", "--root", root, "--network", args.network, "--weights", "none",
              "--image-size", str(args.image_size), "--batch-size", str(args.batch_size), "--epochs", "1",
              "--steps-per-epoch", str(args.steps), "--input-probe-steps", str(args.steps), "--run-id", "bench",
              "--json"], capture_output=True, text=True, env=env)

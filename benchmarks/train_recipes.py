@@ -37,7 +37,7 @@ VARIANTS = {
 }
 DATASETS = {
     "digits": ["--preset", "demo"],
-    "textures": ["--network", "small_cnn", "--image-size", "64", "--epochs", "12", "--flip"],
+    "textures": ["--network", "small_cnn", "--weights", "none", "--image-size", "64", "--epochs", "12", "--flip"],
 }
 
 

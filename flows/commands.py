@@ -296,7 +296,9 @@ def _banner(args: argparse.Namespace, config: RunConfig, home: str, url: str, lo
             f"and watch-bucket/poll (every {args.poll_seconds:g} s"
             + (f", reading {args.notifications}" if args.notifications else "")
             + f") for {config.source} -> {config.root}.\n"
-            f"A run trains {train.network} at {train.image_size} px for {train.epochs} epochs (preset {config.preset}; "
+            f"A run trains {train.network} at {train.image_size} px for "
+            + (f"{train.epochs} epochs" if train.epochs else f"at least {train.min_steps} steps")
+            + f" (preset {config.preset}; "
             "--preset, --config and --set change it). watch-bucket asks for a run as soon as SOURCE holds files "
             "no published span has, so the first one may start now.\n"
             f"From another shell:\n  export PREFECT_API_URL={url}/api\n{auth}  "

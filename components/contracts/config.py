@@ -148,16 +148,29 @@ class TrainConfig(BaseModel):
     model_config = SETTINGS_CONFIG
 
     network: Network | None = Field(None, description="network to train (default: the preset's)")
-    weights: str = Field(
-        "none", description="initial weights: none, imagenet (keras.applications networks; downloads them) or the "
-        "path of a local Keras weights file (.h5), e.g. one keras.applications downloaded, for offline fine-tuning")
+    weights: str | None = Field(
+        None, description="initial weights: none (from scratch), imagenet (keras.applications' ImageNet weights, from "
+        "the Keras cache ~/.keras/models or downloaded) or the path of a local Keras .h5 weights file, e.g. the "
+        "*_notop.h5 keras.applications downloads, for offline fine-tuning (default: the preset's)")
     image_size: int | None = Field(None, gt=0, description="side of the square input image in pixels "
                                    "(default: the preset's)")
     batch_size: int | None = Field(
         None, gt=0, description="batch size per replica (the global batch scales with replicas); default 64, "
         f"halved down to {SMALL_BATCH} while an epoch would have fewer than {MIN_STEPS_PER_EPOCH} steps")
-    epochs: int | None = Field(None, gt=0, description="passes over the training split (default: the preset's)")
-    learning_rate: float = Field(3e-3, ge=0, description="peak learning rate (0 trains nothing: a control run)")
+    epochs: int | None = Field(None, gt=0, description="passes over the training split (default: the preset's; "
+                               "unset, the fewest that make train.min_steps steps)")
+    min_steps: int | None = Field(
+        None, gt=0, description="with train.epochs unset: train the fewest whole epochs that make at least this many "
+        "optimizer steps, so a few hundred images get as many steps as thousands (default: the preset's)")
+    learning_rate: float = Field(3e-3, ge=0, description="peak learning rate (0 trains nothing: a control run); "
+                                 "with pretrained weights, the head phase's")
+    head_epochs: int | None = Field(
+        None, ge=0, description="with pretrained weights: the first this many epochs train the new head alone, the "
+        "backbone frozen; the rest fine-tune the backbone too (default: a third of the epochs, rounded up; 0: no head "
+        "phase; all the epochs: the head alone)")
+    fine_tune_learning_rate: float = Field(
+        1e-4, ge=0, description="with pretrained weights: peak learning rate once the backbone is unfrozen, "
+        "far below the head's so the pretrained features change little")
     schedule: Literal["cosine", "constant"] = Field(
         "cosine", description="cosine: linear warm-up, then cosine decay to a hundredth of the peak at the last step")
     lr_warmup_epochs: float = Field(1.0, ge=0, description="epochs of the learning rate's linear warm-up "

@@ -274,6 +274,11 @@ class RunDir:
         """Where the flow keeps a stage program's JSON summary."""
         return join(self.uri, "summaries", f"{stage}.json")
 
+    def phase_backup(self, phase: str) -> str:
+        """The backup of one phase of a run fine-tuned from pretrained weights (backup/head, backup/fine_tune);
+        a run in one phase backs up into `backup` itself."""
+        return join(self.backup, phase)
+
 
 @dataclasses.dataclass(frozen=True)
 class Shard:

@@ -10,14 +10,19 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-# production: real photos on an accelerator. demo: the 1,797 digits of `make run` at 32 px, seconds
-# per epoch on a CPU (400 steps at batch 32: 0.96-0.98 eval accuracy, docs/train.md); no flips, since
-# a mirrored digit is another glyph.
-PresetName = Literal["production", "demo"]
+# production: real photos on an accelerator, fine-tuned from ImageNet weights, since a few hundred or
+# thousand photos are far too few to train efficientnet_b0 from scratch (components/train/phases.py:
+# the head first, then the backbone at a lower rate). cpu: photos on a CPU, in minutes, from scratch:
+# a small network at a small size, and enough optimizer steps however few the photos (docs/train.md).
+# demo: the 1,797 digits of `make run` at 32 px, seconds per epoch on a CPU (400 steps at batch 32:
+# 0.96-0.98 eval accuracy, docs/train.md); no flips, since a mirrored digit is another glyph.
+PresetName = Literal["production", "cpu", "demo"]
 PRESETS: dict[str, dict[str, dict]] = {
-    "production": {"train": {"network": "efficientnet_b0", "image_size": 224, "epochs": 30, "flip": True,
-                             "input_probe_steps": 30}},
-    "demo": {"train": {"network": "small_cnn", "image_size": 32, "epochs": 8, "flip": False,
+    "production": {"train": {"network": "efficientnet_b0", "weights": "imagenet", "image_size": 224, "epochs": 30,
+                             "flip": True, "input_probe_steps": 30}},
+    "cpu": {"train": {"network": "small_cnn", "weights": "none", "image_size": 64, "min_steps": 600, "flip": True,
+                      "input_probe_steps": 10}},
+    "demo": {"train": {"network": "small_cnn", "weights": "none", "image_size": 32, "epochs": 8, "flip": False,
                        "input_probe_steps": 10, "batch_size": 32}},
 }
 

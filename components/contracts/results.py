@@ -191,6 +191,21 @@ class Schedule(Result):
     ema_momentum: float | None
 
 
+class TrainPhase(Result):
+    """One phase of a run (components/train/phases.py): `all` trains everything (from scratch, say); from a
+    pretrained backbone, `head` trains the new head with the backbone frozen, then `fine_tune` all of it."""
+
+    name: Literal["all", "head", "fine_tune"]
+    epochs: int  # of this phase
+    first_epoch: int  # counted from 1 over the run
+    steps: int  # optimizer steps the phase makes
+    peak_learning_rate: float
+    warmup_steps: int
+    trainable_parameters: int
+    batch_norm: Literal["training", "inference"]  # inference: the backbone's moving statistics are kept as loaded
+    resumed_from_step: int  # of this phase, restored from its backup (0: started afresh; `steps`: done before)
+
+
 class BestEpoch(Result):
     epoch: int
     accuracy: float
@@ -229,7 +244,10 @@ class TrainMetrics(Result):
     schedule: Schedule | None = None
     seed: int | None = None
     best_epoch: BestEpoch | None = None  # by eval accuracy; the candidate is still the end of the run
-    warnings: list[str] = []  # e.g. a run too short to converge
+    warnings: list[str] = []  # e.g. a run too short to converge, or one whose eval accuracy stayed at the majority's
+    weights: str | None = None  # train.weights: none, imagenet or a path
+    weights_file: str | None = None  # the file the network started from (None: from scratch)
+    phases: list[TrainPhase] = []
     profiler: ProfilerVerdict | None = None  # None: no trace (trace_steps none) or no profile plugin
     data_service: DataServiceUse | None = None  # None: the input ran in the trainer
     staging: dict | None = None  # the shard cache's record (common/shard_cache.py); None: TensorFlow read ROOT

@@ -51,8 +51,9 @@ class RunConfig(BaseModel):
                                         "and pushes to (TF Serving's model name)")
     preset: presets.PresetName = Field(
         "production", description="values for the settings left unset: production (photos on an accelerator: "
-        "efficientnet_b0 at 224 px, flips, 30 epochs) or demo (the digits of `make run`: small_cnn at 32 px, "
-        "no flips, 8 epochs, batch 32)")
+        "efficientnet_b0 fine-tuned from ImageNet weights at 224 px, flips, 30 epochs), cpu (photos on a CPU, in "
+        "minutes: small_cnn from scratch at 64 px, flips, at least 600 steps) or demo (the digits of `make run`: "
+        "small_cnn at 32 px, no flips, 8 epochs, batch 32)")
     shard_cache: ShardCacheConfig = ShardCacheConfig()
     beam_args: BeamArgs = Field([], description="Beam options of the run's ingest, --NAME=VALUE, among those that "
                                 "size its runner (the runner itself belongs to the deployment)")

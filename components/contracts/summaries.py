@@ -19,6 +19,7 @@ from components.contracts.results import (
     Result,
     SpanCounts,
     Thresholds,
+    TrainPhase,
 )
 
 
@@ -273,6 +274,8 @@ class TrainSection(Result):
     profiler: ProfilerVerdict | None = None  # None: no trace
     data_service: DataServiceUse | None = None  # None: the input ran in the trainer
     shards: str | None = None  # how the shards reached training when ROOT is in a bucket (the shard cache)
+    weights: str | None = None  # train.weights
+    phases: list[TrainPhase] = []
 
 
 class GateSection(Result):

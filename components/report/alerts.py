@@ -1,12 +1,11 @@
 """The report's first lines: what a user must know before reading on. A model that answers one class
 learned the majority, not the pictures; the report says so, with the causes this run's settings point
-to and what to change, and repeats every warning training raised."""
+to and what to change (components/common/advice.py, as training's warnings say it), and repeats every
+warning training raised."""
 from __future__ import annotations
 
+from components.common import advice
 from components.contracts.results import GateResult, TrainMetrics
-
-# Fewer training images a class than this, and a network trained from scratch has little to learn from.
-FEW_PER_CLASS = 50
 
 
 def alerts(gate: GateResult | None, train: TrainMetrics | None, config: dict | None,
@@ -26,16 +25,7 @@ def alerts(gate: GateResult | None, train: TrainMetrics | None, config: dict | N
 def _fix(train: TrainMetrics | None, config: dict | None, train_records: int | None) -> str:
     """The likely causes, from what this run trained, and the change to try first."""
     settings = (config or {}).get("train") or {}
-    network, weights = settings.get("network") or (train.network if train else None), settings.get("weights", "none")
+    network = settings.get("network") or (train.network if train else None)
+    weights = settings.get("weights") or (train.weights if train else None) or "none"
     per_class = round(train_records / len(train.labels)) if train is not None and train.labels and train_records else None
-    causes, fixes = [], []
-    if weights == "none" and network not in (None, "small_cnn"):
-        causes.append(f"{network} trained from scratch, a network made for millions of images")
-        fixes.append("fine-tune pretrained weights (train.weights: imagenet, or a local Keras weights file), or "
-                     "`--preset cpu` (a small network trained from scratch, at a size that suits a CPU)")
-    if per_class is not None and per_class < FEW_PER_CLASS:
-        causes.append(f"about {per_class} training images a class")
-        fixes.append("more images a class")
-    if not fixes:
-        fixes.append("a smaller network (train.network: small_cnn) or more epochs (train.epochs)")
-    return (f"Likely causes: {'; '.join(causes)}. " if causes else "") + f"Try: {'; or '.join(fixes)}."
+    return advice.in_words(*advice.causes_and_fixes(network, weights, per_class))

@@ -65,7 +65,8 @@ def build_report(run: RunDir, skipped: str | None = None, failed: str | None = N
         report.train = {
             **train.model_dump(include={
                 "network", "spans", "epochs", "total_steps", "strategy", "precision", "xla", "replicas",
-                "global_batch_size", "images_per_sec", "train", "eval", "model_dir", "resumed_from_step"}),
+                "global_batch_size", "images_per_sec", "train", "eval", "model_dir", "resumed_from_step", "weights",
+                "phases"}),
             "input_bound": probe.input_bound,
             "input_images_per_sec": probe.input_images_per_sec,
             "model_images_per_sec": probe.model_images_per_sec_synthetic,
@@ -177,7 +178,9 @@ def _training_lines(t, plots: dict) -> list[str]:
              f"| {t.network} | {t.spans} | {t.epochs} | {t.total_steps} | {t.strategy} "
              f"x{t.replicas} | {t.precision} | {_num(t.images_per_sec)} | "
              f"{_num(t.eval.accuracy, 4)} | {_num(t.eval.loss, 4)} |",
-             "", f"Input: {t.verdict}", ""]
+             ""]
+    lines += [_phases_in_words(t), ""] if t.phases and t.phases[0].name != "all" else []
+    lines += [f"Input: {t.verdict}", ""]
     lines += [f"Shards: {t.shards}", ""] if t.shards else []
     if t.data_service:
         service = t.data_service
@@ -195,6 +198,16 @@ def _training_lines(t, plots: dict) -> list[str]:
                       ""]
     return lines + [f"![{name}]({os.path.basename(uri)})" for name, uri in plots.items()
                     if name in ("curves", "throughput", "gpus")] + [""]
+
+
+def _phases_in_words(t) -> str:
+    """A fine-tuned run's phases (components/train/phases.py), one clause each."""
+    said = {"head": "trained the new head alone, the backbone frozen", "fine_tune": "fine-tuned the backbone too"}
+    clauses = [f"epochs {p.first_epoch}-{p.first_epoch + p.epochs - 1} {said[p.name]} ({p.steps:,} steps, "
+               f"{p.trainable_parameters:,} trainable parameters, peak learning rate {p.peak_learning_rate:g})"
+               for p in t.phases]
+    return (f"Fine-tuned from `{t.weights}`: " + "; then ".join(clauses)
+            + "; the backbone's batch normalization kept its loaded statistics (inference mode) throughout.")
 
 
 def _pushed(push: PushSummary | None) -> bool:

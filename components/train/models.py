@@ -9,70 +9,60 @@ underflows, and the loss must see float32 values.
 """
 from __future__ import annotations
 
-import os
-
 import tf_keras as keras
 
-from components.common.files import is_uri
 from components.contracts.config import NETWORKS
 
 # Caffe-style ImageNet means (BGR) that keras.applications' ResNet50 weights were trained with.
 RESNET_MEANS_BGR = (103.939, 116.779, 123.68)
 
 
-def build_model(name: str, num_classes: int, image_size: int, weights: str = "none") -> keras.Model:
-    """A Keras model under the current global mixed-precision policy."""
+def build_model(name: str, num_classes: int, image_size: int, weights: str | None = None,
+                fine_tuning: bool = False) -> keras.Model:
+    """A Keras model under the current global mixed-precision policy, from `weights` (a local .h5
+    file, components/train/weights.py) or from scratch. `fine_tuning` runs the backbone's batch
+    normalization in inference mode for good (components/train/phases.py says why)."""
     if name not in NETWORKS:
         raise ValueError(f"unknown network {name!r}; choose one of {', '.join(NETWORKS)}")
-    init = _initial_weights(weights)
-    if name == "small_cnn" and init == "imagenet":
-        raise ValueError("small_cnn has no ImageNet weights; use --weights none or a weights file")
     inputs = keras.Input((image_size, image_size, 3), dtype="uint8", name="image")
-    shape = (image_size, image_size, 3)
     if name == "small_cnn":
         features = _small_cnn(keras.layers.Rescaling(1.0 / 255, name="rescale")(inputs))
-    elif name == "mobilenet_v3_small":
-        # The application rescales 0..255 itself (include_preprocessing); only the dtype changes here.
-        pixels = keras.layers.Rescaling(1.0, name="to_float")(inputs)
-        features = _load(lambda: keras.applications.MobileNetV3Small(
-            input_shape=shape, include_top=False, weights=init, pooling="avg",
-            include_preprocessing=True), init)(pixels)
-    elif name == "efficientnet_b0":
-        pixels = keras.layers.Rescaling(1.0, name="to_float")(inputs)
-        features = _load(lambda: keras.applications.EfficientNetB0(
-            input_shape=shape, include_top=False, weights=init, pooling="avg"), init)(pixels)
     else:
+        # The applications rescale 0..255 themselves (ResNet50 after the Caffe means below); only the dtype changes here.
         pixels = keras.layers.Rescaling(1.0, name="to_float")(inputs)
-        bgr = keras.layers.Lambda(_caffe_preprocess, name="caffe_preprocess")(pixels)
-        features = _load(lambda: keras.applications.ResNet50(
-            input_shape=shape, include_top=False, weights=init, pooling="avg"), init)(bgr)
+        if name == "resnet50":
+            pixels = keras.layers.Lambda(_caffe_preprocess, name="caffe_preprocess")(pixels)
+        base = _load(lambda: APPLICATIONS[name](shape=(image_size, image_size, 3), weights=weights), weights)
+        features = base(pixels, training=False) if fine_tuning else base(pixels)
     features = keras.layers.Dropout(0.2, name="dropout")(features)
     logits = keras.layers.Dense(num_classes, dtype="float32", name="logits")(features)
     model = keras.Model(inputs, logits, name=name)
-    if name == "small_cnn" and init:
+    if name == "small_cnn" and weights:
         # A file of a whole small_cnn (an earlier run's, say): layers match by name, the logits
         # of another number of classes are left as initialised.
-        _load(lambda: model.load_weights(init, by_name=True, skip_mismatch=True), init)
+        _load(lambda: model.load_weights(weights, by_name=True, skip_mismatch=True), weights)
     return model
 
 
-def _initial_weights(weights: str) -> str | None:
-    """None, "imagenet" or the path of a local weights file."""
-    if weights == "none":
-        return None
-    if weights == "imagenet":
-        return weights
-    if is_uri(weights) or not os.path.isfile(weights):
-        raise ValueError(f"--weights {weights}: no such local file (use none, imagenet or the path of a Keras "
-                         ".h5 weights file)")
-    if not weights.endswith(".h5"):
-        raise ValueError(f"--weights {weights}: not a Keras .h5 weights file")
-    return weights
+# The keras.applications backbones, without their classifier, pooled to one feature vector.
+APPLICATIONS = {
+    "mobilenet_v3_small": lambda shape, weights: keras.applications.MobileNetV3Small(
+        input_shape=shape, include_top=False, weights=weights, pooling="avg", include_preprocessing=True),
+    "efficientnet_b0": lambda shape, weights: keras.applications.EfficientNetB0(
+        input_shape=shape, include_top=False, weights=weights, pooling="avg"),
+    "resnet50": lambda shape, weights: keras.applications.ResNet50(
+        input_shape=shape, include_top=False, weights=weights, pooling="avg"),
+}
+
+
+def backbone(model: keras.Model) -> keras.Model | None:
+    """The pretrained part of a model build_model made: its keras.applications network (None for small_cnn)."""
+    return next((layer for layer in model.layers if isinstance(layer, keras.Model)), None)
 
 
 def _load(load, path: str | None):
     """Runs `load`; a weights file that does not fit the network is a one-line error."""
-    if path in (None, "imagenet"):
+    if path is None:
         return load()
     try:
         return load()

@@ -51,10 +51,13 @@ class RunPlan:
     steps_per_epoch: int
     validation_steps: int  # whole batches, every eval record once (components/train/eval_batches.py)
     eval_records: int
+    train_records: int
+    epochs: int  # train.epochs, or the fewest that make train.min_steps
     total: int
-    warmup: int
+    phases: list  # components/train/phases.py Phase: one from scratch, head then fine_tune from pretrained weights
     staging: dict | None  # the shard cache's report, when ROOT is read through local copies
     data_service: dict | None = None  # the tf.data service training reads from: address, mode, workers
+    start: str | None = None  # the weights file the network starts from (components/train/weights.py); None: scratch
 
     @property
     def replicas(self) -> int:
@@ -63,11 +66,14 @@ class RunPlan:
 
 def resolve(config: TrainSettings) -> RunPlan:
     """The plan of the run `config` asks for, or a TrainError saying why it cannot run."""
-    from components.train import eval_batches, recipe, remote_root
+    from components.train import eval_batches, phases, remote_root
+    from components.train.weights import initial_weights
 
     placement = place(config)
     service = data_service(config)
     run, train_shards, eval_shards, labels = find_data(config)
+    # Before staging a shard or building a dataset: a run that cannot have its weights stops in seconds.
+    start = initial_weights(config.weights, config.network)
     try:
         train_shards, eval_shards, staging = remote_root.stage(config, train_shards, eval_shards,
                                                                placement.workers, placement.pipeline)
@@ -84,14 +90,23 @@ def resolve(config: TrainSettings) -> RunPlan:
                          f"({batch_size} x {replicas} replicas); lower train.batch_size (--batch-size)")
     if config.steps_per_epoch:
         steps_per_epoch = min(steps_per_epoch, config.steps_per_epoch)
-    total = config.epochs * steps_per_epoch
+    epochs = run_epochs(config, steps_per_epoch)
     return RunPlan(
         placement=placement, run=run, work=work, labels=labels,
         train_shards=train_shards, eval_shards=eval_shards,
         corrupt=corrupt, batch_size=batch_size, global_batch=global_batch, steps_per_epoch=steps_per_epoch,
         validation_steps=eval_batches.steps(eval_counts, placement.workers, global_batch),
-        eval_records=sum(eval_counts), total=total, data_service=service, staging=staging,
-        warmup=recipe.warmup_steps(config.lr_warmup_epochs, steps_per_epoch, total) if config.schedule == "cosine" else 0)
+        eval_records=sum(eval_counts), train_records=train_records, epochs=epochs, total=epochs * steps_per_epoch,
+        data_service=service, staging=staging, phases=phases.plan_phases(config, epochs, steps_per_epoch), start=start)
+
+
+def run_epochs(config: TrainSettings, steps_per_epoch: int) -> int:
+    """train.epochs, or else the fewest whole epochs that make train.min_steps optimizer steps."""
+    if config.epochs:
+        return config.epochs
+    if not config.min_steps:
+        raise TrainError("train.epochs and train.min_steps are both unset: set one (a preset sets one of them)")
+    return -(-config.min_steps // steps_per_epoch)
 
 
 def place(config: TrainSettings) -> Placement:

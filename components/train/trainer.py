@@ -95,8 +95,9 @@ def train(config: TrainSettings, progress: Callable[[Progress], None] | None = N
 
 
 def build(config: TrainSettings, plan: RunPlan):
-    """The compiled model and the distributed train and eval datasets (None without eval records)."""
-    from components.train import models, recipe
+    """The model, from the plan's weights file or from scratch, and the distributed train and eval datasets
+    (None without eval records); each phase compiles the model itself (components/train/phases.py)."""
+    from components.train import models, phases
 
     strategy = plan.placement.strategy
     train_data = strategy.distribute_datasets_from_function(_dataset_fn(config, plan, plan.train_shards, True))
@@ -104,14 +105,10 @@ def build(config: TrainSettings, plan: RunPlan):
                  if plan.validation_steps else None)
     with strategy.scope():
         try:
-            model = models.build_model(config.network, len(plan.labels), config.image_size, config.weights)
+            model = models.build_model(config.network, len(plan.labels), config.image_size, plan.start,
+                                       fine_tuning=phases.pretrained(config))
         except ValueError as exc:
             raise TrainError(str(exc)) from None
-        optimizer = recipe.make_optimizer(
-            recipe.learning_rate(config.schedule, config.learning_rate, plan.warmup, plan.total),
-            config.weight_decay, config.ema_momentum if config.ema else None)
-        models.compile_model(model, optimizer, recipe.make_loss(len(plan.labels), config.label_smoothing),
-                             plan.placement.xla, config.steps_per_execution)
     return model, train_data, eval_data
 
 
@@ -156,62 +153,84 @@ def _through_service(shards: list[Shard], options, address: str, job: str | None
 @dataclasses.dataclass(frozen=True)
 class Fitted:
     """What model.fit() leaves for the summary."""
-    history: dict  # Keras' per-epoch logs
+    history: dict  # Keras' per-epoch logs, the phases one after the other
     total_steps: int
     resumed_from_step: int
-    step_seconds: float | None
+    step_seconds: float | None  # of the last phase: the steps the input probe's model makes
     images_per_sec: float | None
     gpu: dict
     profiler: dict | None
+    phases: list[dict]  # results.TrainPhase
 
 
 def fit(config: TrainSettings, plan: RunPlan, model, train_data, eval_data, mine: RunDir,
         progress: Callable[[Progress], None] | None = None) -> Fitted:
-    """Runs model.fit() with the run's callbacks; a bad CRC becomes a TrainError naming the shard."""
+    """Runs model.fit() once per phase (components/train/phases.py) with the run's callbacks; a bad CRC
+    becomes a TrainError naming the shard."""
     from components.train import input_pipeline as pipeline
+    from components.train import phases
 
     profiled = _profile_range(config.trace_steps)
-    timer = StepTimer(skip=profiled)
-    resume = ResumePoint()
-    callbacks = _callbacks(config, plan.work, mine, profiled, timer, resume, progress)
-    if plan.placement.is_chief and plan.work is not plan.run:
-        callbacks.insert(callbacks.index(resume), remote_root.Uploads(plan.work, plan.run))
+    shown = EpochProgress(plan.epochs, progress) if progress else None
+    history, done, resumed, records = {}, 0, 0, []
     try:
         with GpuSampler() as sampler:  # each worker samples its own GPUs; nothing without NVML
-            history = model.fit(train_data, epochs=config.epochs, steps_per_epoch=plan.steps_per_epoch,
-                                validation_data=eval_data, validation_steps=plan.validation_steps or None,
-                                callbacks=callbacks, verbose=2)
+            for phase in plan.phases:
+                last = phase is plan.phases[-1]
+                phases.prepare(model, phase, config, len(plan.labels), plan.placement.xla)
+                timer, resume = StepTimer(skip=profiled if last else 0), ResumePoint()
+                callbacks = _callbacks(config, plan, phase, mine, profiled if last else 0, timer, resume, done)
+                logs = model.fit(train_data, initial_epoch=phase.first_epoch, epochs=phase.end_epoch,
+                                 steps_per_epoch=plan.steps_per_epoch, validation_data=eval_data,
+                                 validation_steps=plan.validation_steps or None,
+                                 callbacks=callbacks + ([shown] if shown else []), verbose=2)
+                history = phases.merged(history, logs.history)
+                done, resumed = done + int(model.optimizer.iterations.numpy()), resumed + resume.step
+                records.append(_phase_record(model, phase, resume.step))
     except tf.errors.DataLossError:
         bad = [s for s in scan_shards(plan.train_shards + plan.eval_shards) if s.error]
         if not bad:
             raise
         raise TrainError(str(pipeline.CorruptShardError(bad))) from None
-    return Fitted(history=history.history, total_steps=int(model.optimizer.iterations.numpy()),
-                  resumed_from_step=resume.step, step_seconds=timer.step_seconds(),
+    if plan.placement.is_chief:
+        phases.drop_backups(plan.work, plan.run, plan.phases)
+    return Fitted(history=history, total_steps=done, resumed_from_step=resumed, step_seconds=timer.step_seconds(),
                   images_per_sec=timer.images_per_sec(plan.global_batch), gpu=sampler.to_dict(),
-                  profiler=profile.input_pipeline_verdict(mine.tensorboard) if profiled else None)
+                  profiler=profile.input_pipeline_verdict(mine.tensorboard) if profiled else None, phases=records)
 
 
-def _callbacks(config: TrainSettings, work: RunDir, mine: RunDir, profiled,
-               timer: StepTimer, resume: ResumePoint, progress: Callable[[Progress], None] | None) -> list:
-    """Backup, one set of batch-norm statistics, TensorBoard, the learning-rate log and what measures the run."""
-    from components.train import recipe
+def _phase_record(model, phase, resumed: int) -> dict:
+    """The phase as metrics.json records it (results.TrainPhase)."""
+    from components.train import models, phases
+
+    frozen_statistics = phase.name != "all" and models.backbone(model) is not None
+    return {"name": phase.name, "epochs": phase.epochs, "first_epoch": phase.first_epoch + 1, "steps": phase.steps,
+            "peak_learning_rate": phase.learning_rate, "warmup_steps": phase.warmup,
+            "trainable_parameters": phases.trainable_parameters(model),
+            "batch_norm": "inference" if frozen_statistics else "training", "resumed_from_step": resumed}
+
+
+def _callbacks(config: TrainSettings, plan: RunPlan, phase, mine: RunDir, profiled, timer: StepTimer,
+               resume: ResumePoint, done: int) -> list:
+    """Backup, one set of batch-norm statistics, TensorBoard, the learning-rate log and what measures
+    the phase; `done`: the steps of the phases before it."""
+    from components.train import phases, recipe
 
     callbacks = [
-        keras.callbacks.BackupAndRestore(work.backup, save_freq=config.backup_every or "epoch"),
+        phases.backup(config, plan.work, plan.phases, phase),
         resume,
         ReplicaStatistics(),
         keras.callbacks.TensorBoard(mine.tensorboard, profile_batch=profiled),
         timer,
         recipe.LearningRateLog(),
     ]
+    if plan.placement.is_chief and plan.work is not plan.run:
+        callbacks.insert(callbacks.index(resume), remote_root.Uploads(plan.work, plan.run))
     if config.ema:
         # First, so every later callback (TensorBoard, the history) sees the validation of the average.
         callbacks.insert(0, recipe.EmaEvaluation())
-    if progress:
-        callbacks.append(EpochProgress(config.epochs, progress))
     if os.environ.get(KILL_AT_STEP_ENV):
-        callbacks.append(KillAtStep(int(os.environ[KILL_AT_STEP_ENV])))
+        callbacks.append(KillAtStep(int(os.environ[KILL_AT_STEP_ENV]) - done))
     return callbacks
 
 
@@ -230,7 +249,10 @@ def _service_at_end(service: dict | None) -> dict | None:
 def summarize(config: TrainSettings, plan: RunPlan, fitted: Fitted, probe: dict,
               data_service: dict | None = None) -> TrainMetrics:
     """The run's TrainMetrics, as metrics.json holds them."""
+    from components.train import run_warnings
+
     epochs = fitted.history
+    first = plan.phases[0]
     placement = plan.placement
     return TrainMetrics.model_validate({
         "run_id": plan.run.run_id,
@@ -247,7 +269,7 @@ def summarize(config: TrainSettings, plan: RunPlan, fitted: Fitted, probe: dict,
         "xla": placement.xla,
         "batch_size": plan.batch_size,
         "global_batch_size": plan.global_batch,
-        "epochs": config.epochs,
+        "epochs": plan.epochs,
         "steps_per_epoch": plan.steps_per_epoch,
         "total_steps": fitted.total_steps,
         "resumed_from_step": fitted.resumed_from_step,
@@ -257,12 +279,15 @@ def summarize(config: TrainSettings, plan: RunPlan, fitted: Fitted, probe: dict,
         "history": {key: [float(v) for v in values] for key, values in epochs.items()},
         "exported_weights": "ema" if config.ema else "final",
         "schedule": {"kind": config.schedule, "peak_learning_rate": config.learning_rate,
-                     "warmup_steps": plan.warmup, "decay_steps": plan.total - plan.warmup,
+                     "warmup_steps": first.warmup, "decay_steps": first.steps - first.warmup,
                      "weight_decay": config.weight_decay, "label_smoothing": config.label_smoothing,
                      "ema_momentum": config.ema_momentum if config.ema else None},
         "seed": config.seed,
         "best_epoch": _best_epoch(epochs, first=fitted.resumed_from_step // plan.steps_per_epoch + 1),
-        "warnings": short_run_warnings(plan.total, config.weights),
+        "warnings": run_warnings.warnings(config, plan, epochs),
+        "weights": config.weights,
+        "weights_file": plan.start,
+        "phases": fitted.phases,
         "input": probe,
         "data_service": data_service,
         "gpu": fitted.gpu,
@@ -329,15 +354,6 @@ def _profile_range(text: str):
     except ValueError:
         raise TrainError(f"--trace-steps takes two step numbers such as 10,20 (or none), not {text!r}") from None
     return (first, last)
-
-
-def short_run_warnings(total_steps: int, weights: str) -> list[str]:
-    from components.train.recipe import MIN_STEPS
-
-    if weights == "none" and total_steps < MIN_STEPS:
-        return [f"only {total_steps} training steps: a model trained from scratch rarely converges in fewer "
-                f"than {MIN_STEPS}; train more epochs, or on more data"]
-    return []
 
 
 def _best_epoch(history: dict, first: int) -> dict | None:

@@ -18,7 +18,8 @@ import shutil
 
 from tests.components.conftest import TRAIN_LABELS, tiny_records, write_span
 
-TINY = ["--image-size", "32", "--batch-size", "8", "--input-probe-steps", "0", "--network", "small_cnn", "--no-xla"]
+TINY = ["--image-size", "32", "--batch-size", "8", "--input-probe-steps", "0", "--network", "small_cnn", "--weights", "none",
+        "--no-xla"]
 _CACHE: dict = {}
 
 

@@ -13,16 +13,30 @@ def resolved(preset: str = "production", **train) -> TrainConfig:
     return RunConfig(source="s", root="r", preset=preset, train=TrainConfig(**train)).resolved().train
 
 
-def test_the_defaults_are_for_photos_on_an_accelerator():
+def test_the_defaults_are_for_photos_on_an_accelerator_fine_tuned_from_imagenet():
     config = resolved()
     assert (config.network, config.image_size, config.flip, config.epochs) == ("efficientnet_b0", 224, True, 30)
+    assert config.weights == "imagenet" and TrainConfig().weights is None  # the preset's, not the field's
     assert config.batch_size is None  # sized from the data and the replicas
+
+
+def test_the_cpu_preset_trains_a_small_network_from_scratch_for_a_number_of_steps():
+    config = resolved("cpu")
+    assert (config.network, config.weights, config.image_size, config.flip) == ("small_cnn", "none", 64, True)
+    assert config.epochs is None and config.min_steps == 600  # epochs follow from the data's size
+    assert resolved("cpu", epochs=3).epochs == 3  # a user's epochs are the epochs
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_preset_says_where_the_weights_come_from(preset):
+    assert resolved(preset).weights in ("none", "imagenet")
+    assert resolved(preset, weights="/w.h5").weights == "/w.h5"
 
 
 def test_the_demo_preset_is_the_digits_settings():
     config = resolved("demo")
-    assert (config.network, config.image_size, config.flip, config.epochs, config.batch_size) == (
-        "small_cnn", 32, False, 8, 32)
+    assert (config.network, config.image_size, config.flip, config.epochs, config.batch_size, config.weights) == (
+        "small_cnn", 32, False, 8, 32, "none")
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))

@@ -27,10 +27,12 @@ COMMON = ["--epochs", "1", "--steps-per-epoch", "16", "--trace-steps", "8,14", "
           "--precision", "float32", "--no-xla", "--no-flip", "--json"]
 RUNS = {
     # 768x776 noise PNGs, decoded whole on one core, for a small CNN at 32 px.
-    "input_bound": {"size": 768, "args": ["--network", "small_cnn", "--image-size", "32", "--batch-size", "4"],
+    "input_bound": {"size": 768, "args": ["--network", "small_cnn", "--weights", "none",
+                                          "--image-size", "32", "--batch-size", "4"],
                     "cpus": 1},
     # 32 px JPEGs, decoded at a glance, for the same CNN at 192 px: 36 times the compute per image.
-    "model_bound": {"size": 32, "args": ["--network", "small_cnn", "--image-size", "192", "--batch-size", "4"],
+    "model_bound": {"size": 32, "args": ["--network", "small_cnn", "--weights", "none",
+                                         "--image-size", "192", "--batch-size", "4"],
                     "cpus": None},
 }
 

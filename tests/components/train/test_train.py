@@ -25,7 +25,8 @@ from tests.components.conftest import TRAIN_LABELS, tiny_image, tiny_records, wr
 from tests.components.train.test_input_pipeline import corrupt_record
 from tests.waiting import free_ports
 
-TINY = ["--network", "small_cnn", "--image-size", "32", "--batch-size", "8", "--input-probe-steps", "2", "--trace-steps", "none"]
+TINY = ["--network", "small_cnn", "--weights", "none", "--image-size", "32", "--batch-size", "8", "--input-probe-steps", "2",
+        "--trace-steps", "none"]
 
 
 def _train(capsys, root, *args) -> dict:

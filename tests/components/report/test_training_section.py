@@ -1,0 +1,36 @@
+"""The report's Training section says how a fine-tuned run went: its phases, their epochs, steps,
+trainable parameters and learning rates."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from components.contracts.results import TrainPhase
+from components.report.report import _training_lines
+
+PHASE = {"warmup_steps": 8, "batch_norm": "inference", "resumed_from_step": 0}
+
+
+def _section(phases, weights="imagenet"):
+    probe = {"input_bound": False}
+    return SimpleNamespace(network="efficientnet_b0", spans=[1], epochs=30, total_steps=240, strategy="one_device",
+                           replicas=1, precision="float32", images_per_sec=50.0, verdict="not measured",
+                           eval=SimpleNamespace(accuracy=0.9, loss=0.3), shards=None, data_service=None, profiler=None,
+                           weights=weights, phases=[TrainPhase(**PHASE, **p) for p in phases], **probe)
+
+
+def test_a_fine_tuned_run_lists_its_phases():
+    lines = _training_lines(_section([
+        {"name": "head", "epochs": 10, "first_epoch": 1, "steps": 80, "peak_learning_rate": 0.003,
+         "trainable_parameters": 3843},
+        {"name": "fine_tune", "epochs": 20, "first_epoch": 11, "steps": 160, "peak_learning_rate": 0.0001,
+         "trainable_parameters": 4011391}]), {})
+    assert ("Fine-tuned from `imagenet`: epochs 1-10 trained the new head alone, the backbone frozen (80 steps, 3,843 "
+            "trainable parameters, peak learning rate 0.003); then epochs 11-30 fine-tuned the backbone too (160 steps, "
+            "4,011,391 trainable parameters, peak learning rate 0.0001); the backbone's batch normalization kept its "
+            "loaded statistics (inference mode) throughout.") in lines
+
+
+def test_a_run_of_one_phase_says_nothing_more():
+    lines = _training_lines(_section([{"name": "all", "epochs": 30, "first_epoch": 1, "steps": 240,
+                                       "peak_learning_rate": 0.003, "trainable_parameters": 94083}], "none"), {})
+    assert not [line for line in lines if "Fine-tuned" in line]
