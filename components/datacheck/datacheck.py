@@ -1,23 +1,27 @@
 """`python -m components.datacheck --root ROOT [--span N]`: a new span against the published history.
 
-Gathers the span's statistics.pb, manifest and content index and the statistics of the other
-published spans that are not quarantined (the history), lets check.py decide, and on an error writes
-the span's quarantine marker: training and the gate then leave the span out until `stoke spans
-release N`. A released span is checked again without being held back a second time.
+Gathers the span's statistics (statistics/Split-<split>/FeatureStats.pb, as TFX lays them out),
+manifest and content index and the statistics of the other published spans that are not quarantined
+(the history), lets check.py decide, and on an error writes the span's quarantine marker: training and
+the gate then leave the span out until `stoke spans release N`. A released span is checked again
+without being held back a second time. Statistics that are missing, unreadable, or that do not count
+the records the span's manifest counts stop the check with a line naming the file: ingest writes
+them before the manifest, so such a span was changed after it was published.
 """
 from __future__ import annotations
 
 from collections import defaultdict
 
+from google.protobuf.message import DecodeError
 from tensorflow_metadata.proto.v0 import statistics_pb2
 
 from components.common import clock
 from components.common.content_index import parse
-from components.common.files import exists, filesystem
+from components.common.files import filesystem
 from components.common.trusted_index import verified
-from components.contracts import program
+from components.contracts import program, schema
 from components.contracts.layout import Root
-from components.contracts.results import ResultError
+from components.contracts.results import ResultError, SpanManifest
 from components.contracts.run_config import DataCheckSettings
 from components.contracts.summaries import DataCheckSummary, Quarantine
 from components.datacheck.check import decide, profile
@@ -25,6 +29,10 @@ from components.datacheck.check import decide, profile
 
 class DataCheckError(Exception):
     """A span that cannot be checked; the message says why."""
+
+
+CHANGED = "ingest writes a span's statistics before its manifest, so the span was changed after it was published; " \
+          "restore its folder from a backup"
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -42,16 +50,12 @@ def check_span(config: DataCheckSettings) -> DataCheckSummary:
     manifest = next((m for m in published if m.span == number), None)
     if manifest is None:
         raise DataCheckError(f"span {number} is not published under {root.spans}")
-    if not exists(root.statistics(number)):
-        return DataCheckSummary(checked=False, span=number, message=f"span {number} has no statistics "
-                                "(published before 0.2): not checked")
-    history = [m.span for m in published if m.span != number and exists(root.statistics(m.span))
-               and not root.is_quarantined(m.span)]
-    verdict = decide(number, profile(read_statistics(root.statistics(number))),
-                     [profile(read_statistics(root.statistics(n))) for n in history], config,
+    history = [m for m in published if m.span != number and not root.is_quarantined(m.span)]
+    verdict = decide(number, profile(read_statistics(root, manifest)),
+                     [profile(read_statistics(root, m)) for m in history], config,
                      classes=manifest.labels, conflicts=manifest.anomalies or [], dhashes=dhashes(root, number))
     summary = DataCheckSummary(
-        checked=True, span=number, anomalies=verdict.anomalies, history_spans=history,
+        checked=True, span=number, anomalies=verdict.anomalies, history_spans=[m.span for m in history],
         label_counts=verdict.label_counts, history_label_counts=verdict.history_label_counts,
         label_drift=None if verdict.label_drift is None else round(verdict.label_drift, 4),
         status="warning" if verdict.anomalies else "ok")
@@ -76,11 +80,25 @@ def hold_back(root: Root, number: int, errors) -> str:
     return "quarantined"
 
 
-def read_statistics(uri: str) -> statistics_pb2.DatasetFeatureStatisticsList:
-    fs, path = filesystem(uri)
-    statistics = statistics_pb2.DatasetFeatureStatisticsList()
-    statistics.ParseFromString(fs.cat_file(path))
-    return statistics
+def read_statistics(root: Root, manifest: SpanManifest) -> dict[str, statistics_pb2.DatasetFeatureStatisticsList]:
+    """Split -> the span's statistics of it, each checked: one dataset, as many records as the manifest counts."""
+    found = {}
+    for split in schema.SPLITS:
+        uri = root.statistics(manifest.span, split)
+        fs, path = filesystem(uri)
+        statistics = statistics_pb2.DatasetFeatureStatisticsList()
+        try:
+            statistics.ParseFromString(fs.cat_file(path))
+        except FileNotFoundError:
+            raise DataCheckError(f"span {manifest.span} has no statistics {uri}: {CHANGED}") from None
+        except DecodeError:
+            raise DataCheckError(f"{uri} is no DatasetFeatureStatisticsList: {CHANGED}") from None
+        counted, records = [d.num_examples for d in statistics.datasets], getattr(manifest.counts, split)
+        if counted != [records]:
+            raise DataCheckError(f"{uri} counts {counted or 'no'} records where span {manifest.span}'s manifest counts "
+                                 f"{records} {split} records: {CHANGED}")
+        found[split] = statistics
+    return found
 
 
 def dhashes(root: Root, number: int) -> dict[str, list[str]]:
