@@ -6,8 +6,8 @@
     Beam:   ReadSources -> Spread -> Normalize -> WriteShards -> Gather   (beam_jobs/pipeline.py)
             (+ each record's content signature)                         (components/common/signatures.py)
     driver: keep out copies of published or listed-twice images           (beam_jobs/duplicates.py)
-    driver: name the shards, dead_letter.jsonl, labels.json, the content and source indexes, statistics.pb
-            (beam_jobs/statistics.py), _MANIFEST.json last
+    driver: name the shards, dead_letter.jsonl, labels.json, the content and source indexes, the statistics
+            (statistics/Split-*/FeatureStats.pb, beam_jobs/statistics.py), _MANIFEST.json last
 
 Only the driver publishes, and only after the runner has finished, so a job that fails or is
 killed leaves a staging folder that the next run removes, never a half-written span. Options that
@@ -310,7 +310,7 @@ def publish(root, number, shards, dead, labels, fresh, refused, config, findings
     write_index(root.content_index(number), findings.kept)
     write_source_index(root.source_index(number), (identity(s.uri, s.size, s.version) for s in sources))
     anomalies = label_conflicts(findings.conflicts)
-    write_statistics(root.statistics(number), findings.kept, anomalies)
+    write_statistics(root, number, findings.kept, anomalies, labels)
     manifest = SpanManifest(
         span=number,
         created=clock.now(),

@@ -60,10 +60,14 @@ def _write_json(uri: str, value) -> None:
 
 
 def write_text(uri: str, text: str) -> None:
+    write_bytes(uri, text.encode())
+
+
+def write_bytes(uri: str, data: bytes) -> None:
     fs, path = filesystem(uri)
     with _naming(uri):
         fs.makedirs(posixpath.dirname(path), exist_ok=True)
-        fs.pipe_file(path, text.encode())
+        fs.pipe_file(path, data)
 
 
 @contextmanager

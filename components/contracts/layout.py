@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from components.common.files import filesystem, join
 from components.contracts.config import check_run_id
 from components.contracts.results import ResultError, SpanManifest, load_json
+from components.contracts.schema import SPLITS
 from components.contracts.summaries import TRUSTED, DataCheckRecord
 
 MANIFEST = "_MANIFEST.json"
@@ -32,7 +33,12 @@ CONTENT_INDEX = "content_index.tsv.gz"
 # so a listing sorted alike merges against every span's index in one streaming pass. Derived from
 # the manifest's `sources`: a span published without one gets it built from its manifest.
 SOURCE_INDEX = "source_index.tsv.gz"
-STATISTICS = "statistics.pb"  # a binary tensorflow_metadata DatasetFeatureStatisticsList, one dataset per split
+# A span's statistics as TFX's StatisticsGen lays them out, statistics/Split-<split>/FeatureStats.pb: each a
+# binary tensorflow_metadata DatasetFeatureStatisticsList with one dataset, what TFDV's generator computes
+# for the records' features (beam_jobs/statistics.py).
+STATISTICS = "statistics"
+STATISTICS_SPLIT = "Split-{split}"
+FEATURE_STATS = "FeatureStats.pb"
 # The data check's record of a published span (summaries.DataCheckRecord): training and the gate read a
 # span only when its record is valid and says ok, warning or released. Fail closed: a span published by
 # hand, or by a run that died before its check, is not read until the data check has judged it.
@@ -84,8 +90,11 @@ class Root:
     def source_index(self, number: int) -> str:
         return join(self.span(number), SOURCE_INDEX)
 
-    def statistics(self, number: int) -> str:
-        return join(self.span(number), STATISTICS)
+    def statistics(self, number: int, split: str) -> str:
+        """Span `number`'s statistics of one split (train or eval)."""
+        if split not in SPLITS:
+            raise ValueError(f"no split {split!r}; splits: {', '.join(SPLITS)}")
+        return join(self.span(number), STATISTICS, STATISTICS_SPLIT.format(split=split), FEATURE_STATS)
 
     def datacheck(self, number: int) -> str:
         return join(self.span(number), DATACHECK)

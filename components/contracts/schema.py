@@ -1,5 +1,5 @@
-"""The record and serving contracts of DESIGN.md: tf.Example features (ImageNet/TFDS names) and
-the signatures of every exported model.
+"""The record and serving contracts of DESIGN.md: tf.Example features (ImageNet-style keys, as in
+TensorFlow's ImageNet TFRecords; a span is no TFDS dataset) and the signatures of every exported model.
 
 `encode_example` writes the wire format directly, so the ingest workers build records without
 importing TensorFlow (seconds of start-up and half a gigabyte per worker), and `example_bytes`

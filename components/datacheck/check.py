@@ -1,7 +1,8 @@
 """The data check's core: a span's statistics against its history's, decided without any I/O.
 
-`profile` reads what the checks need from a tensorflow_metadata DatasetFeatureStatisticsList (what
-ingest writes as statistics.pb, and what TFDV writes); `decide` compares a span's profile with the
+`profile` reads what the checks need from a span's statistics, one tensorflow_metadata
+DatasetFeatureStatisticsList of one dataset per split (what ingest writes as
+statistics/Split-<split>/FeatureStats.pb, as TFX's StatisticsGen does); `decide` compares a span's profile with the
 history's and returns the anomalies, each an error (the span is quarantined) or a warning (reported).
 The label-drift measure is TFDV's for categorical features: the L-infinity distance between the
 two distributions, the largest difference of any one class's share.
@@ -47,14 +48,16 @@ class Verdict:
         return [a for a in self.anomalies if a.severity == "error"]
 
 
-def profile(statistics: statistics_pb2.DatasetFeatureStatisticsList) -> Profile:
+def profile(statistics: dict[str, statistics_pb2.DatasetFeatureStatisticsList]) -> Profile:
+    """Split -> its statistics (one dataset each) to a Profile. Label counts are read off the rank
+    histogram, which holds 1000 classes where the top values hold 20."""
     labels, ranges, buckets = {}, {}, {}
-    for dataset in statistics.datasets:
-        labels[dataset.name] = Counter()
-        for feature in dataset.features:
+    for split, found in statistics.items():
+        labels[split] = Counter()
+        for feature in (f for dataset in found.datasets for f in dataset.features):
             name = feature.path.step[0] if feature.path.step else feature.name
             if name == schema.TEXT:
-                labels[dataset.name].update({v.value: int(v.frequency) for v in feature.string_stats.top_values})
+                labels[split].update({b.label: int(b.sample_count) for b in feature.string_stats.rank_histogram.buckets})
             elif name in SIZES and feature.num_stats.common_stats.num_non_missing:
                 stats = feature.num_stats
                 low, high = ranges.get(name, (stats.min, stats.max))

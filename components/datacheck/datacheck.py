@@ -2,24 +2,29 @@
 
 Checks every published span that has no valid data-check record yet (a new span, one published by
 hand with `stoke ingest`, one whose run died before its check), oldest first; or, with --span, that
-span again. Each span's statistics, manifest and content index are compared with the statistics of
+span again. Each span's statistics (statistics/Split-<split>/FeatureStats.pb, as TFX lays
+them out), manifest and content index are compared with the statistics of
 the spans the check has let in (the history) by check.py, and the verdict is written as the span's
 record, _DATACHECK.json: ok or warning let training and the gate read it, an error quarantines it
 until `stoke spans release N`. A released span checked again stays released. A span that cannot be
-checked (no statistics) is quarantined too: fail closed, with a release for the person who looked.
+checked (statistics missing, unreadable or not counting what its manifest counts: ingest writes
+them before the manifest, so the span was changed after it was published) is quarantined too: fail
+closed, with a release for the person who looked. A history span whose statistics are so damaged stops
+the check with a line naming the file.
 """
 from __future__ import annotations
 
 from collections import defaultdict
 
+from google.protobuf.message import DecodeError
 from tensorflow_metadata.proto.v0 import statistics_pb2
 
 from components.common import clock
 from components.common.content_index import parse
-from components.common.files import exists, filesystem
+from components.common.files import filesystem
 from components.common.store_errors import on_root
 from components.common.trusted_index import verified
-from components.contracts import program
+from components.contracts import program, schema
 from components.contracts.layout import Root
 from components.contracts.results import ResultError, SpanManifest
 from components.contracts.run_config import DataCheckSettings
@@ -35,6 +40,10 @@ from components.datacheck.check import Verdict, decide, profile
 
 class DataCheckError(Exception):
     """A span that cannot be checked; the message says why."""
+
+
+CHANGED = "ingest writes a span's statistics before its manifest, so the span was changed after it was published; " \
+          "restore its folder from a backup"
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -55,23 +64,21 @@ def check_spans(config: DataCheckSettings) -> DataCheckSummary:
     numbers = [config.span] if config.span is not None else root.unchecked()
     if not numbers:
         return DataCheckSummary(message=f"every published span under {root.spans} is checked already")
-    return DataCheckSummary(spans=[check_span(root, published[n], config) for n in numbers])
+    return DataCheckSummary(spans=[check_span(root, published, n, config) for n in numbers])
 
 
-def check_span(root: Root, manifest: SpanManifest, config: DataCheckSettings) -> SpanCheck:
-    """One span against the spans the check lets in now; its record written."""
-    number = manifest.span
-    history = [n for n in root.published() if n != number and root.check_record(n).trusted
-               and exists(root.statistics(n))]
-    if not exists(root.statistics(number)):
-        missing = DataAnomaly(kind="no_statistics", severity="error", message=f"span {number} has no statistics "
-                              f"({root.statistics(number)}), so it cannot be checked; ingest its files into a new span, "
-                              "or release it after a look")
+def check_span(root: Root, published: dict[int, SpanManifest], number: int, config: DataCheckSettings) -> SpanCheck:
+    """One span against the spans the check lets in now; its record written. Statistics that do not
+    describe the span quarantine it; a history span's stop the check, for no span is judged against less."""
+    manifest = published[number]
+    history = [n for n in published if n != number and root.check_record(n).trusted]
+    past = [profile(read_statistics(root, published[n])) for n in history]
+    try:
+        verdict = decide(number, profile(read_statistics(root, manifest)), past, config, classes=manifest.labels,
+                         conflicts=manifest.anomalies or [], dhashes=dhashes(root, number))
+    except DataCheckError as error:
+        missing = DataAnomaly(kind="no_statistics", severity="error", message=f"{error}; or release the span after a look")
         verdict = Verdict([missing], {}, {}, None)
-    else:
-        verdict = decide(number, profile(read_statistics(root.statistics(number))),
-                         [profile(read_statistics(root.statistics(n))) for n in history], config,
-                         classes=manifest.labels, conflicts=manifest.anomalies, dhashes=dhashes(root, number))
     status = record(root, number, verdict)
     return SpanCheck(span=number, status=status, anomalies=verdict.anomalies, history_spans=history,
                      label_counts=verdict.label_counts, history_label_counts=verdict.history_label_counts or None,
@@ -95,11 +102,25 @@ def record(root: Root, number: int, verdict: Verdict) -> str:
     return status
 
 
-def read_statistics(uri: str) -> statistics_pb2.DatasetFeatureStatisticsList:
-    fs, path = filesystem(uri)
-    statistics = statistics_pb2.DatasetFeatureStatisticsList()
-    statistics.ParseFromString(fs.cat_file(path))
-    return statistics
+def read_statistics(root: Root, manifest: SpanManifest) -> dict[str, statistics_pb2.DatasetFeatureStatisticsList]:
+    """Split -> the span's statistics of it, each checked: one dataset, as many records as the manifest counts."""
+    found = {}
+    for split in schema.SPLITS:
+        uri = root.statistics(manifest.span, split)
+        fs, path = filesystem(uri)
+        statistics = statistics_pb2.DatasetFeatureStatisticsList()
+        try:
+            statistics.ParseFromString(fs.cat_file(path))
+        except FileNotFoundError:
+            raise DataCheckError(f"span {manifest.span} has no statistics {uri}: {CHANGED}") from None
+        except DecodeError:
+            raise DataCheckError(f"{uri} is no DatasetFeatureStatisticsList: {CHANGED}") from None
+        counted, records = [d.num_examples for d in statistics.datasets], getattr(manifest.counts, split)
+        if counted != [records]:
+            raise DataCheckError(f"{uri} counts {counted or 'no'} records where span {manifest.span}'s manifest counts "
+                                 f"{records} {split} records: {CHANGED}")
+        found[split] = statistics
+    return found
 
 
 def dhashes(root: Root, number: int) -> dict[str, list[str]]:

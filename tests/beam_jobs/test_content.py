@@ -1,5 +1,6 @@
 """What a span holds, by content: exact copies never cross splits, blank frames are set aside, and
-statistics.pb describes the shards. Real image files through the real Beam job."""
+the statistics (statistics/Split-*/FeatureStats.pb) describe the shards. Real image files through
+the real Beam job."""
 import gzip
 import hashlib
 import io
@@ -91,9 +92,10 @@ def test_the_same_picture_under_two_labels_is_kept_out_and_recorded(tmp_path, ca
     assert anomaly["examples"] == [{"uri": str(second / "dog" / "mislabelled.jpg"), "label": "dog",
                                     "duplicate_of": str(first / "cat" / "1.jpg"), "other_label": "cat",
                                     "other_span": 1}]
-    stats = statistics(root, 2)
-    label = [f for f in stats.datasets[0].features if f.path.step == [schema.TEXT]][0]
-    assert [(c.name, c.num) for c in label.custom_stats] == [("label_conflicts", 1)]
+    for found in statistics(root, 2).values():  # on each split that has records
+        for label in (f for f in found.datasets[0].features if f.path.step == [schema.TEXT]):
+            assert [(c.name, c.num) for c in label.custom_stats] == [("label_conflicts", 1)]
+    assert any(f.datasets[0].features for f in statistics(root, 2).values())
 
 
 def test_copies_within_one_arrival_are_published_once(tmp_path, capsys):
@@ -163,9 +165,13 @@ def test_blanks_with_copies_are_judged_over_the_files_that_are_not_copies(tmp_pa
     assert "broken-0.jpg" in summary["error"] and "frame-" not in summary["error"]
 
 
-def statistics(root, span):
-    with open(Root(str(root)).statistics(span), "rb") as f:
-        return statistics_pb2.DatasetFeatureStatisticsList.FromString(f.read())
+def statistics(root, span) -> dict:
+    """Split -> the span's statistics of it, as TFX's StatisticsGen lays them out."""
+    found = {}
+    for split in schema.SPLITS:
+        with open(Root(str(root)).statistics(span, split), "rb") as f:
+            found[split] = statistics_pb2.DatasetFeatureStatisticsList.FromString(f.read())
+    return found
 
 
 def test_statistics_describe_each_split_of_the_shards(tmp_path, capsys):
@@ -174,19 +180,25 @@ def test_statistics_describe_each_split_of_the_shards(tmp_path, capsys):
     photos(source, 6, "dog", start=9)
     code, summary = ingest(source, root, "--eval-fraction", "0.4", *IN_MEMORY, capsys=capsys)
     manifest = manifest_of(summary)
-    stats = statistics(root, 1)
-    assert [d.name for d in stats.datasets] == ["train", "eval"]
-    for dataset in stats.datasets:
-        shards = sum(s["records"] for s in manifest["shards"] if s["split"] == dataset.name)
-        assert dataset.num_examples == shards == manifest["counts"][dataset.name] > 0
+    assert sorted(os.listdir(os.path.join(summary["span_uri"], "statistics"))) == ["Split-eval", "Split-train"]
+    assert not os.path.exists(os.path.join(summary["span_uri"], "statistics.pb"))
+    for split, found in statistics(root, 1).items():
+        [dataset] = found.datasets
+        shards = sum(s["records"] for s in manifest["shards"] if s["split"] == split)
+        assert dataset.num_examples == shards == manifest["counts"][split] > 0
         features = {"/".join(f.path.step): f for f in dataset.features}
-        assert set(features) >= {schema.TEXT, schema.FORMAT, "image/width", "image/height", "image/aspect_ratio",
-                                 "image/encoded_bytes", "image/pixel_mean", "image/pixel_std"}
+        assert sorted(features) == sorted(schema.feature_spec())  # the records' features, and only those
         labels = features[schema.TEXT].string_stats.rank_histogram.buckets
         assert sum(b.sample_count for b in labels) == shards and {b.label for b in labels} <= {"cat", "dog"}
-        width = features["image/width"].num_stats
-        assert width.min == width.max == 64 and sum(b.sample_count for b in width.histograms[0].buckets) == shards
-        assert features["image/pixel_std"].num_stats.min > 2.0
+        width = features[schema.WIDTH].num_stats
+        assert width.min == width.max == 64 and [b.sample_count for b in width.histograms[0].buckets] == [shards]
+        image = features[schema.ENCODED]
+        assert image.type == image.BYTES and image.bytes_stats.common_stats.num_non_missing == shards
+        measures = {c.name: c for c in image.custom_stats}
+        assert "domain_info" not in measures and measures["pixel_std.min"].num > 2.0
+        assert measures["aspect_ratio.min"].num == measures["aspect_ratio.max"].num == 64 / 48
+        assert measures["encoded_bytes.max"].num == image.bytes_stats.max_num_bytes
+        assert sum(b.sample_count for b in measures["pixel_mean.histogram"].histogram.buckets) == shards
 
 
 def test_reencoded_copies_across_splits_are_reported_not_dropped(tmp_path, capsys):

@@ -12,6 +12,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_jobs import bounded
 from beam_jobs import ingest as ingest_module
+from beam_jobs import statistics as statistics_module
 from components.common.lease import exclusive
 from components.contracts.layout import Root
 from components.contracts.results import SpanManifest
@@ -94,7 +95,7 @@ def test_a_span_that_cannot_be_written_whole_is_withdrawn(tmp_path, capsys, monk
     span, write = root / "data" / "spans" / "span-00001", getattr(owner, step)
 
     def full(*args, **kwargs):
-        if not any(str(span) in str(a) or isinstance(a, SpanManifest) for a in args):
+        if not any(str(span) in str(a) or isinstance(a, (SpanManifest, Root)) for a in args):
             return write(*args, **kwargs)  # staging, before publishing
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(span / "x"))
 
@@ -105,6 +106,24 @@ def test_a_span_that_cannot_be_written_whole_is_withdrawn(tmp_path, capsys, monk
     assert list((root / "data" / "spans").iterdir()) == []
     code, summary = ingest(source, root, *IN_MEMORY, capsys=capsys)
     assert code == 0 and summary["span"] == 1 and summary["new_sources"] == 4
+
+
+def test_a_full_disk_at_the_second_statistics_file_leaves_no_span(tmp_path, capsys, monkeypatch):
+    """Split-train's statistics written, Split-eval's not: the half-written span folder goes too."""
+    source, root = folder_of_images(tmp_path / "source", count=4), tmp_path / "root"
+    write = statistics_module.write_bytes
+
+    def full(uri, data):
+        if "Split-eval" in uri:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), uri)
+        return write(uri, data)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(statistics_module, "write_bytes", full)
+        code, summary = ingest(source, root, *IN_MEMORY, capsys=capsys)
+    assert code == 1 and "Split-eval/FeatureStats.pb cannot be written: no space left on device" in summary["error"]
+    assert list((root / "data" / "spans").iterdir()) == []
+    assert ingest(source, root, *IN_MEMORY, capsys=capsys)[1]["span"] == 1
 
 
 def test_a_full_disk_while_staging_the_source_list_names_the_file(tmp_path, capsys, monkeypatch):

@@ -1,5 +1,5 @@
-"""The data check's core on constructed statistics (the same DatasetFeatureStatisticsList ingest
-writes, built from records' signatures), each anomaly at and past its threshold."""
+"""The data check's core on constructed statistics (the same DatasetFeatureStatisticsLists ingest
+writes, one per split, built from records' signatures), each anomaly at and past its threshold."""
 import pytest
 
 from beam_jobs.statistics import statistics
@@ -12,11 +12,11 @@ CONFIG = DataCheckConfig()
 
 def stats(mix: dict[str, int], split="train", size=(32, 32), sizes=None):
     """A span's statistics: `mix` records per class, all in `split`, all `size` (or one size each)."""
-    records = [{"split": split, "label": name, "format": "png", "bytes": 100, "mean": 100.0, "std": 20.0}
-               for name, count in mix.items() for _ in range(count)]
+    records = [{"split": split, "label": name, "format": "png", "bytes": 100, "mean": 100.0, "std": 20.0,
+                "uri": f"/{name}/{i}.png"} for name, count in mix.items() for i in range(count)]
     for i, record in enumerate(records):
         record["width"], record["height"] = (sizes[i] if sizes else size)
-    return profile(statistics(records, []))
+    return profile(statistics(records, [], sorted(mix)))
 
 
 def kinds(verdict, severity=None):
@@ -102,3 +102,8 @@ def test_a_class_with_too_few_training_records_in_span_and_history_warns(train, 
 def test_eval_records_do_not_count_as_training_records():
     verdict = decide(1, stats({"a": 10}, split="eval"), [], CONFIG, classes=["a"])
     assert [(a.kind, a.count) for a in verdict.anomalies] == [("rare_class", 0)]
+
+
+def test_label_counts_are_exact_past_the_20_top_values_and_1000_ranks():
+    mix = {f"class-{i:04d}": 1 + i % 3 for i in range(1200)}
+    assert stats(mix).label_counts() == mix

@@ -2,9 +2,11 @@
 the label mix warns, a large one quarantines the span, training and the gate leave it out, and
 `stoke spans release N` lets it in."""
 import json
+import os
 import shutil
 
 import pytest
+from tensorflow_metadata.proto.v0 import statistics_pb2
 
 from beam_jobs.ingest import run as ingest
 from components.common.files import exists
@@ -114,3 +116,51 @@ def test_release_lets_the_span_in_and_keeps_the_evidence(spans_root, capsys):
     # Checking a released span again reports its anomalies and holds nothing back.
     (rechecked,) = datacheck.check_spans(DataCheckSettings(root=root, span=3)).spans
     assert rechecked.status == "released" and rechecked.anomalies and Root(root).check_record(3).trusted
+
+
+def another_spans_statistics(root, number, split):
+    """Span 1's statistics of `split` (100 digits, never span `number`'s count)."""
+    with open(Root(root).statistics(1, split), "rb") as f:
+        return f.read()
+
+
+def two_datasets(root, number, split):
+    """A DatasetFeatureStatisticsList with one dataset per split, as the old statistics.pb held them."""
+    both = statistics_pb2.DatasetFeatureStatisticsList()
+    for name in ("train", "eval"):
+        with open(Root(root).statistics(number, name), "rb") as f:
+            both.datasets.add().CopyFrom(statistics_pb2.DatasetFeatureStatisticsList.FromString(f.read()).datasets[0])
+    return both.SerializeToString()
+
+
+DAMAGE = {  # what is found in a statistics file -> what the one-line error says
+    "missing": (None, "has no statistics"),
+    "garbage": (lambda *_: b"\xff\xff\xff\xff", "is no DatasetFeatureStatisticsList"),
+    "empty": (lambda *_: b"", "counts no records"),
+    "two datasets": (two_datasets, "counts [13, 3] records where span 2's manifest counts 13 train records"),
+    "another span's": (another_spans_statistics, "records where span 2's manifest counts"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+@pytest.mark.parametrize("where", ["the span", "its history"])
+def test_statistics_that_do_not_describe_the_span_stop_the_check_with_one_line(spans_root, tmp_path, capsys,
+                                                                                damage, where):
+    """Ingest writes the statistics before the manifest: a published span whose statistics are gone,
+    unreadable or another's was changed afterwards, and is neither checked nor compared against."""
+    root = str(tmp_path / "root")
+    shutil.copytree(spans_root[0], root)
+    make, message = DAMAGE[damage]
+    split = "train"
+    target = Root(root).statistics(2, split)
+    data = make(root, 2, split) if make else None
+    os.remove(target) if data is None else open(target, "wb").write(data)
+    if where == "its history":  # span 3 is judged against no less than its history: the check stops
+        out = last_json(datacheck.run(["--root", root, "--span", "3", "--json"]), capsys, expected=1)
+        assert message in out["error"] and target in out["error"] and "restore its folder" in out["error"]
+        assert "\n" not in out["error"] and Root(root).check_record(2).trusted
+    else:  # fail closed: the span is quarantined, its record says why
+        out = last_json(datacheck.run(["--root", root, "--span", "2", "--json"]), capsys)
+        (anomaly,) = DataCheckRecord.read(Root(root).datacheck(2)).anomalies
+        assert anomaly.kind == "no_statistics" and message in anomaly.message and target in anomaly.message
+        assert not Root(root).check_record(2).trusted
