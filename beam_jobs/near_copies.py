@@ -39,7 +39,7 @@ EXAMPLES = 5
 @dataclass(frozen=True)
 class NearRules:
     mode: str = "report"  # follow, set_aside or report
-    bits: int = 4
+    bits: int = 6
     min_side: int = 16
 
     @classmethod
@@ -110,6 +110,7 @@ class Arrangement:
     moved: list[dict] = field(default_factory=list)  # signatures whose split the driver changed (already updated)
     dropped: list[tuple[dict, str]] = field(default_factory=list)  # (signature, dead-letter reason)
     report: NearDuplicates = field(default_factory=lambda: NearDuplicates(count=0, examples=[]))
+    tally: dict[str, int] = field(default_factory=lambda: {"moved": 0, "set_aside": 0, "across": 0})
 
 
 def arrange(kept: list[dict], rules: NearRules, published: str | None) -> Arrangement:
@@ -129,8 +130,9 @@ def arrange(kept: list[dict], rules: NearRules, published: str | None) -> Arrang
                                   mirrored=near["mirrored"]))
         # What may be an original for the records after it: whatever is kept (set aside: not a copy).
         settled[i] = usable[i] and not (rules.mode == "set_aside" and other is not None)
-    report = result.report
-    report.count, report.examples = len(pairs), pairs[:EXAMPLES]
+    tally = result.tally
+    result.report = NearDuplicates(count=len(pairs), examples=pairs[:EXAMPLES], moved=tally["moved"],
+                                   set_aside=tally["set_aside"], across=tally["across"])
     return result
 
 
@@ -147,22 +149,22 @@ def _original(record: dict, me: int, records: list[dict], index: BandedIndex, se
 
 
 def _act(record: dict, other: dict, near: dict, rules: NearRules, result: Arrangement) -> None:
-    report = result.report
+    tally = result.tally
     if rules.mode == "set_aside":
         where = "this span" if other["span"] is None else f"span {other['span']}"
         mirrored = ", mirrored" if near["mirrored"] else ""
         result.dropped.append((record, f"near-copy of {other['uri']} ({where}, split {other['split']}; dHash "
                                        f"{near['distance']} bits apart{mirrored})"))
-        report.set_aside += 1
+        tally["set_aside"] += 1
     elif record["split"] != other["split"]:
         if rules.mode == "follow" and not record.get("fixed"):
             record["split"] = other["split"]
             result.moved.append(record)
-            report.moved += 1
+            tally["moved"] += 1
         else:
-            report.across += 1
+            tally["across"] += 1
     elif record.get("near", {}).get("moved"):
-        report.moved += 1  # joined its original's split in the job already
+        tally["moved"] += 1  # joined its original's split in the job already
 
 
 def _nearest(index: BandedIndex, record: dict, settled: np.ndarray, me: int):

@@ -97,11 +97,14 @@ def settle_odd_sizes(kept: list[dict], rules: Rules) -> list[tuple[dict, str]]:
 
 
 def findings(kept: list[dict]) -> list[QualityFinding]:
-    """The reported issues of the span's records: count, the first URIs, and the fullest folders."""
+    """The reported issues of the span's records: count, the first URIs, and the fullest folders. A span
+    of nothing but grayscale images (scans, digits) is a grayscale dataset, not one with an issue."""
     by_issue: dict[str, list[str]] = collections.defaultdict(list)
     for signature in sorted(kept, key=lambda s: s["uri"]):
         for issue in signature.get("issues", ()):
             by_issue[issue].append(signature["uri"])
+    if len(by_issue.get("grayscale", ())) == len(kept):
+        by_issue.pop("grayscale", None)
     return [QualityFinding(kind=issue, count=len(uris), examples=uris[:EXAMPLES],
                            folders=dict(collections.Counter(posixpath.dirname(u) for u in uris).most_common(FOLDERS)))
             for issue, uris in sorted(by_issue.items())]

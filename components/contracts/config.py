@@ -130,8 +130,8 @@ class IngestConfig(BaseModel):
         "(re-encoded, resized, cropped, EXIF-rotated or mirrored): follow joins that image's split, set_aside keeps it "
         "out as a dead letter, report only counts it; splits a manifest gives are never changed")
     near_copy_bits: int = Field(
-        4, ge=0, le=10, description="dHash bits (of 64) within which two images are near-copies; a re-encode, a resize to "
-        "half or a crop to 9 tenths stays within 4")
+        6, ge=0, le=10, description="dHash bits (of 64) within which two images are near-copies; a re-encode, a resize to "
+        "half or a mirror image stays within 3, distinct photographs are 9 or more apart")
     near_copy_min_side: int = Field(
         16, ge=0, le=65535, description="images with a shorter side below this (px) are never called near-copies: "
         "their 9x8 dHash thumbnail says nothing (7 of 8 distinct 8x8 digits have a twin within 4 bits)")

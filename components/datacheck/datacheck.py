@@ -69,7 +69,8 @@ def check_span(root: Root, manifest: SpanManifest, config: DataCheckSettings) ->
     else:
         verdict = decide(number, profile(read_statistics(root.statistics(number))),
                          [profile(read_statistics(root.statistics(n))) for n in history], config,
-                         classes=manifest.labels, conflicts=manifest.anomalies, dhashes=dhashes(root, number))
+                         classes=manifest.labels, conflicts=manifest.anomalies, dhashes=dhashes(root, number),
+                         quality=manifest.quality)
     status = record(root, number, verdict)
     return SpanCheck(span=number, status=status, anomalies=verdict.anomalies, history_spans=history,
                      label_counts=verdict.label_counts, history_label_counts=verdict.history_label_counts or None,

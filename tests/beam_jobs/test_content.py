@@ -189,7 +189,7 @@ def test_statistics_describe_each_split_of_the_shards(tmp_path, capsys):
         assert features["image/pixel_std"].num_stats.min > 2.0
 
 
-def test_reencoded_copies_across_splits_are_reported_not_dropped(tmp_path, capsys):
+def test_near_copies_in_the_splits_a_manifest_gives_stay_there_and_are_reported(tmp_path, capsys):
     source, root = tmp_path / "source", tmp_path / "root"
     (source / "img").mkdir(parents=True)
     original = images.photo_jpeg(320, 240)
@@ -204,7 +204,7 @@ def test_reencoded_copies_across_splits_are_reported_not_dropped(tmp_path, capsy
     code, summary = ingest(source / "manifest.csv", root, *IN_MEMORY, capsys=capsys)
     assert code == 0 and summary["counts"] == {"train": 2, "eval": 4, "dead_letter": 0, "duplicates": 0}
     near = summary["near_duplicates"]
-    assert near["count"] == 3  # a and c (train) look like b (eval), and b like them
+    assert near["count"] == 2 and near["moved"] == 0 and near["across"] == 1  # b (eval) looks like a; c like a
     pair = next(p for p in near["examples"] if p["uri"].endswith("b.jpg"))
     assert pair["split"] == "eval" and pair["other_split"] == "train" and pair["distance"] <= 4
     assert json.dumps(near)  # plain JSON in the summary
