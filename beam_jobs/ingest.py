@@ -117,10 +117,7 @@ def _ingest(config: IngestSettings, pipeline_args: list[str], root: Root, starte
 
     seconds = time.monotonic() - started
     return IngestSummary(
-        published=True,
-        span=number,
-        span_uri=root.span(number),
-        counts=manifest.counts,
+        published=True, span=number, span_uri=root.span(number), counts=manifest.counts,
         new_sources=len(fresh) + len(refused),
         bytes_in=sum(s.size for s in fresh),
         bytes_out=sum(s.bytes for s in manifest.shards),

@@ -48,7 +48,8 @@ def anomalies(check: SpanCheck) -> list[str]:
     if not check.anomalies:
         return ["No anomalies.", ""]
     lines = ["| severity | anomaly | records | what | examples |", "| --- | --- | --- | --- | --- |"]
-    lines += [f"| {a.severity} | {a.kind}{f': {a.issue}' if a.issue else ''} | {a.count if a.count is not None else '-'} | {a.message} | "
+    lines += [f"| {a.severity} | {a.kind}{f': {a.issue}' if a.issue else ''} | {'-' if a.count is None else a.count} | "
+              f"{a.message} | "
               f"{', '.join(f'`{uri}`' for uri in a.examples) or '-'} |" for a in check.anomalies]
     return lines + [""]
 

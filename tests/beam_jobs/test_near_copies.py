@@ -3,13 +3,12 @@ published image, or of another image of the same arrival, land in its split, nev
 are never called near-copies. Real image files through the real Beam job."""
 import json
 
-from sklearn.datasets import load_digits
 from PIL import Image
+from sklearn.datasets import load_digits
 
 from beam_jobs.sources import split_of
 from components.contracts import schema
 from tests.beam_jobs import images
-from tests.beam_jobs.test_content import manifest_of
 from tests.beam_jobs.test_ingest import IN_MEMORY, dead_letters, ingest, records
 
 HALF = ["--eval-fraction", "0.5"]

@@ -65,7 +65,8 @@ def test_quality_issues_are_reported_by_folder_and_the_data_check_names_them(tmp
     source, root = tmp_path / "source", tmp_path / "root"
     pictures = images.photo_crops(12)
     made = {"cat": pictures[:8], "cat/night-cam": [darkened(p) for p in pictures[:3]],  # the same scenes, dark
-            "cat/focus": [blurred(pictures[i]) for i in (1, 5, 11)], "dog": pictures[8:], "dog/strips": [strip(p) for p in pictures[6:8]]}
+            "cat/focus": [blurred(pictures[i]) for i in (1, 5, 11)], "dog": pictures[8:],
+            "dog/strips": [strip(p) for p in pictures[6:8]]}
     for folder, found in made.items():
         (source / folder).mkdir(parents=True, exist_ok=True)
         for i, picture in enumerate(found):
