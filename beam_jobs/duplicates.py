@@ -1,4 +1,4 @@
-"""Exact duplicates never cross splits; near-duplicates across splits are counted, not dropped.
+"""Exact duplicates never cross splits (and near-copies follow their original: beam_jobs/near_copies.py).
 
 A new record whose SHA-256 a published span already holds, or that another record of the same
 arrival holds (the one with the smallest URI is kept), becomes a dead letter naming the copy.
@@ -19,7 +19,6 @@ from its span's shards, and the lookup starts again.
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import groupby
@@ -27,26 +26,24 @@ from itertools import groupby
 import fsspec
 
 from beam_jobs.debris import STAGED_SIGNATURES
-from beam_jobs.shards import prune
+from beam_jobs.near_copies import NearRules, arrange
+from beam_jobs.quality import Rules, settle_odd_sizes
+from beam_jobs.shards import rearrange
 from components.common.content_index import parse
 from components.common.files import join, read_json
 from components.common.trusted_index import verified
 from components.contracts.layout import Root
 from components.contracts.results import LabelConflict
-from components.contracts.summaries import NearDuplicates, NearPair
-
-NEAR = 4  # dHash bits: within this, the same picture re-encoded, resized or lightly edited
-# Pigeonhole: two 64-bit hashes within 4 bits agree exactly on at least one of 5 bands.
-BANDS = ((0, 13), (13, 13), (26, 13), (39, 13), (52, 12))
-EXAMPLES = 5
+from components.contracts.summaries import NearDuplicates
 
 
 @dataclass
 class Findings:
     kept: list[dict]  # signatures of the records to publish, sorted by SHA-256
-    dropped: list[tuple[dict, str]]  # (signature, dead-letter reason)
+    dropped: list[tuple[dict, str]]  # (signature, dead-letter reason): copies, near-copies set aside, odd sizes
     conflicts: list[LabelConflict] = field(default_factory=list)
     near: NearDuplicates | None = None
+    set_aside: list[tuple[dict, str]] = field(default_factory=list)  # (signature, reason): odd sizes set aside
 
 
 def find(signatures: list[dict], root: Root) -> Findings:
@@ -57,17 +54,13 @@ def find(signatures: list[dict], root: Root) -> Findings:
 
 
 def _find(ordered: list[dict], hashes: list[str], numbers: list[int], lines) -> Findings:
-    near = _Near(ordered)
     published: dict[str, tuple[int, str]] = {}
     for number in numbers:
-        _scan(number, lines(number), hashes, published, near)
-    near.within()
-    findings = _decide(ordered, published)
-    findings.near = near.report({s["uri"] for s in findings.kept})
-    return findings
+        _scan(number, lines(number), hashes, published)
+    return _decide(ordered, published)
 
 
-def _scan(number: int, index: Iterator[str], hashes: list[str], published: dict, near: _Near) -> None:
+def _scan(number: int, index: Iterator[str], hashes: list[str], published: dict) -> None:
     """One streaming merge of a span's sorted index against the arrival's sorted hashes."""
     pending = iter(hashes)
     current = next(pending, None)
@@ -77,7 +70,6 @@ def _scan(number: int, index: Iterator[str], hashes: list[str], published: dict,
             current = next(pending, None)
         if current == sha:
             published.setdefault(sha, (number, line))
-        near.check(sha, line[65:81], line[82:87].rstrip("\t"), line, number)
 
 
 def _decide(ordered: list[dict], published: dict) -> Findings:
@@ -102,56 +94,30 @@ def _decide(ordered: list[dict], published: dict) -> Findings:
     return findings
 
 
-def _bands(value: int) -> list[tuple[int, int]]:
-    return [(band, (value >> start) & ((1 << width) - 1)) for band, (start, width) in enumerate(BANDS)]
-
-
-class _Near:
-    """New records with a near-duplicate (dHash within NEAR bits, another SHA-256) in the other split.
-
-    The arrival's hashes are bucketed by band; each published index line and each new record looks
-    up its 5 bands. A record is flagged once, with its first pair as the example."""
-
-    def __init__(self, records: list[dict]):
-        self.records, self.values = records, [int(r["dhash"], 16) for r in records]
-        self.buckets: dict[tuple[int, int], list[int]] = defaultdict(list)
-        self.found: dict[int, NearPair] = {}
-        for i, value in enumerate(self.values):
-            for key in _bands(value):
-                self.buckets[key].append(i)
-
-    def check(self, sha: str, dhash: str, split: str, where, span: int | None) -> None:
-        value = int(dhash, 16)
-        for key in _bands(value):
-            for i in self.buckets.get(key, ()):
-                record = self.records[i]
-                if i in self.found or record["split"] == split or record["sha256"] == sha:
-                    continue
-                apart = (self.values[i] ^ value).bit_count()
-                if apart <= NEAR:
-                    other = parse(where)[4] if isinstance(where, str) else where["uri"]
-                    self.found[i] = NearPair(uri=record["uri"], split=record["split"], other_uri=other,
-                                             other_split=split, other_span=span, distance=apart)
-
-    def within(self) -> None:
-        for record in self.records:
-            self.check(record["sha256"], record["dhash"], record["split"], record, None)
-
-    def report(self, kept: set[str]) -> NearDuplicates:
-        pairs = [pair for pair in self.found.values() if pair.uri in kept]
-        return NearDuplicates(count=len(pairs), examples=pairs[:EXAMPLES])
-
-
-def settle(staging: str, shards: list[dict], fresh: list, root: Root,
-           compression: str) -> tuple[list[dict], list[dict], Findings]:
-    """After the Beam job: the staged shards without duplicates, the duplicates' dead letters, and
-    what was found. `fresh` are the arrival's sources (for each dead letter's size and version)."""
+def settle(staging: str, shards: list[dict], fresh: list, root: Root, config,
+           published: str | None = None) -> tuple[list[dict], list[dict], Findings]:
+    """After the Beam job: the staged shards without duplicates (exact, and near-copies set aside), with
+    near-copies of the arrival moved into their original's split (beam_jobs/near_copies.py), the
+    dead letters of what was kept out, and what was found. `fresh` are the arrival's sources (for
+    each dead letter's size and version); `published` the staged dHashes of the published records."""
     findings = find(read_signatures(staging), root)
-    shards = prune(shards, [signature for signature, _ in findings.dropped], compression)
+    arranged = arrange(findings.kept, NearRules.of(config), published)
+    findings.near, findings.dropped = arranged.report, findings.dropped + arranged.dropped
+    findings.kept = _without(findings.kept, arranged.dropped)
+    findings.set_aside = settle_odd_sizes(findings.kept, Rules.of(config))
+    findings.kept = _without(findings.kept, findings.set_aside)
+    out = findings.dropped + findings.set_aside
+    shards = rearrange(shards, [signature for signature, _ in out], arranged.moved, config.compression, staging,
+                       int(config.shard_mb * 1024 * 1024))
     by_uri = {source.uri: source for source in fresh}
     dead = [{"uri": s["uri"], "reason": reason, "size": by_uri[s["uri"]].size, "version": by_uri[s["uri"]].version}
-            for s, reason in findings.dropped]
+            for s, reason in out]
     return shards, dead, findings
+
+
+def _without(kept: list[dict], out: list[tuple[dict, str]]) -> list[dict]:
+    gone = {id(signature) for signature, _ in out}
+    return [signature for signature in kept if id(signature) not in gone]
 
 
 def read_signatures(staging: str) -> list[dict]:

@@ -5,7 +5,9 @@
     driver: list SOURCE, drop what published spans already hold (beam_jobs/compare.py), stage the list
     Beam:   ReadSources -> Spread -> Normalize -> WriteShards -> Gather   (beam_jobs/pipeline.py)
             (+ each record's content signature)                         (components/common/signatures.py)
-    driver: keep out copies of published or listed-twice images           (beam_jobs/duplicates.py)
+    driver: stage the published dHashes, so near-copies join their split  (beam_jobs/near_copies.py)
+    driver: keep out copies of published or listed-twice images; near-copies of the arrival follow their
+            original; odd sizes                                         (beam_jobs/duplicates.py, quality.py)
     driver: name the shards, dead_letter.jsonl, labels.json, the content and source indexes, the statistics
             (statistics/Split-*/FeatureStats.pb, beam_jobs/statistics.py), _MANIFEST.json last
 
@@ -27,10 +29,12 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 
-from beam_jobs import bounded
+from beam_jobs import bounded, quality
 from beam_jobs.compare import compare
 from beam_jobs.debris import STAGED_DEAD_LETTERS, STAGED_SHARDS, STAGING_PREFIX, MisplacedSpan, remove, remove_debris
+from beam_jobs.describe import describe
 from beam_jobs.duplicates import Findings, settle
+from beam_jobs.near_copies import stage_published
 from beam_jobs.source_index import identity, write_source_index
 from beam_jobs.sources import Source, each_listed, list_named
 from beam_jobs.statistics import label_conflicts, write_statistics
@@ -123,10 +127,7 @@ def _ingest(config: IngestSettings, pipeline_args: list[str], root: Root, starte
 
     seconds = time.monotonic() - started
     return IngestSummary(
-        published=True,
-        span=number,
-        span_uri=root.span(number),
-        counts=manifest.counts,
+        published=True, span=number, span_uri=root.span(number), counts=manifest.counts,
         new_sources=len(fresh) + len(refused),
         bytes_in=sum(s.size for s in fresh),
         bytes_out=sum(s.bytes for s in manifest.shards),
@@ -141,6 +142,7 @@ def _ingest(config: IngestSettings, pipeline_args: list[str], root: Root, starte
         set_aside=set_aside_by_folder(dead),
         anomalies=manifest.anomalies,
         near_duplicates=findings.near,
+        quality=manifest.quality,
     )
 
 
@@ -149,10 +151,11 @@ def _convert(root, staging, chunks, fresh, config, pipeline_args, progress):
     the dead letters (duplicates included) and what the duplicate check found."""
     if not fresh:
         return [], [], Findings(kept=[], dropped=[])
+    published = stage_published(root, staging)  # so near-copies of published images join their split in the job
     with _Progress(staging, sum(s.size for s in fresh), progress):
-        run_pipeline(chunks, staging, config, pipeline_args)
+        run_pipeline(chunks, staging, config, pipeline_args, published)
     dead = read_json(join(staging, STAGED_DEAD_LETTERS))
-    shards, copies, findings = settle(staging, read_json(join(staging, STAGED_SHARDS)), fresh, root, config.compression)
+    shards, copies, findings = settle(staging, read_json(join(staging, STAGED_SHARDS)), fresh, root, config, published)
     return shards, dead + copies, findings
 
 
@@ -208,7 +211,8 @@ def stage_sources(staging: str, fresh: list[Source], labels: list[str]) -> list[
     return chunks
 
 
-def run_pipeline(chunks: list[str], staging: str, config: IngestSettings, pipeline_args: list[str]) -> None:
+def run_pipeline(chunks: list[str], staging: str, config: IngestSettings, pipeline_args: list[str],
+                 published: str | None = None) -> None:
     # Beam is imported here, not at the top: `stoke ingest --help` answers before it loads.
     import apache_beam as beam
 
@@ -218,7 +222,7 @@ def run_pipeline(chunks: list[str], staging: str, config: IngestSettings, pipeli
 
     def job():
         with beam.Pipeline(options=options) as pipeline:
-            build(pipeline, chunks, staging, config)
+            build(pipeline, chunks, staging, config, published)
 
     try:
         bounded.run(job)
@@ -264,9 +268,9 @@ def check(fresh, refused, shards, dead, max_bad_fraction: float, duplicates: int
             f"ingest.max_bad_fraction {max_bad_fraction}; nothing was published. First: {reasons}")
 
 
-# What a dead letter's reason says it is: a copy of a published or listed image, an image set aside
-# for its quality, or a bad file (unreadable, broken, too large, not an image, no label...).
-COPY_REASONS, QUALITY_REASONS = ("duplicate of",), ("blank image",)
+# What a dead letter's reason says it is: a copy (or near-copy) of a published or listed image, an image
+# set aside for its quality, or a bad file (unreadable, broken, too large, not an image, no label...).
+COPY_REASONS, QUALITY_REASONS = ("duplicate of", "near-copy of"), ("blank image", *quality.WORDS.values())
 
 
 def dead_letter_kind(reason: str) -> str:
@@ -275,7 +279,7 @@ def dead_letter_kind(reason: str) -> str:
 
 def set_aside_by_folder(dead: list[dict], most: int = 5) -> dict[str, int]:
     """Images set aside for their quality, counted by their folder (the `most` fullest): a dead camera's
-    blank frames come from its folder."""
+    blank (or dark, blurry...) frames come from its folder."""
     folders = collections.Counter(posixpath.dirname(d["uri"]) for d in dead if dead_letter_kind(d["reason"]) == "quality")
     return dict(folders.most_common(most))
 
@@ -324,6 +328,7 @@ def publish(root, number, shards, dead, labels, fresh, refused, config, findings
         settings=config.model_dump(exclude={"source", "root"}),
         max_side=config.max_side or None,
         anomalies=anomalies,
+        quality=quality.findings(findings.kept),
     )
     manifest.write(root.manifest(number))
     return manifest
@@ -367,27 +372,6 @@ def _last_line(error: BaseException) -> str:
     return lines[-1] if lines else type(error).__name__
 
 
-def _describe(summary: dict) -> str:
-    if not summary["published"]:
-        return summary["message"]
-    counts = summary["counts"]
-    text = (f"{os.path.basename(summary['span_uri'])}: {counts['train']:,} train + {counts['eval']:,} eval "
-            f"records in {summary['shards']} shards; {summary['new_sources']:,} new files in "
-            f"{summary['seconds']:,.1f} s ({summary['images_per_sec'] or 0:,.0f} images/s)")
-    if summary.get("unchanged"):
-        text += f"\n{summary['unchanged']} files with a new version but published content were not new (recognised by content)"
-    if counts.get("duplicates"):
-        text += f"\n{counts['duplicates']} copies of images already published or listed twice were kept out"
-    near = summary.get("near_duplicates") or {}
-    if near.get("count"):
-        text += f"\n{near['count']} new images look like one in the other split (near-duplicates, kept):"
-        text += "".join(f"\n  {p['uri']} ~ {p['other_uri']}" for p in near["examples"])
-    if counts["dead_letter"]:
-        text += f"\n{counts['dead_letter']} set aside, reasons in {summary['dead_letter_uri']}:"
-        text += "".join(f"\n  {d['uri']}: {d['reason']}" for d in summary["dead_letters"])
-    return text
-
-
 def run(argv: list[str] | None = None) -> int:
     parser = program.stage_parser("ingest", positional=("source",))
     parser.epilog = "Other options (--runner, --project, --region, --flink_master, ...) go to Apache Beam."
@@ -397,7 +381,7 @@ def run(argv: list[str] | None = None) -> int:
         logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
     code = program.main("stoke ingest", args.json,
                         lambda: ingest(program.stage_settings("ingest", args), pipeline_args,
-                                       program.progress_printer(args.json)), _describe,
+                                       program.progress_printer(args.json)), describe,
                         errors=(IngestError, ResultError, OSError), failed=IngestSummary(published=False))
     return bounded.exit_code(code)
 

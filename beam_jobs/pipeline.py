@@ -1,12 +1,14 @@
 """The Beam half of ingest: staged source lists in, rolling shard files and dead letters out.
 
     ReadSources -> Spread -> Normalize -> WriteShards       (rolling files per bundle)
+                                │  (+ near-copies of published images join their split: near_copies.py)
                                 │              └─ Signatures (one small JSON line per record)
                                 └─ DeadLetter               (with_exception_handling)
     all -> the staging folder, for the driver (beam_jobs/ingest.py) to check and publish
 
-Each record's signature (SHA-256 of the source bytes, dHash, grey mean and std, size, label,
-split, and the staged file and position its record went to) is computed from the bytes and the
+Each record's signature (SHA-256 of the source bytes, dHash of the picture and of its mirror, grey
+mean and std, size, label, split, its quality issues, the published near-copy it follows, and the
+staged file and position its record went to) is computed from the bytes and the
 decode that Normalize does anyway: duplicates, the content index and the statistics need no second
 pass over the images.
 """
@@ -19,10 +21,14 @@ import apache_beam as beam
 import fsspec
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils import shared
 from apache_beam.utils.windowed_value import WindowedValue
 
+from beam_jobs import quality
 from beam_jobs.debris import STAGED_DEAD_LETTERS, STAGED_SHARDS, STAGED_SIGNATURES
 from beam_jobs.local import NotRegularFile, open_source
+from beam_jobs.near_copies import NearRules, Published
+from beam_jobs.quality import Rules
 from beam_jobs.shards import RollingShards
 from components.common.files import join, write_json, write_text
 from components.common.images import Limits, Rejected, normalize
@@ -39,26 +45,56 @@ BYTES_READ = Metrics.counter("ingest", "bytes_read")
 DEAD_LETTERS = Metrics.counter("ingest", "dead_letters")
 
 
-def to_example(source: dict, limits: Limits | None = None) -> tuple[str, bytes, dict]:
-    """Reads, verifies and normalizes one source into (split, serialized tf.Example, signature)."""
-    limits = limits or Limits()
+def to_example(source: dict, limits: Limits | None = None, rules: Rules | None = None, near: NearRules | None = None,
+               published: Published | None = None) -> tuple[str, bytes, dict]:
+    """Reads, verifies and normalizes one source into (split, serialized tf.Example, signature): the
+    split is its original's when it is a near-copy of a published image that it may follow."""
+    limits, rules, near = limits or Limits(), rules or Rules(), near or NearRules()
     data = read_source(source, limits.max_bytes)
     image = normalize(data, limits.max_side, limits.max_pixels)
     if limits.blank_std and image.pixels.std < limits.blank_std:
         raise Rejected(f"blank image: std {image.pixels.std:.1f} of 0-255 grey, below --blank-std {limits.blank_std:g}")
+    found = quality.issues(image.pixels.quality.as_dict(), image.width, image.height, rules)
+    aside = sorted(rules.set_aside & found.keys())
+    if aside:
+        raise Rejected(quality.reason(aside[0], found[aside[0]]))
     IMAGES.inc()
     BYTES_READ.inc(len(data))
     if image.reencoded:
         REENCODED.inc()
+    split, fixed = source["split"], bool(source.get("fixed"))
     signature = {
-        "uri": source["uri"], "sha256": sha256(data), "dhash": image.pixels.dhash, "mean": image.pixels.mean,
-        "std": image.pixels.std, "label": source["label"], "split": source["split"], "format": image.format,
+        "uri": source["uri"], "sha256": sha256(data), "dhash": image.pixels.dhash, "mirror": image.pixels.mirror,
+        "mean": image.pixels.mean, "std": image.pixels.std, "label": source["label"], "format": image.format,
         "width": image.width, "height": image.height, "bytes": len(image.encoded),
     }
-    return source["split"], schema.encode_example(
+    match = published.match(image.pixels.dhash, image.pixels.mirror) if published and near.eligible(
+        image.width, image.height) else None
+    if match:
+        match["moved"] = near.mode == "follow" and not fixed and match["split"] != split
+        split = match["split"] if match["moved"] else split
+        signature["near"] = match
+    signature.update({"split": split, **({"fixed": True} if fixed else {}), **({"issues": sorted(found)} if found else {})})
+    return split, schema.encode_example(
         encoded=image.encoded, image_format=image.format, height=image.height, width=image.width,
         label=source["label_id"], text=source["label"], source=source["uri"],
     ), signature
+
+
+class Normalize(beam.DoFn):
+    """to_example, with the published records' dHash index loaded once per worker process (Beam's
+    Shared): every thread of a process looks up the same one."""
+
+    def __init__(self, limits: Limits, rules: Rules, near: NearRules, published: str | None):
+        self.limits, self.rules, self.near, self.published_uri = limits, rules, near, published
+        self._shared = shared.Shared()
+
+    def setup(self):
+        uri, bits = self.published_uri, self.near.bits
+        self.published = self._shared.acquire(lambda: Published(uri, bits), tag=f"{uri}:{bits}") if uri else None
+
+    def process(self, source):
+        yield to_example(source, self.limits, self.rules, self.near, self.published)
 
 
 def read_source(source: dict, max_bytes: int | None) -> bytes:
@@ -134,7 +170,7 @@ class Gather(beam.PTransform):
         return items | "ToList" >> beam.combiners.ToList() | "Write" >> beam.Map(_write_list, self.uri)
 
 
-def build(pipeline, chunks: list[str], staging: str, config: IngestSettings) -> None:
+def build(pipeline, chunks: list[str], staging: str, config: IngestSettings, published: str | None = None) -> None:
     sources = (
         pipeline
         | "ListChunks" >> beam.Create(chunks)
@@ -143,9 +179,8 @@ def build(pipeline, chunks: list[str], staging: str, config: IngestSettings) -> 
     )
     limits = Limits(max_side=config.max_side, max_pixels=int(config.max_megapixels * 1e6),
                     max_bytes=int(config.max_file_mb * MB), blank_std=config.blank_std)
-    good, bad = sources | "Normalize" >> beam.Map(to_example, limits).with_exception_handling(
-        exc_class=Rejected
-    )
+    normalize = Normalize(limits, Rules.of(config), NearRules.of(config), published)
+    good, bad = sources | "Normalize" >> beam.ParDo(normalize).with_exception_handling(exc_class=Rejected)
     max_bytes = int(config.shard_mb * MB)
     written = good | "WriteShards" >> beam.ParDo(WriteShards(staging, max_bytes, config.compression)).with_outputs(
         SIGNATURES, main="shards")

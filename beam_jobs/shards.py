@@ -103,26 +103,41 @@ def read_records(uri: str, compression: str) -> Iterator[bytes]:
 
 
 def prune(shards: list[dict], dropped: list[dict], compression: str) -> list[dict]:
-    """The staged shards without the records `dropped` names (by file and index).
+    """The staged shards without the records `dropped` names (by file and index)."""
+    return rearrange(shards, dropped, [], compression, "", 0)
 
-    Duplicates are found only once every record is written (beam_jobs/duplicates.py), so a shard
-    holding one is copied without it here: a file that holds nothing else is just removed, so a
-    re-upload costs no copying, and a shard without duplicates is left alone."""
+
+def rearrange(shards: list[dict], dropped: list[dict], moved: list[dict], compression: str, folder: str,
+              max_bytes: int) -> list[dict]:
+    """The staged shards without the records `dropped` names, and with the records `moved` names (by
+    file and index) in the split their signature now says, in new files under `folder`.
+
+    Copies and near-copies are found only once every record is written (beam_jobs/duplicates.py,
+    near_copies.py), so a shard holding one is copied without it here: a file that holds nothing
+    else is just removed, so a re-upload costs no copying, and a shard with neither is left alone.
+    The bytes of a record are moved as they are: a tf.Example holds no split."""
     gone: dict[str, set[int]] = {}
     for signature in dropped:
         gone.setdefault(signature["file"], set()).add(signature["index"])
-    kept = []
+    moving: dict[str, dict[int, str]] = {}
+    for signature in moved:
+        moving.setdefault(signature["file"], {})[signature["index"]] = signature["split"]
+    kept, elsewhere = [], RollingShards(folder, max_bytes, compression) if moved else None
     for shard in shards:
-        drop = gone.get(shard["file"], set())
-        if drop and len(drop) < shard["records"]:
-            copy = RecordFile(shard["file"] + ".pruned", compression)
-            for index, record in enumerate(read_records(shard["file"], compression)):
-                if index not in drop:
-                    copy.write(record)
-            kept.append({**shard, **copy.close()})
-        elif not drop:
+        drop, move = gone.get(shard["file"], set()), moving.get(shard["file"], {})
+        if not drop and not move:
             kept.append(shard)
-        if drop:
-            fs, path = filesystem(shard["file"])
-            fs.rm(path)
-    return kept
+            continue
+        stays = shard["records"] - len(drop | move.keys())
+        copy = RecordFile(shard["file"] + ".kept", compression) if stays else None
+        if stays or move:
+            for index, record in enumerate(read_records(shard["file"], compression)):
+                if index in move:
+                    kept += [closed] if (closed := elsewhere.write(move[index], record)) else []
+                elif index not in drop:
+                    copy.write(record)
+        if copy is not None:
+            kept.append({**shard, **copy.close()})
+        fs, path = filesystem(shard["file"])
+        fs.rm(path)
+    return kept + (elsewhere.close() if elsewhere else [])

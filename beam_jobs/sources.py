@@ -40,6 +40,7 @@ class Source:
     label: str = ""  # class name; empty when the source gave none
     split: str = ""  # "train" or "eval"; empty until assigned
     key: str = ""  # what the split hash reads: the path below SOURCE, so a moved bucket splits alike
+    fixed: bool = False  # the split is a manifest's: near-copies never move it
 
     @property
     def identity(self) -> tuple[str, int, str]:
@@ -245,7 +246,7 @@ def _list_manifest(fs, path: str, allow_outside: bool) -> Listing:
         if isinstance(info, str):
             rejected.append((Source(uri, 0, ""), info))
         else:
-            sources.append(Source(uri, int(info["size"]), version_of(info), label, split, key=key))
+            sources.append(Source(uri, int(info["size"]), version_of(info), label, split, key=key, fixed=bool(split)))
     return Listing(sources, rejected)
 
 

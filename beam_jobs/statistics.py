@@ -15,7 +15,7 @@ load_stats_binary, infer_schema, validate_statistics and visualisation take them
   avg/min/max_num_bytes.
 
 What describes the picture but is no record feature (grey-level mean and spread, aspect ratio,
-encoded size; later, quality scores) is kept as custom_stats of image/encoded, the feature it
+encoded size; the count of each image-quality issue, `quality.<issue>`) is kept as custom_stats of image/encoded, the feature it
 measures, where TFDV's own image statistics generator puts its image measures (image_max_width,
 image_format_histogram): one file per split, as TFX reads it, and no name that infer_schema or
 validate_statistics could take for a column of the records, nor any they read: no `domain_info` (TFDV's
@@ -39,6 +39,7 @@ from operator import itemgetter
 import numpy as np
 from tensorflow_metadata.proto.v0 import statistics_pb2
 
+from beam_jobs.quality import WORDS as QUALITY_ISSUES
 from components.common.files import write_bytes
 from components.contracts import schema
 from components.contracts.layout import Root
@@ -99,6 +100,10 @@ def split_statistics(records: list[dict], ids: dict[str, int], anomalies: list[A
                      None if name == schema.TEXT else RANK_BUCKETS)
         else:
             _image(_feature(dataset, name, Feature.BYTES), columns)
+    encoded = next(f for f in dataset.features if f.path.step[0] == schema.ENCODED)
+    issues = Counter(issue for r in records for issue in r.get("issues", ()))
+    for issue in QUALITY_ISSUES:  # records ingest scored with each (beam_jobs/quality.py), set aside or not
+        encoded.custom_stats.add(name=f"quality.{issue}", num=issues[issue])
     text = next(f for f in dataset.features if f.path.step[0] == schema.TEXT)
     for anomaly in anomalies:  # the span's, on each split: a conflict's copy is in neither
         text.custom_stats.add(name=f"{anomaly.kind}s", num=anomaly.count)

@@ -2,20 +2,31 @@
 
 Computed in ingest's Beam job from what it already holds: the source file's bytes (SHA-256: a
 re-upload under another name shares it) and the image ingest decoded to verify it (a 64-bit
-difference hash and the grey level's mean and spread). The driver decides duplicates, writes the
-span's content index and statistics from these alone (beam_jobs/duplicates.py, statistics.py); a
-damaged content index is computed again from the span's records the same way
+difference hash of the picture and of its mirror image, the grey level's mean and spread, and the
+quality scores of components/common/quality.py). The driver decides duplicates, writes the span's
+content index and statistics from these alone (beam_jobs/duplicates.py, statistics.py); a damaged
+content index is computed again from the span's records the same way
 (components/common/trusted_index.py), which is why this lives below both.
+
+The difference hash is Krawetz's dHash ("Kind of Like That", 2013): the grey picture shrunk to 9x8,
+one bit per pair of horizontal neighbours (is the left one brighter?). Shrinking drops what a
+re-encode, a resize or a light crop changes, so such copies stay within a few bits. A mirror image
+reverses every row: its hash comes from the same thumbnail read right to left, so a mirrored copy
+is found by looking up the mirror's hash (beam_jobs/near_copies.py).
 """
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
 
+from components.common.quality import Scores, moments, scores_of
+
 HASH_SIDE = 8  # dHash: an 8x9 grey thumbnail, one bit per pair of horizontal neighbours
+WEIGHTS = 1 << np.arange(63, -1, -1, dtype=np.uint64)  # bit 63 is the thumbnail's top-left pair
 
 
 @dataclass(frozen=True)
@@ -23,16 +34,24 @@ class Pixels:
     dhash: str  # 16 hex digits
     mean: float  # grey level, 0-255
     std: float
+    mirror: str = ""  # dHash of the picture mirrored left to right
+    quality: Scores | None = None
 
 
 def pixels_of(image: Image.Image) -> Pixels:
-    """dHash, mean and std of `image` as decoded (a JPEG may be at a DCT scale: the same picture)."""
+    """dHashes, grey mean and std and quality scores of `image` as decoded (a JPEG may be at a DCT
+    scale: the same picture, smaller)."""
     grey = image.convert("L")
-    values = np.asarray(grey, dtype=np.float32)
+    histogram = grey.histogram()
+    mean, variance = moments(histogram)
     thumb = np.asarray(grey.resize((HASH_SIDE + 1, HASH_SIDE), Image.BILINEAR), dtype=np.int16)
+    return Pixels(_dhash(thumb), round(mean, 3), round(math.sqrt(variance), 3), _dhash(thumb[:, ::-1]),
+                  scores_of(image, grey, histogram))
+
+
+def _dhash(thumb: np.ndarray) -> str:
     bits = (thumb[:, :-1] > thumb[:, 1:]).flatten()
-    number = int("".join("1" if b else "0" for b in bits), 2)
-    return Pixels(f"{number:016x}", round(float(values.mean()), 3), round(float(values.std()), 3))
+    return f"{int((WEIGHTS * bits).sum()):016x}"
 
 
 def sha256(data: bytes) -> str:
@@ -40,5 +59,5 @@ def sha256(data: bytes) -> str:
 
 
 def distance(a: str, b: str) -> int:
-    """Hamming distance of two dHashes: 0-4 is the same picture re-encoded, resized or retouched."""
+    """Hamming distance of two dHashes: 0-4 is the same picture re-encoded, resized or lightly cropped."""
     return (int(a, 16) ^ int(b, 16)).bit_count()

@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from components.contracts import schema
+from components.contracts.results import QUALITY_ISSUES
 from components.contracts.secrets import without_secrets
 
 # The networks training can fit (components/train/models.py builds each).
@@ -60,6 +61,18 @@ def check_service_address(address: str) -> str:
 
 
 ServiceAddress = Annotated[str, AfterValidator(check_service_address)]
+
+
+def check_quality_issues(names: str) -> str:
+    """A comma-separated list of quality issues, as `a,b` in their canonical order."""
+    given = {name.strip() for name in names.split(",") if name.strip()}
+    unknown = sorted(given - set(QUALITY_ISSUES))
+    if unknown:
+        raise ValueError(f"unknown quality issue {unknown[0]!r}: name some of {', '.join(QUALITY_ISSUES)}")
+    return ",".join(name for name in QUALITY_ISSUES if name in given)
+
+
+QualityIssues = Annotated[str, AfterValidator(check_quality_issues)]
 DISPATCHER_PORT, WORKER_PORT = 5050, 5051  # `stoke data-service`'s defaults
 
 # Every settings model refuses inf and nan: a number that can never be reached (`--shard-mb inf`)
@@ -112,6 +125,35 @@ class IngestConfig(BaseModel):
     blank_std: float = Field(
         2.0, ge=0.0, le=255.0, description="set aside images whose grey level (0-255) has a standard deviation below "
         "this, such as a dead camera's blank frames; 0 keeps them")
+    near_copies: Literal["follow", "set_aside", "report"] = Field(
+        "follow", description="a new image within ingest.near_copy_bits of dHash of a published or another new one "
+        "(re-encoded, resized, cropped, EXIF-rotated or mirrored): follow joins that image's split, set_aside keeps it "
+        "out as a dead letter, report only counts it; splits a manifest gives are never changed")
+    near_copy_bits: int = Field(
+        6, ge=0, le=10, description="dHash bits (of 64) within which two images are near-copies; a re-encode, a resize to "
+        "half or a mirror image stays within 3, distinct photographs are 9 or more apart")
+    near_copy_min_side: int = Field(
+        16, ge=0, le=65535, description="images with a shorter side below this (px) are never called near-copies: "
+        "their 9x8 dHash thumbnail says nothing (7 of 8 distinct 8x8 digits have a twin within 4 bits)")
+    blurry_below: float = Field(
+        1170.0, ge=0, description="blurry: the variance of the Laplacian of the 64 px grey thumbnail is below this "
+        "(cleanvision's threshold); 0 turns it off")
+    dark_below: float = Field(
+        0.32, ge=0, le=1, description="dark: the 99th percentile of brightness (0-1) is below this; 0 turns it off")
+    light_above: float = Field(
+        0.95, ge=0, le=1, description="light: the 5th percentile of brightness (0-1) is above this; 0 turns it off")
+    low_information_below: float = Field(
+        2.0, ge=0, le=8, description="low-information: the grey histogram's entropy (bits) is below this; 0 turns it off")
+    odd_aspect_below: float = Field(
+        0.35, ge=0, le=1, description="odd aspect ratio: the shorter side is less than this share of the longer; "
+        "0 turns it off")
+    odd_size_iqr: float = Field(
+        3.0, ge=0, le=100, description="odd size: sqrt(width x height) lies this many interquartile ranges outside the "
+        "span's quartiles (and over 2x from its median); 0 turns it off")
+    report_grayscale: bool = Field(True, description="report RGB images whose channels are equal (grayscale)")
+    quality_set_aside: QualityIssues = Field(
+        "", description="quality issues whose images are set aside (dead letters) instead of reported, comma-separated "
+        "among blurry, dark, light, low_information, odd_aspect_ratio, odd_size, grayscale (blank frames: blank_std)")
     compression: Literal["gzip", "zlib", "none"] = Field("gzip", description="codec of the shard files")
     allow_outside_source: bool = Field(
         False, description="let a manifest's rows name local paths, s3:// or gs:// files outside the manifest's "

@@ -8,6 +8,7 @@ one, so a key renamed on one side fails loudly in a test instead of turning into
 from __future__ import annotations
 
 import json
+import typing
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -89,6 +90,20 @@ class Anomaly(Result):
     examples: list[LabelConflict]
 
 
+QualityIssue = Literal["blurry", "dark", "light", "low_information", "odd_aspect_ratio", "odd_size", "grayscale"]
+QUALITY_ISSUES: tuple[str, ...] = typing.get_args(QualityIssue)
+
+
+class QualityFinding(Result):
+    """Records ingest kept with an image-quality issue (beam_jobs/quality.py): how many, the first
+    few, and the folders most of them came from; the data check reports them."""
+
+    kind: QualityIssue
+    count: int
+    examples: list[str]  # the first URIs
+    folders: dict[str, int] = {}  # folder -> records, the fullest first
+
+
 class ShardEntry(Result):
     file: str = Field(pattern=r"^[^/\\\x00]*[^/\\\x00.][^/\\\x00]*$")  # a file name in the span folder, no path
     split: Literal["train", "eval"]
@@ -119,6 +134,7 @@ class SpanManifest(Result):
     settings: dict = {}  # the ingest settings, SOURCE and ROOT aside
     max_side: int | None = None  # longest side of any image in the span; None: as large as they came
     anomalies: list[Anomaly] = []
+    quality: list[QualityFinding] = []  # reported image-quality issues; spans published before have none
 
 
 # ---------------------------------------------------------------- a run: training

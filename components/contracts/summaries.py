@@ -16,6 +16,7 @@ from components.contracts.results import (
     GateMetrics,
     LossAccuracy,
     ProfilerVerdict,
+    QualityFinding,
     Result,
     SpanCounts,
     Thresholds,
@@ -44,7 +45,8 @@ class DeadLetter(Result):
 
 
 class NearPair(Result):
-    """Two pictures within a few bits of dHash (a re-encoded or resized copy) in different splits."""
+    """A new picture within a few bits of dHash of another (a re-encoded, resized, cropped or mirrored
+    copy): `split` is where the new one went, `other_split` where the other is."""
 
     uri: str
     split: str
@@ -52,11 +54,17 @@ class NearPair(Result):
     other_split: str
     other_span: int | None = None  # None: this span
     distance: int
+    mirrored: bool = False  # found through the mirror image's dHash
 
 
 class NearDuplicates(Result):
-    count: int  # new records with a near-duplicate in the other split
+    """New records that are near-copies of a published image or of another new one (beam_jobs/near_copies.py)."""
+
+    count: int  # near-copies found
     examples: list[NearPair]  # the first 5
+    moved: int = 0  # of them, records that joined their original's split instead of their own
+    set_aside: int = 0  # of them, records set aside (ingest.near_copies set_aside)
+    across: int = 0  # of them, records left in the other split: a manifest gave both splits, or report
 
 
 class IngestSummary(Summary):
@@ -79,9 +87,10 @@ class IngestSummary(Summary):
     dead_letter_uri: str | None = None
     unchanged: int | None = None  # files with a new version (mtime, ETag) but published content: not new
     duplicates: int | None = None  # exact copies kept out (also in dead_letters, not counted as bad)
-    set_aside: dict[str, int] | None = None  # images set aside for their quality (blank frames), by folder
+    set_aside: dict[str, int] | None = None  # images set aside for their quality (blank frames...), by folder
     anomalies: list[Anomaly] | None = None
-    near_duplicates: NearDuplicates | None = None  # reported, not dropped
+    near_duplicates: NearDuplicates | None = None
+    quality: list[QualityFinding] | None = None  # image-quality issues of records kept (reported)
 
 
 class Check(Result):
@@ -166,11 +175,14 @@ class PushSummary(Summary):
 class DataAnomaly(Result):
     """One thing the data check found in a span: how bad, how many records, and a few of them."""
 
-    kind: Literal["label_conflict", "label_drift", "same_image_flood", "image_size", "rare_class", "no_statistics"]
+    kind: Literal["label_conflict", "label_drift", "same_image_flood", "image_size", "rare_class", "no_statistics",
+                  "image_quality"]
     severity: Literal["error", "warning"]
     message: str
     count: int | None = None  # records concerned (None: a property of the whole span)
     examples: list[str] = []  # a few URIs, where records can be named
+    issue: str | None = None  # image_quality: which (blurry, dark, light, low_information, ...)
+    folders: dict[str, int] = {}  # image_quality: the folders most of them came from, with their records
 
 
 # Which data check judged a span, in its record: raise it when the checks change, so records made by

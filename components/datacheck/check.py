@@ -16,7 +16,7 @@ from tensorflow_metadata.proto.v0 import statistics_pb2
 
 from components.contracts import schema
 from components.contracts.config import DataCheckConfig
-from components.contracts.results import Anomaly
+from components.contracts.results import Anomaly, QualityFinding
 from components.contracts.summaries import DataAnomaly
 
 EXAMPLES = 5  # URIs named per anomaly; the count covers them all
@@ -69,10 +69,11 @@ def profile(statistics: dict[str, statistics_pb2.DatasetFeatureStatisticsList]) 
 
 
 def decide(span: int, new: Profile, history: list[Profile], config: DataCheckConfig, *, classes: list[str],
-           conflicts: list[Anomaly] = (), dhashes: dict[str, list[str]] | None = None) -> Verdict:
+           conflicts: list[Anomaly] = (), dhashes: dict[str, list[str]] | None = None,
+           quality: list[QualityFinding] = ()) -> Verdict:
     """Every check of span `span`; without history only those that need none (conflicts, floods,
-    rare classes within the span). `conflicts` are the manifest's anomalies; `dhashes` maps each
-    dHash of the span to its records' URIs."""
+    rare classes within the span, image quality). `conflicts` are the manifest's anomalies; `dhashes`
+    maps each dHash of the span to its records' URIs; `quality` are the manifest's quality findings."""
     mine = new.label_counts()
     theirs = sum((h.label_counts() for h in history), Counter())
     anomalies = label_conflicts(conflicts)
@@ -85,6 +86,7 @@ def decide(span: int, new: Profile, history: list[Profile], config: DataCheckCon
         anomalies += image_sizes(new, history)
     train = sum((p.label_counts("train") for p in [new, *history]), Counter())
     anomalies += rare_classes(train, classes or sorted(train), config.min_class_examples, bool(history))
+    anomalies += image_quality(quality)
     return Verdict(anomalies, dict(sorted(mine.items())), dict(sorted(theirs.items())), drift)
 
 
@@ -143,6 +145,25 @@ def image_sizes(new: Profile, history: list[Profile]) -> list[DataAnomaly]:
             message=f"image {word}s {low:g}-{high:g} px against the history's {floor:g}-{top:g} px "
                     f"(at least {max(1, round(outside))} records outside)"))
     return found
+
+
+QUALITY_WORDS = {"blurry": "blurry (little detail: de-focused or shaken)", "dark": "dark", "light": "light (washed out)",
+                 "low_information": "low-information (few grey levels)", "odd_aspect_ratio": "of an odd aspect ratio",
+                 "odd_size": "of an odd size for the span", "grayscale": "grayscale"}
+
+
+def image_quality(found: list[QualityFinding]) -> list[DataAnomaly]:
+    """Ingest's reported quality issues (the manifest's `quality`), as warnings naming a few images and
+    the folders they came from: kept in the span, for a person to look at."""
+    anomalies = []
+    for finding in found:
+        folders = ", ".join(f"{folder} ({count})" for folder, count in finding.folders.items())
+        anomalies.append(DataAnomaly(
+            kind="image_quality", severity="warning", issue=finding.kind, count=finding.count,
+            examples=finding.examples[:EXAMPLES], folders=finding.folders,
+            message=f"{finding.count} images are {QUALITY_WORDS[finding.kind]}, from {folders}; kept (set them aside "
+                    f"with ingest.quality_set_aside={finding.kind})"))
+    return anomalies
 
 
 def rare_classes(train: Counter, classes: list[str], minimum: int, with_history: bool) -> list[DataAnomaly]:

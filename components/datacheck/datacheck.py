@@ -75,7 +75,8 @@ def check_span(root: Root, published: dict[int, SpanManifest], number: int, conf
     past = [profile(read_statistics(root, published[n])) for n in history]
     try:
         verdict = decide(number, profile(read_statistics(root, manifest)), past, config, classes=manifest.labels,
-                         conflicts=manifest.anomalies or [], dhashes=dhashes(root, number))
+                         conflicts=manifest.anomalies or [], dhashes=dhashes(root, number),
+                         quality=manifest.quality)
     except DataCheckError as error:
         missing = DataAnomaly(kind="no_statistics", severity="error", message=f"{error}; or release the span after a look")
         verdict = Verdict([missing], {}, {}, None)

@@ -48,7 +48,8 @@ def anomalies(check: SpanCheck) -> list[str]:
     if not check.anomalies:
         return ["No anomalies.", ""]
     lines = ["| severity | anomaly | records | what | examples |", "| --- | --- | --- | --- | --- |"]
-    lines += [f"| {a.severity} | {a.kind} | {a.count if a.count is not None else '-'} | {a.message} | "
+    lines += [f"| {a.severity} | {a.kind}{f': {a.issue}' if a.issue else ''} | {'-' if a.count is None else a.count} | "
+              f"{a.message} | "
               f"{', '.join(f'`{uri}`' for uri in a.examples) or '-'} |" for a in check.anomalies]
     return lines + [""]
 
@@ -71,21 +72,20 @@ def labels(check: SpanCheck, plots: dict) -> list[str]:
 
 
 def kept_out(ingest: IngestSummary | None) -> list[str]:
-    """Exact copies, near-duplicates and blank frames (by folder: a dead camera's), as the ingest summary tells them."""
+    """Exact copies, near-copies and images set aside for their quality (by folder: a dead camera's), as the
+    ingest summary tells them."""
     if ingest is None or not (ingest.published or ingest.set_aside):
         return []
     aside = ingest.set_aside or {}
     lines = [f"Exact copies kept out at ingest: {ingest.duplicates or 0}. Images set aside for their quality "
-             f"(blank frames): {sum(aside.values())}"
+             f"(blank, or an issue ingest.quality_set_aside names): {sum(aside.values())}"
              + (" (" + ", ".join(f"{count} in `{folder}`" for folder, count in aside.items()) + ")" if aside else "")
              + "."]
     near = ingest.near_duplicates
     if near and near.count:
         pair = near.examples[0]
-        lines.append(f"Near-duplicates across splits (reported, not dropped): {near.count}, e.g. `{pair.uri}` "
-                     f"({pair.split}) and `{pair.other_uri}` ({pair.other_split}), {pair.distance} bits apart.")
-        records = ingest.counts.train + ingest.counts.eval if ingest.counts else 0
-        if records and near.count > records / 4:
-            lines.append("So many pairs mean the pictures look alike at the 9x8 grey thumbnail the difference hash "
-                         "compares (small or plain images, such as the 8x8 demo digits), not that they are copies.")
+        lines.append(f"Near-copies of another image (re-encoded, resized, cropped or mirrored): {near.count}; "
+                     f"{near.moved} joined their original's split, {near.set_aside} set aside, {near.across} left in "
+                     f"the other split; e.g. `{pair.uri}` ({pair.split}) and `{pair.other_uri}` ({pair.other_split}), "
+                     f"{pair.distance} bits apart{' as mirror images' if pair.mirrored else ''}.")
     return lines + [""]

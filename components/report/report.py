@@ -27,7 +27,8 @@ from components.report.alerts import alerts
 SECTIONS = ("preflight", "ingest", "datacheck", "train", "gate", "push")
 # The keys of a stage's summary that its section of the report shows.
 INGEST_KEYS = {"published", "span", "span_uri", "counts", "new_sources", "images_per_sec", "seconds",
-               "dead_letters", "dead_letter_uri", "message", "error", "duplicates", "near_duplicates", "set_aside"}
+               "dead_letters", "dead_letter_uri", "message", "error", "duplicates", "near_duplicates", "set_aside",
+               "quality"}
 PUSH_KEYS = {"pushed", "already_pushed", "version", "previous_version", "model_uri", "serving_uri", "commands",
              "image", "retired", "message"}
 

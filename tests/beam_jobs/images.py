@@ -174,3 +174,36 @@ def with_a_huge_second_frame(fmt: str, width: int, height: int) -> bytes:
     mode = "RGB" if fmt in ("MPO", "WEBP", "PNG") else "1"
     first = Image.fromarray(pixels(24, 32))
     return encode(first, fmt, save_all=True, append_images=[Image.new(mode, (width, height))])
+
+
+def photo_crops(count: int, width: int = 320, height: int = 240) -> list[Image.Image]:
+    """`count` different photographs: crops of those scikit-image and scikit-learn ship, with a little noise."""
+    from benchmarks.jpeg_spans import packaged_photos
+
+    rng, photos, made = np.random.default_rng(0), packaged_photos(), []
+    for i in range(count):
+        photo = photos[i % len(photos)]
+        top = (i // len(photos)) * height % max(1, photo.shape[0] - height)
+        crop = photo[top:top + height, :width].astype(np.float32) + rng.normal(0, 3, (height, width, 3))
+        made.append(Image.fromarray(np.clip(crop, 0, 255).astype(np.uint8)))
+    return made
+
+
+def stored_sideways(picture: Image.Image) -> bytes:
+    """The picture as a phone stores it: pixels turned a quarter, EXIF orientation 6 to turn them back."""
+    exif = Image.Exif()
+    exif[0x0112] = 6  # shown rotated 90 degrees clockwise
+    return encode(picture.transpose(Image.Transpose.ROTATE_90), "JPEG", quality=90, exif=exif)
+
+
+def near_copies(picture: Image.Image) -> dict[str, bytes]:
+    """What a picture becomes on its way back into a bucket: re-encoded, resized, cropped, rotated, mirrored."""
+    width, height = picture.size
+    return {
+        "q95": encode(picture, "JPEG", quality=95),
+        "q40": encode(picture, "JPEG", quality=40),
+        "half": encode(picture.resize((width // 2, height // 2), Image.BILINEAR), "JPEG", quality=90),
+        "crop": encode(picture.crop((width // 40, height // 40, width - width // 40, height - height // 40)), "PNG"),
+        "sideways": stored_sideways(picture),
+        "mirror": encode(picture.transpose(Image.Transpose.FLIP_LEFT_RIGHT), "JPEG", quality=90),
+    }

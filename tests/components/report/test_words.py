@@ -1,5 +1,5 @@
-"""The report says what a user needs and no puzzle: no top-k accuracy that cannot be below 1, a
-near-duplicate count that means small pictures look alike, the probe beside a profiler that disagrees,
+"""The report says what a user needs and no puzzle: no top-k accuracy that cannot be below 1, what
+became of near-copies, the probe beside a profiler that disagrees,
 a collapsed model and training's warnings first."""
 from __future__ import annotations
 
@@ -32,14 +32,15 @@ def test_top_k_accuracy_is_shown_only_when_k_is_below_the_classes(tmp_path):
     assert "| top_k_accuracy |" not in run_with(tmp_path / "b", gate=three_classes)["markdown"]
 
 
-def test_many_near_duplicates_are_said_to_be_alike_pictures_not_copies(tmp_path):
-    def alike(ingest):
-        pair = {"uri": "/in/a/1.png", "split": "train", "other_uri": "/in/a/2.png", "other_split": "eval",
-                "distance": 3}
-        return {**ingest, "near_duplicates": {"count": 30, "examples": [pair]}}
-    markdown = run_with(tmp_path, ingest=alike)["markdown"]
-    assert "Near-duplicates across splits (reported, not dropped): 30" in markdown
-    assert "look alike at the 9x8 grey thumbnail" in markdown
+def test_near_copies_say_what_became_of_them(tmp_path):
+    def copied(ingest):
+        pair = {"uri": "/in/a/1.png", "split": "eval", "other_uri": "/in/a/2.png", "other_split": "eval",
+                "distance": 3, "mirrored": True}
+        return {**ingest, "near_duplicates": {"count": 30, "moved": 12, "across": 1, "examples": [pair]}}
+    markdown = run_with(tmp_path, ingest=copied)["markdown"]
+    assert "Near-copies of another image (re-encoded, resized, cropped or mirrored): 30; 12 joined their " \
+           "original's split, 0 set aside, 1 left in the other split" in markdown
+    assert "3 bits apart as mirror images" in markdown
 
 
 def test_a_profiler_that_disagrees_with_the_probe_is_explained(tmp_path):

@@ -1,0 +1,201 @@
+"""Near-copies follow their original: a new image within a few bits of dHash of a published image, or
+of another image of the same arrival (re-encoded, resized, lightly cropped, EXIF-rotated, mirrored),
+joins that image's split, so eval never scores a picture training has seen in another file.
+
+    driver, before the job: every published record's dHash and split, from the spans' content
+            indexes (checked, rebuilt where broken: components/common/trusted_index.py), staged as one file
+    Beam, in Normalize:     each new image looks its dHash and its mirror's up in a banded index of
+            them (components/common/near_index.py) and is written straight into its original's split
+    driver, after the job:  images of the same arrival can only be compared once all are signed: each,
+            in URI order, follows the nearest image already settled; a record that changes split is
+            moved between staged shards (beam_jobs/shards.py), the one copy the job pays for it
+
+With `ingest.near_copies set_aside` they become dead letters `near-copy of <uri> ...` instead (copies,
+not bad files); with `report` they are only counted. A split a manifest gives is never changed.
+Images with a shorter side under `ingest.near_copy_min_side` are never called near-copies: a 9x8
+thumbnail of an 8x8 picture says nothing (docs/benchmarks.md#near-copies measures where it stops).
+"""
+from __future__ import annotations
+
+import io
+import json
+from array import array
+from dataclasses import dataclass, field
+
+import fsspec
+import numpy as np
+
+from components.common.files import join
+from components.common.near_index import BandedIndex, as_numbers
+from components.common.trusted_index import verified
+from components.contracts.layout import Root
+from components.contracts.schema import SPLITS
+from components.contracts.summaries import NearDuplicates, NearPair
+
+STAGED_PUBLISHED = "near-published.npz"
+EXAMPLES = 5
+
+
+@dataclass(frozen=True)
+class NearRules:
+    mode: str = "report"  # follow, set_aside or report
+    bits: int = 6
+    min_side: int = 16
+
+    @classmethod
+    def of(cls, config) -> NearRules:
+        return cls(config.near_copies, config.near_copy_bits, config.near_copy_min_side)
+
+    def eligible(self, width: int, height: int) -> bool:
+        return min(width, height) >= self.min_side
+
+
+def stage_published(root: Root, staging: str) -> str | None:
+    """Every published record's dHash, split, span and URI as one .npz in the staging folder; None
+    when nothing is published. About 21 bytes a record plus its URI, in compact arrays."""
+    hashes, splits, spans, offsets, uris = verified(root, lambda lines: _collect(root, lines))
+    if not hashes:
+        return None
+    buffer = io.BytesIO()
+    np.savez(buffer, hashes=np.frombuffer(hashes, np.uint64), splits=np.frombuffer(splits, np.uint8),
+             spans=np.frombuffer(spans, np.uint32), offsets=np.frombuffer(offsets, np.uint64),
+             uris=np.frombuffer(bytes(uris), np.uint8))
+    uri = join(staging, STAGED_PUBLISHED)
+    with fsspec.open(uri, "wb") as f:
+        f.write(buffer.getvalue())
+    return uri
+
+
+def _collect(root: Root, lines):
+    hashes, splits, spans, offsets, uris = array("Q"), bytearray(), array("I"), array("Q", [0]), bytearray()
+    for number in root.published():
+        for line in lines(number):
+            _, dhash, split, _, uri = line.split("\t", 4)
+            hashes.append(int(dhash, 16))
+            splits.append(SPLITS.index(split))
+            spans.append(number)
+            uris += json.loads(uri).encode("utf-8", "surrogateescape")
+            offsets.append(len(uris))
+    return hashes, splits, spans, offsets, uris
+
+
+def _load(uri: str) -> np.lib.npyio.NpzFile:
+    with fsspec.open(uri, "rb") as f:
+        return np.load(io.BytesIO(f.read()))
+
+
+class Published:
+    """The published records' dHashes in a banded index, as each Beam worker holds them (once a process)."""
+
+    def __init__(self, uri: str, bits: int):
+        arrays = _load(uri)
+        self.splits = arrays["splits"]
+        self.index = BandedIndex(arrays["hashes"], bits)
+
+    def match(self, dhash: str, mirror: str) -> dict | None:
+        """The nearest published record to the picture or its mirror image: row, split, distance, mirrored."""
+        best = None
+        for value, mirrored in ((dhash, False), (mirror, True)):
+            found = self.index.nearest(int(value, 16))
+            if found and (best is None or found[1] < best[1]):
+                best = (*found, mirrored)
+        if best is None:
+            return None
+        row, apart, mirrored = best
+        return {"row": row, "split": SPLITS[int(self.splits[row])], "distance": apart, "mirrored": mirrored}
+
+
+@dataclass
+class Arrangement:
+    moved: list[dict] = field(default_factory=list)  # signatures whose split the driver changed (already updated)
+    dropped: list[tuple[dict, str]] = field(default_factory=list)  # (signature, dead-letter reason)
+    report: NearDuplicates = field(default_factory=lambda: NearDuplicates(count=0, examples=[]))
+    tally: dict[str, int] = field(default_factory=lambda: {"moved": 0, "set_aside": 0, "across": 0})
+
+
+def arrange(kept: list[dict], rules: NearRules, published: str | None) -> Arrangement:
+    """Settles the arrival's near-copies among themselves, after the job, in URI order; updates the
+    kept signatures' splits and returns what moved, what is set aside and the summary's count."""
+    records = sorted(kept, key=lambda s: s["uri"])
+    usable = np.array([rules.eligible(s["width"], s["height"]) for s in records], dtype=bool)
+    index = BandedIndex(as_numbers([s["dhash"] for s in records]), rules.bits, usable)
+    settled = np.array([bool(s.get("near")) and rules.mode != "set_aside" for s in records], dtype=bool)
+    names, result, pairs = _Names(published), Arrangement(), []
+    for i, record in enumerate(records):
+        other, near = _original(record, i, records, index, settled, names) if usable[i] else (None, None)
+        if other is not None:
+            _act(record, other, near, rules, result)
+            pairs.append(NearPair(uri=record["uri"], split=record["split"], other_uri=other["uri"],
+                                  other_split=other["split"], other_span=other["span"], distance=near["distance"],
+                                  mirrored=near["mirrored"]))
+        # What may be an original for the records after it: whatever is kept (set aside: not a copy).
+        settled[i] = usable[i] and not (rules.mode == "set_aside" and other is not None)
+    tally = result.tally
+    result.report = NearDuplicates(count=len(pairs), examples=pairs[:EXAMPLES], moved=tally["moved"],
+                                   set_aside=tally["set_aside"], across=tally["across"])
+    return result
+
+
+def _original(record: dict, me: int, records: list[dict], index: BandedIndex, settled: np.ndarray, names):
+    """The image this record is a near-copy of, and how near: the published one the job found, else the
+    nearest settled record of the arrival; (None, None) when there is none."""
+    near = record.get("near")
+    if near:
+        return {"uri": names.uri(near["row"]), "split": near["split"], "span": names.span(near["row"])}, near
+    j, apart, mirrored = _nearest(index, record, settled, me)
+    if j is None:
+        return None, None
+    return {"uri": records[j]["uri"], "split": records[j]["split"], "span": None}, {"distance": apart, "mirrored": mirrored}
+
+
+def _act(record: dict, other: dict, near: dict, rules: NearRules, result: Arrangement) -> None:
+    tally = result.tally
+    if rules.mode == "set_aside":
+        where = "this span" if other["span"] is None else f"span {other['span']}"
+        mirrored = ", mirrored" if near["mirrored"] else ""
+        result.dropped.append((record, f"near-copy of {other['uri']} ({where}, split {other['split']}; dHash "
+                                       f"{near['distance']} bits apart{mirrored})"))
+        tally["set_aside"] += 1
+    elif record["split"] != other["split"]:
+        if rules.mode == "follow" and not record.get("fixed"):
+            record["split"] = other["split"]
+            result.moved.append(record)
+            tally["moved"] += 1
+        else:
+            tally["across"] += 1
+    elif record.get("near", {}).get("moved"):
+        tally["moved"] += 1  # joined its original's split in the job already
+
+
+def _nearest(index: BandedIndex, record: dict, settled: np.ndarray, me: int):
+    """(row, distance, mirrored) of the nearest settled record to this one or its mirror image."""
+    best = (None, 65, False)
+    for value, mirrored in ((record["dhash"], False), (record.get("mirror") or record["dhash"], True)):
+        rows, apart = index.within(int(value, 16))
+        keep = settled[rows] & (rows != me)
+        if keep.any():
+            k = int(np.argmin(apart[keep]))
+            if apart[keep][k] < best[1]:
+                best = (int(rows[keep][k]), int(apart[keep][k]), mirrored)
+    return best
+
+
+class _Names:
+    """The URI and span of a published row, read from the staged file when first asked."""
+
+    def __init__(self, uri: str | None):
+        self.file, self.arrays = uri, None
+
+    def _get(self):
+        if self.arrays is None:
+            arrays = _load(self.file)
+            self.arrays = {key: arrays[key] for key in ("spans", "offsets", "uris")}
+        return self.arrays
+
+    def uri(self, row: int) -> str:
+        arrays = self._get()
+        start, end = int(arrays["offsets"][row]), int(arrays["offsets"][row + 1])
+        return arrays["uris"][start:end].tobytes().decode("utf-8", "surrogateescape")
+
+    def span(self, row: int) -> int:
+        return int(self._get()["spans"][row])

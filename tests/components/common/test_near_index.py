@@ -1,0 +1,23 @@
+"""The banded dHash index finds exactly what comparing with every hash finds, for any distance."""
+import numpy as np
+import pytest
+
+from components.common.near_index import BandedIndex, bands
+
+
+@pytest.mark.parametrize("bits", [0, 1, 4, 6, 10])
+def test_the_banded_lookup_finds_what_brute_force_finds(bits):
+    rng = np.random.default_rng(bits)
+    hashes = rng.integers(0, 2**63, 2000, dtype=np.uint64) * np.uint64(2) + rng.integers(0, 2, 2000, dtype=np.uint64)
+    flips = rng.integers(0, 64, (200, bits + 2))  # near each of 200 hashes: up to bits + 2 bits flipped
+    queries = [int(hashes[i]) ^ sum(1 << b for b in {int(b) for b in flips[i][: i % (bits + 3)]}) for i in range(200)]
+    usable = rng.random(2000) > 0.1
+    index = BandedIndex(hashes, bits, usable)
+    for value in queries:
+        apart = np.bitwise_count(hashes ^ np.uint64(value))
+        expected = np.flatnonzero((apart <= bits) & usable)
+        rows, distances = index.within(value)
+        assert rows.tolist() == expected.tolist() and distances.tolist() == apart[expected].tolist()
+        nearest = index.nearest(value)
+        assert nearest == (None if not len(expected) else (int(expected[np.argmin(apart[expected])]), int(apart[expected].min())))
+    assert sum(width for _, width in bands(bits)) == 64 and len(bands(bits)) == bits + 1
