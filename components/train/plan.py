@@ -55,6 +55,7 @@ class RunPlan:
     warmup: int
     staging: dict | None  # the shard cache's report, when ROOT is read through local copies
     data_service: dict | None = None  # the tf.data service training reads from: address, mode, workers
+    excluded: tuple[str, ...] = ()  # source URIs of train records left out as suspected label errors
 
     @property
     def replicas(self) -> int:
@@ -75,6 +76,8 @@ def resolve(config: TrainSettings) -> RunPlan:
     except CacheError as exc:
         raise TrainError(str(exc)) from None
     corrupt, train_records, eval_counts = readable_records(config, train_shards, eval_shards)
+    excluded = suspected_label_errors(config, train_shards)
+    train_records -= len(excluded)
     replicas = placement.strategy.num_replicas_in_sync
     batch_size = config.batch_size or default_batch(train_records, replicas)
     global_batch = batch_size * replicas
@@ -90,7 +93,7 @@ def resolve(config: TrainSettings) -> RunPlan:
         train_shards=train_shards, eval_shards=eval_shards,
         corrupt=corrupt, batch_size=batch_size, global_batch=global_batch, steps_per_epoch=steps_per_epoch,
         validation_steps=eval_batches.steps(eval_counts, placement.workers, global_batch),
-        eval_records=sum(eval_counts), total=total, data_service=service, staging=staging,
+        eval_records=sum(eval_counts), total=total, data_service=service, staging=staging, excluded=excluded,
         warmup=recipe.warmup_steps(config.lr_warmup_epochs, steps_per_epoch, total) if config.schedule == "cosine" else 0)
 
 
@@ -170,6 +173,20 @@ def find_data(config: TrainSettings) -> tuple[RunDir, list[Shard], list[Shard], 
         raise TrainError(f"run {run.run_id} already finished ({run.metrics}); choose a new --run-id")
     check_writable(run.uri)  # a read-only or full ROOT fails here, not after training
     return run, train_shards, eval_shards, labels
+
+
+def suspected_label_errors(config: TrainSettings, train_shards: list[Shard]) -> tuple[str, ...]:
+    """With train.drop_suspected_label_errors, the train records the data check's label check flagged in
+    the spans read (their source URIs, from each span's record); otherwise none."""
+    if not config.drop_suspected_label_errors:
+        return ()
+    root = Root(config.root)
+    found = sorted({a.file for span in sorted({s.span for s in train_shards})
+                    for a in root.check_record(span).record.suspected_label_errors() if a.label.split == "train"})
+    if found:
+        print(f"stoke train: leaving out {len(found)} training records the data check flagged as suspected label "
+              "errors (train.drop_suspected_label_errors)", file=sys.stderr, flush=True)
+    return tuple(found)
 
 
 def readable_records(config: TrainSettings, train_shards: list[Shard],
