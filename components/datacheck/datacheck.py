@@ -96,7 +96,10 @@ def check_labels(root: Root, manifest: SpanManifest, model_name: str) -> tuple[l
     model = predictions.served(root, model_name, manifest.span)
     if isinstance(model, str):
         return [], LabelCheck(status="skipped", reason=model)
-    found, images, _ = predictions.predict(root, manifest, model)
+    try:
+        found, images, _ = predictions.predict(root, manifest, model)
+    except predictions.UnusableModel as error:  # the other checks still judge the span
+        return [], LabelCheck(status="skipped", reason=str(error))
     records = (root.check_record(n) for n in root.published() if n != manifest.span)
     past = [r.record.label_check for r in records if r.trusted and r.record.label_check]
     findings, check = judge(found, past, model.error, model.uri)

@@ -30,6 +30,10 @@ class UnreadableSpan(Exception):
     """A shard the label check cannot read; the message names it."""
 
 
+class UnusableModel(Exception):
+    """A served version the label check cannot run; the message says why."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Served:
     uri: str  # ROOT/models/<name>/<version>
@@ -68,7 +72,10 @@ def predict(root: Root, manifest: SpanManifest, model: Served) -> tuple[Predicti
     labels = model.lineage.labels
     index = {name: i for i, name in enumerate(labels)}
     with tempfile.TemporaryDirectory(prefix="stoke-label-check-") as scratch:
-        signature = tf.saved_model.load(local_copy(model.uri, scratch, "model")).signatures[SERVING_SIGNATURE]
+        try:
+            signature = tf.saved_model.load(local_copy(model.uri, scratch, "model")).signatures[SERVING_SIGNATURE]
+        except (OSError, ValueError, KeyError, tf.errors.OpError) as error:
+            raise UnusableModel(f"{model.uri} cannot be loaded ({type(error).__name__}: {str(error)[:200]})") from None
         rows, batch, kept, unknown = [], [], {}, 0
         for record in records(root, manifest):
             if record[2] not in index:
@@ -122,6 +129,9 @@ def run_batch(signature, batch: list[tuple], index: dict[str, int], rows: list, 
     for (file, split, name, encoded), answer in zip(batch, answers):
         if answer is None:
             continue
+        if len(answer) != len(index):
+            raise UnusableModel(f"the served model answers {len(answer)} probabilities, its lineage names {len(index)} "
+                                "classes")
         if len(kept) < KEEP_IMAGES and int(np.argmax(answer)) != index[name]:
             kept[len(rows)] = encoded
         rows.append((file, split, index[name], answer))
