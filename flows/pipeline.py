@@ -167,8 +167,10 @@ def check_spans(config: RunConfig, run: RunDir) -> list[int]:
     summary = run_program(stage("datacheck"), config, run)
     logger = get_run_logger()
     for check in summary.spans:
-        for anomaly in check.anomalies:
+        for anomaly in (a for a in check.anomalies if a.file is None):  # each flagged file is in the record
             logger.warning("datacheck span %d %s: %s", check.span, anomaly.severity, anomaly.message)
+        if check.label_check is not None and check.label_check.status == "skipped":
+            logger.info("datacheck span %d: label check skipped: %s", check.span, check.label_check.reason)
     for check in summary.held():
         logger.warning("%s; training goes on without it", held_back(config.root, check.span))
     return [check.span for check in summary.held()]

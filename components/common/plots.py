@@ -84,6 +84,28 @@ def label_shares(span: dict[str, int], history: dict[str, int], uri: str, title:
     save(figure, uri)
 
 
+def image_sheet(images: list[tuple[bytes, str]], uri: str, columns: int = 8) -> None:
+    """Encoded images in a grid, each under its title; one that does not decode is left blank."""
+    import numpy as np
+    from PIL import Image
+
+    columns = max(1, min(columns, len(images)))
+    rows = -(-len(images) // columns)
+    figure, axes = pyplot().subplots(rows, columns, figsize=(1.7 * columns, 1.9 * rows), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for ax, (data, title) in zip(axes.flat, images):
+        try:
+            with Image.open(io.BytesIO(data)) as image:
+                image.draft("RGB", (128, 128))  # a JPEG decodes at a DCT scale near the thumbnail's
+                image.thumbnail((128, 128))
+                ax.imshow(np.asarray(image.convert("RGB")))
+        except (OSError, ValueError, Image.DecompressionBombError):
+            pass
+        ax.set_title(title, fontsize=7)
+    save(figure, uri)
+
+
 def gpu_use(result: dict, uri: str) -> bool:
     """Draws utilization and PCIe traffic per GPU over time into a PNG at `uri` (local or fsspec).
     Returns False, writing nothing, when there are no samples to draw."""

@@ -3,14 +3,20 @@ the data (https://www.tensorflow.org/tutorials/load_data/tfrecord#tfrecords_form
 
 One framing for every TFRecord Stoke writes: the span shards (in Beam workers, where importing
 TensorFlow costs seconds and memory) and TF Serving's warm-up requests; and one checked reader of
-it, for ingest's pruning of staged files and the shards the training cache copies from a bucket.
+it, for ingest's pruning of staged files, the shards the training cache copies from a bucket and the
+records the data check's label check reads.
 """
 from __future__ import annotations
 
+import gzip
+import io
 import struct
+import zlib
 from collections.abc import Iterator
 
 import google_crc32c
+
+from components.common.files import filesystem
 
 
 def frame(record: bytes) -> bytes:
@@ -49,3 +55,19 @@ def read_records(stream) -> Iterator[bytes]:
 def count_records(stream) -> int:
     """Reads every frame of an uncompressed TFRecord stream, checking both CRCs, and counts them."""
     return sum(1 for _ in read_records(stream))
+
+
+def shard_records(uri: str, compression: str) -> Iterator[bytes]:
+    """The records of one span shard (local or fsspec; compression as the manifest names it: gzip, zlib
+    or none), streamed, each frame's CRCs checked. A damaged file raises BadRecord naming what failed."""
+    fs, path = filesystem(uri)
+    try:
+        with fs.open(path, "rb") as raw:
+            if compression == "gzip":
+                with gzip.open(raw) as stream:
+                    yield from read_records(stream)
+                return
+            data = raw.read()  # ZLIB: one stream over the whole file
+            yield from read_records(io.BytesIO(zlib.decompress(data) if compression == "zlib" else data))
+    except (EOFError, zlib.error, gzip.BadGzipFile) as error:
+        raise BadRecord(f"{error or type(error).__name__}") from None

@@ -161,7 +161,7 @@ class IngestConfig(BaseModel):
 
 
 class DataCheckConfig(BaseModel):
-    """The data check: a new span's statistics against the published history; errors quarantine the span."""
+    """The data check: a new span's statistics against the history, its labels against the served model; errors quarantine it."""
 
     model_config = SETTINGS_CONFIG
 
@@ -233,6 +233,11 @@ class TrainConfig(BaseModel):
     spans: str | None = Field(None, description="spans to read, e.g. 3 or 1,4-6 (default: all published)")
     steps_per_epoch: int | None = Field(None, gt=0, description="cap on steps per epoch (default: one pass)")
     skip_corrupt: bool = Field(False, description="skip unreadable records of corrupt shards and count them")
+    # Off by default: the served model judging its successor's data is a feedback loop (what it gets wrong
+    # would never be learnt), and a mis-sorted file is best moved at its source; the data check names them.
+    drop_suspected_label_errors: bool = Field(
+        False, description="leave out of training the records the data check's label check flagged as suspected label "
+        "errors (the served model confidently contradicts their label); the gate's eval records stay as they are")
     flip: bool | None = Field(None, description="random horizontal flips; off for digits, text, anything handed "
                               "(default: the preset's)")
     image_cache: str | None = Field(None, description="keep the decoded images after the first epoch: 'memory' "

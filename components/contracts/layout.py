@@ -43,6 +43,7 @@ FEATURE_STATS = "FeatureStats.pb"
 # span only when its record is valid and says ok, warning or released. Fail closed: a span published by
 # hand, or by a run that died before its check, is not read until the data check has judged it.
 DATACHECK = "_DATACHECK.json"
+LABEL_ERRORS = "label_errors.png"  # beside the record: the first suspected label errors, as the label check saw them
 SPAN_PATTERN = re.compile(r"^span-(\d{5,})$")
 METRICS = "metrics.json"  # in a run folder: written last by training, so its presence means finished
 WARMUP_FILE = "tf_serving_warmup_requests"  # TF Serving's name, in a run and in assets.extra/ of a version
@@ -98,6 +99,9 @@ class Root:
 
     def datacheck(self, number: int) -> str:
         return join(self.span(number), DATACHECK)
+
+    def label_errors_sheet(self, number: int) -> str:
+        return join(self.span(number), LABEL_ERRORS)
 
     def check_record(self, number: int) -> CheckRecord:
         """Span `number`'s data-check record, read through its model: a record that is there but is no
@@ -273,6 +277,7 @@ class RunDir:
     throughput_plot = property(lambda self: self._file("throughput.png"))
     comparison_plot = property(lambda self: self._file("comparison.png"))  # the paired difference, by the report
     labels_plot = property(lambda self: self._file("labels.png"))  # the new span's label mix against the history's
+    label_errors_plot = property(lambda self: self._file(LABEL_ERRORS))  # a copy of the newest span's sheet
     root = property(lambda self: posixpath.dirname(posixpath.dirname(self.uri.rstrip("/"))))  # ROOT of ROOT/runs/ID
 
     def stage_config(self, stage: str) -> str:

@@ -267,6 +267,7 @@ class TrainMetrics(Result):
     profiler: ProfilerVerdict | None = None  # None: no trace (trace_steps none) or no profile plugin
     data_service: DataServiceUse | None = None  # None: the input ran in the trainer
     staging: dict | None = None  # the shard cache's record (common/shard_cache.py); None: TensorFlow read ROOT
+    dropped_label_errors: int | None = None  # train records left out as suspected label errors; None: not asked to
 
 
 # ---------------------------------------------------------------- a run: the gate

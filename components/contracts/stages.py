@@ -41,9 +41,9 @@ STAGES: tuple[Stage, ...] = (
     Stage("ingest", "beam_jobs.ingest", "new images to a new span of GZIP TFRecords (Beam)",
           config.IngestConfig, summaries.IngestSummary, 240,
           inputs=("source", "root", "arrived"), required=("source", "root")),
-    Stage("datacheck", "components.datacheck", "a span's statistics against the published history: "
-          "errors quarantine it", config.DataCheckConfig, summaries.DataCheckSummary, 30,
-          inputs=("root", "span")),
+    Stage("datacheck", "components.datacheck", "a span's statistics against the published history, and its labels "
+          "against the served model: errors quarantine it", config.DataCheckConfig, summaries.DataCheckSummary, 30,
+          inputs=("root", "span", "model_name")),
     Stage("train", "components.train", "published spans to a candidate SavedModel",
           config.TrainConfig, results.TrainMetrics, 24 * 60,
           inputs=("root", "run_id", "preset", "shard_cache")),

@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import ConfigDict
 
+from components.contracts.label_check import LabelCheck, SuspectedLabel
 from components.contracts.results import (
     Anomaly,
     Comparison,
@@ -173,21 +174,24 @@ class PushSummary(Summary):
 
 
 class DataAnomaly(Result):
-    """One thing the data check found in a span: how bad, how many records, and a few of them."""
+    """One finding of the data check, as data: the issue (`kind`), how bad, and either the file it is about
+    (`file`, with the facts of its issue) or, for a finding about the span as a whole, how many records and a few."""
 
     kind: Literal["label_conflict", "label_drift", "same_image_flood", "image_size", "rare_class", "no_statistics",
-                  "image_quality"]
+                  "image_quality", "label_error"]
     severity: Literal["error", "warning"]
     message: str
     count: int | None = None  # records concerned (None: a property of the whole span)
     examples: list[str] = []  # a few URIs, where records can be named
     issue: str | None = None  # image_quality: which (blurry, dark, light, low_information, ...)
     folders: dict[str, int] = {}  # image_quality: the folders most of them came from, with their records
+    file: str | None = None  # the one record (its source URI) this finding is about; None: the span
+    label: SuspectedLabel | None = None  # label_error about one file: what it was given, what the model says
 
 
 # Which data check judged a span, in its record: raise it when the checks change, so records made by
 # an earlier check can be told from today's.
-DATACHECK_VERSION = 1
+DATACHECK_VERSION = 2
 
 
 class DataCheckRecord(Result):
@@ -204,6 +208,11 @@ class DataCheckRecord(Result):
     anomalies: list[DataAnomaly]
     released_by: str | None = None
     released_at: str | None = None
+    label_check: LabelCheck | None = None  # None: a record made before the label check
+
+    def suspected_label_errors(self) -> list[DataAnomaly]:
+        """The files the label check flagged (what train.drop_suspected_label_errors leaves out)."""
+        return [a for a in self.anomalies if a.kind == "label_error" and a.file is not None]
 
 
 TRUSTED = ("ok", "warning", "released")  # the statuses training and the gate read
@@ -220,6 +229,7 @@ class SpanCheck(Result):
     history_label_counts: dict[str, int] | None = None
     label_drift: float | None = None  # L-infinity distance of the class shares; None without history
     record_uri: str
+    label_check: LabelCheck | None = None
 
 
 class DataCheckSummary(Summary):
@@ -244,6 +254,7 @@ class SpanStatus(Result):
     dead_letter: int
     reason: str | None = None  # the first reason of the quarantine, or why the record is not valid
     released_by: str | None = None
+    label_errors: int | None = None  # files the label check flagged; None: it did not run
 
 
 class SpansSummary(Summary):

@@ -11,20 +11,26 @@ checked (statistics missing, unreadable or not counting what its manifest counts
 them before the manifest, so the span was changed after it was published) is quarantined too: fail
 closed, with a release for the person who looked. A history span whose statistics are so damaged stops
 the check with a line naming the file.
+When a model is served (ROOT/models/<model_name>) and was not trained on the span, its predictions on
+the span's records are out-of-sample, and the label check (label_errors.py) flags the records whose
+label it confidently contradicts; without one, the record and the summary say the label check was skipped.
 """
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 
 from google.protobuf.message import DecodeError
 from tensorflow_metadata.proto.v0 import statistics_pb2
 
 from components.common import clock
+from components.common import plots as draw
 from components.common.content_index import parse
 from components.common.files import filesystem
 from components.common.store_errors import on_root
 from components.common.trusted_index import verified
 from components.contracts import program, schema
+from components.contracts.label_check import LabelCheck
 from components.contracts.layout import Root
 from components.contracts.results import ResultError, SpanManifest
 from components.contracts.run_config import DataCheckSettings
@@ -35,7 +41,11 @@ from components.contracts.summaries import (
     DataCheckSummary,
     SpanCheck,
 )
+from components.datacheck import predictions
 from components.datacheck.check import Verdict, decide, profile
+from components.datacheck.label_errors import judge
+
+SHEET = 32  # suspected label errors drawn on the span's sheet, most confident first
 
 
 class DataCheckError(Exception):
@@ -50,7 +60,7 @@ def run(argv: list[str] | None = None) -> int:
     args = program.stage_arguments("datacheck", argv)
     return program.main("stoke datacheck", args.json,
                         on_root(check_spans, lambda: program.stage_settings("datacheck", args)),
-                        describe, errors=(DataCheckError, ResultError, OSError))
+                        describe, errors=(DataCheckError, predictions.UnreadableSpan, ResultError, OSError))
 
 
 def check_spans(config: DataCheckSettings) -> DataCheckSummary:
@@ -80,16 +90,43 @@ def check_span(root: Root, published: dict[int, SpanManifest], number: int, conf
     except DataCheckError as error:
         missing = DataAnomaly(kind="no_statistics", severity="error", message=f"{error}; or release the span after a look")
         verdict = Verdict([missing], {}, {}, None)
-    status = record(root, number, verdict)
+    found, labels = check_labels(root, manifest, config.model_name)
+    verdict.anomalies += found
+    status = record(root, number, verdict, labels)
     return SpanCheck(span=number, status=status, anomalies=verdict.anomalies, history_spans=history,
                      label_counts=verdict.label_counts, history_label_counts=verdict.history_label_counts or None,
                      label_drift=None if verdict.label_drift is None else round(verdict.label_drift, 4),
-                     record_uri=root.datacheck(number))
+                     record_uri=root.datacheck(number), label_check=labels)
 
 
-def record(root: Root, number: int, verdict: Verdict) -> str:
-    """Writes the span's record; errors quarantine it, unless a valid record says someone released it."""
-    errors = [a for a in verdict.anomalies if a.severity == "error"]
+def check_labels(root: Root, manifest: SpanManifest, model_name: str) -> tuple[list, LabelCheck]:
+    """The label check of the span with the served model, or why it was skipped; the first flagged images
+    drawn beside the record. Its history is the label checks of the other spans the check let in."""
+    started = time.monotonic()
+    model = predictions.served(root, model_name, manifest.span)
+    if isinstance(model, str):
+        return [], LabelCheck(status="skipped", reason=model)
+    try:
+        found, images, _ = predictions.predict(root, manifest, model)
+    except predictions.UnusableModel as error:  # the other checks still judge the span
+        return [], LabelCheck(status="skipped", reason=str(error))
+    records = (root.check_record(n) for n in root.published() if n != manifest.span)
+    past = [r.record.label_check for r in records if r.trusted and r.record.label_check]
+    findings, check = judge(found, past, model.error, model.uri)
+    rows = {file: row for row, file in enumerate(found.files)}
+    drawn = [(images[rows[f.file]], f"{f.label.given} -> {f.label.predicted} {f.label.confidence:.0%}")
+             for f in findings if f.file is not None and rows[f.file] in images][:SHEET]
+    if drawn:
+        draw.image_sheet(drawn, root.label_errors_sheet(manifest.span))
+        check.sheet = root.label_errors_sheet(manifest.span)
+    check.seconds = round(time.monotonic() - started, 3)
+    return findings, check
+
+
+def record(root: Root, number: int, verdict: Verdict, labels: LabelCheck) -> str:
+    """Writes the span's record; errors quarantine it, unless a valid record says someone released it.
+    Its reasons are the errors about the span as a whole (a finding about one file is among the anomalies)."""
+    errors = [a for a in verdict.anomalies if a.severity == "error" and a.file is None]
     earlier = root.check_record(number).record
     status = "quarantined" if errors else "warning" if verdict.anomalies else "ok"
     kept = {}
@@ -98,7 +135,7 @@ def record(root: Root, number: int, verdict: Verdict) -> str:
                                     "reasons": earlier.reasons}
     DataCheckRecord.model_validate({
         "span": number, "check_version": DATACHECK_VERSION, "status": status, "checked_at": clock.now(),
-        "reasons": [e.message for e in errors], "anomalies": verdict.anomalies, **kept,
+        "reasons": [e.message for e in errors], "anomalies": verdict.anomalies, "label_check": labels, **kept,
     }).write(root.datacheck(number))
     return status
 
@@ -143,7 +180,13 @@ def describe(summary: dict) -> str:
     lines = []
     for check in summary["spans"]:
         lines.append(f"span {check['span']}: {check['status']}")
-        lines += [f"  {a['severity']}: {a['message']}" for a in check["anomalies"]]
+        lines += [f"  {a['severity']}: {a['message']}" for a in check["anomalies"] if not a.get("file")]
+        files = [a for a in check["anomalies"] if a.get("file")]
+        lines += [f"    {a['file']}: {a['message']}" for a in files[:10]]
+        lines += [f"    ... and {len(files) - 10} more in {check['record_uri']}"] if len(files) > 10 else []
+        labels = check.get("label_check") or {}
+        if labels.get("status") == "skipped":
+            lines.append(f"  label check skipped: {labels['reason']}")
         if check["status"] == "quarantined":
             lines.append(f"  held back from training; after a look: stoke spans release {check['span']} --root ROOT")
     return "\n".join(lines)

@@ -1,5 +1,6 @@
 """`stoke spans --root ROOT`: every published span with its data-check status (ok, warning,
-quarantined, released, or unchecked: not read by training) and counts.
+quarantined, released, or unchecked: not read by training), counts, and the files its label check
+flagged as suspected label errors (`labels?`; `-` where the label check did not run).
 `stoke spans release N --root ROOT`: lets a quarantined span in, after someone looked at it.
 
 A release rewrites the span's record in one write: status released, who and when, and the reasons and
@@ -33,6 +34,8 @@ def status(root: Root, manifest: SpanManifest) -> SpanStatus:
     if found.record is not None:
         row.reason = (found.record.reasons or [None])[0]
         row.released_by = found.record.released_by
+        labels = found.record.label_check
+        row.label_errors = len(found.record.suspected_label_errors()) if labels and labels.status == "done" else None
     else:
         row.reason = found.problem or "not checked yet: training leaves it out until `stoke datacheck` has"
     return row
@@ -76,9 +79,10 @@ def run(argv: list[str] | None = None) -> int:
 def describe(summary: dict) -> str:
     if summary.get("released"):
         return f"span {summary['released']['span']} released: training and the gate read it from now on"
-    rows = [f"{'span':>6}  {'status':<11}  {'train':>7}  {'eval':>6}  {'dead':>6}  reason"]
+    rows = [f"{'span':>6}  {'status':<11}  {'train':>7}  {'eval':>6}  {'dead':>6}  {'labels?':>7}  reason"]
     rows += [f"{r['span']:>6}  {r['status']:<11}  {r['train']:>7}  {r['eval']:>6}  {r['dead_letter']:>6}  "
-             f"{r.get('reason') or ''}" for r in summary["spans"]]
+             f"{'-' if r.get('label_errors') is None else r['label_errors']:>7}  {r.get('reason') or ''}"
+             for r in summary["spans"]]
     return "\n".join(rows)
 
 

@@ -1,24 +1,38 @@
-"""The report's Data check section: what the data check found in the new span, what ingest kept out, and
-what was held back with the command that lets it in."""
+"""The report's Data check section: what the data check found in the new span (its suspected label errors
+file by file), what ingest kept out, and what was held back with the command that lets it in."""
 from __future__ import annotations
 
 import os
+import posixpath
 
 from components.common import plots as draw
+from components.common.files import exists, filesystem
 from components.contracts.layout import RunDir
 from components.contracts.summaries import DataCheckSummary, IngestSummary, SpanCheck
 
+LISTED = 50  # suspected label errors listed file by file; the record holds them all
+
 
 def plot(run: RunDir, data: DataCheckSummary | None) -> dict:
-    """The newest checked span's label mix beside the history's, when both are known."""
+    """The newest checked span's label mix beside the history's, when both are known, and a copy of the
+    sheet of its suspected label errors that the data check drew beside the span's record."""
     check = data.spans[-1] if data is not None and data.spans else None
-    if check is None or not check.label_counts:
+    if check is None:
         return {}
+    found = {}
+    sheet = check.label_check.sheet if check.label_check else None
+    if sheet and exists(sheet):  # beside report.md, where its link and Prefect's inlining find it
+        (source, path), (target, copy) = filesystem(sheet), filesystem(run.label_errors_plot)
+        target.makedirs(posixpath.dirname(copy), exist_ok=True)
+        target.pipe_file(copy, source.cat_file(path))
+        found["label_errors"] = run.label_errors_plot
+    if not check.label_counts:
+        return found
     history = ", ".join(map(str, check.history_spans))
     draw.label_shares(check.label_counts, check.history_label_counts or {}, run.labels_plot,
                       title=f"span {check.span} against spans {history}" if history else
                       f"span {check.span}, the first (no history to compare with)")
-    return {"labels": run.labels_plot}
+    return {**found, "labels": run.labels_plot}
 
 
 def section(data: DataCheckSummary | None, ingest: IngestSummary | None, root: str, plots: dict,
@@ -36,7 +50,8 @@ def section(data: DataCheckSummary | None, ingest: IngestSummary | None, root: s
             lines += [f"**Held back**: span {check.span} is quarantined and this run trained without it. After a "
                       f"look at the examples below, let it in with `stoke spans release {check.span} --root {root}`.",
                       ""]
-        lines += anomalies(check) + labels(check, plots if check is data.spans[-1] else {})
+        newest = plots if check is data.spans[-1] else {}
+        lines += anomalies(check) + label_errors(check, newest) + labels(check, newest)
     if data is not None and not data.spans:
         lines += [data.message or data.error or "nothing checked", ""]
     if unserved:
@@ -45,12 +60,41 @@ def section(data: DataCheckSummary | None, ingest: IngestSummary | None, root: s
 
 
 def anomalies(check: SpanCheck) -> list[str]:
-    if not check.anomalies:
+    """The findings about the span as a whole (those about one file each are listed by label_errors)."""
+    found = [a for a in check.anomalies if a.file is None]
+    if not found:
         return ["No anomalies.", ""]
     lines = ["| severity | anomaly | records | what | examples |", "| --- | --- | --- | --- | --- |"]
     lines += [f"| {a.severity} | {a.kind}{f': {a.issue}' if a.issue else ''} | {'-' if a.count is None else a.count} | "
               f"{a.message} | "
-              f"{', '.join(f'`{uri}`' for uri in a.examples) or '-'} |" for a in check.anomalies]
+              f"{', '.join(f'`{uri}`' for uri in a.examples) or '-'} |" for a in found]
+    return lines + [""]
+
+
+def label_errors(check: SpanCheck, plots: dict) -> list[str]:
+    """The label check: skipped and why, or what it judged, the flagged files per class pair and one by one."""
+    done = check.label_check
+    if done is None:
+        return []
+    if done.status == "skipped":
+        return [f"Label check skipped: {done.reason}.", ""]
+    lines = [f"Label check by the served model `{done.model}`: {done.checked} records judged"
+             + (f" ({done.unknown} of classes it does not know, or that it could not read, left out)" if done.unknown else "")
+             + f", {done.flagged} suspected label errors; a clean span would show about {done.expected_rate:.1%} "
+             f"({done.expected_from})" + (f", exact binomial test p = {done.p_value:.2g}" if done.p_value is not None else "")
+             + ".", ""]
+    files = [a for a in check.anomalies if a.kind == "label_error" and a.file is not None]
+    if not files:
+        return lines
+    lines += ["| given label | served model says | records |", "| --- | --- | --- |"]
+    lines += [f"| {pair.given} | {pair.predicted} | {pair.count} |" for pair in done.pairs] + [""]
+    if plots.get("label_errors"):
+        lines += [f"![suspected label errors]({os.path.basename(plots['label_errors'])})", ""]
+    lines += ["| file | split | given label | served model says | confidence |", "| --- | --- | --- | --- | --- |"]
+    lines += [f"| `{a.file}` | {a.label.split} | {a.label.given} | {a.label.predicted} | {a.label.confidence:.0%} |"
+              for a in files[:LISTED]]
+    if len(files) > LISTED:
+        lines += ["", f"... and {len(files) - LISTED} more in `{check.record_uri}`."]
     return lines + [""]
 
 

@@ -198,6 +198,7 @@ class PipelineOptions:
     # many with blanks of weight 0; real records weigh eval_weight (components/train/eval_batches.py).
     eval_batches: int | None = None
     eval_weight: float = 1.0
+    exclude: tuple[str, ...] = ()  # source URIs of records to leave out (train.drop_suspected_label_errors)
 
 
 def make_dataset(shards: list[Shard], options: PipelineOptions,
@@ -253,7 +254,22 @@ def _records(shards: list[Shard], options: PipelineOptions, pipelines: int, pipe
                                num_parallel_calls=AUTOTUNE, deterministic=_in_order(options))
     if pipelines > 1 and not by_file:
         records = records.shard(pipelines, pipeline_id)
-    return records
+    return without(records, options.exclude) if options.exclude else records
+
+
+def without(records: tf.data.Dataset, sources: tuple[str, ...]) -> tf.data.Dataset:
+    """The serialized records whose image/source is none of `sources`: each source's 64-bit fingerprint
+    searched in the sorted fingerprints of those left out. Plain ops, no lookup table, so the filter runs
+    wherever the pipeline does (tf.data service workers too); two URIs share a fingerprint about once in 2^63."""
+    keys = tf.sort(tf.unique(tf.strings.to_hash_bucket_fast(tf.constant(list(sources)), 2**63 - 1)).y)
+    spec = {schema.SOURCE: schema.feature_spec()[schema.SOURCE]}
+
+    def kept(serialized):
+        key = tf.strings.to_hash_bucket_fast(tf.io.parse_single_example(serialized, spec)[schema.SOURCE], 2**63 - 1)
+        at = tf.minimum(tf.searchsorted(keys, tf.reshape(key, [1]))[0], tf.size(keys, out_type=tf.int32) - 1)
+        return tf.not_equal(keys[at], key)
+
+    return records.filter(kept)
 
 
 def _decoded(records: tf.data.Dataset, options: PipelineOptions) -> tf.data.Dataset:

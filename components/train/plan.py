@@ -58,6 +58,7 @@ class RunPlan:
     staging: dict | None  # the shard cache's report, when ROOT is read through local copies
     data_service: dict | None = None  # the tf.data service training reads from: address, mode, workers
     start: str | None = None  # the weights file the network starts from (components/train/weights.py); None: scratch
+    excluded: tuple[str, ...] = ()  # source URIs of train records left out as suspected label errors
 
     @property
     def replicas(self) -> int:
@@ -81,6 +82,8 @@ def resolve(config: TrainSettings) -> RunPlan:
     except CacheError as exc:
         raise TrainError(str(exc)) from None
     corrupt, train_records, eval_counts = readable_records(config, train_shards, eval_shards)
+    excluded = suspected_label_errors(config, train_shards)
+    train_records -= len(excluded)
     replicas = placement.strategy.num_replicas_in_sync
     batch_size = config.batch_size or default_batch(train_records, replicas)
     global_batch = batch_size * replicas
@@ -97,7 +100,8 @@ def resolve(config: TrainSettings) -> RunPlan:
         corrupt=corrupt, batch_size=batch_size, global_batch=global_batch, steps_per_epoch=steps_per_epoch,
         validation_steps=eval_batches.steps(eval_counts, placement.workers, global_batch),
         eval_records=sum(eval_counts), train_records=train_records, epochs=epochs, total=epochs * steps_per_epoch,
-        data_service=service, staging=staging, phases=phases.plan_phases(config, epochs, steps_per_epoch), start=start)
+        data_service=service, staging=staging, excluded=excluded, start=start,
+        phases=phases.plan_phases(config, epochs, steps_per_epoch))
 
 
 def run_epochs(config: TrainSettings, steps_per_epoch: int) -> int:
@@ -185,6 +189,20 @@ def find_data(config: TrainSettings) -> tuple[RunDir, list[Shard], list[Shard], 
         raise TrainError(f"run {run.run_id} already finished ({run.metrics}); choose a new --run-id")
     check_writable(run.uri)  # a read-only or full ROOT fails here, not after training
     return run, train_shards, eval_shards, labels
+
+
+def suspected_label_errors(config: TrainSettings, train_shards: list[Shard]) -> tuple[str, ...]:
+    """With train.drop_suspected_label_errors, the train records the data check's label check flagged in
+    the spans read (their source URIs, from each span's record); otherwise none."""
+    if not config.drop_suspected_label_errors:
+        return ()
+    root = Root(config.root)
+    found = sorted({a.file for span in sorted({s.span for s in train_shards})
+                    for a in root.check_record(span).record.suspected_label_errors() if a.label.split == "train"})
+    if found:
+        print(f"stoke train: leaving out {len(found)} training records the data check flagged as suspected label "
+              "errors (train.drop_suspected_label_errors)", file=sys.stderr, flush=True)
+    return tuple(found)
 
 
 def readable_records(config: TrainSettings, train_shards: list[Shard],

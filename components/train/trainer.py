@@ -133,7 +133,8 @@ def _dataset_fn(config: TrainSettings, plan: RunPlan, shards: list[Shard], train
             seed=None if config.seed is None else config.seed + context.input_pipeline_id,
             eval_batches=None if training else plan.validation_steps * replicas,
             eval_weight=1.0 if training else eval_batches.record_weight(
-                plan.eval_records, plan.validation_steps, plan.global_batch))
+                plan.eval_records, plan.validation_steps, plan.global_batch),
+            exclude=plan.excluded if training else ())
         if service:  # trainers of one multi-worker run share one job of the service: one dataset, one seed
             job = f"stoke-{plan.run.run_id}" if plan.placement.workers > 1 else None
             return _through_service(shards, dataclasses.replace(options, seed=config.seed), service["address"], job)
@@ -293,6 +294,7 @@ def summarize(config: TrainSettings, plan: RunPlan, fitted: Fitted, probe: dict,
         "gpu": fitted.gpu,
         "profiler": fitted.profiler,
         "staging": plan.staging,
+        "dropped_label_errors": len(plan.excluded) if config.drop_suspected_label_errors else None,
         "corrupt": {"skipped_records": sum(s.lost for s in plan.corrupt),
                     "shards": [{"uri": s.uri, "error": s.error, "readable": s.readable,
                                 "expected": s.expected} for s in plan.corrupt]},

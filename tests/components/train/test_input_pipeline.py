@@ -266,3 +266,15 @@ def test_serving_decode_refuses_images_over_the_cap_before_decoding():
     with pytest.raises(tf.errors.InvalidArgumentError, match="more than 0.1 megapixels"):
         pipeline.decode_eval(wide, 32, max_pixels=100_000)
     assert pipeline.decode_eval(wide, 32, max_pixels=120_000).shape == (32, 32, 3)
+
+
+def test_records_left_out_by_source_are_missing_from_training_and_only_they(small_spans_root):
+    """train.drop_suspected_label_errors: the records named (by image/source) are left out, in the
+    training pipeline, and a name no record has takes nothing with it."""
+    shards = Root(small_spans_root).shards("train")  # shard s holds the 16 records of label s
+    gone = ("mem://train/0/0", "mem://train/0/15", "mem://train/2/5", "mem://train/9/9")
+    options = pipeline.PipelineOptions(image_size=16, batch_size=1, training=True, repeat=False, seed=3, exclude=gone)
+    labels = sorted(int(label) for _, batch in pipeline.make_dataset(shards, options) for label in batch.numpy())
+    assert labels == [0] * 14 + [1] * 16 + [2] * 15
+    everything = pipeline.PipelineOptions(image_size=16, batch_size=1, training=True, repeat=False, seed=3)
+    assert sum(1 for _ in pipeline.make_dataset(shards, everything)) == 48

@@ -1,0 +1,157 @@
+"""The label check with real parts: the colour model of the shared gate scenario (trained, gated and
+pushed once per session), new spans of generated images with files in the wrong class folder, and the
+real `stoke datacheck` program. A few mis-sorted files are flagged, named and warned about, and nothing
+correctly labelled is; a folder filled with another class's images quarantines its span; without a
+served model that may judge the span, the record and the summary say the label check was skipped."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+from contextlib import redirect_stdout
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from beam_jobs.statistics import write_statistics
+from components.common.files import write_json
+from components.common.repository import Repository
+from components.contracts.layout import Root
+from components.contracts.run_config import TrainSettings
+from components.contracts.summaries import DataCheckRecord
+from components.datacheck import datacheck, spans
+from components.report.report import write_report
+from components.train.plan import suspected_label_errors
+from tests.components.conftest import TRAIN_LABELS, tiny_image, write_span
+from tests.components.gate_runs import copy_root, gate_scenario
+
+LABELS = [*TRAIN_LABELS, "yellow"]  # yellow: a class the served model does not know
+SHARDS = {"train": 2, "eval": 1}
+
+
+@pytest.fixture(scope="session")
+def trained_runs(tmp_path_factory):
+    return gate_scenario(tmp_path_factory)
+
+
+def unmistakable(colour: int, index: int) -> bytes:
+    """A picture of `colour` the served model cannot doubt: the channel near full, the others near nothing."""
+    rng = np.random.default_rng(index)
+    pixels = rng.integers(0, 30, size=(32, 40, 3), dtype=np.uint8)
+    pixels[..., colour] = rng.integers(230, 255, size=(32, 40), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def publish(root: str, number: int, rows: list[tuple[int, int]]) -> list[str]:
+    """Span `number` with one record per (colour of the picture, label given), 48 train and the rest
+    eval, and its statistics, as ingest publishes them; returns each record's source URI, in order.
+    A picture in a folder not its colour's is unmistakable: confident learning flags what the model is
+    sure of (how many it finds of those it is less sure of is benchmarks/label_errors.py's question)."""
+    records = [((tiny_image if colour == label else unmistakable)(colour, 9000 + 100 * number + i), "jpeg", label)
+               for i, (colour, label) in enumerate(rows)]
+    splits = {"train": records[:48], "eval": records[48:]}
+    write_span(root, number, splits, LABELS, SHARDS, checked=False)
+    write_statistics(Root(root).statistics(number), [
+        {"split": split, "label": LABELS[r[2]], "format": "jpeg", "bytes": len(r[0]), "mean": 100.0, "std": 20.0,
+         "width": 40, "height": 32} for split, part in splits.items() for r in part], [])
+    uris = {}  # write_span deals each split's records round-robin over its shards
+    for split, part in splits.items():
+        for index in range(len(part)):
+            uris[(split, index)] = f"mem://{split}/{index % SHARDS[split]}/{index // SHARDS[split]}"
+    return [uris[("train", i)] if i < 48 else uris[("eval", i - 48)] for i in range(len(records))]
+
+
+def check(*argv: str) -> tuple[int, dict]:
+    """`stoke datacheck ARGV --json`: its exit code and summary."""
+    out = io.StringIO()
+    with redirect_stdout(out):
+        code = datacheck.run([*argv, "--json"])
+    return code, json.loads(out.getvalue().strip().splitlines()[-1])
+
+
+CLEAN = [(c, c) for c in range(3)] * 20  # 60 records, 20 of each colour, each in its own folder
+MOVED = {3: 1, 10: 2, 20: 0, 49: 2}  # record -> the folder it was sorted into: three train, one eval
+
+
+def test_files_in_the_wrong_folder_are_flagged_and_named_and_nothing_else_is(trained_runs, tmp_path, capsys):
+    root = copy_root(trained_runs, tmp_path)
+    rows = [(colour, MOVED.get(i, label)) for i, (colour, label) in enumerate(CLEAN)] + [(0, 3)] * 3
+    uris = publish(root, 2, rows)
+    code, summary = check("--root", root)
+    assert code == 0
+    (span,) = summary["spans"]
+    labels = span["label_check"]
+    assert (span["span"], span["status"]) == (2, "warning")
+    assert (labels["status"], labels["checked"], labels["unknown"], labels["flagged"]) == ("done", 60, 3, 4)
+    newest = os.path.basename(trained_runs["push"]["mixed"][1]["model_uri"])
+    assert labels["model"] == os.path.join(root, "models", "stoke", newest)  # the newest version judged
+    flagged = {a["file"]: a["label"] for a in span["anomalies"] if a.get("file")}
+    assert set(flagged) == {uris[i] for i in MOVED}  # precision 1, recall 1 on this span
+    assert {(f["given"], f["predicted"], f["split"]) for f in flagged.values()} == {
+        ("green", "red", "train"), ("blue", "green", "train"), ("red", "blue", "train"), ("blue", "green", "eval")}
+    assert all(f["confidence"] > 0.5 > f["given_probability"] for f in flagged.values())
+    assert sorted((p["given"], p["predicted"], p["count"]) for p in labels["pairs"]) == [
+        ("blue", "green", 2), ("green", "red", 1), ("red", "blue", 1)]
+    (about_span,) = [a for a in span["anomalies"] if a["kind"] == "label_error" and not a.get("file")]
+    assert about_span["severity"] == "warning" and about_span["count"] == 4 and "within chance" in about_span["message"]
+
+    record = DataCheckRecord.read(Root(root).datacheck(2))  # the record holds the same findings
+    assert record.label_check.flagged == 4 and {a.file for a in record.suspected_label_errors()} == set(flagged)
+    assert record.reasons == [] and open(labels["sheet"], "rb").read(4) == b"\x89PNG"
+    assert spans.run(["--root", root, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["spans"]
+    assert [(r["span"], r["label_errors"]) for r in rows] == [(1, None), (2, 4)]
+
+    settings = TrainSettings(root=root, drop_suspected_label_errors=True)
+    shards = Root(root).shards("train")
+    assert suspected_label_errors(settings, shards) == tuple(sorted(uris[i] for i in (3, 10, 20)))
+    assert suspected_label_errors(TrainSettings(root=root), shards) == ()  # the default trains on them
+
+    run = Root(root).run("r1")
+    write_json(run.summary("datacheck"), summary)
+    markdown = write_report(run)["markdown"]
+    assert f"| `{uris[10]}` | train | blue | green |" in markdown and "| blue | green | 2 |" in markdown
+    assert "![suspected label errors](label_errors.png)" in markdown and os.path.exists(run.label_errors_plot)
+
+
+def test_a_folder_filled_with_another_class_quarantines_the_span(trained_runs, tmp_path):
+    root = copy_root(trained_runs, tmp_path)
+    rows = [(c, 1 if c == 2 and i % 2 else c) for i, (c, _) in enumerate(CLEAN)]  # half the blue ones in green
+    uris = publish(root, 2, rows)
+    code, summary = check("--root", root)
+    (span,) = summary["spans"]
+    assert code == 0 and span["status"] == "quarantined"
+    moved = {uris[i] for i, (c, label) in enumerate(rows) if c != label}
+    flagged = {a["file"] for a in span["anomalies"] if a.get("file")}
+    assert len(moved) == 10 and flagged == moved
+    record = DataCheckRecord.read(Root(root).datacheck(2))
+    assert "far above the expected 3.0%" in record.reasons[0] and "10 'green' -> 'blue'" in record.reasons[0]
+    assert "10 of 30 records of class 'green'" in record.reasons[0]  # the test that decided: on the folder
+    assert {s.span for s in Root(root).shards("train")} == {1}  # held back from training
+
+
+@pytest.mark.parametrize("case", ["other model name", "no lineage", "trained on it"])
+def test_without_a_model_that_may_judge_the_span_the_label_check_says_it_was_skipped(trained_runs, tmp_path, case):
+    root = copy_root(trained_runs, tmp_path)
+    publish(root, 2, CLEAN)
+    argv, why = ["--root", root], {"other model name": "no served model", "no lineage": "has no lineage",
+                                   "trained on it": "was trained on span 1"}[case]
+    if case == "other model name":
+        argv += ["--model-name", "other"]
+    elif case == "no lineage":
+        for version in Repository(root, "stoke").versions():
+            os.remove(os.path.join(Root(root).models("stoke"), str(version), "assets.extra", "stoke_lineage.json"))
+    else:
+        argv += ["--span", "1"]
+    code, summary = check(*argv)
+    (span,) = summary["spans"]
+    assert code == 0 and span["label_check"]["status"] == "skipped" and why in span["label_check"]["reason"]
+    assert not [a for a in span["anomalies"] if a["kind"] == "label_error"]
+    record = DataCheckRecord.read(Root(root).datacheck(span["span"]))
+    assert record.label_check.status == "skipped" and why in record.label_check.reason
+    assert f"label check skipped: {span['label_check']['reason']}" in datacheck.describe(summary)
+    shutil.rmtree(root)
