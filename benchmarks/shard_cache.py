@@ -1,6 +1,6 @@
 """Staging shards from an S3-compatible server into the local shard cache, side by side with
-reading the same shards from a local disk: the cold copy (download, CRC check of every record,
-the marker), the warm check a later run makes (size and CRC32C of each cached file), and a plain
+reading the same shards from a local disk: the cold copy (download, the size and SHA-256 its
+manifest records), the warm check a later run makes (size and SHA-256 of each cached file), and a plain
 sequential read of the files.
 
     python benchmarks/shard_cache.py [--shards 16] [--shard-mb 16]
