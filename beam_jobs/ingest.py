@@ -128,21 +128,12 @@ def _ingest(config: IngestSettings, pipeline_args: list[str], root: Root, starte
     seconds = time.monotonic() - started
     return IngestSummary(
         published=True, span=number, span_uri=root.span(number), counts=manifest.counts,
-        new_sources=len(fresh) + len(refused),
-        bytes_in=sum(s.size for s in fresh),
-        bytes_out=sum(s.bytes for s in manifest.shards),
-        shards=len(manifest.shards),
-        seconds=round(seconds, 3),
+        new_sources=len(fresh) + len(refused), bytes_in=sum(s.size for s in fresh),
+        bytes_out=sum(s.bytes for s in manifest.shards), shards=len(manifest.shards), seconds=round(seconds, 3),
         images_per_sec=round(len(fresh) / seconds, 1) if seconds else None,
-        dead_letters=dead[:20],
-        dead_letter_uri=root.dead_letter(number),
-        removed_debris=removed,
-        unchanged=unchanged,
-        duplicates=copies,
-        set_aside=set_aside_by_folder(dead),
-        anomalies=manifest.anomalies,
-        near_duplicates=findings.near,
-        quality=manifest.quality,
+        dead_letters=dead[:20], dead_letter_uri=root.dead_letter(number), removed_debris=removed,
+        unchanged=unchanged, duplicates=copies, set_aside=set_aside_by_folder(dead),
+        anomalies=manifest.anomalies, near_duplicates=findings.near, quality=manifest.quality,
     )
 
 

@@ -72,19 +72,8 @@ def run_stage(name: str, module: str, argv: list[str], *, timeout: float, logger
     StageError on a non-zero exit, on timeout (after killing the whole process group) or without a summary."""
     command = [sys.executable, "-m", module, *argv]
     logger.info("%s: %s", name, " ".join(command[1:]))
-    # Its own process group: Beam's worker processes and TensorFlow's children stop with it. And it
-    # stops when this process dies, however it dies: nothing would read its output, and it may hold
-    # the GPUs (`pass_fds`: the GPU slot it inherits).
-    process = processes.start(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1, pass_fds=pass_fds,
-        preexec_fn=processes.dies_with_this_process(),
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", **(env or {})})
     lines: queue.Queue = queue.Queue()
-    readers = [threading.Thread(target=_pump, args=(stream, tag, lines), daemon=True)
-               for stream, tag in ((process.stdout, "out"), (process.stderr, "err"))]
-    for reader in readers:
-        reader.start()
-
+    process = _started(command, lines, env, pass_fds)
     deadline = time.monotonic() + timeout
     last_json, tail, said, open_streams = None, [], None, 2  # said: the last line on stderr
     try:
@@ -125,6 +114,20 @@ def run_stage(name: str, module: str, argv: list[str], *, timeout: float, logger
         raise StageError(f"{name} exited 0 but printed no JSON summary as its last line", stage=name,
                          reason="exited 0 but printed no JSON summary as its last line")
     return summary
+
+
+def _started(command: list[str], lines: queue.Queue, env: dict | None, pass_fds: tuple[int, ...]):
+    """The program started, its stdout and stderr pumped into `lines` as ("out" | "err", line) pairs.
+    In its own process group, so Beam's worker processes and TensorFlow's children stop with it; and it
+    stops when this process dies, however it dies: nothing would read its output, and it may hold the
+    GPUs (`pass_fds`: the GPU slot it inherits)."""
+    process = processes.start(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1, pass_fds=pass_fds,
+        preexec_fn=processes.dies_with_this_process(),
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", **(env or {})})
+    for stream, tag in ((process.stdout, "out"), (process.stderr, "err")):
+        threading.Thread(target=_pump, args=(stream, tag, lines), daemon=True).start()
+    return process
 
 
 def _failed(name: str, code: int, summary: dict | None, last: str | None) -> StageError:

@@ -10,6 +10,12 @@ from contextlib import contextmanager
 
 import fsspec
 
+# No listing cache on object stores: a stage program, another run or an operator writes under ROOT
+# while this process holds a listing of it, and s3fs and gcsfs would answer `ls` and `exists` from a
+# listing taken before (a span published since would not be seen, a record written since not found).
+for _protocol in ("s3", "s3a", "gs", "gcs"):
+    fsspec.config.conf.setdefault(_protocol, {}).setdefault("use_listings_cache", False)
+
 
 def join(base: str, *parts: str) -> str:
     """Joins path parts onto a local path or a URI without touching its scheme."""

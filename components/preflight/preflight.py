@@ -64,9 +64,10 @@ def _guarded(name: str, check, *args):
 
 
 def _manifests(root: str) -> tuple[list[SpanManifest], Check | None]:
-    """The published spans' manifests; a broken one fails the check, since every stage would stop on it."""
+    """The published spans' manifests, checked by the data check or not (training reads them once they
+    are); a broken one fails the check, since every stage would stop on it."""
     try:
-        return Root(root).manifests(), None
+        return Root(root).manifests(checked=False), None
     except ResultError as error:
         return [], Check("span manifests", "fail", str(error),
                          "restore the file from a backup")

@@ -8,19 +8,18 @@ about it, so `write_report` can rebuild the report of any run, also one that fai
 from __future__ import annotations
 
 import json
-import math
 import os
 
 from components.common import plots as draw
 from components.common.files import exists, read_json, write_text
 from components.contracts import stages
-from components.contracts.config import DISPATCHER_PORT
 from components.contracts.layout import Root, RunDir
 from components.contracts.program import printable
-from components.contracts.results import Comparison, GateMetrics, GateResult, InputProbe, TrainMetrics
+from components.contracts.results import Comparison, GateMetrics, GateResult, TrainMetrics
 from components.contracts.summaries import PushSummary, RunReport
 from components.report import datacheck as datacheck_section
 from components.report.alerts import alerts
+from components.report.input_verdict import figure, verdict
 
 # The stages whose summaries have sections of their own (a stage added to the registry is listed in
 # report.json's `stages` before it has one).
@@ -72,7 +71,7 @@ def build_report(run: RunDir, skipped: str | None = None, failed: str | None = N
             "input_images_per_sec": probe.input_images_per_sec,
             "model_images_per_sec": probe.model_images_per_sec_synthetic,
             "input_wait_seconds": probe.input_wait_seconds,
-            "verdict": _verdict(probe, train.image_size),
+            "verdict": verdict(probe, train.image_size),
             "profiler": train.profiler,
             "data_service": train.data_service,
             **({"shards": _staging(train.staging, preflight)} if train.staging else {}),
@@ -127,7 +126,7 @@ def render_markdown(report: RunReport) -> str:
             lines += ["| span | train | eval | dead letters | new files | images/s |",
                       "| --- | --- | --- | --- | --- | --- |",
                       f"| {i.span} | {counts.train} | {counts.eval} | "
-                      f"{counts.dead_letter} | {i.new_sources} | {_num(i.images_per_sec)} |", ""]
+                      f"{counts.dead_letter} | {i.new_sources} | {figure(i.images_per_sec)} |", ""]
             if i.dead_letters:
                 lines += [f"Dead letters (all in `{i.dead_letter_uri}`):", ""]
                 lines += [f"- `{d.uri}`: {d.reason}" for d in i.dead_letters] + [""]
@@ -177,8 +176,8 @@ def _training_lines(t, plots: dict) -> list[str]:
              "| network | spans | epochs | steps | strategy | precision | images/s | eval accuracy | eval loss |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
              f"| {t.network} | {t.spans} | {t.epochs} | {t.total_steps} | {t.strategy} "
-             f"x{t.replicas} | {t.precision} | {_num(t.images_per_sec)} | "
-             f"{_num(t.eval.accuracy, 4)} | {_num(t.eval.loss, 4)} |",
+             f"x{t.replicas} | {t.precision} | {figure(t.images_per_sec)} | "
+             f"{figure(t.eval.accuracy, 4)} | {figure(t.eval.loss, 4)} |",
              ""]
     lines += [_phases_in_words(t), ""] if t.phases and t.phases[0].name != "all" else []
     lines += [f"Input: {t.verdict}", ""]
@@ -186,7 +185,7 @@ def _training_lines(t, plots: dict) -> list[str]:
     if t.data_service:
         service = t.data_service
         lines += [f"Input pipeline on the tf.data service at `{service.address}` ({service.processing_mode}): "
-                  f"{service.workers} workers when training started, {_num(service.workers_at_end)} at its end.", ""]
+                  f"{service.workers} workers when training started, {figure(service.workers_at_end)} at its end.", ""]
     if t.profiler:
         lines += [f"Profiler (input-pipeline analyzer on {t.profiler.steps} traced steps, TensorBoard's "
                   f"Profile tab): {t.profiler.conclusion}", ""]
@@ -228,54 +227,6 @@ def _outcome(gate: GateResult | None, push: PushSummary | None, skipped, failed)
     return "trained", "Trained; not gated or pushed."
 
 
-def _verdict(probe: InputProbe, image_size: int | None = None) -> str:
-    if probe.input_images_per_sec is None:
-        return "not measured"
-    rate, model = probe.input_images_per_sec, probe.model_images_per_sec_synthetic
-    if model is None:
-        return f"input pipeline alone: {_num(rate)} images/s"
-    if probe.input_bound:
-        text = (f"**input-bound**: the input pipeline delivers {_num(rate)} images/s, the model could take "
-                f"{_num(model)}; the accelerator waited about {_num(probe.input_wait_seconds, 1)} s")
-        fix = cheapest_fix(probe, image_size) or data_service_fix(probe)
-        return f"{text}. Cheapest fix: {fix}" if fix else text
-    return f"not input-bound: input {_num(rate)} images/s against the model's {_num(model)} images/s"
-
-
-def cheapest_fix(probe: InputProbe, image_size: int | None) -> str | None:
-    """The cheapest change that makes the input faster, of those the probe's figures show: a training
-    flag before a new ingest, and one ingest for every setting it should change."""
-    if probe.cache is None and probe.decoded_gb is not None and probe.memory_gb \
-            and probe.decoded_gb < probe.memory_gb / 4:
-        return (f"train with image_cache memory (`--image-cache memory`): the training split decoded is about "
-                f"{_num(probe.decoded_gb, 1)} GB, and later epochs then skip reading and decoding")
-    flags, reasons = [], []
-    if image_size and probe.stored_short_side and probe.stored_short_side > 2 * image_size:
-        flags.append(f"--max-side {max(512, 2 * image_size)}")
-        reasons.append(f"the spans store images with a {probe.stored_short_side} px shorter side for "
-                       f"{image_size} px training, and every epoch decodes them")
-    if probe.compression in ("gzip", "zlib") and (probe.jpeg_share or 0) > 0.5:
-        flags.append("--compression none")
-        reasons.append(f"{probe.compression.upper()} saves under 1% on JPEG bytes and every epoch inflates them")
-    if not flags:
-        return None
-    return f"ingest the source again into a new ROOT with `{' '.join(flags)}`: " + "; ".join(reasons)
-
-
-def data_service_fix(probe: InputProbe) -> str | None:
-    """When this host's cores cannot feed the model: how many tf.data service workers of its speed
-    would (the model's rate over the input pipeline's rate here, which one such worker delivers)."""
-    if not probe.input_images_per_sec or not probe.model_images_per_sec_synthetic:
-        return None
-    workers = math.ceil(probe.model_images_per_sec_synthetic / probe.input_images_per_sec)
-    return (f"more CPU: run the input pipeline on {workers} tf.data service workers of this host's speed "
-            f"({_num(probe.model_images_per_sec_synthetic)} images/s for the model over {_num(probe.input_images_per_sec)} "
-            f"per worker): `stoke data-service dispatcher --host HOST --trusted-network` on one machine, `stoke "
-            f"data-service worker --dispatcher HOST:{DISPATCHER_PORT} --host WORKER --trusted-network` on each of "
-            f"{workers}, then train with `--data-service grpc://HOST:{DISPATCHER_PORT}`; on a network that admits only "
-            f"them and the trainers: any peer that reaches their ports can run TensorFlow ops on the workers")
-
-
 def comparison_in_words(comparison: Comparison, max_regression: float) -> list[str]:
     """The paired difference with its interval, p-value and what the eval set can detect, as sentences."""
     lines = []
@@ -313,7 +264,7 @@ def _metrics_table(metrics: GateMetrics, classes: int) -> list[str]:
                and k != "top_k" and k not in trivial}
     if not scalars:
         return []
-    return ["| metric | value |", "| --- | --- |"] + [f"| {k} | {_num(v, 4)} |" for k, v in sorted(scalars.items())] + [""]
+    return ["| metric | value |", "| --- | --- |"] + [f"| {k} | {figure(v, 4)} |" for k, v in sorted(scalars.items())] + [""]
 
 
 def _per_class_table(metrics: GateMetrics) -> list[str]:
@@ -321,7 +272,7 @@ def _per_class_table(metrics: GateMetrics) -> list[str]:
     if not accuracy:
         return []
     lines = ["| class | eval examples | accuracy |", "| --- | --- | --- |"]
-    lines += [f"| {name} | {examples.get(name, '-')} | {_num(value, 4)} |" for name, value in sorted(accuracy.items())]
+    lines += [f"| {name} | {examples.get(name, '-')} | {figure(value, 4)} |" for name, value in sorted(accuracy.items())]
     return lines + [""]
 
 
@@ -399,11 +350,3 @@ def _train_records(run: RunDir, train: TrainMetrics | None) -> int | None:
 def _read(run: RunDir, stage: stages.Stage):
     """A stage's summary, read through its result model: None when the stage did not run."""
     return stage.result.read(run.summary(stage.name)) if exists(run.summary(stage.name)) else None
-
-
-def _num(value, digits: int = 0) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return f"{value:,.{digits}f}"

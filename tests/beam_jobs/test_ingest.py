@@ -83,7 +83,7 @@ def test_awkward_and_broken_files_end_in_a_span_or_dead_letter_exactly_once(awkw
         sorted(pair) for pair in [(a, b) for a in ("rgb.jpg", "ünïcödé 画像.jpg") for b in ("rgb.png", "really-a-png.jpg")])
     assert manifest["counts"] == {"train": sum(r["split"] == "train" for r in found),
                                   "eval": sum(r["split"] == "eval" for r in found), "dead_letter": 6, "duplicates": 2}
-    assert {r["split"] for r in found} == {"train", "eval"}
+    # (the awkward pictures are near-copies of one another, so they share one split: tests/beam_jobs/test_near_copies.py)
     assert len(manifest["sources"]) == len(images_on_disk)
     assert os.listdir(root / "data" / "spans") == ["span-00001"]  # no staging left behind
 
@@ -135,7 +135,7 @@ def test_too_many_bad_files_publish_nothing(tmp_path, capsys):
     (source / "cat" / "ok.jpg").write_bytes(images.rgb_jpeg())
     (source / "cat" / "bad.jpg").write_bytes(images.truncated_jpeg())
     code, summary = ingest(source, root, *IN_MEMORY, capsys=capsys)
-    assert code == 1 and "1 of 2 new sources (50.0%) are bad" in summary["error"]
+    assert code == 1 and "1 of 2 new sources (50.0%, copies aside) are unreadable or broken" in summary["error"]
     assert "bad.jpg: truncated or corrupt JPEG" in summary["error"]
     assert Root(str(root)).manifests() == [] and os.listdir(root / "data" / "spans") == []
     assert not (root / "data" / "labels.json").exists()

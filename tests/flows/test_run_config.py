@@ -29,7 +29,7 @@ def test_the_file_and_the_overrides_reach_every_stage_program(pushed_run):
     (manifest,) = Root(pushed_run["root"]).manifests()
     assert manifest.settings["shard_mb"] == 8.0  # what ingest recorded it used
     datacheck = DataCheckSummary.read(run.summary("datacheck"))
-    assert not [a for a in datacheck.anomalies if a.kind == "rare_class"]  # min_class_examples 1, not 5
+    assert not [a for c in datacheck.spans for a in c.anomalies if a.kind == "rare_class"]  # min_class_examples 1, not 5
     metrics = TrainMetrics.read(run.metrics)
     assert (metrics.network, metrics.image_size, metrics.batch_size) == ("small_cnn", 32, 8)  # preset demo, file
     assert metrics.steps_per_epoch == 3  # --set won over the file's 4

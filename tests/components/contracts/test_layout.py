@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from components.contracts.layout import Root, parse_spans
@@ -43,3 +45,25 @@ def test_manifests_read_without_their_sources_keep_the_rest(tmp_path):
     (tmp_path / "data" / "spans" / "span-00001" / "_MANIFEST.json").write_text('["not", "a manifest"]')
     with pytest.raises(ResultError, match="_MANIFEST.json is not a valid SpanManifest"):
         list(root.each_manifest(checked=False, sources=False))
+
+
+def test_spans_and_records_written_by_another_process_are_seen_on_a_bucket(s3_bucket):
+    """Stage programs write under ROOT while the flow's process holds listings of it: a span published,
+    a record written or removed since this process listed the folder is seen as it is now."""
+    import boto3
+
+    root = Root(f"s3://{s3_bucket}/root")
+    manifest = SpanManifest(span=1, created="2026-01-01T00:00:00Z", source="/in", labels=["cat"], shards=[], sources=[],
+                            counts={"train": 0, "eval": 0, "dead_letter": 0, "duplicates": 0})
+    manifest.write(root.manifest(1))
+    assert root.published() == [1] and root.unchecked() == [1]  # listed: the folders are in any cache now
+    other = boto3.client("s3")  # another process's writes, as the store sees them
+    other.put_object(Bucket=s3_bucket, Key="root/data/spans/span-00002/_MANIFEST.json",
+                     Body=manifest.model_copy(update={"span": 2}).model_dump_json().encode())
+    record = {"span": 1, "check_version": 2, "status": "ok", "checked_at": "2026-01-01T00:00:00Z",
+              "reasons": [], "anomalies": []}
+    other.put_object(Bucket=s3_bucket, Key="root/data/spans/span-00001/_DATACHECK.json",
+                     Body=json.dumps(record).encode())
+    assert root.published() == [1, 2] and root.unchecked() == [2] and root.check_record(1).trusted
+    other.delete_object(Bucket=s3_bucket, Key="root/data/spans/span-00001/_DATACHECK.json")
+    assert root.unchecked() == [1, 2]

@@ -1,6 +1,6 @@
 """The report's "input-bound?" line names the cheapest fix the probe's figures show."""
 from components.contracts.results import InputProbe
-from components.report.report import _verdict
+from components.report.input_verdict import verdict as _verdict
 
 BOUND = {"input_images_per_sec": 150.0, "model_images_per_sec_synthetic": 900.0, "input_wait_seconds": 12.0,
          "input_bound": True, "compression": "gzip", "cache": None, "stored_short_side": 1500,
