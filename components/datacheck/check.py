@@ -161,8 +161,9 @@ def image_quality(found: list[QualityFinding]) -> list[DataAnomaly]:
         anomalies.append(DataAnomaly(
             kind="image_quality", severity="warning", issue=finding.kind, count=finding.count,
             examples=finding.examples[:EXAMPLES], folders=finding.folders,
-            message=f"{finding.count} images are {QUALITY_WORDS[finding.kind]}, from {folders}; kept (set them aside "
-                    f"with ingest.quality_set_aside={finding.kind})"))
+            message=f"{finding.count} {'image is' if finding.count == 1 else 'images are'} {QUALITY_WORDS[finding.kind]}, "
+                    f"from {folders}; kept (set {'it' if finding.count == 1 else 'them'} aside with "
+                    f"ingest.quality_set_aside={finding.kind})"))
     return anomalies
 
 

@@ -31,9 +31,10 @@ IMAGENET = {
                  "https://storage.googleapis.com/tensorflow/keras-applications/resnet/",
                  "4d473c1dd8becc155b73f8504c6f6626"),
 }
-WAYS_OUT = ("train offline with --weights PATH (train.weights=PATH: a local Keras .h5 such as {file}, the file "
-            "keras.applications downloads into ~/.keras/models), --weights none (from scratch), or --preset cpu "
-            "(a small network from scratch, minutes on a CPU)")
+WAYS_OUT = ("train offline: set train.weights to a local Keras .h5 such as {file} (the file keras.applications "
+            "downloads into ~/.keras/models) or to none (from scratch), or use the cpu preset (a small network from "
+            "scratch, minutes on a CPU); with stoke run: --set train.weights=PATH, --set train.weights=none or "
+            "--preset cpu")
 
 
 def initial_weights(weights: str | None, network: str, timeout: float = FETCH_TIMEOUT_SECONDS) -> str | None:
