@@ -33,8 +33,8 @@ IMAGENET = {
 }
 WAYS_OUT = ("train offline: set train.weights to a local Keras .h5 such as {file} (the file keras.applications "
             "downloads into ~/.keras/models) or to none (from scratch), or use the cpu preset (a small network from "
-            "scratch, minutes on a CPU); with stoke run: --set train.weights=PATH, --set train.weights=none or "
-            "--preset cpu")
+            "scratch, minutes on a CPU): stoke train --weights PATH, --weights none or --preset cpu; stoke run "
+            "--set train.weights=PATH, --set train.weights=none or --preset cpu")
 
 
 def initial_weights(weights: str | None, network: str, timeout: float = FETCH_TIMEOUT_SECONDS) -> str | None:

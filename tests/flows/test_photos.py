@@ -38,7 +38,7 @@ def test_production_without_reachable_weights_stops_with_the_ways_out(photos, tm
     (line,) = [line for line in err.splitlines() if line.startswith("stoke run: error:")]
     assert line.startswith("stoke run: error: The run failed: train failed (exit code 1): train.weights imagenet: "
                            "efficientnet_b0's ImageNet weights are not in the Keras cache")
-    for way_out in ("--set train.weights=PATH", "--set train.weights=none", "--preset cpu"):
+    for way_out in ("--weights PATH", "--weights none", "--set train.weights=PATH", "--preset cpu"):
         assert way_out in line
     run = Root(str(tmp_path / "root")).run("production")
     assert read_json(run.report_json)["status"] == "failed" and not exists(run.backup) and not exists(run.candidate)

@@ -145,7 +145,7 @@ def test_imagenet_weights_that_cannot_be_had_stop_the_run_in_one_line_before_any
     assert code == 1 and "\n" not in error and "Traceback" not in err
     assert error.startswith("train.weights imagenet: efficientnet_b0's ImageNet weights are not in the Keras cache "
                             f"({tmp_path / 'keras' / 'models' / 'efficientnetb0_notop.h5'})")
-    for way_out in ("--set train.weights=PATH", "--set train.weights=none", "--preset cpu"):
+    for way_out in ("--weights PATH", "--weights none", "--set train.weights=PATH", "--preset cpu"):
         assert way_out in error
     assert os.listdir(os.path.join(small_spans_root, "runs", "no-weights")) == []  # nothing built or written
     assert not os.listdir(tmp_path / "keras" / "models")  # no half-downloaded file left
