@@ -121,8 +121,14 @@ def arrange(kept: list[dict], rules: NearRules, published: str | None) -> Arrang
     index = BandedIndex(as_numbers([s["dhash"] for s in records]), rules.bits, usable)
     settled = np.array([bool(s.get("near")) and rules.mode != "set_aside" for s in records], dtype=bool)
     names, result, pairs = _Names(published), Arrangement(), []
+    # Only a record that shares a band with another one can be near it: one vectorised pass spares
+    # the others their two lookups (most records of a real arrival are no near-copy of another).
+    rows = np.arange(len(records))
+    hashes, mirrors = as_numbers([s["dhash"] for s in records]), as_numbers([s.get("mirror") or s["dhash"] for s in records])
+    maybe = index.may_match(hashes, rows) | index.may_match(mirrors, rows) if records else usable
     for i, record in enumerate(records):
-        other, near = _original(record, i, records, index, settled, names) if usable[i] else (None, None)
+        asked = usable[i] and (maybe[i] or record.get("near"))
+        other, near = _original(record, i, records, index, settled, names) if asked else (None, None)
         if other is not None:
             _act(record, other, near, rules, result)
             pairs.append(NearPair(uri=record["uri"], split=record["split"], other_uri=other["uri"],

@@ -31,6 +31,8 @@ class BandedIndex:
         rows = np.arange(len(self.hashes), dtype=np.int64)
         if usable is not None:
             rows = rows[np.asarray(usable, dtype=bool)]
+        self.usable = np.zeros(len(self.hashes) + 1, dtype=bool)  # [row]: found by queries; [-1], no row: False
+        self.usable[rows] = True
         self.bands = []
         for shift, width in bands(bits):
             kind = np.uint16 if width <= 16 else np.uint32 if width <= 32 else np.uint64
@@ -49,6 +51,24 @@ class BandedIndex:
         apart = np.bitwise_count(self.hashes[candidates] ^ np.uint64(value)).astype(np.int64)
         keep = apart <= self.bits
         return candidates[keep], apart[keep]
+
+    def may_match(self, values: np.ndarray, own: np.ndarray | None = None) -> np.ndarray:
+        """For each of `values` (uint64), whether a usable row other than `own` (its own row, or -1) agrees
+        with it on a band: a value for which this is False has no row within `bits` but perhaps its own
+        (the pigeonhole above), so `within` need not be asked. One vectorised pass over the bands."""
+        values = np.asarray(values, dtype=np.uint64)
+        own = np.full(len(values), -1, np.int64) if own is None else np.asarray(own, dtype=np.int64)
+        found = np.zeros(len(values), dtype=bool)
+        if not len(self.hashes):
+            return found
+        for shift, width, keys, _ in self.bands:
+            wanted = ((values >> np.uint64(shift)) & np.uint64((1 << width) - 1)).astype(keys.dtype)
+            count = np.searchsorted(keys, wanted, "right") - np.searchsorted(keys, wanted, "left")
+            # Its own row is among them when it is usable and agrees with the value on this band.
+            theirs = (self.hashes[np.maximum(own, 0)] >> np.uint64(shift)) & np.uint64((1 << width) - 1)
+            itself = self.usable[own] & (theirs.astype(keys.dtype) == wanted)
+            found |= count > itself
+        return found
 
     def nearest(self, value: int) -> tuple[int, int] | None:
         """(row, distance) of the nearest usable hash within `bits` (the lowest row of equals), or None."""
