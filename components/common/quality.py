@@ -25,9 +25,9 @@ import numpy as np
 from PIL import Image, ImageFilter
 
 SIDE = 64  # longer side of the thumbnail the scores are taken from
-# HSP brightness^2 in thousandths: 241 R^2 + 691 G^2 + 68 B^2, integers below 2^26, so exact in float64
-# in any order of summation: one matrix product over the thumbnail's pixels.
-WEIGHTS = np.array([241.0, 691.0, 68.0])
+# HSP brightness^2 in thousandths: 241 R^2 + 691 G^2 + 68 B^2, exact in int32 (at most 1000 x 255^2):
+# one product over the thumbnail's pixels, no floats.
+WEIGHTS = np.array([241, 691, 68], dtype=np.int32)
 
 
 @dataclass(frozen=True)
@@ -72,8 +72,8 @@ def scores_of(image: Image.Image, grey: Image.Image, counts: np.ndarray | None =
     rgb = np.asarray(image if image.mode == "RGB" else image.convert("RGB"))
     r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
     colour = int((np.maximum(np.maximum(r, g), b) - np.minimum(np.minimum(r, g), b)).max())
-    values = rgb.reshape(-1, 3).astype(np.float64)
-    square = (values * values) @ WEIGHTS  # brightness^2 x 1000, exact
+    values = rgb.reshape(-1, 3).astype(np.int32)
+    square = (values * values) @ WEIGHTS  # brightness^2 x 1000
     k99, k5 = (min(square.size - 1, int(q * (square.size - 1))) for q in (0.99, 0.05))
     high, low = np.partition(square, (k5, k99))[[k99, k5]]
     levels = np.asarray(thumb.histogram(), dtype=np.float64)  # the spread: the std of its 256 counts
