@@ -80,8 +80,7 @@ def one_image(clock: Clock, path: Path, out, source: dict) -> dict:
         encoded, form = data, "jpeg"
     else:
         image = clock("decode + verify", images._to_rgb, image, MAX_SIDE)
-        normalized = clock("normalise: re-encode", images._encode, image, True)
-        encoded, form = normalized.encoded, normalized.format
+        encoded, form = clock("normalise: re-encode", _jpeg, image), "jpeg"
     sha = clock("sha256", signatures.sha256, data)
     grey = clock("grey + histogram", image.convert, "L")
     counts = clock("grey + histogram", lambda: np.asarray(grey.histogram(), dtype=np.float64))
@@ -102,6 +101,13 @@ def one_image(clock: Clock, path: Path, out, source: dict) -> dict:
             "std": float(np.sqrt(variance)), "label": source["label"], "format": form, "width": image.width,
             "height": image.height, "bytes": len(encoded), "split": source["split"],
             **({"issues": sorted(found)} if found else {})}
+
+
+def _jpeg(image: Image.Image) -> bytes:
+    """The re-encode of components/common/images.py's _encode, without the measures it takes (timed apart here)."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG", quality=95)
+    return buffer.getvalue()
 
 
 def _frame(record: bytes) -> bytes:
