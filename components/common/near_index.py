@@ -98,13 +98,16 @@ class BandedIndex:
             queries.append(np.repeat(np.arange(start, end), counts))
             offsets = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
             rows.append(band_rows[np.repeat(low, counts) + offsets].astype(np.int64))
-        pair = np.sort(np.concatenate(queries) * (len(self.hashes) + 1) + np.concatenate(rows))
-        pair = pair[np.diff(pair, prepend=-1) != 0]  # unique by sorting: numpy's hashing unique is slower here
-        query, row = np.divmod(pair, len(self.hashes) + 1)
+        query, row = np.concatenate(queries), np.concatenate(rows)
         apart = np.bitwise_count(self.hashes[row] ^ values[query]).astype(np.int64)
-        keep = apart <= self.bits
-        order = np.lexsort((row[keep], apart[keep], query[keep]))
-        return query[keep][order], row[keep][order], apart[keep][order]
+        keep = apart <= self.bits  # most band matches are farther: drop them before sorting
+        # One int64 key sorts by query, distance, row; a pair found in several bands repeats its key.
+        width = len(self.hashes) + 1
+        key = np.sort((query[keep] * (self.bits + 1) + apart[keep]) * width + row[keep])
+        key = key[np.diff(key, prepend=-1) != 0]
+        rest, row = np.divmod(key, width)
+        query, apart = np.divmod(rest, self.bits + 1)
+        return query, row, apart
 
     def nearest(self, value: int) -> tuple[int, int] | None:
         """(row, distance) of the nearest usable hash within `bits` (the lowest row of equals), or None."""
