@@ -121,8 +121,14 @@ def arrange(kept: list[dict], rules: NearRules, published: str | None) -> Arrang
     index = BandedIndex(as_numbers([s["dhash"] for s in records]), rules.bits, usable)
     settled = np.array([bool(s.get("near")) and rules.mode != "set_aside" for s in records], dtype=bool)
     names, result, pairs = _Names(published), Arrangement(), []
+    # Every record's candidates, for its picture and its mirror image, found for all records at once:
+    # the loop below, which must go in URI order, only picks among them.
+    mirrors = [s.get("mirror") or s["dhash"] for s in records]
+    candidates = index.pairs(np.concatenate([index.hashes, as_numbers(mirrors)]))
+    settled = settled.tolist()  # read once per candidate below: a list answers faster than an array
     for i, record in enumerate(records):
-        other, near = _original(record, i, records, index, settled, names) if usable[i] else (None, None)
+        found = (candidates.of(i), candidates.of(len(records) + i))
+        other, near = _original(record, i, records, found, settled, names) if usable[i] else (None, None)
         if other is not None:
             _act(record, other, near, rules, result)
             pairs.append(NearPair(uri=record["uri"], split=record["split"], other_uri=other["uri"],
@@ -136,13 +142,13 @@ def arrange(kept: list[dict], rules: NearRules, published: str | None) -> Arrang
     return result
 
 
-def _original(record: dict, me: int, records: list[dict], index: BandedIndex, settled: np.ndarray, names):
+def _original(record: dict, me: int, records: list[dict], found, settled: list[bool], names):
     """The image this record is a near-copy of, and how near: the published one the job found, else the
     nearest settled record of the arrival; (None, None) when there is none."""
     near = record.get("near")
     if near:
         return {"uri": names.uri(near["row"]), "split": near["split"], "span": names.span(near["row"])}, near
-    j, apart, mirrored = _nearest(index, record, settled, me)
+    j, apart, mirrored = _nearest(found, settled, me)
     if j is None:
         return None, None
     return {"uri": records[j]["uri"], "split": records[j]["split"], "span": None}, {"distance": apart, "mirrored": mirrored}
@@ -167,16 +173,14 @@ def _act(record: dict, other: dict, near: dict, rules: NearRules, result: Arrang
         tally["moved"] += 1  # joined its original's split in the job already
 
 
-def _nearest(index: BandedIndex, record: dict, settled: np.ndarray, me: int):
-    """(row, distance, mirrored) of the nearest settled record to this one or its mirror image."""
+def _nearest(found, settled: list[bool], me: int):
+    """(row, distance, mirrored) of the nearest settled record to this one or its mirror image (the lowest
+    row of equals; the mirror's only when nearer): `found` holds each query's rows, nearest first."""
     best = (None, 65, False)
-    for value, mirrored in ((record["dhash"], False), (record.get("mirror") or record["dhash"], True)):
-        rows, apart = index.within(int(value, 16))
-        keep = settled[rows] & (rows != me)
-        if keep.any():
-            k = int(np.argmin(apart[keep]))
-            if apart[keep][k] < best[1]:
-                best = (int(rows[keep][k]), int(apart[keep][k]), mirrored)
+    for candidates, mirrored in zip(found, (False, True)):
+        row, apart = next(((row, apart) for row, apart in candidates if row != me and settled[row]), (None, 65))
+        if apart < best[1]:
+            best = (row, apart, mirrored)
     return best
 
 

@@ -49,10 +49,13 @@ def peak_rss(process: subprocess.Popen) -> float:
     return peak / 1e6
 
 
-def stoke_ingest(source: Path, root: Path, *beam_args: str) -> dict:
+def stoke_ingest(source: Path, root: Path, *beam_args: str, tree: str | None = None) -> dict:
+    """`python -m beam_jobs.ingest` of this checkout, or of `tree` (another checkout: its PYTHONPATH and
+    working directory, which `-m` puts ahead of PYTHONPATH)."""
     started, cpu = time.perf_counter(), _children_cpu()
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree)) if tree else None
     job = subprocess.Popen([sys.executable, "-m", "beam_jobs.ingest", str(source), "--root", str(root), "--json",
-                            *beam_args], stdout=subprocess.PIPE, text=True)
+                            *beam_args], stdout=subprocess.PIPE, text=True, env=env, cwd=tree)
     peak = {}
     watcher = threading.Thread(target=lambda: peak.setdefault("mb", peak_rss(job)))
     watcher.start()
@@ -63,7 +66,8 @@ def stoke_ingest(source: Path, root: Path, *beam_args: str) -> dict:
     images = summary["counts"]["train"] + summary["counts"]["eval"]
     # images_per_sec is the job's own clock (listing to manifest), as the loop below is timed;
     # the wall clock adds starting Python and importing Beam.
-    return {"images": images, "wall_seconds": round(seconds, 2), "images_per_sec": summary["images_per_sec"],
+    return {"images": images, "wall_seconds": round(seconds, 2), "seconds": summary["seconds"],
+            "images_per_sec": summary["images_per_sec"],
             "wall_images_per_sec": round(images / seconds, 1), "peak_rss_mb": round(peak["mb"]),
             "shards": summary["shards"], "cpu_seconds": round(_children_cpu() - cpu, 2)}
 

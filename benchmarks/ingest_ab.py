@@ -32,8 +32,7 @@ def main() -> None:
         make_photos(source, args.images)
         for i in range(args.rounds):
             for name in ("before", "after") if i % 2 == 0 else ("after", "before"):
-                os.environ["PYTHONPATH"] = os.path.abspath(getattr(args, name))
-                runs[name].append(stoke_ingest(source, Path(tmp) / f"root-{name}-{i}"))
+                runs[name].append(stoke_ingest(source, Path(tmp) / f"root-{name}-{i}", tree=getattr(args, name)))
     median = {name: {key: statistics.median(r[key] for r in found) for key in ("images_per_sec", "cpu_seconds")}
               for name, found in runs.items()}
     print(json.dumps({"images": args.images, "rounds": args.rounds, "median": median, "runs": runs,

@@ -9,7 +9,23 @@ for the hashes plus 6 a record a band (a 16-bit value and a row): 50 bytes a rec
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
+
+
+@dataclass(frozen=True)
+class Pairs:
+    """Query q's rows within the bits are rows[offsets[q]:offsets[q + 1]], nearest first, then by row;
+    their distances are beside them in `distances`."""
+
+    offsets: list[int]
+    rows: list[int]
+    distances: list[int]
+
+    def of(self, query: int):
+        start, end = self.offsets[query], self.offsets[query + 1]
+        return zip(self.rows[start:end], self.distances[start:end])
 
 
 def bands(bits: int) -> list[tuple[int, int]]:
@@ -49,6 +65,49 @@ class BandedIndex:
         apart = np.bitwise_count(self.hashes[candidates] ^ np.uint64(value)).astype(np.int64)
         keep = apart <= self.bits
         return candidates[keep], apart[keep]
+
+    def pairs(self, values: np.ndarray, budget: int = 1 << 21) -> Pairs:
+        """Every usable row within `bits` of each of `values` (uint64): what `within` finds, for all the
+        queries in a few vectorised passes. Queries are taken in chunks of about `budget` band matches, so
+        memory stays bounded however alike they are."""
+        values = np.asarray(values, dtype=np.uint64)
+        if not len(values) or not self.bands:
+            return Pairs([0] * (len(values) + 1), [], [])
+        spans = [(np.searchsorted(keys, wanted, "left"), np.searchsorted(keys, wanted, "right"))
+                 for keys, wanted in ((band[2], self._band_of(values, band)) for band in self.bands)]
+        matches = np.cumsum(sum(high - low for low, high in spans))
+        chunks, start = [], 0
+        while start < len(values):
+            end = max(start + 1, int(np.searchsorted(matches, (matches[start - 1] if start else 0) + budget, "right")))
+            chunks.append(self._chunk(values, spans, start, min(end, len(values))))
+            start = end
+        query, row, apart = (np.concatenate(parts) for parts in zip(*chunks))
+        offsets = np.searchsorted(query, np.arange(len(values) + 1))
+        return Pairs(offsets.tolist(), row.tolist(), apart.tolist())
+
+    def _band_of(self, values: np.ndarray, band) -> np.ndarray:
+        shift, width, keys, _ = band
+        return ((values >> np.uint64(shift)) & np.uint64((1 << width) - 1)).astype(keys.dtype)
+
+    def _chunk(self, values, spans, start: int, end: int):
+        """(query, row, distance) of queries start..end-1, once each across bands, by query, distance, row."""
+        queries, rows = [], []
+        for (low, high), (_, _, _, band_rows) in zip(spans, self.bands):
+            low, high = low[start:end], high[start:end]
+            counts = high - low
+            queries.append(np.repeat(np.arange(start, end), counts))
+            offsets = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+            rows.append(band_rows[np.repeat(low, counts) + offsets].astype(np.int64))
+        query, row = np.concatenate(queries), np.concatenate(rows)
+        apart = np.bitwise_count(self.hashes[row] ^ values[query]).astype(np.int64)
+        keep = apart <= self.bits  # most band matches are farther: drop them before sorting
+        # One int64 key sorts by query, distance, row; a pair found in several bands repeats its key.
+        width = len(self.hashes) + 1
+        key = np.sort((query[keep] * (self.bits + 1) + apart[keep]) * width + row[keep])
+        key = key[np.diff(key, prepend=-1) != 0]
+        rest, row = np.divmod(key, width)
+        query, apart = np.divmod(rest, self.bits + 1)
+        return query, row, apart
 
     def nearest(self, value: int) -> tuple[int, int] | None:
         """(row, distance) of the nearest usable hash within `bits` (the lowest row of equals), or None."""

@@ -18,14 +18,16 @@ whatever its size; beam_jobs/quality.py judges them against the settings:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image, ImageFilter
 
 SIDE = 64  # longer side of the thumbnail the scores are taken from
-# HSP brightness^2 per channel value, in thousandths (int64): three table look-ups a pixel, no floats.
-SQUARES = [np.round(weight * 1000 * np.arange(256, dtype=np.int64) ** 2).astype(np.int64) for weight in (0.241, 0.691, 0.068)]
+# HSP brightness^2 in thousandths: 241 R^2 + 691 G^2 + 68 B^2, exact in int32 (at most 1000 x 255^2):
+# one product over the thumbnail's pixels, no floats.
+WEIGHTS = np.array([241, 691, 68], dtype=np.int32)
 
 
 @dataclass(frozen=True)
@@ -43,33 +45,39 @@ class Scores:
 
 
 LEVELS = np.arange(256, dtype=np.float64)
+MOMENTS = np.stack((np.ones(256), LEVELS, LEVELS * LEVELS))  # one matrix product gives count, sum and sum of squares
 
 
-def moments(histogram: list[int]) -> tuple[float, float]:
+def moments(histogram) -> tuple[float, float]:
     """Mean and variance of a grey image from its 256-bin histogram (ImageStat's, without its Python loops)."""
-    counts = np.asarray(histogram, dtype=np.float64)
-    total = counts.sum()
-    mean = float(counts @ LEVELS) / total
-    return mean, max(0.0, float(counts @ (LEVELS * LEVELS)) / total - mean * mean)
+    total, first, second = MOMENTS @ np.asarray(histogram, dtype=np.float64)  # integers: exact in any order
+    mean = first / total
+    # numpy scalars, whose round() the published signatures were rounded with (it differs from Python's at .5)
+    return mean, max(0.0, second / total - mean * mean)
 
 
 def scores_of(image: Image.Image, grey: Image.Image, counts: np.ndarray | None = None) -> Scores:
     """The scores of `image` (RGB, as decoded) and its grey version: entropy from the grey image as
-    decoded, the rest from a thumbnail of at most SIDE px. PIL's C code does the pixel loops."""
+    decoded, the rest from a thumbnail of at most SIDE px. PIL's C code does the pixel loops, numpy
+    the few thousand pixels of the thumbnail, each in one pass: no conversion is made twice."""
     counts = np.asarray(grey.histogram() if counts is None else counts, dtype=np.float64)
     shares = counts[counts > 0] / counts.sum()
     if max(image.size) > SIDE:
         ratio = SIDE / max(image.size)
         image = image.resize((max(1, round(image.width * ratio)), max(1, round(image.height * ratio))), Image.BILINEAR,
                              reducing_gap=2.0)
-    thumb = image.convert("L")
-    rgb = np.asarray(image.convert("RGB"))
+        thumb = image.convert("L")
+    else:
+        thumb = grey
+    rgb = np.asarray(image if image.mode == "RGB" else image.convert("RGB"))
     r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
     colour = int((np.maximum(np.maximum(r, g), b) - np.minimum(np.minimum(r, g), b)).max())
-    square = SQUARES[0][r] + SQUARES[1][g] + SQUARES[2][b]  # brightness^2 x 1000, exact in integers
+    values = rgb.reshape(-1, 3).astype(np.int32)
+    square = (values * values) @ WEIGHTS  # brightness^2 x 1000
     k99, k5 = (min(square.size - 1, int(q * (square.size - 1))) for q in (0.99, 0.05))
-    high, low = np.partition(square.ravel(), (k5, k99))[[k99, k5]]
+    high, low = np.partition(square, (k5, k99))[[k99, k5]]
+    levels = np.asarray(thumb.histogram(), dtype=np.float64)  # the spread: the std of its 256 counts
     return Scores(sharpness=round(moments(thumb.filter(ImageFilter.FIND_EDGES).histogram())[1], 2),
-                  spread=round(float(np.std(thumb.histogram())), 2),
-                  dark=round(float(np.sqrt(high / 1000)) / 255, 4), light=round(float(np.sqrt(low / 1000)) / 255, 4),
-                  entropy=round(float(-(shares * np.log2(shares)).sum()), 3), colour=colour)
+                  spread=round(math.sqrt(max(0.0, float(levels @ levels) / 256 - (float(levels.sum()) / 256) ** 2)), 2),
+                  dark=round(math.sqrt(high / 1000) / 255, 4), light=round(math.sqrt(low / 1000) / 255, 4),
+                  entropy=round(float(-(shares @ np.log2(shares))), 3), colour=colour)

@@ -26,7 +26,6 @@ from PIL import Image
 from components.common.quality import Scores, moments, scores_of
 
 HASH_SIDE = 8  # dHash: an 8x9 grey thumbnail, one bit per pair of horizontal neighbours
-WEIGHTS = 1 << np.arange(63, -1, -1, dtype=np.uint64)  # bit 63 is the thumbnail's top-left pair
 
 
 @dataclass(frozen=True)
@@ -40,18 +39,20 @@ class Pixels:
 
 def pixels_of(image: Image.Image) -> Pixels:
     """dHashes, grey mean and std and quality scores of `image` as decoded (a JPEG may be at a DCT
-    scale: the same picture, smaller)."""
+    scale: the same picture, smaller), from one grey conversion and one histogram of it."""
     grey = image.convert("L")
-    histogram = grey.histogram()
+    histogram = np.asarray(grey.histogram(), dtype=np.float64)
     mean, variance = moments(histogram)
-    thumb = np.asarray(grey.resize((HASH_SIDE + 1, HASH_SIDE), Image.BILINEAR), dtype=np.int16)
-    return Pixels(_dhash(thumb), round(mean, 3), round(math.sqrt(variance), 3), _dhash(thumb[:, ::-1]),
-                  scores_of(image, grey, histogram))
+    dhash, mirror = hashes(np.asarray(grey.resize((HASH_SIDE + 1, HASH_SIDE), Image.BILINEAR)))
+    return Pixels(dhash, round(mean, 3), round(math.sqrt(variance), 3), mirror, scores_of(image, grey, histogram))
 
 
-def _dhash(thumb: np.ndarray) -> str:
-    bits = (thumb[:, :-1] > thumb[:, 1:]).flatten()
-    return f"{int((WEIGHTS * bits).sum()):016x}"
+def hashes(thumb: np.ndarray) -> tuple[str, str]:
+    """The dHash of a 9x8 grey thumbnail and of its mirror image, as 16 hex digits each: bit 63 is the
+    top-left pair. The mirror's pairs are the thumbnail's, compared the other way and read right to left."""
+    left, right = thumb[:, :-1], thumb[:, 1:]
+    digits = np.packbits(np.stack((left > right, (right > left)[:, ::-1])).reshape(2, -1), axis=1).tobytes().hex()
+    return digits[:16], digits[16:]
 
 
 def sha256(data: bytes) -> str:

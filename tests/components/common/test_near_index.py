@@ -21,3 +21,23 @@ def test_the_banded_lookup_finds_what_brute_force_finds(bits):
         nearest = index.nearest(value)
         assert nearest == (None if not len(expected) else (int(expected[np.argmin(apart[expected])]), int(apart[expected].min())))
     assert sum(width for _, width in bands(bits)) == 64 and len(bands(bits)) == bits + 1
+
+
+@pytest.mark.parametrize("bits, budget", [(0, 1 << 21), (3, 50), (6, 1 << 21), (6, 1), (10, 500)])
+def test_all_pairs_at_once_are_what_each_lookup_finds_nearest_first(bits, budget):
+    """Clustered hashes (many share bands, as a set of alike pictures does), queries near them and far,
+    in chunks down to one query at a time."""
+    rng = np.random.default_rng(bits)
+    centres = rng.integers(0, 2**63, 40, dtype=np.uint64) * np.uint64(2)
+    flips = [sum(1 << int(b) for b in rng.choice(64, int(rng.integers(0, bits + 3)), replace=False)) for _ in range(1500)]
+    hashes = np.array([int(centres[i % 40]) ^ f for i, f in enumerate(flips)], dtype=np.uint64)
+    queries = np.concatenate([hashes[:300], rng.integers(0, 2**63, 100, dtype=np.uint64)])
+    usable = rng.random(1500) > 0.1
+    index = BandedIndex(hashes, bits, usable)
+    found = index.pairs(queries, budget)
+    for q, value in enumerate(queries.tolist()):
+        rows, distances = index.within(value)
+        order = np.lexsort((rows, distances))
+        assert list(found.of(q)) == list(zip(rows[order].tolist(), distances[order].tolist()))
+    assert list(BandedIndex(hashes[:0], bits).pairs(queries[:3]).of(2)) == []
+    assert index.pairs(queries[:0]).offsets == [0]
