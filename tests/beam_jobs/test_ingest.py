@@ -59,7 +59,7 @@ def dead_letters(root, span):
 def test_awkward_and_broken_files_end_in_a_span_or_dead_letter_exactly_once(awkward_folder, tmp_path, capsys):
     root = tmp_path / "root"
     code, summary = ingest(awkward_folder, root, "--max-bad-fraction", "0.5", "--eval-fraction", "0.3",
-                           capsys=capsys)
+                           "--near-copies", "report", capsys=capsys)  # the awkward pictures are near-copies
     assert code == 0 and summary["published"] and summary["span"] == 1
     manifest = read_json(os.path.join(summary["span_uri"], MANIFEST))
     labels = read_json(str(root / "data" / "labels.json"))
@@ -83,7 +83,7 @@ def test_awkward_and_broken_files_end_in_a_span_or_dead_letter_exactly_once(awkw
         sorted(pair) for pair in [(a, b) for a in ("rgb.jpg", "ünïcödé 画像.jpg") for b in ("rgb.png", "really-a-png.jpg")])
     assert manifest["counts"] == {"train": sum(r["split"] == "train" for r in found),
                                   "eval": sum(r["split"] == "eval" for r in found), "dead_letter": 6, "duplicates": 2}
-    # (the awkward pictures are near-copies of one another, so they share one split: tests/beam_jobs/test_near_copies.py)
+    assert {r["split"] for r in found} == {"train", "eval"}
     assert len(manifest["sources"]) == len(images_on_disk)
     assert os.listdir(root / "data" / "spans") == ["span-00001"]  # no staging left behind
 

@@ -27,14 +27,17 @@ def tiny_image(label: int, index: int, size: int = 32, image_format: str = "jpeg
 
 def write_span(root: str, number: int, splits: dict[str, list[tuple[bytes, str, int]]],
                labels: list[str], shards_per_split: dict[str, int], publish: bool = True, checked: bool = True) -> dict:
-    """Writes span-NNNNN with GZIP shards round-robin per split; the manifest last (if publish), and a
-    data-check record letting it in (if checked: training reads no span the data check has not let in)."""
+    """Writes span-NNNNN with GZIP shards round-robin per split; the manifest last (if publish), and
+    its statistics and a data-check record letting it in (if checked: training reads no span the data
+    check has not let in, and the check compares a new span with the statistics of those it let in)."""
     import tensorflow as tf
+
+    from beam_jobs.statistics import write_statistics
 
     base = layout.Root(root)
     folder = base.span(number)
     files.filesystem(folder)[0].makedirs(folder, exist_ok=True)
-    shards = []
+    shards, signed = [], []
     for split, records in splits.items():
         count = shards_per_split[split]
         for index in range(count):
@@ -43,9 +46,13 @@ def write_span(root: str, number: int, splits: dict[str, list[tuple[bytes, str, 
             with tf.io.TFRecordWriter(files.join(folder, name), "GZIP") as writer:
                 for position, (encoded, image_format, label) in enumerate(part):
                     height, width = tf.image.decode_image(encoded).shape[:2]
+                    source = f"mem://{split}/{index}/{position}"
                     writer.write(schema.encode_example(
                         encoded=encoded, image_format=image_format, height=int(height), width=int(width),
-                        label=label, text=labels[label], source=f"mem://{split}/{index}/{position}"))
+                        label=label, text=labels[label], source=source))
+                    signed.append({"uri": source, "split": split, "label": labels[label], "format": image_format,
+                                   "bytes": len(encoded), "width": int(width), "height": int(height),
+                                   "mean": 100.0, "std": 20.0})
             data = files.filesystem(folder)[0].cat_file(files.join(folder, name))
             shards.append({"file": name, "split": split, "records": len(part), "bytes": len(data),
                            "sha256": hashlib.sha256(data).hexdigest()})
@@ -57,6 +64,7 @@ def write_span(root: str, number: int, splits: dict[str, list[tuple[bytes, str, 
         files.write_json(base.labels, labels)
         manifest.write(base.manifest(number))
     if publish and checked:
+        write_statistics(base, number, signed, [], labels)
         let_in(root, number)
     return manifest.to_json()
 
