@@ -107,7 +107,7 @@ def test_stoke_ingest_hands_the_options_to_beam_untouched(name, digits, tmp_path
     """The real command line and driver (listing, staging), stopped where the runner would start."""
     seen = {}
 
-    def runner_starts(chunks, staging, config, pipeline_args):
+    def runner_starts(chunks, staging, config, pipeline_args, *published):
         seen["options"] = ingest.pipeline_options(pipeline_args)
         seen["args"] = pipeline_args
         raise ingest.IngestError("stopped where the runner would start")

@@ -56,7 +56,8 @@ def publish(root: str, number: int, rows: list[tuple[int, int]]) -> list[str]:
     splits = {"train": records[:48], "eval": records[48:]}
     write_span(root, number, splits, LABELS, SHARDS, checked=False)
     write_statistics(Root(root), number, [
-        {"uri": f"{split}/{i}", "split": split, "label": LABELS[r[2]], "format": "jpeg", "bytes": len(r[0]), "mean": 100.0, "std": 20.0,
+        {"uri": f"{split}/{i}", "split": split, "label": LABELS[r[2]], "format": "jpeg", "bytes": len(r[0]),
+         "mean": 100.0, "std": 20.0,
          "width": 40, "height": 32} for split, part in splits.items() for i, r in enumerate(part)], [], LABELS)
     uris = {}  # write_span deals each split's records round-robin over its shards
     for split, part in splits.items():
