@@ -81,7 +81,8 @@ def check_span(root: Root, published: dict[int, SpanManifest], number: int, conf
     """One span against the spans the check lets in now; its record written. Statistics that do not
     describe the span quarantine it; a history span's stop the check, for no span is judged against less."""
     manifest = published[number]
-    history = [n for n in published if n != number and root.check_record(n).trusted]
+    let_in = {n: read.record for n in published if n != number and (read := root.check_record(n)).trusted}
+    history = list(let_in)
     past = [profile(read_statistics(root, published[n])) for n in history]
     try:
         verdict = decide(number, profile(read_statistics(root, manifest)), past, config, classes=manifest.labels,
@@ -90,7 +91,8 @@ def check_span(root: Root, published: dict[int, SpanManifest], number: int, conf
     except DataCheckError as error:
         missing = DataAnomaly(kind="no_statistics", severity="error", message=f"{error}; or release the span after a look")
         verdict = Verdict([missing], {}, {}, None)
-    found, labels = check_labels(root, manifest, config.model_name)
+    found, labels = check_labels(root, manifest, config.model_name,
+                                 [r.label_check for r in let_in.values() if r.label_check])
     verdict.anomalies += found
     status = record(root, number, verdict, labels)
     return SpanCheck(span=number, status=status, anomalies=verdict.anomalies, history_spans=history,
@@ -99,9 +101,9 @@ def check_span(root: Root, published: dict[int, SpanManifest], number: int, conf
                      record_uri=root.datacheck(number), label_check=labels)
 
 
-def check_labels(root: Root, manifest: SpanManifest, model_name: str) -> tuple[list, LabelCheck]:
+def check_labels(root: Root, manifest: SpanManifest, model_name: str, past: list[LabelCheck]) -> tuple[list, LabelCheck]:
     """The label check of the span with the served model, or why it was skipped; the first flagged images
-    drawn beside the record. Its history is the label checks of the other spans the check let in."""
+    drawn beside the record. Its history, `past`, is the label checks of the other spans the check let in."""
     started = time.monotonic()
     model = predictions.served(root, model_name, manifest.span)
     if isinstance(model, str):
@@ -110,8 +112,6 @@ def check_labels(root: Root, manifest: SpanManifest, model_name: str) -> tuple[l
         found, images, _ = predictions.predict(root, manifest, model)
     except predictions.UnusableModel as error:  # the other checks still judge the span
         return [], LabelCheck(status="skipped", reason=str(error))
-    records = (root.check_record(n) for n in root.published() if n != manifest.span)
-    past = [r.record.label_check for r in records if r.trusted and r.record.label_check]
     findings, check = judge(found, past, model.error, model.uri)
     rows = {file: row for row, file in enumerate(found.files)}
     drawn = [(images[rows[f.file]], f"{f.label.given} -> {f.label.predicted} {f.label.confidence:.0%}")
