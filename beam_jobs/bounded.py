@@ -30,6 +30,11 @@ GRACE = 60.0  # seconds the runner has to return after a worker failed
 SDK_WORKER_LOGGER = "apache_beam.runners.worker.sdk_worker"
 
 
+# The jobs this process gave up on (StuckRunner): while one is alive, its runner's worker threads,
+# which are not daemons, would keep the process from exiting.
+_ABANDONED: list[threading.Thread] = []
+
+
 class StuckRunner(Exception):
     """A worker failed and the runner did not return within the grace period."""
 
@@ -67,18 +72,20 @@ def run(job: Callable[[], None]) -> None:
             pass
         thread.join(GRACE)
     if thread.is_alive():
+        _ABANDONED.append(thread)
         raise StuckRunner(f"{failures.reason}; the runner had not stopped {GRACE:.0f} s later and was left behind")
     if outcome[0] is not None:
         raise outcome[0]
 
 
 def exit_code(code: int) -> int:
-    """Returns `code`, or ends the process with it when a failed run left threads that are not
-    daemons behind (a stuck runner's workers): the interpreter would wait for them forever. The
-    price of os._exit, no atexit handlers or finalizers, is paid after the lock was released and
-    staging removed; the streams are flushed here."""
-    stuck = [t for t in threading.enumerate() if t is not threading.current_thread() and not t.daemon]
-    if code and stuck:
+    """Returns `code`, or ends the process with it when a job given up on is still running (a stuck
+    runner's workers, not daemons): the interpreter would wait for them forever. Only that job's
+    threads count: any other thread that is not a daemon belongs to whoever called (a test, a
+    program that runs ingest in its own process) and is no reason to end the process. The price of
+    os._exit, no atexit handlers or finalizers, is paid after the lock was released and staging
+    removed; the streams are flushed here."""
+    if code and any(job.is_alive() for job in _ABANDONED):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

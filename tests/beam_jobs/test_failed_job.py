@@ -38,6 +38,17 @@ bounded.GRACE = 2.0
 sys.exit(ingest.run(sys.argv[1:]))"""
 
 
+# A caller of ingest in its own process (a test runner, a notebook) with a thread of its own that is
+# no daemon: a failed ingest returns its code to it instead of ending the process.
+CALLER_WITH_A_THREAD = """import sys, threading
+from beam_jobs import ingest
+done = threading.Event()
+threading.Thread(target=done.wait, name="the caller's").start()
+code = ingest.run(sys.argv[1:])
+print("returned", code, flush=True)
+done.set()"""
+
+
 def folder_of_images(path, count=12):
     for index in range(count):
         folder = path / ("cat" if index % 2 else "dog")
@@ -136,3 +147,11 @@ def test_a_full_disk_while_staging_the_source_list_names_the_file(tmp_path, caps
     monkeypatch.setattr("fsspec.implementations.local.LocalFileOpener.write", full)
     code, summary = ingest(source, root, *IN_MEMORY, capsys=capsys)
     assert code == 1 and "sources-00000.jsonl cannot be written: no space left on device" in summary["error"]
+
+
+@pytest.mark.parametrize("source", ["missing", "empty"])
+def test_a_failed_ingest_returns_to_a_caller_whose_own_threads_are_running(tmp_path, source):
+    (tmp_path / "empty").mkdir()
+    result = subprocess.run([sys.executable, "-c", CALLER_WITH_A_THREAD, str(tmp_path / source), "--root",
+                             str(tmp_path / "root")], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip().splitlines()[-1] == "returned 1", result.stderr[-2000:]
