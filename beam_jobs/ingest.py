@@ -144,7 +144,7 @@ def _convert(root, staging, chunks, fresh, config, pipeline_args, progress):
         return [], [], Findings(kept=[], dropped=[])
     published = stage_published(root, staging)  # so near-copies of published images join their split in the job
     with _Progress(staging, sum(s.size for s in fresh), progress):
-        run_pipeline(chunks, staging, config, pipeline_args, published)
+        run_pipeline(chunks, staging, config, pipeline_args, published, len(fresh))
     dead = read_json(join(staging, STAGED_DEAD_LETTERS))
     shards, copies, findings = settle(staging, read_json(join(staging, STAGED_SHARDS)), fresh, root, config, published)
     return shards, dead + copies, findings
@@ -203,31 +203,42 @@ def stage_sources(staging: str, fresh: list[Source], labels: list[str]) -> list[
 
 
 def run_pipeline(chunks: list[str], staging: str, config: IngestSettings, pipeline_args: list[str],
-                 published: str | None = None) -> None:
+                 published: str | None = None, images: int = 0) -> None:
+    """The Beam job over the staged source lists of `images` new sources."""
     # Beam is imported here, not at the top: `stoke ingest --help` answers before it loads.
     import apache_beam as beam
 
+    from beam_jobs import image_pool
     from beam_jobs.pipeline import build
+    from beam_jobs.records import Conversion
 
     options = pipeline_options(pipeline_args)
+    processes = image_pool.processes_for(images, image_pool.in_process(options))
 
     def job():
         with beam.Pipeline(options=options) as pipeline:
-            build(pipeline, chunks, staging, config, published)
+            build(pipeline, chunks, staging, config, published, processes)
 
+    stuck = False
     try:
+        if processes:  # started now, its processes start up while Beam builds and starts the job
+            image_pool.pool(processes, Conversion.of(config, published))
         bounded.run(job)
     except Exception as error:  # the runner wraps worker errors in its own types
+        stuck = isinstance(error, bounded.StuckRunner)
         raise IngestError(f"the Beam job failed, nothing was published: {_last_line(error)} "
                           "(STOKE_DEBUG=1 shows Beam's log)") from error
+    finally:
+        image_pool.shut_down(wait=not stuck)  # a stuck job's conversion may never end: leave it behind
 
 
 def pipeline_options(pipeline_args: list[str]):
     """Beam options as given; without a runner, DirectRunner with one worker thread per core.
 
-    Threads, not processes: the per-image work (libjpeg, ISA-L, CRC32C, file reads) runs in C with
-    the GIL released, while DirectRunner's worker processes pay more per element to hand it across
-    (benchmarks/ingest.py measures both). `--direct_running_mode=multi_processing` still works."""
+    Threads, not DirectRunner's worker processes, which import all of Beam each and hand every element
+    across gRPC: the conversion that holds the GIL goes to beam_jobs/image_pool.py's processes, and the
+    threads compress and write (ISA-L, CRC32C, file writes: C with the GIL released).
+    `--direct_running_mode=multi_processing` still works (benchmarks/ingest.py measures both)."""
     from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
     options = PipelineOptions(pipeline_args)

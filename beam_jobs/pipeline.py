@@ -3,7 +3,7 @@
     ReadSources -> Spread -> Normalize -> WriteShards       (rolling files per bundle)
                                 │  (+ near-copies of published images join their split: near_copies.py)
                                 │              └─ Signatures (one small JSON line per record)
-                                └─ DeadLetter               (with_exception_handling)
+                                └─ DeadLetter               (tagged: the reason a source is no record)
     all -> the staging folder, for the driver (beam_jobs/ingest.py) to check and publish
 
 Each record's signature (SHA-256 of the source bytes, dHash of the picture and of its mirror, grey
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections import deque
 
 import apache_beam as beam
 import fsspec
@@ -24,103 +25,86 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils import shared
 from apache_beam.utils.windowed_value import WindowedValue
 
-from beam_jobs import quality
+from beam_jobs import image_pool
 from beam_jobs.debris import STAGED_DEAD_LETTERS, STAGED_SHARDS, STAGED_SIGNATURES
-from beam_jobs.local import NotRegularFile, open_source
-from beam_jobs.near_copies import NearRules, Published
-from beam_jobs.quality import Rules
+from beam_jobs.near_copies import Published
+from beam_jobs.records import MB, Conversion, Converter
 from beam_jobs.shards import RollingShards
 from components.common.files import join, write_json, write_text
-from components.common.images import Limits, Rejected, normalize
-from components.common.signatures import sha256
-from components.contracts import schema
 from components.contracts.run_config import IngestSettings
 
-MB = 1024 * 1024
 SIGNATURES = "signatures"  # WriteShards' tagged output
+DEAD = "dead"  # Normalize's tagged output: dead letters
 
 IMAGES = Metrics.counter("ingest", "images")
-REENCODED = Metrics.counter("ingest", "reencoded")
 BYTES_READ = Metrics.counter("ingest", "bytes_read")
 DEAD_LETTERS = Metrics.counter("ingest", "dead_letters")
 
 
-def to_example(source: dict, limits: Limits | None = None, rules: Rules | None = None, near: NearRules | None = None,
-               published: Published | None = None) -> tuple[str, bytes, dict]:
-    """Reads, verifies and normalizes one source into (split, serialized tf.Example, signature): the
-    split is its original's when it is a near-copy of a published image that it may follow."""
-    limits, rules, near = limits or Limits(), rules or Rules(), near or NearRules()
-    data = read_source(source, limits.max_bytes)
-    image = normalize(data, limits.max_side, limits.max_pixels)
-    if limits.blank_std and image.pixels.std < limits.blank_std:
-        raise Rejected(f"blank image: std {image.pixels.std:.1f} of 0-255 grey, below --blank-std {limits.blank_std:g}")
-    found = quality.issues(image.pixels.quality.as_dict(), image.width, image.height, rules)
-    aside = sorted(rules.set_aside & found.keys())
-    if aside:
-        raise Rejected(quality.reason(aside[0], found[aside[0]]))
-    IMAGES.inc()
-    BYTES_READ.inc(len(data))
-    if image.reencoded:
-        REENCODED.inc()
-    split, fixed = source["split"], bool(source.get("fixed"))
-    signature = {
-        "uri": source["uri"], "sha256": sha256(data), "dhash": image.pixels.dhash, "mirror": image.pixels.mirror,
-        "mean": image.pixels.mean, "std": image.pixels.std, "label": source["label"], "format": image.format,
-        "width": image.width, "height": image.height, "bytes": len(image.encoded),
-    }
-    match = published.match(image.pixels.dhash, image.pixels.mirror) if published and near.eligible(
-        image.width, image.height) else None
-    if match:
-        match["moved"] = near.mode == "follow" and not fixed and match["split"] != split
-        split = match["split"] if match["moved"] else split
-        signature["near"] = match
-    signature.update({"split": split, **({"fixed": True} if fixed else {}), **({"issues": sorted(found)} if found else {})})
-    return split, schema.encode_example(
-        encoded=image.encoded, image_format=image.format, height=image.height, width=image.width,
-        label=source["label_id"], text=source["label"], source=source["uri"],
-    ), signature
-
-
 class Normalize(beam.DoFn):
-    """to_example, with the published records' dHash index loaded once per worker process (Beam's
-    Shared): every thread of a process looks up the same one."""
+    """Each source to a record (main output) or a dead letter (tagged DEAD): converted here, with the
+    published records' dHash index loaded once per process (Beam's Shared), or with `processes`, in
+    batches on beam_jobs/image_pool.py's worker processes, a few batches in flight, in order."""
 
-    def __init__(self, limits: Limits, rules: Rules, near: NearRules, published: str | None):
-        self.limits, self.rules, self.near, self.published_uri = limits, rules, near, published
+    def __init__(self, conversion: Conversion, processes: int = 0):
+        self.conversion, self.processes = conversion, processes
         self._shared = shared.Shared()
 
     def setup(self):
-        uri, bits = self.published_uri, self.near.bits
-        self.published = self._shared.acquire(lambda: Published(uri, bits), tag=f"{uri}:{bits}") if uri else None
+        if self.processes:
+            self.pool = image_pool.pool(self.processes, self.conversion)
+            return
+        uri, bits = self.conversion.published, self.conversion.near.bits
+        published = self._shared.acquire(lambda: Published(uri, bits), tag=f"{uri}:{bits}") if uri else None
+        self.convert = Converter(self.conversion, published)
+
+    def start_bundle(self):
+        self.waiting, self.pending = [], deque()
 
     def process(self, source):
-        yield to_example(source, self.limits, self.rules, self.near, self.published)
+        if not self.processes:
+            yield from _outputs(source, *self.convert(source))
+            return
+        self.waiting.append(source)
+        if len(self.waiting) == image_pool.BATCH:
+            self._submit()
+        while len(self.pending) > 2 * self.processes:
+            yield from self._take()
+
+    def finish_bundle(self):
+        if self.waiting:
+            self._submit()
+        while self.pending:
+            yield from map(_in_window, self._take())
+
+    def _submit(self):
+        self.pending.append((self.waiting, self.pool.submit(self.waiting)))
+        self.waiting = []
+
+    def _take(self):
+        sources, converted = self.pending.popleft()
+        for source, (record, reason) in zip(sources, converted.result()):
+            yield from _outputs(source, record, reason)
 
 
-def read_source(source: dict, max_bytes: int | None) -> bytes:
-    """The file's bytes. A file listed larger than `max_bytes` is never opened, and no more than
-    that is read of one that grew after it was listed."""
-    if max_bytes and source["size"] > max_bytes:
-        raise Rejected(_too_large(source["size"], max_bytes))
-    try:
-        with open_source(source["uri"]) as f:
-            data = f.read(max_bytes + 1 if max_bytes else -1)
-    except FileNotFoundError:
-        raise Rejected("not found: removed after it was listed") from None
-    except NotRegularFile as error:
-        raise Rejected(str(error)) from None
-    if max_bytes and len(data) > max_bytes:
-        raise Rejected(_too_large(len(data), max_bytes))
-    return data
+def _outputs(source: dict, record, reason: str | None):
+    if record is None:
+        DEAD_LETTERS.inc()
+        yield beam.pvalue.TaggedOutput(DEAD, dead_letter(source, reason))
+    else:
+        IMAGES.inc()
+        BYTES_READ.inc(source["size"])
+        yield record
 
 
-def _too_large(size: int, max_bytes: int) -> str:
-    return f"file too large: {size / MB:,.1f} MB, more than the limit of {max_bytes / MB:g} MB (--max-file-mb)"
+def _in_window(output):
+    """An output of finish_bundle, in the global window it would have had from process."""
+    if isinstance(output, beam.pvalue.TaggedOutput):
+        return beam.pvalue.TaggedOutput(output.tag, _windowed(output.value))
+    return _windowed(output)
 
 
-def dead_letter(failure) -> dict:
-    source, (_, reason, _) = failure
-    DEAD_LETTERS.inc()
+def dead_letter(source: dict, reason: str) -> dict:
     return {"uri": source["uri"], "reason": reason, "size": source["size"], "version": source["version"]}
 
 
@@ -170,23 +154,23 @@ class Gather(beam.PTransform):
         return items | "ToList" >> beam.combiners.ToList() | "Write" >> beam.Map(_write_list, self.uri)
 
 
-def build(pipeline, chunks: list[str], staging: str, config: IngestSettings, published: str | None = None) -> None:
+def build(pipeline, chunks: list[str], staging: str, config: IngestSettings, published: str | None = None,
+          processes: int = 0) -> None:
     sources = (
         pipeline
         | "ListChunks" >> beam.Create(chunks)
         | "ReadSources" >> beam.FlatMap(_read_json_lines)
         | "Spread" >> beam.Reshuffle()
     )
-    limits = Limits(max_side=config.max_side, max_pixels=int(config.max_megapixels * 1e6),
-                    max_bytes=int(config.max_file_mb * MB), blank_std=config.blank_std)
-    normalize = Normalize(limits, Rules.of(config), NearRules.of(config), published)
-    good, bad = sources | "Normalize" >> beam.ParDo(normalize).with_exception_handling(exc_class=Rejected)
+    normalize = Normalize(Conversion.of(config, published), processes)
+    normalized = sources | "Normalize" >> beam.ParDo(normalize).with_outputs(DEAD, main="good")
+    good, bad = normalized.good, normalized[DEAD]
     max_bytes = int(config.shard_mb * MB)
     written = good | "WriteShards" >> beam.ParDo(WriteShards(staging, max_bytes, config.compression)).with_outputs(
         SIGNATURES, main="shards")
     _ = written.shards | "GatherShards" >> Gather(join(staging, STAGED_SHARDS))
     _ = written[SIGNATURES] | "GatherSignatures" >> Gather(join(staging, STAGED_SIGNATURES))
-    _ = bad | "DeadLetter" >> beam.Map(dead_letter) | "GatherDeadLetters" >> Gather(join(staging, STAGED_DEAD_LETTERS))
+    _ = bad | "GatherDeadLetters" >> Gather(join(staging, STAGED_DEAD_LETTERS))
 
 
 def _write_list(items: list, uri: str) -> None:

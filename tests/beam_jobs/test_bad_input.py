@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from beam_jobs.pipeline import read_source
+from beam_jobs.records import read_source
 from beam_jobs.sources import list_source
 from tests.beam_jobs import images
 from tests.beam_jobs.test_ingest import IN_MEMORY, dead_letters, ingest

@@ -20,9 +20,9 @@ from tests.waiting import wait_for
 IN_MEMORY = ["--direct_running_mode=in_memory"]
 # The ingest program, except that reading a file named stuck.jpg never ends.
 HANGS_ON_STUCK = """import sys, time
-from beam_jobs import ingest, pipeline
-read = pipeline.read_source
-pipeline.read_source = lambda s, m: time.sleep(3600) if s["uri"].endswith("stuck.jpg") else read(s, m)
+from beam_jobs import ingest, records
+read = records.read_source
+records.read_source = lambda s, m: time.sleep(3600) if s["uri"].endswith("stuck.jpg") else read(s, m)
 sys.exit(ingest.run(sys.argv[1:]))"""
 
 

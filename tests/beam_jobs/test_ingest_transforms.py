@@ -6,7 +6,8 @@ import tensorflow as tf
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_jobs.pipeline import Gather, WriteShards, dead_letter, read_source, to_example
+from beam_jobs.pipeline import DEAD, Gather, Normalize, WriteShards
+from beam_jobs.records import Conversion, read_source
 from components.common.files import read_json
 from components.common.images import Rejected
 from components.contracts import schema
@@ -23,13 +24,13 @@ def test_normalize_splits_good_records_from_dead_letters(tmp_path):
     sources = [source(tmp_path / "good.png", split="eval"), source(tmp_path / "bad.jpg"),
                source(tmp_path / "gone.jpg")]
     with TestPipeline() as p:
-        good, bad = (p | beam.Create(sources)
-                     | beam.Map(to_example, None).with_exception_handling(exc_class=Rejected))
+        normalized = p | beam.Create(sources) | beam.ParDo(Normalize(Conversion())).with_outputs(DEAD, main="good")
+        good, bad = normalized.good, normalized[DEAD]
         parsed = good | beam.MapTuple(
             lambda split, data, _: (split, tf.train.Example.FromString(data)
                                  .features.feature[schema.SOURCE].bytes_list.value[0].decode()))
         assert_that(parsed, equal_to([("eval", str(tmp_path / "good.png"))]), label="good")
-        reasons = bad | beam.Map(dead_letter) | beam.Map(lambda d: (d["uri"].rsplit("/", 1)[-1], d["reason"][:20]))
+        reasons = bad | beam.Map(lambda d: (d["uri"].rsplit("/", 1)[-1], d["reason"][:20]))
         assert_that(reasons, equal_to([("bad.jpg", "truncated or corrupt"), ("gone.jpg", "not found: removed a")]),
                     label="bad")
 

@@ -1,0 +1,103 @@
+"""One source file to one training record, or the reason it cannot be one: ingest's work per image.
+
+Free of Beam, so the worker processes of beam_jobs/image_pool.py start in a fraction of a second;
+beam_jobs/pipeline.py runs it in Beam's workers or hands it to those processes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from beam_jobs import quality
+from beam_jobs.local import NotRegularFile, open_source
+from beam_jobs.near_copies import NearRules, Published
+from beam_jobs.quality import Rules
+from components.common.images import Limits, Rejected, normalize
+from components.common.signatures import sha256
+from components.contracts import schema
+
+MB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """What every record of one job is converted by; `published` is the staged dHashes' file."""
+    limits: Limits = Limits()
+    rules: Rules = Rules()
+    near: NearRules = NearRules()
+    published: str | None = None
+
+    @classmethod
+    def of(cls, config, published: str | None = None) -> Conversion:
+        """From the ingest settings."""
+        limits = Limits(max_side=config.max_side, max_pixels=int(config.max_megapixels * 1e6),
+                        max_bytes=int(config.max_file_mb * MB), blank_std=config.blank_std)
+        return cls(limits, Rules.of(config), NearRules.of(config), published)
+
+
+class Converter:
+    """Sources to (record, None) or (None, dead-letter reason); the published dHashes loaded once."""
+
+    def __init__(self, conversion: Conversion, published: Published | None = None):
+        self.conversion = conversion
+        uri = conversion.published
+        self.published = published or (Published(uri, conversion.near.bits) if uri else None)
+
+    def __call__(self, source: dict) -> tuple[tuple[str, bytes, dict] | None, str | None]:
+        c = self.conversion
+        try:
+            return to_example(source, c.limits, c.rules, c.near, self.published), None
+        except Rejected as rejected:
+            return None, str(rejected)
+
+
+def to_example(source: dict, limits: Limits | None = None, rules: Rules | None = None, near: NearRules | None = None,
+               published: Published | None = None) -> tuple[str, bytes, dict]:
+    """Reads, verifies and normalizes one source into (split, serialized tf.Example, signature): the
+    split is its original's when it is a near-copy of a published image that it may follow."""
+    limits, rules, near = limits or Limits(), rules or Rules(), near or NearRules()
+    data = read_source(source, limits.max_bytes)
+    image = normalize(data, limits.max_side, limits.max_pixels)
+    if limits.blank_std and image.pixels.std < limits.blank_std:
+        raise Rejected(f"blank image: std {image.pixels.std:.1f} of 0-255 grey, below --blank-std {limits.blank_std:g}")
+    found = quality.issues(image.pixels.quality.as_dict(), image.width, image.height, rules)
+    aside = sorted(rules.set_aside & found.keys())
+    if aside:
+        raise Rejected(quality.reason(aside[0], found[aside[0]]))
+    split, fixed = source["split"], bool(source.get("fixed"))
+    signature = {
+        "uri": source["uri"], "sha256": sha256(data), "dhash": image.pixels.dhash, "mirror": image.pixels.mirror,
+        "mean": image.pixels.mean, "std": image.pixels.std, "label": source["label"], "format": image.format,
+        "width": image.width, "height": image.height, "bytes": len(image.encoded),
+    }
+    match = published.match(image.pixels.dhash, image.pixels.mirror) if published and near.eligible(
+        image.width, image.height) else None
+    if match:
+        match["moved"] = near.mode == "follow" and not fixed and match["split"] != split
+        split = match["split"] if match["moved"] else split
+        signature["near"] = match
+    signature.update({"split": split, **({"fixed": True} if fixed else {}), **({"issues": sorted(found)} if found else {})})
+    return split, schema.encode_example(
+        encoded=image.encoded, image_format=image.format, height=image.height, width=image.width,
+        label=source["label_id"], text=source["label"], source=source["uri"],
+    ), signature
+
+
+def read_source(source: dict, max_bytes: int | None) -> bytes:
+    """The file's bytes. A file listed larger than `max_bytes` is never opened, and no more than
+    that is read of one that grew after it was listed."""
+    if max_bytes and source["size"] > max_bytes:
+        raise Rejected(_too_large(source["size"], max_bytes))
+    try:
+        with open_source(source["uri"]) as f:
+            data = f.read(max_bytes + 1 if max_bytes else -1)
+    except FileNotFoundError:
+        raise Rejected("not found: removed after it was listed") from None
+    except NotRegularFile as error:
+        raise Rejected(str(error)) from None
+    if max_bytes and len(data) > max_bytes:
+        raise Rejected(_too_large(len(data), max_bytes))
+    return data
+
+
+def _too_large(size: int, max_bytes: int) -> str:
+    return f"file too large: {size / MB:,.1f} MB, more than the limit of {max_bytes / MB:g} MB (--max-file-mb)"
