@@ -181,6 +181,8 @@ class Folder:
 
 
 def _open_child(fd: int, name: str, create: bool, path: str) -> int | None:
+    # Threads of one process (the cache's fetches) may open the same folder at once: whoever comes second
+    # finds the link gone or the folder made, and opens that; a link planted again is refused at the end.
     for _ in range(2):
         try:
             return os.open(name, _FOLDER, dir_fd=fd)
@@ -192,11 +194,21 @@ def _open_child(fd: int, name: str, create: bool, path: str) -> int | None:
                 raise
             if not create:
                 return None
-            if not stat.S_ISLNK(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
-                raise NotADirectoryError(errno.ENOTDIR, "a file is in the way of a folder", path) from None
-            os.unlink(name, dir_fd=fd)  # the link goes; what it points to stays as it was
+            _remove_link(fd, name, path)
         try:
             os.mkdir(name, 0o755, dir_fd=fd)
         except FileExistsError:
             pass  # another process made it meanwhile
     return os.open(name, _FOLDER, dir_fd=fd)
+
+
+def _remove_link(fd: int, name: str, path: str) -> None:
+    """Removes the symbolic link `name`, not what it points to; a file in the way is an error."""
+    try:
+        mode = os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode
+        if stat.S_ISLNK(mode):
+            os.unlink(name, dir_fd=fd)
+        elif not stat.S_ISDIR(mode):
+            raise NotADirectoryError(errno.ENOTDIR, "a file is in the way of a folder", path)
+    except (FileNotFoundError, IsADirectoryError):
+        pass  # another thread removed the link, or made the folder, between our look and our unlink

@@ -9,7 +9,7 @@ import pytest
 
 from components.common import tf_files
 from components.common.files import filesystem
-from components.common.local_copies import UnsafeKey, copy_file, relative_parts
+from components.common.local_copies import Folder, UnsafeKey, copy_file, relative_parts
 from components.push import predict
 
 BACKUP = "runs/r1/backup"
@@ -118,3 +118,31 @@ def test_predict_refuses_a_model_whose_keys_leave_its_folder_in_one_line(put, tm
     assert predict.run([f"{root}/model", str(image)]) == 1
     err = capsys.readouterr().err.strip()
     assert "model/variables/../../../../escaped" in err and "\n" not in err and "refused" in err
+
+
+@pytest.mark.parametrize("meanwhile", ["made the folder", "removed the link", "planted it again"])
+def test_a_link_another_thread_replaces_at_the_same_time_is_replaced_once(tmp_path, monkeypatch, meanwhile):
+    """The shard cache fetches on threads: two may find the same planted link and remove it at once. What the
+    other did between our look and our unlink is played here at the exact moment it would happen."""
+    outside, span = tmp_path / "outside", tmp_path / "span"
+    outside.mkdir(), os.symlink(outside, span)
+    unlink = os.unlink
+
+    def other_thread_first(name, *, dir_fd=None):
+        unlink(name, dir_fd=dir_fd)  # the other thread's unlink ...
+        if meanwhile == "made the folder":
+            os.mkdir(name, dir_fd=dir_fd)
+        elif meanwhile == "planted it again":
+            os.symlink(outside, name, dir_fd=dir_fd)
+            return
+        unlink(name, dir_fd=dir_fd)  # ... then ours, which finds a folder or nothing
+
+    monkeypatch.setattr(os, "unlink", other_thread_first)
+    if meanwhile == "planted it again":  # each time we remove it, it is back: refused, never followed
+        with pytest.raises(OSError):
+            Folder.open(str(tmp_path), ["span"], create=True)
+    else:
+        with Folder.open(str(tmp_path), ["span"], create=True) as folder:
+            assert folder.path == str(span)
+        assert span.is_dir() and not span.is_symlink()
+    assert not os.listdir(outside)
