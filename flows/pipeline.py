@@ -157,7 +157,10 @@ def ingest_span(config: RunConfig, run: RunDir, arrived: str = "") -> summaries.
         write_text(run.arrived, arrived.strip() + "\n")
         facts["arrived"] = run.arrived
     with ProgressArtifact("ingest") as progress:
-        return run_program(stage("ingest"), config, run, progress, beam_options(config), **facts)
+        summary = run_program(stage("ingest"), config, run, progress, beam_options(config), **facts)
+    if summary.near_duplicates is not None and summary.near_duplicates.warning:
+        get_run_logger().warning("ingest: %s", summary.near_duplicates.warning)
+    return summary
 
 
 @task(name="datacheck", retries=1, retry_delay_seconds=30, retry_condition_fn=only_transient)

@@ -1,18 +1,20 @@
 """The report's first lines: what a user must know before reading on. A model that answers one class
 learned the majority, not the pictures; the report says so, with the causes this run's settings point
 to and what to change (components/common/advice.py, as training's warnings say it), and repeats every
-warning training raised."""
+warning training raised, and ingest's when following near-copies moved the eval share."""
 from __future__ import annotations
 
 from components.common import advice
 from components.contracts.results import GateResult, TrainMetrics
+from components.contracts.summaries import IngestSummary
 
 
 def alerts(gate: GateResult | None, train: TrainMetrics | None, config: dict | None,
-           train_records: int | None = None) -> list[str]:
-    """Sentences for the top of the report: the collapse, then training's warnings. `config` is the
-    run's config.json; `train_records` the training records of the spans it trained on."""
-    found = []
+           train_records: int | None = None, ingest: IngestSummary | None = None) -> list[str]:
+    """Sentences for the top of the report: ingest's warning, the collapse, then training's warnings.
+    `config` is the run's config.json; `train_records` the training records of the spans it trained on."""
+    near = ingest.near_duplicates if ingest is not None else None
+    found = [f"Ingest: {near.warning}."] if near is not None and near.warning else []
     if gate is not None and gate.collapse is not None:
         c = gate.collapse
         found.append(f"The model answers one class: `{c.label}` for {c.answered} of {c.example_count} eval images "

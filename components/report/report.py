@@ -44,7 +44,7 @@ def build_report(run: RunDir, skipped: str | None = None, failed: str | None = N
     config = read_json(run.config) if exists(run.config) else None
     report = RunReport(
         run_id=run.run_id, run_dir=run.uri, stages=list(present),
-        status=status, message=message, alerts=alerts(gate, train, config, _train_records(run, train)),
+        status=status, message=message, alerts=alerts(gate, train, config, _train_records(run, train), ingest),
         # The headline, with the same keys as `stoke run --json`: blessed, pushed_version, reasons, metrics.
         blessed=bool(gate and gate.blessed),
         pushed_version=push.version if pushed else None,

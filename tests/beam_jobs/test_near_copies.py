@@ -3,11 +3,15 @@ published image, or of another image of the same arrival, land in its split, nev
 are never called near-copies. Real image files through the real Beam job."""
 import json
 
+import numpy as np
 from PIL import Image
 from sklearn.datasets import load_digits
 
+from beam_jobs.near_copies import NearRules, arrange
 from beam_jobs.sources import split_of
+from components.common.signatures import pixels_of
 from components.contracts import schema
+from flows.demo import write_digits
 from tests.beam_jobs import images
 from tests.beam_jobs.test_ingest import IN_MEMORY, dead_letters, ingest, records
 
@@ -90,3 +94,55 @@ def test_tiny_digits_are_not_called_near_copies_of_each_other(tmp_path, capsys):
     code, summary = ingest(source, root, *HALF, *IN_MEMORY, capsys=capsys)
     assert code == 0 and summary["counts"]["train"] + summary["counts"]["eval"] == 150
     assert summary["near_duplicates"]["count"] == 0, summary["near_duplicates"]
+
+
+def signature(uri: str, dhash: int, split: str = "train", **more) -> dict:
+    return {"uri": uri, "dhash": f"{dhash:016x}", "mirror": f"{~dhash & (2**64 - 1):016x}", "split": split,
+            "width": 64, "height": 64, **more}
+
+
+def test_a_chain_of_alike_pictures_follows_originals_not_copies():
+    """Each a few bits from the one before (4 bits a step, the threshold 6): a copy of a copy is no
+    copy of the original, so the chain cuts into groups of an original and its copies, each keeping
+    the original's split, instead of carrying the first one's split along all of them."""
+    chain, step = [], 0
+    for i in range(8):
+        chain.append(signature(f"c/{i}.jpg", step, "eval" if i % 4 == 2 else "train"))
+        step ^= 0xF << (4 * i)
+    arranged = arrange(chain, NearRules("follow", 6, 16), None)
+    assert [s["split"] for s in chain] == ["train"] * 2 + ["eval"] * 2 + ["train"] * 2 + ["eval"] * 2
+    assert [(p.uri, p.other_uri) for p in arranged.report.examples] == [
+        ("c/1.jpg", "c/0.jpg"), ("c/3.jpg", "c/2.jpg"), ("c/5.jpg", "c/4.jpg"), ("c/7.jpg", "c/6.jpg")]
+    assert arranged.report.moved == 2 and arranged.report.warning is None
+
+
+def test_a_copy_of_a_published_image_is_no_original_for_the_arrival(tmp_path):
+    published = tmp_path / "near-published.npz"
+    np.savez(published, hashes=np.array([0xF], np.uint64), splits=np.array([1], np.uint8),
+             spans=np.array([1], np.uint32), offsets=np.array([0, 5], np.uint64), uris=np.frombuffer(b"p.jpg", np.uint8))
+    near = {"row": 0, "split": "eval", "distance": 4, "mirrored": False, "moved": True}  # as the job found it
+    first = signature("a/0.jpg", 0xF0, "eval", near=near)
+    second = signature("a/1.jpg", 0xF00, "train")  # 4 bits from the first, 8 from what it copies
+    arranged = arrange([first, second], NearRules("follow", 6, 16), str(published))
+    assert second["split"] == "train" and arranged.report.count == 1 and arranged.report.moved == 1
+
+
+def test_pictures_alike_to_dhash_that_move_eval_far_from_its_share_are_named(tmp_path):
+    """The demo's digits enlarged to 32 px are distinct pictures, yet 93% have another within 6 bits:
+    the gate would judge on what is left of eval. Following them is the default, so the summary says
+    what moved eval and which setting keeps them apart (an exact binomial test against the share)."""
+    write_digits(str(tmp_path))
+    kept = []
+    for path in sorted(tmp_path.rglob("*.png")):
+        key, pixels = str(path.relative_to(tmp_path)), pixels_of(Image.open(path).convert("RGB"))
+        kept.append(signature(key, int(pixels.dhash, 16), split_of(key, 0.1), mirror=pixels.mirror))
+    hashed = sum(s["split"] == "eval" for s in kept)
+    arranged = arrange(kept, NearRules("follow", 6, 16, 0.1), None)
+    near = arranged.report
+    assert near.count > len(kept) / 2
+    assert near.warning and "ingest.near_copies report" in near.warning, near
+    assert f"left eval {sum(s['split'] == 'eval' for s in kept)} of {len(kept)}" in near.warning
+    assert hashed != sum(s["split"] == "eval" for s in kept)
+
+    again = [{**s, "split": split_of(s["uri"], 0.1)} for s in kept]  # as listed, before any move
+    assert arrange(again, NearRules("report", 6, 16, 0.1), None).report.warning is None  # nothing moved

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from components.contracts.results import Collapse, GateResult, TrainMetrics
+from components.contracts.summaries import IngestSummary, NearDuplicates
 from components.report.alerts import alerts
 
 SAMPLES = Path(__file__).parents[1] / "contracts" / "samples"
@@ -34,3 +35,11 @@ def test_every_training_warning_follows():
     train = TrainMetrics.read(str(SAMPLES / "metrics.json"))
     train = train.model_copy(update={"warnings": ["eval accuracy stayed at 0.33, ...", "only 12 training steps"]})
     assert alerts(None, train, None) == ["Training: eval accuracy stayed at 0.33, ...", "Training: only 12 training steps"]
+
+
+def test_ingest_warning_that_near_copies_moved_eval_comes_first():
+    ingest = IngestSummary(published=True, near_duplicates=NearDuplicates(
+        count=1667, examples=[], moved=214, warning="following near-copies left eval 73 of 1797 new images"))
+    assert alerts(_collapsed(), None, None, None, ingest)[0] == (
+        "Ingest: following near-copies left eval 73 of 1797 new images.")
+    assert alerts(None, None, None, None, ingest.model_copy(update={"near_duplicates": None})) == []
