@@ -34,20 +34,17 @@ _pools: dict[tuple[int, Conversion], Pool] = {}
 _lock = threading.Lock()
 
 
-def processes_for(images: int, in_process_runner: bool) -> int:
-    """How many worker processes convert an arrival of `images`: 0 to convert in Beam's own workers."""
-    cores = os.cpu_count() or 1
-    return cores if in_process_runner and cores > 1 and images >= POOL_FROM else 0
-
-
-def in_process(options) -> bool:
-    """Whether the runner runs the job's work on this process's threads (DirectRunner, but for its
-    multi_processing mode): the case where these processes pay."""
+def processes_for(images: int, options) -> int:
+    """How many worker processes convert an arrival of `images` under Beam's `options`: one a core when
+    the runner runs the job on this process's threads (DirectRunner, but for its multi_processing
+    mode), the case where they pay; 0 to convert in Beam's own workers."""
     from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
 
     runner = str(options.view_as(StandardOptions).runner or "DirectRunner").lower().removesuffix("runner")
-    in_process = runner in ("direct", "bundlebaseddirect", "switchingdirect")
-    return in_process and options.view_as(DirectOptions).direct_running_mode != "multi_processing"
+    threads = runner in ("direct", "bundlebaseddirect", "switchingdirect") and \
+        options.view_as(DirectOptions).direct_running_mode != "multi_processing"
+    cores = os.cpu_count() or 1
+    return cores if threads and cores > 1 and images >= POOL_FROM else 0
 
 
 class WorkerFailed(RuntimeError):

@@ -213,7 +213,7 @@ def run_pipeline(chunks: list[str], staging: str, config: IngestSettings, pipeli
     from beam_jobs.records import Conversion
 
     options = pipeline_options(pipeline_args)
-    processes = image_pool.processes_for(images, image_pool.in_process(options))
+    processes = image_pool.processes_for(images, options)
 
     def job():
         with beam.Pipeline(options=options) as pipeline:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from array import array
 from dataclasses import dataclass, field
 
@@ -152,15 +153,13 @@ SKEW_P = 1e-3
 def _skewed(records: list[dict], found: int, moved: int, eval_fraction: float) -> str | None:
     """A warning when following near-copies left an eval share the path hash alone would not give. Each
     path's split is a uniform hash, so without moves the hashed records' eval count is Binomial(n,
-    eval_fraction): an exact two-sided binomial test (scipy's binomtest) below SKEW_P says the moves
-    made it; then the pictures are most likely alike to dHash without being copies."""
+    eval_fraction): an exact two-sided binomial test below SKEW_P says the moves made it; then the
+    pictures are most likely alike to dHash without being copies."""
     hashed = [r for r in records if not r.get("fixed")]
     if not moved or not hashed or not 0 < eval_fraction < 1:
         return None
-    from scipy.stats import binomtest  # the driver's alone: Beam's workers import this module too
-
     held = sum(r["split"] == "eval" for r in hashed)
-    p = binomtest(held, len(hashed), eval_fraction).pvalue
+    p = binomial_p(held, len(hashed), eval_fraction)
     if p >= SKEW_P:
         return None
     return (f"following near-copies left eval {held} of {len(hashed)} new images ({held / len(hashed):.1%}; "
@@ -168,6 +167,16 @@ def _skewed(records: list[dict], found: int, moved: int, eval_fraction: float) -
             f"dHash's reach of another image and {moved} moved. Pictures that are alike at 9x8 without being "
             f"copies (small, plain or centred ones) look like copies to dHash: if yours are distinct, set "
             f"ingest.near_copies report (docs/ingest.md#near-copies)")
+
+
+def binomial_p(k: int, n: int, p: float) -> float:
+    """The two-sided exact binomial test's p-value as scipy.stats.binomtest gives it: the probability of
+    every count no likelier than k (within a relative 1e-7), under Binomial(n, p). In numpy, since
+    importing scipy.stats costs the driver half a second or more of every ingest."""
+    j = np.arange(1, n + 1, dtype=np.float64)
+    log_choose = np.concatenate(([0.0], np.cumsum(np.log(n - j + 1) - np.log(j))))
+    log_pmf = log_choose + np.arange(n + 1) * math.log(p) + (n - np.arange(n + 1)) * math.log1p(-p)
+    return min(1.0, float(np.exp(log_pmf[log_pmf <= log_pmf[k] + math.log1p(1e-7)]).sum()))
 
 
 def _original(record: dict, records: list[dict], found, originals: list[bool], names):

@@ -43,18 +43,16 @@ class Converter:
         self.published = published or (Published(uri, conversion.near.bits) if uri else None)
 
     def __call__(self, source: dict) -> tuple[tuple[str, bytes, dict] | None, str | None]:
-        c = self.conversion
         try:
-            return to_example(source, c.limits, c.rules, c.near, self.published), None
+            return to_example(source, self.conversion, self.published), None
         except Rejected as rejected:
             return None, str(rejected)
 
 
-def to_example(source: dict, limits: Limits | None = None, rules: Rules | None = None, near: NearRules | None = None,
-               published: Published | None = None) -> tuple[str, bytes, dict]:
+def to_example(source: dict, conversion: Conversion, published: Published | None) -> tuple[str, bytes, dict]:
     """Reads, verifies and normalizes one source into (split, serialized tf.Example, signature): the
     split is its original's when it is a near-copy of a published image that it may follow."""
-    limits, rules, near = limits or Limits(), rules or Rules(), near or NearRules()
+    limits, rules, near = conversion.limits, conversion.rules, conversion.near
     data = read_source(source, limits.max_bytes)
     image = normalize(data, limits.max_side, limits.max_pixels)
     if limits.blank_std and image.pixels.std < limits.blank_std:

@@ -4,10 +4,11 @@ are never called near-copies. Real image files through the real Beam job."""
 import json
 
 import numpy as np
+import pytest
 from PIL import Image
 from sklearn.datasets import load_digits
 
-from beam_jobs.near_copies import NearRules, arrange
+from beam_jobs.near_copies import NearRules, arrange, binomial_p
 from beam_jobs.sources import split_of
 from components.common.signatures import pixels_of
 from components.contracts import schema
@@ -146,3 +147,16 @@ def test_pictures_alike_to_dhash_that_move_eval_far_from_its_share_are_named(tmp
 
     again = [{**s, "split": split_of(s["uri"], 0.1)} for s in kept]  # as listed, before any move
     assert arrange(again, NearRules("report", 6, 16, 0.1), None).report.warning is None  # nothing moved
+
+
+@pytest.mark.parametrize("k, n, p, published", [
+    (3, 15, 0.1, 0.184),  # scipy.stats.binomtest's documented example: "The p-value is 0.184"
+    (0, 10, 0.5, 2 / 1024),  # no head in ten fair tosses, or no tail: 2 of the 1,024 sequences
+    (5, 10, 0.5, 1.0),
+])
+def test_the_binomial_test_gives_published_values_and_scipys(k, n, p, published):
+    from scipy.stats import binomtest
+
+    assert binomial_p(k, n, p) == pytest.approx(published, abs=5e-4)
+    for case in [(k, n, p), (73, 1797, 0.1), (3, 1797, 0.1), (593, 6000, 0.1), (7, 50, 0.02), (1, 1, 0.1)]:
+        assert binomial_p(*case) == pytest.approx(binomtest(*case).pvalue, rel=1e-9)
