@@ -42,7 +42,7 @@ class NearRules:
     mode: str = "report"  # follow, set_aside or report
     bits: int = 6
     min_side: int = 16
-    eval_fraction: float = 0.1  # the share of eval that following may not move far from unseen
+    eval_fraction: float = 0.1  # the eval share the path hash gives: following may not move it far unsaid
 
     @classmethod
     def of(cls, config) -> NearRules:
