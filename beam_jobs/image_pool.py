@@ -41,8 +41,8 @@ def processes_for(images: int, options) -> int:
     from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
 
     runner = str(options.view_as(StandardOptions).runner or "DirectRunner").lower().removesuffix("runner")
-    threads = runner in ("direct", "bundlebaseddirect", "switchingdirect") and \
-        options.view_as(DirectOptions).direct_running_mode != "multi_processing"
+    threads = (runner in ("direct", "bundlebaseddirect", "switchingdirect")
+               and options.view_as(DirectOptions).direct_running_mode != "multi_processing")
     cores = os.cpu_count() or 1
     return cores if threads and cores > 1 and images >= POOL_FROM else 0
 
