@@ -122,8 +122,8 @@ def test_a_copy_of_a_published_image_is_no_original_for_the_arrival(tmp_path):
     np.savez(published, hashes=np.array([0xF], np.uint64), splits=np.array([1], np.uint8),
              spans=np.array([1], np.uint32), offsets=np.array([0, 5], np.uint64), uris=np.frombuffer(b"p.jpg", np.uint8))
     near = {"row": 0, "split": "eval", "distance": 4, "mirrored": False, "moved": True}  # as the job found it
-    first = signature("a/0.jpg", 0xF0, "eval", near=near)
-    second = signature("a/1.jpg", 0xF00, "train")  # 4 bits from the first, 8 from what it copies
+    first = signature("a/0.jpg", 0xFF, "eval", near=near)  # 4 bits from the published 0xF
+    second = signature("a/1.jpg", 0xFFF, "train")  # 4 bits from the first, 8 from what it copies
     arranged = arrange([first, second], NearRules("follow", 6, 16), str(published))
     assert second["split"] == "train" and arranged.report.count == 1 and arranged.report.moved == 1
 
@@ -160,3 +160,23 @@ def test_the_binomial_test_gives_published_values_and_scipys(k, n, p, published)
     assert binomial_p(k, n, p) == pytest.approx(published, abs=5e-4)
     for case in [(k, n, p), (73, 1797, 0.1), (3, 1797, 0.1), (593, 6000, 0.1), (7, 50, 0.02), (1, 1, 0.1)]:
         assert binomial_p(*case) == pytest.approx(binomtest(*case).pvalue, rel=1e-9)
+
+
+def test_a_chain_through_mirror_images_cuts_at_copies_too():
+    """The second is the first mirrored (its mirror's hash 4 bits from the first), the third the second
+    mirrored back (4 bits from the second's mirror, 8 from the first): a copy of a copy again."""
+    near = 0xF
+    chain = [signature("m/0.jpg", 0, "train"),
+             {**signature("m/1.jpg", ~near & (2**64 - 1), "eval"), "mirror": f"{near:016x}"},
+             signature("m/2.jpg", 0xFF, "eval")]
+    arranged = arrange(chain, NearRules("follow", 6, 16), None)
+    assert [s["split"] for s in chain] == ["train", "train", "eval"]
+    assert [(p.uri, p.other_uri, p.mirrored) for p in arranged.report.examples] == [("m/1.jpg", "m/0.jpg", True)]
+
+
+@pytest.mark.parametrize("mode, kept, count", [("set_aside", ["c/0.jpg", "c/2.jpg"], 1), ("report", None, 1)])
+def test_every_mode_takes_a_chain_as_originals_and_their_copies(mode, kept, count):
+    chain = [signature(f"c/{i}.jpg", (1 << (4 * i)) - 1) for i in range(3)]  # 0, 4 and 8 bits from the first
+    arranged = arrange(chain, NearRules(mode, 6, 16), None)
+    assert arranged.report.count == count
+    assert [s["uri"] for s, _ in arranged.dropped] == ([] if kept is None else ["c/1.jpg"])
