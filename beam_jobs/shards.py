@@ -7,6 +7,15 @@ Compression goes through ISA-L, which writes the same DEFLATE streams as zlib. O
 which are entropy-coded already, zlib spends about half of an image's ingest time to save under 1%;
 ISA-L saves the same at several times the speed (benchmarks/ingest.py measures both).
 
+A GZIP shard holds each record as a member of its own (RFC 1952, 2.2: a gzip file is a series of
+members; TensorFlow's reader, Python's gzip and `gzip -d` read them all), and an uncompressed one is
+its frames, so a record's bytes stand alone: near-copies that join their original's split after the
+job move to another file as bytes, not by inflating and compressing every shard they touch (1.8 s of
+2.4 s of settling 6,000 small JPEGs, docs/benchmarks.md#ingest). The price is what members cannot
+share, the JPEG headers that a stream finds again in the next record: 1.9% of the bytes of 30 KB
+JPEGs, a few hundredths of a per cent of camera photos. ZLIB allows one stream a file (TensorFlow
+reads no further), so its records are rewritten when they move.
+
 Each file's SHA-256 is taken over the bytes as they are written, which are the whole file: the manifest
 records what ingest wrote (a cached copy must match it), at no second read of the shard from its store,
 and a store that later returns other bytes fails that check instead of becoming the record.
@@ -14,48 +23,61 @@ and a store that later returns other bytes fails that check instead of becoming 
 from __future__ import annotations
 
 import hashlib
-import io
 import uuid
-from collections.abc import Iterator
 
 import fsspec
 from isal import isal_zlib
 
-from components.common import tfrecord
 from components.common.files import filesystem, join
 from components.common.tfrecord import frame
 
 WINDOW_BITS = {"gzip": 16 + 15, "zlib": 15}  # 16+ asks for the gzip header and trailer
+LEVEL = isal_zlib.ISAL_DEFAULT_COMPRESSION
+FRAMING = 16  # bytes a frame adds to its record: length, its CRC, the data's CRC
 
 
 class RecordFile:
-    """One TFRecord file being written; `close()` returns what it holds."""
+    """One TFRecord file being written; `close()` returns what it holds, with `starts`: where each
+    record's unit (its GZIP member, else its frame; in a ZLIB file, in the stream it inflates to) begins."""
 
     def __init__(self, uri: str, compression: str):
-        self.uri, self.records, self.raw_bytes = uri, 0, 0
+        self.uri, self.compression, self.records, self.raw_bytes = uri, compression, 0, 0
+        self.starts: list[int] = []
         self._raw = fsspec.open(uri, "wb").open()
         self._digest = hashlib.sha256()
-        self._codec = None
-        if compression != "none":
-            self._codec = isal_zlib.compressobj(
-                isal_zlib.ISAL_DEFAULT_COMPRESSION, isal_zlib.DEFLATED, WINDOW_BITS[compression])
+        self._offset = 0
+        self._stream = isal_zlib.compressobj(LEVEL, isal_zlib.DEFLATED, WINDOW_BITS["zlib"]) \
+            if compression == "zlib" else None
 
     def write(self, record: bytes) -> None:
         data = frame(record)
-        self._put(self._codec.compress(data) if self._codec else data)
+        self.add(isal_zlib.compress(data, LEVEL, WINDOW_BITS["gzip"]) if self.compression == "gzip" else data)
+
+    def add(self, unit: bytes) -> None:
+        """Appends one record's unit as a file of this compression holds it (see `units`)."""
+        self.starts.append(self._offset)
+        self._offset += len(unit)
         self.records += 1
-        self.raw_bytes += len(record)
+        self.raw_bytes += record_size(unit, self.compression)
+        self._put(self._stream.compress(unit) if self._stream else unit)
 
     def _put(self, data: bytes) -> None:
         self._raw.write(data)
         self._digest.update(data)
 
     def close(self) -> dict:
-        if self._codec is not None:
-            self._put(self._codec.flush())
+        if self._stream is not None:
+            self._put(self._stream.flush())
         self._raw.close()
         fs, path = filesystem(self.uri)
-        return {"file": self.uri, "records": self.records, "bytes": fs.size(path), "sha256": self._digest.hexdigest()}
+        return {"file": self.uri, "records": self.records, "bytes": fs.size(path), "sha256": self._digest.hexdigest(),
+                "starts": self.starts}
+
+
+def record_size(unit: bytes, compression: str) -> int:
+    """The length of the record a unit holds: a GZIP member's trailer ends with its data's length (ISIZE)."""
+    framed = int.from_bytes(unit[-4:], "little") if compression == "gzip" else len(unit)
+    return framed - FRAMING
 
 
 class RollingShards:
@@ -71,6 +93,17 @@ class RollingShards:
 
     def write(self, split: str, record: bytes) -> dict | None:
         """Writes a record; returns the description of a file it closed to make room, if any."""
+        current, closed = self._current(split)
+        current.write(record)
+        return closed
+
+    def add(self, split: str, unit: bytes) -> dict | None:
+        """`write` for a record's unit as another file of this compression holds it."""
+        current, closed = self._current(split)
+        current.add(unit)
+        return closed
+
+    def _current(self, split: str) -> tuple[RecordFile, dict | None]:
         closed = None
         current = self._open.get(split)
         if current is not None and current.raw_bytes >= self.max_bytes:
@@ -79,8 +112,7 @@ class RollingShards:
         if current is None:
             name = f"{split}-{uuid.uuid4().hex}.part"
             current = self._open[split] = RecordFile(join(self.folder, name), self.compression)
-        current.write(record)
-        return closed
+        return current, closed
 
     def position(self, split: str) -> tuple[str, int]:
         """The file and index of the last record written to `split`."""
@@ -93,13 +125,21 @@ class RollingShards:
         return closed
 
 
-def read_records(uri: str, compression: str) -> Iterator[bytes]:
-    """The records of one staged file (as RecordFile wrote it; at most one shard's size in memory)."""
-    with fsspec.open(uri, "rb") as f:
+class StagedFileChanged(OSError):
+    """A staged file whose bytes are not those the job wrote (its store changed them): nothing is published."""
+
+
+def units(shard: dict, compression: str) -> list[memoryview]:
+    """Each record's unit of one staged file (as RecordFile wrote it and described it, at most one shard's size in
+    memory), once the file's bytes are checked against the digest taken as they were written."""
+    with fsspec.open(shard["file"], "rb") as f:
         data = f.read()
-    if compression != "none":
-        data = isal_zlib.decompress(data, WINDOW_BITS[compression])
-    return tfrecord.read_records(io.BytesIO(data))
+    if hashlib.sha256(data).hexdigest() != shard["sha256"]:
+        raise StagedFileChanged(f"staged file {shard['file']} changed after it was written")
+    if compression == "zlib":
+        data = isal_zlib.decompress(data, WINDOW_BITS["zlib"])
+    view, ends = memoryview(data), [*shard["starts"][1:], len(data)]
+    return [view[start:end] for start, end in zip(shard["starts"], ends)]
 
 
 def prune(shards: list[dict], dropped: list[dict], compression: str) -> list[dict]:
@@ -115,7 +155,7 @@ def rearrange(shards: list[dict], dropped: list[dict], moved: list[dict], compre
     Copies and near-copies are found only once every record is written (beam_jobs/duplicates.py,
     near_copies.py), so a shard holding one is copied without it here: a file that holds nothing
     else is just removed, so a re-upload costs no copying, and a shard with neither is left alone.
-    The bytes of a record are moved as they are: a tf.Example holds no split."""
+    A record moves as the bytes of its unit (`units`): a tf.Example holds no split."""
     gone: dict[str, set[int]] = {}
     for signature in dropped:
         gone.setdefault(signature["file"], set()).add(signature["index"])
@@ -131,11 +171,11 @@ def rearrange(shards: list[dict], dropped: list[dict], moved: list[dict], compre
         stays = shard["records"] - len(drop | move.keys())
         copy = RecordFile(shard["file"] + ".kept", compression) if stays else None
         if stays or move:
-            for index, record in enumerate(read_records(shard["file"], compression)):
+            for index, unit in enumerate(units(shard, compression)):
                 if index in move:
-                    kept += [closed] if (closed := elsewhere.write(move[index], record)) else []
+                    kept += [closed] if (closed := elsewhere.add(move[index], unit)) else []
                 elif index not in drop:
-                    copy.write(record)
+                    copy.add(unit)
         if copy is not None:
             kept.append({**shard, **copy.close()})
         fs, path = filesystem(shard["file"])

@@ -1,9 +1,11 @@
 import hashlib
+import os
+import zlib
 
 import pytest
 import tensorflow as tf
 
-from beam_jobs.shards import RecordFile, RollingShards, prune
+from beam_jobs.shards import RecordFile, RollingShards, StagedFileChanged, prune, rearrange
 from components.contracts.layout import TF_COMPRESSION
 
 
@@ -39,3 +41,53 @@ def test_a_pruned_shard_records_the_digest_of_its_new_bytes(tmp_path):
     data = open(kept["file"], "rb").read()
     assert kept["records"] == 3 and (kept["bytes"], kept["sha256"]) == (len(data), hashlib.sha256(data).hexdigest())
     assert kept["sha256"] != staged["sha256"]
+
+
+def _records(shard: dict, compression: str) -> list[bytes]:
+    return [r.numpy() for r in tf.data.TFRecordDataset(shard["file"], TF_COMPRESSION[compression])]
+
+
+def _staged(folder, compression: str, count: int = 6) -> dict:
+    shards = RollingShards(str(folder), max_bytes=10**6, compression=compression)
+    for index in range(count):
+        shards.write("train", b"record %d " % index * 40)
+    [staged] = shards.close()
+    return staged
+
+
+@pytest.mark.parametrize("compression", ["gzip", "zlib", "none"])
+def test_rearranged_records_keep_their_bytes_in_their_new_split(tmp_path, compression):
+    staged = _staged(tmp_path, compression)
+    moved = [{"file": staged["file"], "index": 2, "split": "eval"}, {"file": staged["file"], "index": 5, "split": "eval"}]
+    out = rearrange([staged], [{"file": staged["file"], "index": 4}], moved, compression, str(tmp_path), 10**6)
+    read = {shard["split"]: _records(shard, compression) for shard in out}
+    assert read == {"train": [b"record %d " % i * 40 for i in (0, 1, 3)], "eval": [b"record %d " % i * 40 for i in (2, 5)]}
+    for shard in out:
+        data = open(shard["file"], "rb").read()
+        assert (shard["bytes"], shard["sha256"]) == (len(data), hashlib.sha256(data).hexdigest())
+    assert not os.path.exists(staged["file"])
+
+
+def test_a_gzip_shard_is_one_member_per_record(tmp_path):
+    """So a record moves between files as its bytes: each member inflates alone to one frame."""
+    staged = _staged(tmp_path, "gzip", count=3)
+    data = open(staged["file"], "rb").read()
+    rest, frames, starts = data, [], []
+    while rest:
+        starts.append(len(data) - len(rest))
+        member = zlib.decompressobj(16 + 15)
+        frames.append(member.decompress(rest))
+        rest = member.unused_data
+    assert [f[12:-4] for f in frames] == [b"record %d " % i * 40 for i in range(3)]
+    assert staged["starts"] == starts
+
+
+@pytest.mark.parametrize("tamper", ["flip a byte", "truncate", "append", "swap for another shard"])
+def test_a_staged_file_that_changed_since_it_was_written_is_not_copied(tmp_path, tamper):
+    staged, other = _staged(tmp_path / "a", "gzip"), _staged(tmp_path / "b", "gzip", count=5)
+    data = bytearray(open(staged["file"], "rb").read())
+    changed = {"flip a byte": lambda: data[:40] + bytes([data[40] ^ 1]) + data[41:], "truncate": lambda: data[:-1],
+               "append": lambda: data + data[:20], "swap for another shard": lambda: open(other["file"], "rb").read()}
+    open(staged["file"], "wb").write(bytes(changed[tamper]()))
+    with pytest.raises(StagedFileChanged, match="changed after it was written"):
+        rearrange([staged], [{"file": staged["file"], "index": 0}], [], "gzip", str(tmp_path), 10**6)
