@@ -16,6 +16,7 @@ never do (beam_jobs/ingest.py decides). The pools end with the job (`shut_down`)
 """
 from __future__ import annotations
 
+import argparse
 import os
 import pickle
 import queue
@@ -29,20 +30,24 @@ from beam_jobs.records import Conversion, Converter
 
 POOL_FROM = 500  # images; below, starting processes costs about what they save (docs/benchmarks.md#ingest)
 BATCH = 16  # sources a task: few enough to keep every process busy to the end, enough to amortise the pipe
+AHEAD_BYTES = 64 * 1024 * 1024  # of sources converted while Beam loads and starts: what it may hold then
+NICE = 5  # workers yield to the driver: Beam's threads feed them and write what they return
 
 _pools: dict[tuple[int, Conversion], Pool] = {}
 _lock = threading.Lock()
 
 
-def processes_for(images: int, options) -> int:
-    """How many worker processes convert an arrival of `images` under Beam's `options`: one a core when
-    the runner runs the job on this process's threads (DirectRunner, but for its multi_processing
-    mode), the case where they pay; 0 to convert in Beam's own workers."""
-    from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
-
-    runner = str(options.view_as(StandardOptions).runner or "DirectRunner").lower().removesuffix("runner")
-    threads = (runner in ("direct", "bundlebaseddirect", "switchingdirect")
-               and options.view_as(DirectOptions).direct_running_mode != "multi_processing")
+def processes_for(images: int, pipeline_args: list[str]) -> int:
+    """How many worker processes convert an arrival of `images` under Beam's `pipeline_args`: one a core
+    when the runner runs the job on this process's threads (DirectRunner, but for its multi_processing
+    mode), the case where they pay; 0 to convert in Beam's own workers. Read from the arguments as Beam
+    parses them, without importing Beam, so the processes start while Beam loads."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--runner", default="DirectRunner")
+    parser.add_argument("--direct_running_mode", default="multi_threading")
+    given, _ = parser.parse_known_args(pipeline_args)
+    runner = given.runner.lower().removesuffix("runner")
+    threads = runner in ("direct", "bundlebaseddirect", "switchingdirect") and given.direct_running_mode != "multi_processing"
     cores = os.cpu_count() or 1
     return cores if threads and cores > 1 and images >= POOL_FROM else 0
 
@@ -64,10 +69,29 @@ class Pool:
             _send(worker.stdin, conversion)
             self.idle.put(worker)
         self.threads = ThreadPoolExecutor(processes, thread_name_prefix="image-pool")
+        self.ahead: dict[str, tuple[Future, int]] = {}
 
     def submit(self, sources: list[dict]) -> Future:
         """A future of each source's (record, None) or (None, dead-letter reason)."""
         return self.threads.submit(self._convert, sources)
+
+    def prefetch(self, sources: list[dict]) -> None:
+        """Converts `sources` now, before the job asks (`claim`): Beam takes seconds to load and start
+        the job, in which the workers would wait."""
+        for start in range(0, len(sources), BATCH):
+            batch = sources[start:start + BATCH]
+            future = self.submit(batch)
+            self.ahead.update((source["uri"], (future, index)) for index, source in enumerate(batch))
+
+    def claim(self, source: dict) -> Future | None:
+        """The future of [(record, reason)] of a source converted ahead, once; None if it was not."""
+        ahead = self.ahead.pop(source["uri"], None)  # one pop per source: a retried bundle converts anew
+        if ahead is None:
+            return None
+        future, index = ahead
+        one: Future = Future()
+        future.add_done_callback(lambda done: _settle(one, done, index))
+        return one
 
     def _convert(self, sources: list[dict]):
         worker = self.idle.get()
@@ -111,6 +135,13 @@ def shut_down(wait: bool = True) -> None:
         each.close(wait)
 
 
+def _settle(one: Future, batch: Future, index: int) -> None:
+    if batch.exception() is not None:
+        one.set_exception(batch.exception())
+    else:
+        one.set_result([batch.result()[index]])
+
+
 def _send(pipe, value) -> None:
     pickle.dump(value, pipe, protocol=pickle.HIGHEST_PROTOCOL)
     pipe.flush()
@@ -135,4 +166,5 @@ if __name__ == "__main__":
     # Answers go to the pipe on the original stdout; anything a library prints goes to stderr instead.
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
+    os.nice(NICE)
     serve(sys.stdin.buffer, answers)

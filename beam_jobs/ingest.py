@@ -18,6 +18,7 @@ this job does not know (`--runner`, `--project`, `--flink_master`, ...) pass thr
 from __future__ import annotations
 
 import collections
+import gc
 import itertools
 import json
 import logging
@@ -105,7 +106,7 @@ def _ingest(config: IngestSettings, pipeline_args: list[str], root: Root, starte
     staging = join(root.spans, f"{STAGING_PREFIX}{uuid.uuid4().hex[:12]}")
     try:
         chunks = stage_sources(staging, fresh, labels)
-        shards, dead, findings = _convert(root, staging, chunks, fresh, config, pipeline_args, progress)
+        shards, dead, findings = _convert(root, staging, chunks, fresh, labels, config, pipeline_args, progress)
         dead += [{"uri": s.uri, "reason": r, "size": s.size, "version": s.version} for s, r in refused]
         copies = len(findings.dropped)
         if copies and copies == len(fresh) + len(refused):
@@ -137,14 +138,14 @@ def _ingest(config: IngestSettings, pipeline_args: list[str], root: Root, starte
     )
 
 
-def _convert(root, staging, chunks, fresh, config, pipeline_args, progress):
+def _convert(root, staging, chunks, fresh, labels, config, pipeline_args, progress):
     """Runs the Beam job over the fresh sources; returns the staged shards without duplicates,
     the dead letters (duplicates included) and what the duplicate check found."""
     if not fresh:
         return [], [], Findings(kept=[], dropped=[])
     published = stage_published(root, staging)  # so near-copies of published images join their split in the job
     with _Progress(staging, sum(s.size for s in fresh), progress):
-        run_pipeline(chunks, staging, config, pipeline_args, published, len(fresh))
+        run_pipeline(chunks, staging, config, pipeline_args, published, fresh, labels)
     dead = read_json(join(staging, STAGED_DEAD_LETTERS))
     shards, copies, findings = settle(staging, read_json(join(staging, STAGED_SHARDS)), fresh, root, config, published)
     return shards, dead + copies, findings
@@ -192,37 +193,49 @@ def extended_labels(root: Root, fresh: list[Source]) -> list[str]:
 
 
 def stage_sources(staging: str, fresh: list[Source], labels: list[str]) -> list[str]:
-    index = {name: i for i, name in enumerate(labels)}
     chunks = []
     for start in range(0, len(fresh), CHUNK):
         uri = join(staging, f"sources-{start // CHUNK:05d}.jsonl")
-        lines = (json.dumps({**s.as_dict(), "label_id": index[s.label]}) for s in fresh[start:start + CHUNK])
-        write_text(uri, "\n".join(lines) + "\n")
+        write_text(uri, "".join(json.dumps(row) + "\n" for row in job_rows(fresh[start:start + CHUNK], labels)))
         chunks.append(uri)
     return chunks
 
 
-def run_pipeline(chunks: list[str], staging: str, config: IngestSettings, pipeline_args: list[str],
-                 published: str | None = None, images: int = 0) -> None:
-    """The Beam job over the staged source lists of `images` new sources."""
-    # Beam is imported here, not at the top: `stoke ingest --help` answers before it loads.
-    import apache_beam as beam
+def job_rows(fresh: list[Source], labels: list[str]) -> list[dict]:
+    """The sources as the Beam job reads them from the staged lists."""
+    index = {name: i for i, name in enumerate(labels)}
+    return [{**s.as_dict(), "label_id": index[s.label]} for s in fresh]
 
+
+def first_sources(fresh: list[Source], budget: int) -> list[Source]:
+    """The first sources whose bytes fit in `budget` (at least one)."""
+    total = itertools.accumulate(s.size for s in fresh)
+    return fresh[:max(1, sum(1 for t in total if t <= budget))]
+
+
+def run_pipeline(chunks: list[str], staging: str, config: IngestSettings, pipeline_args: list[str],
+                 published: str | None, fresh: list[Source], labels: list[str]) -> None:
+    """The Beam job over the staged source lists of the new sources `fresh` (named with `labels`)."""
     from beam_jobs import image_pool
-    from beam_jobs.pipeline import build
     from beam_jobs.records import Conversion
 
-    options = pipeline_options(pipeline_args)
-    processes = image_pool.processes_for(images, options)
-
-    def job():
-        with beam.Pipeline(options=options) as pipeline:
-            build(pipeline, chunks, staging, config, published, processes)
-
+    processes = image_pool.processes_for(len(fresh), pipeline_args)
     stuck = False
     try:
-        if processes:  # started now, its processes start up while Beam builds and starts the job
-            image_pool.pool(processes, Conversion.of(config, published))
+        if processes:  # started first, its processes convert the first sources while Beam loads and starts the job
+            pool = image_pool.pool(processes, Conversion.of(config, published))
+            pool.prefetch(job_rows(first_sources(fresh, image_pool.AHEAD_BYTES), labels))
+        # Beam is imported here, not at the top: `stoke ingest --help` answers before it loads.
+        import apache_beam as beam
+
+        from beam_jobs.pipeline import build
+
+        options = pipeline_options(pipeline_args)
+
+        def job():
+            with beam.Pipeline(options=options) as pipeline:
+                build(pipeline, chunks, staging, config, published, processes)
+
         bounded.run(job)
     except Exception as error:  # the runner wraps worker errors in its own types
         stuck = isinstance(error, bounded.StuckRunner)
@@ -385,6 +398,9 @@ def run(argv: list[str] | None = None) -> int:
                         lambda: ingest(program.stage_settings("ingest", args), pipeline_args,
                                        program.progress_printer(args.json)), describe,
                         errors=(IngestError, ResultError, OSError), failed=IngestSummary(published=False))
+    # The interpreter's collections at exit walk Beam's 300,000 objects several times over (a second after
+    # the summary on 2 cores) to free memory the exit frees anyway: frozen, they are left out.
+    gc.freeze()
     return bounded.exit_code(code)
 
 

@@ -44,7 +44,8 @@ DEAD_LETTERS = Metrics.counter("ingest", "dead_letters")
 class Normalize(beam.DoFn):
     """Each source to a record (main output) or a dead letter (tagged DEAD): converted here, with the
     published records' dHash index loaded once per process (Beam's Shared), or with `processes`, in
-    batches on beam_jobs/image_pool.py's worker processes, a few batches in flight, in order."""
+    batches on beam_jobs/image_pool.py's worker processes, a few batches in flight, in order (sources the
+    pool converted ahead, while Beam started, are taken as they come)."""
 
     def __init__(self, conversion: Conversion, processes: int = 0):
         self.conversion, self.processes = conversion, processes
@@ -65,9 +66,13 @@ class Normalize(beam.DoFn):
         if not self.processes:
             yield from _outputs(source, *self.convert(source))
             return
-        self.waiting.append(source)
-        if len(self.waiting) == image_pool.BATCH:
-            self._submit()
+        ahead = self.pool.claim(source)
+        if ahead is not None:
+            self.pending.append(([source], ahead))
+        else:
+            self.waiting.append(source)
+            if len(self.waiting) == image_pool.BATCH:
+                self._submit()
         while len(self.pending) > 2 * self.processes:
             yield from self._take()
 

@@ -52,6 +52,8 @@ def test_worker_processes_convert_every_kind_of_file_as_beams_threads_do(arrival
     started = []
     monkeypatch.setattr(image_pool, "POOL_FROM", 1)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    # About half of each arrival converted ahead of the job, the rest as Beam hands them out.
+    monkeypatch.setattr(image_pool, "AHEAD_BYTES", sum(p.stat().st_size for p in source.rglob("*") if p.is_file()) // 2)
     pool = image_pool.pool
     monkeypatch.setattr(image_pool, "pool", lambda *args: started.append(args) or pool(*args))
     processes = _spans(source, later, tmp_path / "processes", capsys)
@@ -72,5 +74,35 @@ def test_a_worker_process_that_ends_fails_its_batch_naming_the_files(tmp_path):
         ended = r"ended \(exit code -9\) while converting .*a\.jpg or one of the 1 after"
         with pytest.raises(image_pool.WorkerFailed, match=ended):
             pool.submit(sources).result()
+    finally:
+        pool.close(wait=False)
+
+
+def test_sources_converted_ahead_are_claimed_once_each_as_a_batch_converts_them(tmp_path):
+    (tmp_path / "a.jpg").write_bytes(images.rgb_jpeg())
+    (tmp_path / "b.jpg").write_bytes(images.truncated_jpeg())
+    sources = [{"uri": str(tmp_path / name), "size": 1, "label": "cat", "label_id": 0, "split": "train", "version": "1"}
+               for name in ("a.jpg", "b.jpg", "c.jpg")]
+    pool = image_pool.Pool(1, Conversion())
+    try:
+        pool.prefetch(sources[:2])
+        claimed = [pool.claim(source) for source in sources]
+        assert claimed[2] is None  # never converted ahead: the job converts it in a batch
+        assert [c.result() for c in claimed[:2]] == [[one] for one in pool.submit(sources[:2]).result()]
+        assert claimed[1].result()[0][1].startswith("truncated or corrupt")  # a dead letter, as in a batch
+        assert pool.claim(sources[0]) is None  # once: a retried bundle converts its sources again
+    finally:
+        pool.close(wait=True)
+
+
+def test_a_batch_converted_ahead_that_fails_fails_each_claim(tmp_path):
+    source = {"uri": str(tmp_path / "a.jpg"), "size": 1, "label": "cat", "label_id": 0, "split": "train", "version": "1"}
+    pool = image_pool.Pool(1, Conversion())
+    try:
+        pool.workers[0].kill()
+        pool.workers[0].wait()
+        pool.prefetch([source])
+        with pytest.raises(image_pool.WorkerFailed, match="ended"):
+            pool.claim(source).result()
     finally:
         pool.close(wait=False)
