@@ -40,17 +40,18 @@ class StuckRunner(Exception):
 
 
 class _Failures(logging.Handler):
-    """Notes the first failed bundle and its error: the traceback's last line."""
+    """Notes the first failed bundle's error (the traceback's last line) and wakes the driver, as the job's
+    end does too (`wake`)."""
 
     def __init__(self):
         super().__init__(logging.ERROR)
-        self.seen, self.reason = threading.Event(), "a worker failed"
+        self.wake, self.reason = threading.Event(), None
 
     def emit(self, record):
-        if not self.seen.is_set():
+        if self.reason is None:
             lines = [line for line in record.getMessage().splitlines() if line.strip()]
-            self.reason = lines[-1].strip() if lines else self.reason
-            self.seen.set()
+            self.reason = lines[-1].strip() if lines else "a worker failed"
+        self.wake.set()
 
 
 def run(job: Callable[[], None]) -> None:
@@ -64,12 +65,13 @@ def run(job: Callable[[], None]) -> None:
             outcome.append(None)
         except BaseException as error:  # handed to the driver's thread
             outcome.append(error)
+        finally:
+            failures.wake.set()
 
     with _watching_failures() as failures, _quiet_unless_debugging():
         thread = threading.Thread(target=target, name="beam job", daemon=True)
         thread.start()
-        while thread.is_alive() and not failures.seen.wait(0.5):
-            pass
+        failures.wake.wait()  # the job's end, or a worker's failure: then GRACE seconds for the end
         thread.join(GRACE)
     if thread.is_alive():
         _ABANDONED.append(thread)

@@ -121,7 +121,7 @@ def arrange(kept: list[dict], rules: NearRules, published: str | None) -> Arrang
     records = sorted(kept, key=lambda s: s["uri"])
     usable = np.array([rules.eligible(s["width"], s["height"]) for s in records], dtype=bool)
     index = BandedIndex(as_numbers([s["dhash"] for s in records]), rules.bits, usable)
-    names, result, pairs = _Names(published), Arrangement(), []
+    names, result, found_copies, examples = _Names(published), Arrangement(), 0, []
     # Every record's candidates, for its picture and its mirror image, found for all records at once:
     # the loop below, which must go in URI order, only picks among them.
     mirrors = [s.get("mirror") or s["dhash"] for s in records]
@@ -132,18 +132,20 @@ def arrange(kept: list[dict], rules: NearRules, published: str | None) -> Arrang
         other, near = _original(record, records, found, originals, names) if usable[i] else (None, None)
         if other is not None:
             _act(record, other, near, rules, result)
-            pairs.append(NearPair(uri=record["uri"], split=record["split"], other_uri=other["uri"],
-                                  other_split=other["split"], other_span=other["span"], distance=near["distance"],
-                                  mirrored=near["mirrored"]))
+            found_copies += 1
+            if len(examples) < EXAMPLES:  # the summary's few: a model each for thousands would cost tenths of a second
+                examples.append(NearPair(uri=record["uri"], split=record["split"], other_uri=other["uri"],
+                                         other_split=other["split"], other_span=other["span"],
+                                         distance=near["distance"], mirrored=near["mirrored"]))
         # Only an image that is a copy of none is an original for those after it (Hartigan's leader
         # algorithm, "Clustering Algorithms", 1975, ch. 3): were copies originals too, a chain of alike
         # pictures, each a few bits from the next, would carry one split across all of them (single
         # linkage's chaining): 1,780 of the 1,797 demo digits followed 17 of them, and eval kept 3.
         originals[i] = usable[i] and other is None
     tally = result.tally
-    result.report = NearDuplicates(count=len(pairs), examples=pairs[:EXAMPLES], moved=tally["moved"],
+    result.report = NearDuplicates(count=found_copies, examples=examples, moved=tally["moved"],
                                    set_aside=tally["set_aside"], across=tally["across"],
-                                   warning=_skewed(records, len(pairs), tally["moved"], rules.eval_fraction))
+                                   warning=_skewed(records, found_copies, tally["moved"], rules.eval_fraction))
     return result
 
 
