@@ -114,10 +114,11 @@ def dead_letter(source: dict, reason: str) -> dict:
 
 
 class WriteShards(beam.DoFn):
-    """Streams records into rolling per-split files and emits a description of each file; with
-    signatures, also writes one JSON-lines file per bundle of each record's signature with the file
-    and position of its record, and emits its name (tagged SIGNATURES). Through fsspec, as the
-    shards are: Beam's own file sinks cannot reach every store fsspec can."""
+    """Streams records (each as the unit its file holds, made by the conversion) into rolling per-split
+    files and emits a description of each file; with signatures, also writes one JSON-lines file per
+    bundle of each record's signature with the file and position of its record, and emits its name
+    (tagged SIGNATURES). Through fsspec, as the shards are: Beam's own file sinks cannot reach every
+    store fsspec can."""
 
     def __init__(self, folder: str, max_bytes: int, compression: str):
         self.folder, self.max_bytes, self.compression = folder, max_bytes, compression
@@ -127,8 +128,8 @@ class WriteShards(beam.DoFn):
         self.signatures = []
 
     def process(self, record):
-        split, example, *signature = record
-        closed = self.shards.write(split, example)
+        split, unit, *signature = record
+        closed = self.shards.add(split, unit)
         if closed:
             yield closed
         if signature:

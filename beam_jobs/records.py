@@ -11,6 +11,7 @@ from beam_jobs import quality
 from beam_jobs.local import NotRegularFile, open_source
 from beam_jobs.near_copies import NearRules, Published
 from beam_jobs.quality import Rules
+from beam_jobs.shards import unit
 from components.common.images import Limits, Rejected, normalize
 from components.common.signatures import sha256
 from components.contracts import schema
@@ -25,13 +26,14 @@ class Conversion:
     rules: Rules = Rules()
     near: NearRules = NearRules()
     published: str | None = None
+    compression: str = "gzip"  # of the shards: a record leaves as the unit their files hold (beam_jobs/shards.py)
 
     @classmethod
     def of(cls, config, published: str | None = None) -> Conversion:
         """From the ingest settings."""
         limits = Limits(max_side=config.max_side, max_pixels=int(config.max_megapixels * 1e6),
                         max_bytes=int(config.max_file_mb * MB), blank_std=config.blank_std)
-        return cls(limits, Rules.of(config), NearRules.of(config), published)
+        return cls(limits, Rules.of(config), NearRules.of(config), published, config.compression)
 
 
 class Converter:
@@ -43,10 +45,13 @@ class Converter:
         self.published = published or (Published(uri, conversion.near.bits) if uri else None)
 
     def __call__(self, source: dict) -> tuple[tuple[str, bytes, dict] | None, str | None]:
+        """(split, the record's unit, signature), or the reason there is none: framed and compressed here,
+        where conversion runs in parallel, so Beam's threads only write."""
         try:
-            return to_example(source, self.conversion, self.published), None
+            split, example, signature = to_example(source, self.conversion, self.published)
         except Rejected as rejected:
             return None, str(rejected)
+        return (split, unit(example, self.conversion.compression), signature), None
 
 
 def to_example(source: dict, conversion: Conversion, published: Published | None) -> tuple[str, bytes, dict]:

@@ -50,8 +50,7 @@ class RecordFile:
             if compression == "zlib" else None
 
     def write(self, record: bytes) -> None:
-        data = frame(record)
-        self.add(isal_zlib.compress(data, LEVEL, WINDOW_BITS["gzip"]) if self.compression == "gzip" else data)
+        self.add(unit(record, self.compression))
 
     def add(self, unit: bytes) -> None:
         """Appends one record's unit as a file of this compression holds it (see `units`)."""
@@ -72,6 +71,13 @@ class RecordFile:
         fs, path = filesystem(self.uri)
         return {"file": self.uri, "records": self.records, "bytes": fs.size(path), "sha256": self._digest.hexdigest(),
                 "starts": self.starts}
+
+
+def unit(record: bytes, compression: str) -> bytes:
+    """A record as a file of `compression` holds it: its frame, as a GZIP member of its own for gzip (in a
+    ZLIB file the stream compresses the frames)."""
+    data = frame(record)
+    return isal_zlib.compress(data, LEVEL, WINDOW_BITS["gzip"]) if compression == "gzip" else data
 
 
 def record_size(unit: bytes, compression: str) -> int:

@@ -24,7 +24,7 @@ from tests.beam_jobs.test_ingest import IN_MEMORY, ingest
 FULL_AND_HUNG = """import errno, os, sys, threading
 from beam_jobs import bounded, ingest, shards
 calls, lock, blocked = [], threading.Lock(), threading.Event()
-def write(self, record):
+def add(self, unit):
     with lock:
         calls.append(1)
         first = len(calls) == 1
@@ -33,7 +33,7 @@ def write(self, record):
         threading.Event().wait()
     blocked.wait()
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.uri)
-shards.RecordFile.write = write
+shards.RecordFile.add = add
 bounded.GRACE = 2.0
 sys.exit(ingest.run(sys.argv[1:]))"""
 

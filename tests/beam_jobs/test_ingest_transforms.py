@@ -1,4 +1,6 @@
 """Each transform of the ingest job under Beam's TestPipeline."""
+import gzip
+import io
 
 import apache_beam as beam
 import pytest
@@ -8,8 +10,10 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from beam_jobs.pipeline import DEAD, Gather, Normalize, WriteShards
 from beam_jobs.records import Conversion, read_source
+from beam_jobs.shards import unit
 from components.common.files import read_json
 from components.common.images import Rejected
+from components.common.tfrecord import read_records
 from components.contracts import schema
 from tests.beam_jobs import images
 
@@ -27,7 +31,7 @@ def test_normalize_splits_good_records_from_dead_letters(tmp_path):
         normalized = p | beam.Create(sources) | beam.ParDo(Normalize(Conversion())).with_outputs(DEAD, main="good")
         good, bad = normalized.good, normalized[DEAD]
         parsed = good | beam.MapTuple(
-            lambda split, data, _: (split, tf.train.Example.FromString(data)
+            lambda split, unit, _: (split, tf.train.Example.FromString(_record(unit))
                                  .features.feature[schema.SOURCE].bytes_list.value[0].decode()))
         assert_that(parsed, equal_to([("eval", str(tmp_path / "good.png"))]), label="good")
         reasons = bad | beam.Map(lambda d: (d["uri"].rsplit("/", 1)[-1], d["reason"][:20]))
@@ -46,10 +50,17 @@ def test_a_file_over_the_size_cap_is_refused_unopened_and_read_no_further_than_t
     assert read_source({"uri": str(grown), "size": 1000}, None) == grown.read_bytes()
 
 
+def _record(unit: bytes) -> bytes:
+    """The record of a GZIP unit (the default Conversion's): one member holding one frame."""
+    [record] = read_records(io.BytesIO(gzip.decompress(unit)))
+    return record
+
+
 def test_write_shards_and_gather(tmp_path):
     records = [("train", b"t%d" % i) for i in range(10)] + [("eval", b"e")]
+    units = [(split, unit(record, "gzip")) for split, record in records]
     with TestPipeline() as p:
-        _ = (p | beam.Create(records) | beam.ParDo(WriteShards(str(tmp_path), 8, "gzip"))
+        _ = (p | beam.Create(units) | beam.ParDo(WriteShards(str(tmp_path), 8, "gzip"))
              | Gather(str(tmp_path / "shards.json")))
     shards = read_json(str(tmp_path / "shards.json"))
     assert sum(s["records"] for s in shards if s["split"] == "train") == 10
