@@ -42,10 +42,13 @@ def processes_for(images: int, pipeline_args: list[str]) -> int:
     when the runner runs the job on this process's threads (DirectRunner, but for its multi_processing
     mode), the case where they pay; 0 to convert in Beam's own workers. Read from the arguments as Beam
     parses them, without importing Beam, so the processes start while Beam loads."""
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
     parser.add_argument("--runner", default="DirectRunner")
     parser.add_argument("--direct_running_mode", default="multi_threading")
-    given, _ = parser.parse_known_args(pipeline_args)
+    try:
+        given, _ = parser.parse_known_args(pipeline_args)
+    except argparse.ArgumentError:
+        return 0  # `--runner` with no value: Beam says what is wrong with it
     runner = given.runner.lower().removesuffix("runner")
     threads = runner in ("direct", "bundlebaseddirect", "switchingdirect") and given.direct_running_mode != "multi_processing"
     cores = os.cpu_count() or 1

@@ -193,6 +193,7 @@ def extended_labels(root: Root, fresh: list[Source]) -> list[str]:
 
 
 def stage_sources(staging: str, fresh: list[Source], labels: list[str]) -> list[str]:
+    """The job's input: the sources' rows in files of CHUNK lines under `staging`; returns their URIs."""
     chunks = []
     for start in range(0, len(fresh), CHUNK):
         uri = join(staging, f"sources-{start // CHUNK:05d}.jsonl")
@@ -209,8 +210,8 @@ def job_rows(fresh: list[Source], labels: list[str]) -> list[dict]:
 
 def first_sources(fresh: list[Source], budget: int) -> list[Source]:
     """The first sources whose bytes fit in `budget` (at least one)."""
-    total = itertools.accumulate(s.size for s in fresh)
-    return fresh[:max(1, sum(1 for t in total if t <= budget))]
+    fitting = itertools.takewhile(lambda total: total <= budget, itertools.accumulate(s.size for s in fresh))
+    return fresh[:max(1, sum(1 for _ in fitting))]
 
 
 def run_pipeline(chunks: list[str], staging: str, config: IngestSettings, pipeline_args: list[str],

@@ -233,6 +233,9 @@ def side_by_side(args) -> dict:
             megabytes = make_images(tmp / "source", args.images, args.size, args.photos)
             for i in range(args.rounds):
                 for name in ("before", "now", "loop") if i % 2 == 0 else ("now", "before", "loop"):
+                    # What the last run (or making the images) wrote goes to disk now, not in the kernel's
+                    # writeback 30 s later, in the middle of the next program's run.
+                    os.sync()
                     if name == "loop":
                         runs[name].append(run_loop(tmp / "source", tmp / f"loop-{i}"))
                     else:
