@@ -6,9 +6,13 @@ cores convert no faster than one, while two processes convert about twice as fas
 (docs/benchmarks.md#ingest). DirectRunner's own worker processes import all of Beam each and hand every
 element across gRPC, so here plain processes (`python -m beam_jobs.image_pool`, which imports
 beam_jobs/records.py and nothing of Beam) convert batches of sources sent down a pipe, and the records
-come back to Beam's threads, which compress and write them. They are started, not forked: a fork of a
+come back to Beam's threads, which write them. They are started, not forked: a fork of a
 process with threads can inherit a lock some thread held, and multiprocessing's spawn would import the
 caller's script again.
+
+They are started before Beam is imported and convert the first AHEAD_BYTES of sources while Beam loads
+and starts the job (`prefetch`; the job `claim`s each once). They frame and compress each record too
+(beam_jobs/shards.py's units), so Beam's threads only write.
 
 Starting them costs a few tenths of a second, so only arrivals of POOL_FROM images or more use them;
 runners that place work on processes of their own (DirectRunner's multi_processing, Flink, Dataflow)
