@@ -16,7 +16,7 @@ and starts the job (`prefetch`; the job `claim`s each once). They frame and comp
 
 Starting them costs a few tenths of a second, so only arrivals of POOL_FROM images or more use them;
 runners that place work on processes of their own (DirectRunner's multi_processing, Flink, Dataflow)
-never do (beam_jobs/ingest.py decides). The pools end with the job (`shut_down`).
+never do (beam_jobs/job.py decides). The pools end with the job (`shut_down`).
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
     python -m beam_jobs.ingest SOURCE --root ROOT [--shard-mb 128] [--runner DataflowRunner ...]
 
     driver: list SOURCE, drop what published spans already hold (beam_jobs/compare.py), stage the list
-    Beam:   ReadSources -> Spread -> Normalize -> WriteShards -> Gather   (beam_jobs/pipeline.py)
+    Beam:   ReadSources -> Spread -> Normalize -> WriteShards -> Gather   (beam_jobs/pipeline.py; job.py starts it)
             (+ each record's content signature)                         (components/common/signatures.py)
     driver: stage the published dHashes, so near-copies join their split  (beam_jobs/near_copies.py)
     driver: keep out copies of published or listed-twice images; near-copies of the arrival follow their
@@ -29,13 +29,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 
 from beam_jobs import bounded, quality
 from beam_jobs.compare import compare
 from beam_jobs.debris import STAGED_DEAD_LETTERS, STAGED_SHARDS, STAGING_PREFIX, MisplacedSpan, remove, remove_debris
 from beam_jobs.describe import describe
 from beam_jobs.duplicates import Findings, settle
+from beam_jobs.job import JobFailed, run_pipeline, stage_sources
 from beam_jobs.near_copies import stage_published
 from beam_jobs.source_index import identity, write_source_index
 from beam_jobs.sources import Source, each_listed, list_named
@@ -52,8 +52,6 @@ from components.contracts.layout import Root, shard_name
 from components.contracts.results import ResultError, SpanManifest
 from components.contracts.run_config import IngestSettings
 from components.contracts.summaries import IngestSummary, Progress
-
-CHUNK = 10_000  # sources per staged list file: keeps the job graph small on any runner
 
 
 class IngestError(Exception):
@@ -148,7 +146,10 @@ def _convert(root, staging, chunks, fresh, labels, config, pipeline_args, progre
         return [], [], Findings(kept=[], dropped=[])
     published = stage_published(root, staging)  # so near-copies of published images join their split in the job
     with _Progress(staging, sum(s.size for s in fresh), progress):
-        run_pipeline(chunks, staging, config, pipeline_args, published, fresh, labels)
+        try:
+            run_pipeline(chunks, staging, config, pipeline_args, published, fresh, labels)
+        except JobFailed as error:
+            raise IngestError(str(error)) from error
     dead = read_json(join(staging, STAGED_DEAD_LETTERS))
     shards, copies, findings = settle(staging, read_json(join(staging, STAGED_SHARDS)), fresh, root, config, published)
     return shards, dead + copies, findings
@@ -193,96 +194,6 @@ def extended_labels(root: Root, fresh: list[Source]) -> list[str]:
         if len(names) > len(labels):
             labels, origin = list(names), uri
     return labels + sorted({s.label for s in fresh} - set(labels))
-
-
-def stage_sources(staging: str, fresh: list[Source], labels: list[str]) -> list[str]:
-    """The job's input: the sources' rows in files of CHUNK lines under `staging`; returns their URIs."""
-    chunks = []
-    for start in range(0, len(fresh), CHUNK):
-        uri = join(staging, f"sources-{start // CHUNK:05d}.jsonl")
-        write_text(uri, "".join(json.dumps(row) + "\n" for row in job_rows(fresh[start:start + CHUNK], labels)))
-        chunks.append(uri)
-    return chunks
-
-
-def job_rows(fresh: list[Source], labels: list[str]) -> list[dict]:
-    """The sources as the Beam job reads them from the staged lists."""
-    index = {name: i for i, name in enumerate(labels)}
-    return [{**s.as_dict(), "label_id": index[s.label]} for s in fresh]
-
-
-def first_sources(fresh: list[Source], budget: int) -> list[Source]:
-    """The first sources whose bytes fit in `budget` (at least one)."""
-    fitting = itertools.takewhile(lambda total: total <= budget, itertools.accumulate(s.size for s in fresh))
-    return fresh[:max(1, sum(1 for _ in fitting))]
-
-
-def run_pipeline(chunks: list[str], staging: str, config: IngestSettings, pipeline_args: list[str],
-                 published: str | None, fresh: list[Source], labels: list[str]) -> None:
-    """The Beam job over the staged source lists of the new sources `fresh` (named with `labels`)."""
-    from beam_jobs import image_pool
-    from beam_jobs.records import Conversion
-
-    processes = image_pool.processes_for(len(fresh), pipeline_args)
-    stuck = False
-    try:
-        if processes:  # started first, its processes convert the first sources while Beam loads and starts the job
-            pool = image_pool.pool(processes, Conversion.of(config, published))
-            pool.prefetch(job_rows(first_sources(fresh, image_pool.AHEAD_BYTES), labels))
-        # Beam is imported here, not at the top: `stoke ingest --help` answers before it loads.
-        with _long_lived():
-            import apache_beam as beam
-
-            from beam_jobs.pipeline import build
-
-        options = pipeline_options(pipeline_args)
-
-        def job():
-            with beam.Pipeline(options=options) as pipeline:
-                build(pipeline, chunks, staging, config, published, processes)
-
-        bounded.run(job)
-    except Exception as error:  # the runner wraps worker errors in its own types
-        stuck = isinstance(error, bounded.StuckRunner)
-        raise IngestError(f"the Beam job failed, nothing was published: {_last_line(error)} "
-                          "(STOKE_DEBUG=1 shows Beam's log)") from error
-    finally:
-        image_pool.shut_down(wait=not stuck)  # a stuck job's conversion may never end: leave it behind
-
-
-@contextmanager
-def _long_lived():
-    """Loads what lives as long as the process (Beam: some 300,000 objects) without the collector: it
-    would walk them again and again while they load, and then through the job (0.4 s each on a 6,000-image
-    arrival, 2 cores). They stay out of its walks until the span is published (`ingest`)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-        gc.freeze()
-
-
-def pipeline_options(pipeline_args: list[str]):
-    """Beam options as given; without a runner, DirectRunner with one worker thread per core.
-
-    Threads, not DirectRunner's worker processes, which import all of Beam each and hand every element
-    across gRPC: the conversion that holds the GIL goes to beam_jobs/image_pool.py's processes, and the
-    threads compress and write (ISA-L, CRC32C, file writes: C with the GIL released).
-    `--direct_running_mode=multi_processing` still works (benchmarks/ingest.py measures both)."""
-    from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
-
-    options = PipelineOptions(pipeline_args)
-    if not options.view_as(StandardOptions).runner:
-        options.view_as(StandardOptions).runner = "DirectRunner"
-        direct = options.view_as(DirectOptions)
-        if not any(a.startswith("--direct_running_mode") for a in pipeline_args):
-            direct.direct_running_mode = "multi_threading"
-        if not any(a.startswith("--direct_num_workers") for a in pipeline_args):
-            direct.direct_num_workers = os.cpu_count() or 1
-    return options
 
 
 def check(fresh, refused, shards, dead, max_bad_fraction: float, duplicates: int = 0) -> None:
@@ -400,11 +311,6 @@ class _Progress:
             with self.lock:
                 if not self.done.is_set():
                     self.show(event)
-
-
-def _last_line(error: BaseException) -> str:
-    lines = [line for line in str(error).splitlines() if line.strip()]
-    return lines[-1] if lines else type(error).__name__
 
 
 def run(argv: list[str] | None = None) -> int:

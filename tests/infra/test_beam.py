@@ -20,7 +20,7 @@ from apache_beam.options.pipeline_options import (
     WorkerOptions,
 )
 
-from beam_jobs import ingest
+from beam_jobs import ingest, job
 from flows.demo import write_digits
 from tests.infra.conftest import REPO, infra
 
@@ -108,7 +108,7 @@ def test_stoke_ingest_hands_the_options_to_beam_untouched(name, digits, tmp_path
     seen = {}
 
     def runner_starts(chunks, staging, config, pipeline_args, *published):
-        seen["options"] = ingest.pipeline_options(pipeline_args)
+        seen["options"] = job.pipeline_options(pipeline_args)
         seen["args"] = pipeline_args
         raise ingest.IngestError("stopped where the runner would start")
 
@@ -122,4 +122,4 @@ def test_stoke_ingest_hands_the_options_to_beam_untouched(name, digits, tmp_path
 
 
 def test_without_a_runner_ingest_stays_local():
-    assert ingest.pipeline_options([]).view_as(StandardOptions).runner == "DirectRunner"
+    assert job.pipeline_options([]).view_as(StandardOptions).runner == "DirectRunner"

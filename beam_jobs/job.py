@@ -1,0 +1,115 @@
+"""The Beam job as ingest's driver starts it: the new sources staged as lists, the image workers started
+first, Beam loaded and its runner bounded (beam_jobs/bounded.py). The job itself: beam_jobs/pipeline.py."""
+from __future__ import annotations
+
+import gc
+import itertools
+import json
+import os
+from contextlib import contextmanager
+
+from beam_jobs import bounded
+from beam_jobs.sources import Source
+from components.common.files import join, write_text
+from components.contracts.run_config import IngestSettings
+
+CHUNK = 10_000  # sources per staged list file: keeps the job graph small on any runner
+
+
+class JobFailed(Exception):
+    """The Beam job failed; the message says how (its last line)."""
+
+
+def stage_sources(staging: str, fresh: list[Source], labels: list[str]) -> list[str]:
+    """The job's input: the sources' rows in files of CHUNK lines under `staging`; returns their URIs."""
+    chunks = []
+    for start in range(0, len(fresh), CHUNK):
+        uri = join(staging, f"sources-{start // CHUNK:05d}.jsonl")
+        write_text(uri, "".join(json.dumps(row) + "\n" for row in job_rows(fresh[start:start + CHUNK], labels)))
+        chunks.append(uri)
+    return chunks
+
+
+def job_rows(fresh: list[Source], labels: list[str]) -> list[dict]:
+    """The sources as the Beam job reads them from the staged lists."""
+    index = {name: i for i, name in enumerate(labels)}
+    return [{**s.as_dict(), "label_id": index[s.label]} for s in fresh]
+
+
+def first_sources(fresh: list[Source], budget: int) -> list[Source]:
+    """The first sources whose bytes fit in `budget` (at least one)."""
+    fitting = itertools.takewhile(lambda total: total <= budget, itertools.accumulate(s.size for s in fresh))
+    return fresh[:max(1, sum(1 for _ in fitting))]
+
+
+def run_pipeline(chunks: list[str], staging: str, config: IngestSettings, pipeline_args: list[str],
+                 published: str | None, fresh: list[Source], labels: list[str]) -> None:
+    """The Beam job over the staged source lists of the new sources `fresh` (named with `labels`)."""
+    from beam_jobs import image_pool
+    from beam_jobs.records import Conversion
+
+    processes = image_pool.processes_for(len(fresh), pipeline_args)
+    stuck = False
+    try:
+        if processes:  # started first, its processes convert the first sources while Beam loads and starts the job
+            pool = image_pool.pool(processes, Conversion.of(config, published))
+            pool.prefetch(job_rows(first_sources(fresh, image_pool.AHEAD_BYTES), labels))
+        # Beam is imported here, not at the top: `stoke ingest --help` answers before it loads.
+        with _long_lived():
+            import apache_beam as beam
+
+            from beam_jobs.pipeline import build
+
+        options = pipeline_options(pipeline_args)
+
+        def job():
+            with beam.Pipeline(options=options) as pipeline:
+                build(pipeline, chunks, staging, config, published, processes)
+
+        bounded.run(job)
+    except Exception as error:  # the runner wraps worker errors in its own types
+        stuck = isinstance(error, bounded.StuckRunner)
+        raise JobFailed(f"the Beam job failed, nothing was published: {_last_line(error)} "
+                        "(STOKE_DEBUG=1 shows Beam's log)") from error
+    finally:
+        image_pool.shut_down(wait=not stuck)  # a stuck job's conversion may never end: leave it behind
+
+
+@contextmanager
+def _long_lived():
+    """Loads what lives as long as the process (Beam: some 300,000 objects) without the collector: it
+    would walk them again and again while they load, and then through the job (0.4 s each on a 6,000-image
+    arrival, 2 cores). They stay out of its walks until the span is published (`ingest`)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+        gc.freeze()
+
+
+def pipeline_options(pipeline_args: list[str]):
+    """Beam options as given; without a runner, DirectRunner with one worker thread per core.
+
+    Threads, not DirectRunner's worker processes, which import all of Beam each and hand every element
+    across gRPC: the conversion that holds the GIL goes to beam_jobs/image_pool.py's processes, and the
+    threads compress and write (ISA-L, CRC32C, file writes: C with the GIL released).
+    `--direct_running_mode=multi_processing` still works (benchmarks/ingest.py measures both)."""
+    from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+
+    options = PipelineOptions(pipeline_args)
+    if not options.view_as(StandardOptions).runner:
+        options.view_as(StandardOptions).runner = "DirectRunner"
+        direct = options.view_as(DirectOptions)
+        if not any(a.startswith("--direct_running_mode") for a in pipeline_args):
+            direct.direct_running_mode = "multi_threading"
+        if not any(a.startswith("--direct_num_workers") for a in pipeline_args):
+            direct.direct_num_workers = os.cpu_count() or 1
+    return options
+
+
+def _last_line(error: BaseException) -> str:
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return lines[-1] if lines else type(error).__name__
