@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import fsspec
 from isal import isal_zlib
@@ -34,6 +36,7 @@ from components.common.tfrecord import frame
 WINDOW_BITS = {"gzip": 16 + 15, "zlib": 15}  # 16+ asks for the gzip header and trailer
 LEVEL = isal_zlib.ISAL_DEFAULT_COMPRESSION
 FRAMING = 16  # bytes a frame adds to its record: length, its CRC, the data's CRC
+THREADS = 2  # shards settled at once after the job (beam_jobs/duplicates.py): each is in memory meanwhile
 
 
 class RecordFile:
@@ -161,29 +164,52 @@ def rearrange(shards: list[dict], dropped: list[dict], moved: list[dict], compre
     Copies and near-copies are found only once every record is written (beam_jobs/duplicates.py,
     near_copies.py), so a shard holding one is copied without it here: a file that holds nothing
     else is just removed, so a re-upload costs no copying, and a shard with neither is left alone.
-    A record moves as the bytes of its unit (`units`): a tf.Example holds no split."""
+    A record moves as the bytes of its unit (`units`): a tf.Example holds no split.
+
+    The touched shards are read, checked and copied on THREADS threads (hashing and file I/O release
+    the GIL), a few at a time so that memory holds at most THREADS shards and the moving units of a few
+    more; this thread writes the moving units in shard order."""
     gone: dict[str, set[int]] = {}
     for signature in dropped:
         gone.setdefault(signature["file"], set()).add(signature["index"])
     moving: dict[str, dict[int, str]] = {}
     for signature in moved:
         moving.setdefault(signature["file"], {})[signature["index"]] = signature["split"]
-    kept, elsewhere = [], RollingShards(folder, max_bytes, compression) if moved else None
-    for shard in shards:
-        drop, move = gone.get(shard["file"], set()), moving.get(shard["file"], {})
-        if not drop and not move:
-            kept.append(shard)
-            continue
-        stays = shard["records"] - len(drop | move.keys())
-        copy = RecordFile(shard["file"] + ".kept", compression) if stays else None
-        if stays or move:
-            for index, unit in enumerate(units(shard, compression)):
-                if index in move:
-                    kept += [closed] if (closed := elsewhere.add(move[index], unit)) else []
-                elif index not in drop:
-                    copy.add(unit)
-        if copy is not None:
-            kept.append({**shard, **copy.close()})
-        fs, path = filesystem(shard["file"])
-        fs.rm(path)
+    kept = [shard for shard in shards if shard["file"] not in gone and shard["file"] not in moving]
+    elsewhere = RollingShards(folder, max_bytes, compression) if moved else None
+
+    def take(settled: Future) -> None:
+        copy, moves = settled.result()
+        kept.extend([copy] if copy else [])
+        for split, unit in moves:
+            kept.extend([closed] if (closed := elsewhere.add(split, unit)) else [])
+
+    pending: deque[Future] = deque()
+    with ThreadPoolExecutor(THREADS) as pool:
+        for shard in shards:
+            if shard["file"] in gone or shard["file"] in moving:
+                pending.append(pool.submit(_settle, shard, gone.get(shard["file"], set()),
+                                           moving.get(shard["file"], {}), compression))
+            if len(pending) > THREADS:
+                take(pending.popleft())
+        while pending:
+            take(pending.popleft())
     return kept + (elsewhere.close() if elsewhere else [])
+
+
+def _settle(shard: dict, drop: set[int], move: dict[int, str], compression: str) -> tuple[dict | None, list]:
+    """One touched shard, then removed: the description of its copy without the records that leave it
+    (None when none stays), and (split, unit) of each record that moves."""
+    stays = shard["records"] - len(drop | move.keys())
+    copy = RecordFile(shard["file"] + ".kept", compression) if stays else None
+    moves = []
+    if stays or move:
+        for index, unit in enumerate(units(shard, compression)):
+            if index in move:
+                moves.append((move[index], bytes(unit)))  # its own bytes: the shard's are let go
+            elif index not in drop:
+                copy.add(unit)
+    described = {**shard, **copy.close()} if copy is not None else None
+    fs, path = filesystem(shard["file"])
+    fs.rm(path)
+    return described, moves

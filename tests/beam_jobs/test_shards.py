@@ -91,3 +91,24 @@ def test_a_staged_file_that_changed_since_it_was_written_is_not_copied(tmp_path,
     open(staged["file"], "wb").write(bytes(changed[tamper]()))
     with pytest.raises(StagedFileChanged, match="changed after it was written"):
         rearrange([staged], [{"file": staged["file"], "index": 0}], [], "gzip", str(tmp_path), 10**6)
+
+
+def test_many_shards_settle_on_threads_into_the_same_records(tmp_path):
+    """More touched shards than threads: untouched, one emptied, one moving away whole, mixed; the moving
+    records roll over into several files in shard order and every original that was touched is gone."""
+    staged = [_staged(tmp_path / str(n), "gzip", count=6) for n in range(7)]
+    files = [shard["file"] for shard in staged]
+    dropped = [{"file": files[1], "index": i} for i in range(6)] + [{"file": files[3], "index": 0},
+                                                                     {"file": files[5], "index": 5}]
+    moved = [{"file": files[2], "index": i, "split": "eval"} for i in range(6)] + [
+        {"file": files[3], "index": 4, "split": "eval"}, {"file": files[6], "index": 1, "split": "test"}]
+    out = rearrange(staged, dropped, moved, "gzip", str(tmp_path), 400)
+    read = {}
+    for shard in out:
+        read.setdefault(shard["split"], []).extend(_records(shard, "gzip"))
+    record = [b"record %d " % i * 40 for i in range(6)]
+    assert sorted(read["train"]) == sorted(record * 2 + record[1:4] + record[5:] + record[:5] + record[:1] + record[2:])
+    assert read["eval"] == record + record[4:5] and read["test"] == record[1:2]  # in shard order
+    assert len([shard for shard in out if shard["split"] == "eval"]) > 1  # rolled over at 400 bytes
+    assert staged[0] in out and staged[4] in out  # left alone
+    assert [os.path.exists(f) for f in files] == [True, False, False, False, True, False, False]
