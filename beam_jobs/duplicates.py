@@ -26,7 +26,8 @@ from itertools import groupby
 import fsspec
 
 from beam_jobs.debris import STAGED_SIGNATURES
-from beam_jobs.near_copies import NearRules, arrange
+from beam_jobs.near_copies import arrange
+from beam_jobs.near_lookup import NearRules
 from beam_jobs.quality import Rules, settle_odd_sizes
 from beam_jobs.shards import rearrange
 from components.common.content_index import parse

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import fsspec
 import numpy as np
 
+from beam_jobs.near_lookup import NearRules, load_staged
 from components.common.files import join
 from components.common.near_index import BandedIndex, as_numbers
 from components.common.trusted_index import verified
@@ -35,21 +36,6 @@ from components.contracts.summaries import NearDuplicates, NearPair
 
 STAGED_PUBLISHED = "near-published.npz"
 EXAMPLES = 5
-
-
-@dataclass(frozen=True)
-class NearRules:
-    mode: str = "report"  # follow, set_aside or report
-    bits: int = 6
-    min_side: int = 16
-    eval_fraction: float = 0.1  # the eval share the path hash gives: following may not move it far unsaid
-
-    @classmethod
-    def of(cls, config) -> NearRules:
-        return cls(config.near_copies, config.near_copy_bits, config.near_copy_min_side, config.eval_fraction)
-
-    def eligible(self, width: int, height: int) -> bool:
-        return min(width, height) >= self.min_side
 
 
 def stage_published(root: Root, staging: str) -> str | None:
@@ -79,32 +65,6 @@ def _collect(root: Root, lines):
             uris += json.loads(uri).encode("utf-8", "surrogateescape")
             offsets.append(len(uris))
     return hashes, splits, spans, offsets, uris
-
-
-def _load(uri: str) -> np.lib.npyio.NpzFile:
-    with fsspec.open(uri, "rb") as f:
-        return np.load(io.BytesIO(f.read()))
-
-
-class Published:
-    """The published records' dHashes in a banded index, as each Beam worker holds them (once a process)."""
-
-    def __init__(self, uri: str, bits: int):
-        arrays = _load(uri)
-        self.splits = arrays["splits"]
-        self.index = BandedIndex(arrays["hashes"], bits)
-
-    def match(self, dhash: str, mirror: str) -> dict | None:
-        """The nearest published record to the picture or its mirror image: row, split, distance, mirrored."""
-        best = None
-        for value, mirrored in ((dhash, False), (mirror, True)):
-            found = self.index.nearest(int(value, 16))
-            if found and (best is None or found[1] < best[1]):
-                best = (*found, mirrored)
-        if best is None:
-            return None
-        row, apart, mirrored = best
-        return {"row": row, "split": SPLITS[int(self.splits[row])], "distance": apart, "mirrored": mirrored}
 
 
 @dataclass
@@ -231,7 +191,7 @@ class _Names:
 
     def _get(self):
         if self.arrays is None:
-            arrays = _load(self.file)
+            arrays = load_staged(self.file)
             self.arrays = {key: arrays[key] for key in ("spans", "offsets", "uris")}
         return self.arrays
 

@@ -27,7 +27,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_jobs import image_pool
 from beam_jobs.debris import STAGED_DEAD_LETTERS, STAGED_SHARDS, STAGED_SIGNATURES
-from beam_jobs.near_copies import Published
+from beam_jobs.near_lookup import Published
 from beam_jobs.records import MB, Conversion, Converter
 from beam_jobs.shards import RollingShards
 from components.common.files import join, write_json, write_text

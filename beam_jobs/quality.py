@@ -13,10 +13,12 @@ import collections
 import math
 import posixpath
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from components.contracts.results import QualityFinding
+if TYPE_CHECKING:  # the driver's: the image workers judge images without pydantic's 0.15 s
+    from components.contracts.results import QualityFinding
 
 EXAMPLES, FOLDERS = 5, 5
 # The dead-letter reason of each issue begins with its word (beam_jobs/ingest.py reads them back).
@@ -96,6 +98,7 @@ def settle_odd_sizes(kept: list[dict], rules: Rules) -> list[tuple[dict, str]]:
 def findings(kept: list[dict]) -> list[QualityFinding]:
     """The reported issues of the span's records: count, the first URIs, and the fullest folders. A span
     of nothing but grayscale images (scans, digits) is a grayscale dataset, not one with an issue."""
+    from components.contracts.results import QualityFinding
     by_issue: dict[str, list[str]] = collections.defaultdict(list)
     for signature in sorted(kept, key=lambda s: s["uri"]):
         for issue in signature.get("issues", ()):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from beam_jobs import quality
 from beam_jobs.local import NotRegularFile, open_source
-from beam_jobs.near_copies import NearRules, Published
+from beam_jobs.near_lookup import NearRules, Published
 from beam_jobs.quality import Rules
 from beam_jobs.shards import unit
 from components.common.images import Limits, Rejected, normalize

@@ -140,7 +140,8 @@ def time_stages(files: list[Path], folder: Path) -> tuple[dict, list[dict]]:
 
 def _driver_stages(clock: Clock, signatures: list[dict], labels: list[str]) -> None:
     """What the driver does per record after the job: near-copies among the arrival, statistics."""
-    from beam_jobs.near_copies import NearRules, arrange
+    from beam_jobs.near_copies import arrange
+    from beam_jobs.near_lookup import NearRules
     from beam_jobs.statistics import statistics as span_statistics
 
     kept = [dict(s) for s in signatures]

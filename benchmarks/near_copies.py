@@ -28,7 +28,8 @@ import numpy as np
 import psutil
 
 from beam_jobs.duplicates import find
-from beam_jobs.near_copies import NearRules, Published, arrange, stage_published
+from beam_jobs.near_copies import arrange, stage_published
+from beam_jobs.near_lookup import NearRules, Published
 from beam_jobs.shards import RecordFile, rearrange
 from benchmarks.duplicates import arrival, build_root
 from components.contracts.layout import Root

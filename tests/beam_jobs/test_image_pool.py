@@ -1,5 +1,8 @@
 """Conversion on worker processes gives the spans, dead letters and content index that Beam's threads give."""
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +14,8 @@ from components.contracts import schema
 from components.contracts.layout import MANIFEST, Root
 from tests.beam_jobs import images
 from tests.beam_jobs.test_ingest import dead_letters, ingest, records
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _spans(source, later, root, capsys):
@@ -106,3 +111,10 @@ def test_a_batch_converted_ahead_that_fails_fails_each_claim(tmp_path):
             pool.claim(source).result()
     finally:
         pool.close(wait=False)
+
+
+def test_a_worker_process_starts_without_beam_tensorflow_or_the_result_models():
+    """What it imports is what each of them costs at every start, while the driver loads Beam."""
+    loaded = subprocess.run([sys.executable, "-c", "import sys, beam_jobs.image_pool; print(' '.join(sys.modules))"],
+                            capture_output=True, text=True, check=True, cwd=REPO).stdout.split()
+    assert not {"apache_beam", "tensorflow", "pydantic", "components.contracts.results"} & set(loaded)
