@@ -5,7 +5,7 @@ joins that image's split, so eval never scores a picture training has seen in an
     driver, before the job: every published record's dHash and split, from the spans' content
             indexes (checked, rebuilt where broken: components/common/trusted_index.py), staged as one file
     Beam, in Normalize:     each new image looks its dHash and its mirror's up in a banded index of
-            them (components/common/near_index.py) and is written straight into its original's split
+            them (beam_jobs/near_lookup.py) and is written straight into its original's split
     driver, after the job:  images of the same arrival can only be compared once all are signed: each,
             in URI order, follows the nearest earlier one that is a copy of none; a record that changes
             split is moved between staged shards (beam_jobs/shards.py), the one copy the job pays for it
