@@ -83,9 +83,11 @@ def arrange(kept: list[dict], rules: NearRules, published: str | None) -> Arrang
     index = BandedIndex(as_numbers([s["dhash"] for s in records]), rules.bits, usable)
     names, result, found_copies, examples = _Names(published), Arrangement(), 0, []
     # Every record's candidates, for its picture and its mirror image, found for all records at once:
-    # the loop below, which must go in URI order, only picks among them.
+    # the loop below, which must go in URI order, only picks among them, and only among the records before
+    # it (no later one is an original yet), so the others are never sorted or scanned.
     mirrors = [s.get("mirror") or s["dhash"] for s in records]
-    candidates = index.pairs(np.concatenate([index.hashes, as_numbers(mirrors)]))
+    earlier = np.arange(len(records))
+    candidates = index.pairs(np.concatenate([index.hashes, as_numbers(mirrors)]), before=np.concatenate([earlier, earlier]))
     originals = [False] * len(records)  # read once per candidate below: a list answers faster than an array
     for i, record in enumerate(records):
         found = (candidates.of(i), candidates.of(len(records) + i))

@@ -66,11 +66,13 @@ class BandedIndex:
         keep = apart <= self.bits
         return candidates[keep], apart[keep]
 
-    def pairs(self, values: np.ndarray, budget: int = 1 << 21) -> Pairs:
+    def pairs(self, values: np.ndarray, budget: int = 1 << 21, before: np.ndarray | None = None) -> Pairs:
         """Every usable row within `bits` of each of `values` (uint64): what `within` finds, for all the
-        queries in a few vectorised passes. Queries are taken in chunks of about `budget` band matches, so
-        memory stays bounded however alike they are."""
+        queries in a few vectorised passes; with `before`, only the rows below before[q] for query q (those
+        that came earlier). Queries are taken in chunks of about `budget` band matches, so memory stays
+        bounded however alike they are."""
         values = np.asarray(values, dtype=np.uint64)
+        before = np.full(len(values), len(self.hashes)) if before is None else np.asarray(before, dtype=np.int64)
         if not len(values) or not self.bands:
             return Pairs([0] * (len(values) + 1), [], [])
         spans = [(np.searchsorted(keys, wanted, "left"), np.searchsorted(keys, wanted, "right"))
@@ -79,7 +81,7 @@ class BandedIndex:
         chunks, start = [], 0
         while start < len(values):
             end = max(start + 1, int(np.searchsorted(matches, (matches[start - 1] if start else 0) + budget, "right")))
-            chunks.append(self._chunk(values, spans, start, min(end, len(values))))
+            chunks.append(self._chunk(values, before, spans, start, min(end, len(values))))
             start = end
         query, row, apart = (np.concatenate(parts) for parts in zip(*chunks))
         offsets = np.searchsorted(query, np.arange(len(values) + 1))
@@ -89,7 +91,7 @@ class BandedIndex:
         shift, width, keys, _ = band
         return ((values >> np.uint64(shift)) & np.uint64((1 << width) - 1)).astype(keys.dtype)
 
-    def _chunk(self, values, spans, start: int, end: int):
+    def _chunk(self, values, before, spans, start: int, end: int):
         """(query, row, distance) of queries start..end-1, once each across bands, by query, distance, row."""
         queries, rows = [], []
         for (low, high), (_, _, _, band_rows) in zip(spans, self.bands):
@@ -100,7 +102,7 @@ class BandedIndex:
             rows.append(band_rows[np.repeat(low, counts) + offsets].astype(np.int64))
         query, row = np.concatenate(queries), np.concatenate(rows)
         apart = np.bitwise_count(self.hashes[row] ^ values[query]).astype(np.int64)
-        keep = apart <= self.bits  # most band matches are farther: drop them before sorting
+        keep = (apart <= self.bits) & (row < before[query])  # most band matches are farther: dropped before sorting
         # One int64 key sorts by query, distance, row; a pair found in several bands repeats its key.
         width = len(self.hashes) + 1
         key = np.sort((query[keep] * (self.bits + 1) + apart[keep]) * width + row[keep])

@@ -41,3 +41,7 @@ def test_all_pairs_at_once_are_what_each_lookup_finds_nearest_first(bits, budget
         assert list(found.of(q)) == list(zip(rows[order].tolist(), distances[order].tolist()))
     assert list(BandedIndex(hashes[:0], bits).pairs(queries[:3]).of(2)) == []
     assert index.pairs(queries[:0]).offsets == [0]
+    before = rng.integers(0, 1600, len(queries))  # each query's own bound: none, all and rows between
+    bounded = index.pairs(queries, budget, before)
+    for q in range(len(queries)):
+        assert list(bounded.of(q)) == [(row, apart) for row, apart in found.of(q) if row < before[q]]
