@@ -43,20 +43,25 @@ _lock = threading.Lock()
 
 def processes_for(images: int, pipeline_args: list[str]) -> int:
     """How many worker processes convert an arrival of `images` under Beam's `pipeline_args`: one a core
-    when the runner runs the job on this process's threads (DirectRunner, but for its multi_processing
-    mode), the case where they pay; 0 to convert in Beam's own workers. Read from the arguments as Beam
-    parses them, without importing Beam, so the processes start while Beam loads."""
+    when the runner runs the job on this process's threads, the case where they pay; 0 to convert in
+    Beam's own workers."""
+    cores = os.cpu_count() or 1
+    return cores if on_threads(pipeline_args) and cores > 1 and images >= POOL_FROM else 0
+
+
+def on_threads(pipeline_args: list[str]) -> bool:
+    """Whether the runner runs the job on this process's threads (DirectRunner, but for its multi_processing
+    mode). Read from the arguments as Beam parses them, without importing Beam, so the processes start
+    while Beam loads."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
     parser.add_argument("--runner", default="DirectRunner")
     parser.add_argument("--direct_running_mode", default="multi_threading")
     try:
         given, _ = parser.parse_known_args(pipeline_args)
     except argparse.ArgumentError:
-        return 0  # `--runner` with no value: Beam says what is wrong with it
+        return False  # `--runner` with no value: Beam says what is wrong with it
     runner = given.runner.lower().removesuffix("runner")
-    threads = runner in ("direct", "bundlebaseddirect", "switchingdirect") and given.direct_running_mode != "multi_processing"
-    cores = os.cpu_count() or 1
-    return cores if threads and cores > 1 and images >= POOL_FROM else 0
+    return runner in ("direct", "bundlebaseddirect", "switchingdirect") and given.direct_running_mode != "multi_processing"
 
 
 class WorkerFailed(RuntimeError):

@@ -118,3 +118,18 @@ def test_a_worker_process_starts_without_beam_tensorflow_or_the_result_models():
     loaded = subprocess.run([sys.executable, "-c", "import sys, beam_jobs.image_pool; print(' '.join(sys.modules))"],
                             capture_output=True, text=True, check=True, cwd=REPO).stdout.split()
     assert not {"apache_beam", "tensorflow", "pydantic", "components.contracts.results"} & set(loaded)
+
+
+def test_a_job_on_threads_loads_beam_without_its_cloud_clients_and_they_still_import_later(tmp_path):
+    """Beam's `io` imports BigQuery's, Pub/Sub's and GCS' clients when installed; a job on this process's
+    threads needs none, and what imports them afterwards (another runner in the same process) still can."""
+    for label in ("a", "b"):
+        (tmp_path / "source" / label).mkdir(parents=True)
+        for i, picture in enumerate(images.photo_crops(2)):
+            (tmp_path / "source" / label / f"{i}.png").write_bytes(images.encode(picture, "PNG"))
+    script = ("import sys; from beam_jobs.ingest import run; code = run(sys.argv[1:]); "
+              "loaded = 'google.cloud.bigquery' in sys.modules; import apache_beam.io.gcp.bigquery; "
+              "print(code, loaded, 'google.cloud.bigquery' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "source"), "--root", str(tmp_path / "root")],
+                         capture_output=True, text=True, check=True, cwd=REPO).stdout.split()
+    assert out[-3:] == ["0", "False", "True"]
