@@ -175,7 +175,9 @@ def rearrange(shards: list[dict], dropped: list[dict], moved: list[dict], compre
     moving: dict[str, dict[int, str]] = {}
     for signature in moved:
         moving.setdefault(signature["file"], {})[signature["index"]] = signature["split"]
-    kept = [shard for shard in shards if shard["file"] not in gone and shard["file"] not in moving]
+    kept, touched = [], []
+    for shard in shards:
+        (touched if shard["file"] in gone or shard["file"] in moving else kept).append(shard)
     elsewhere = RollingShards(folder, max_bytes, compression) if moved else None
 
     def take(settled: Future) -> None:
@@ -186,10 +188,9 @@ def rearrange(shards: list[dict], dropped: list[dict], moved: list[dict], compre
 
     pending: deque[Future] = deque()
     with ThreadPoolExecutor(THREADS) as pool:
-        for shard in shards:
-            if shard["file"] in gone or shard["file"] in moving:
-                pending.append(pool.submit(_settle, shard, gone.get(shard["file"], set()),
-                                           moving.get(shard["file"], {}), compression))
+        for shard in touched:
+            pending.append(pool.submit(_settle, shard, gone.get(shard["file"], set()), moving.get(shard["file"], {}),
+                                       compression))
             if len(pending) > THREADS:
                 take(pending.popleft())
         while pending:
