@@ -72,7 +72,6 @@ class BandedIndex:
         that came earlier). Queries are taken in chunks of about `budget` band matches, so memory stays
         bounded however alike they are."""
         values = np.asarray(values, dtype=np.uint64)
-        before = np.full(len(values), len(self.hashes)) if before is None else np.asarray(before, dtype=np.int64)
         if not len(values) or not self.bands:
             return Pairs([0] * (len(values) + 1), [], [])
         spans = [(np.searchsorted(keys, wanted, "left"), np.searchsorted(keys, wanted, "right"))
@@ -102,7 +101,9 @@ class BandedIndex:
             rows.append(band_rows[np.repeat(low, counts) + offsets].astype(np.int64))
         query, row = np.concatenate(queries), np.concatenate(rows)
         apart = np.bitwise_count(self.hashes[row] ^ values[query]).astype(np.int64)
-        keep = (apart <= self.bits) & (row < before[query])  # most band matches are farther: dropped before sorting
+        keep = apart <= self.bits  # most band matches are farther: drop them before sorting
+        if before is not None:
+            keep &= row < before[query]
         # One int64 key sorts by query, distance, row; a pair found in several bands repeats its key.
         width = len(self.hashes) + 1
         key = np.sort((query[keep] * (self.bits + 1) + apart[keep]) * width + row[keep])
