@@ -11,10 +11,11 @@ Object stores have no locks. There the lease is an object created only if absent
 `If-None-Match: *`, GCS `ifGenerationMatch=0`) and rewritten every TTL/4 by its holder only if
 unchanged (S3 `If-Match: <ETag>`, GCS `ifGenerationMatch=<generation>`). Once it has gone TTL
 without renewal, the next writer takes it over with the same kind of conditional write, so a holder
-that died blocks the others for at most TTL. Its age is read on the store's clock on S3 (last
-modified against the response's Date), on the local clock against the object's update time on GCS.
-A holder that cannot renew for TTL/2 (a frozen VM, a store that is away) counts its lease as lost:
-`check()` refuses, and the work publishes nothing.
+that died blocks the others for at most TTL and a second. Its age is read on the store's clock on S3
+(last modified against the response's Date, both in whole seconds, so counted a second younger), on
+the local clock against the object's update time on GCS. A holder that cannot renew for TTL/2 (a
+frozen VM, a store that is away), counted from when it sent its last renewal, counts its lease as
+lost: `check()` refuses, and the work publishes nothing.
 """
 from __future__ import annotations
 
@@ -132,6 +133,7 @@ class _ObjectLease:
 
     def acquire(self) -> None:
         for _ in range(3):  # the lease may be released or taken by another between two requests
+            sent = time.monotonic()  # the store dates the lease no earlier than this
             tag = self.store.create(self.body, self.meta)
             if tag is None:
                 found = self.store.read()
@@ -146,7 +148,7 @@ class _ObjectLease:
                 tag = self.store.replace(self.body, self.meta, current)  # lapsed: take it over
                 if tag is None:
                     continue
-            self.tag, self.renewed = tag, time.monotonic()
+            self.tag, self.renewed = tag, sent
             self.thread = threading.Thread(target=self._renew, name=f"lease {self.uri}", daemon=True)
             self.thread.start()
             return
@@ -154,6 +156,7 @@ class _ObjectLease:
 
     def _renew(self) -> None:
         while not self.stop.wait(self.ttl / 4):
+            sent = time.monotonic()
             try:
                 tag = self.store.replace(self.body, self.meta, self.tag)
             except Exception:  # the store is briefly away: try again; check() decides when it is too long
@@ -161,7 +164,7 @@ class _ObjectLease:
             if tag is None:
                 self.lost = "another writer took it over"
                 return
-            self.tag, self.renewed = tag, time.monotonic()
+            self.tag, self.renewed = tag, sent
 
     def check(self) -> None:
         unrenewed = time.monotonic() - self.renewed
@@ -205,7 +208,10 @@ class _S3:
         except FileNotFoundError:
             return None
         now = parsedate_to_datetime(head["ResponseMetadata"]["HTTPHeaders"]["date"])
-        return head.get("Metadata", {}), head["ETag"], (now - head["LastModified"]).total_seconds()
+        # Both dates are HTTP dates, in whole seconds (RFC 9110 5.6.7): the lease may be up to a
+        # second younger than their difference, never older, so it is counted a second younger.
+        age = (now - head["LastModified"]).total_seconds() - 1.0
+        return head.get("Metadata", {}), head["ETag"], max(age, 0.0)
 
     def delete(self, tag: str) -> None:
         try:

@@ -89,6 +89,20 @@ def test_a_live_lease_is_renewed_and_a_dead_one_lapses(s3_bucket):
         held.check()
 
 
+def test_a_lease_written_just_before_a_whole_second_is_not_lapsed_just_after_it(s3_bucket):
+    """S3 dates a lease and its reply in whole seconds: 0.1 s apart can read as a second."""
+    uri = f"s3://{s3_bucket}/lease"
+    fs = fsspec.filesystem("s3")
+    for _ in range(3):  # three boundaries, so one unlucky scheduling cannot hide a lapse
+        time.sleep((0.92 - time.time()) % 1)  # until 0.08 s before a whole second
+        fs.call_s3("put_object", Bucket=s3_bucket, Key="lease", Body=b"{}",
+                   Metadata={"holder": "alive pid 3", "ttl": "1"})
+        time.sleep((0.05 - time.time()) % 1)  # until just past it
+        with pytest.raises(LeaseHeld, match="alive pid 3"):
+            with exclusive(uri, "too soon"):
+                pass
+
+
 def test_a_holder_whose_lease_was_taken_over_learns_it_and_leaves_the_new_one(s3_bucket):
     uri = f"s3://{s3_bucket}/lease"
     fs = fsspec.filesystem("s3")
