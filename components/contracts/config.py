@@ -255,7 +255,7 @@ class TrainConfig(BaseModel):
 
 
 class GateConfig(BaseModel):
-    """The gate: TFMA on the run's eval split, against the newest served version, plus a serving check."""
+    """The gate: TFMA on the eval split of every checked span, against the newest served version, plus a serving check."""
 
     model_config = SETTINGS_CONFIG
 

@@ -357,7 +357,7 @@ class GateResult(Result):
     thresholds: Thresholds
     serving_check: dict  # components/gate/serving_check.py's report
     labels: list[str]
-    spans: list[int]
+    spans: list[int]  # the spans whose eval records it was gated on: every span the data check lets in
     tfma_uri: str
     tfma_validation_ok: bool
     confusion_matrix_uri: str

@@ -1,7 +1,7 @@
 """`python -m components.gate --root ROOT --run-id ID`: the gate between training and serving.
 
-TensorFlow Model Analysis evaluates the candidate on the eval split of the spans it trained on,
-through its tf.Example signature: accuracy, top-k accuracy, accuracy per class (a slice per label)
+TensorFlow Model Analysis evaluates the candidate on the eval split of every span the data check lets in
+(evalset.py), through its tf.Example signature: accuracy, top-k accuracy, accuracy per class (a slice per label)
 and the confusion matrix. The newest version in ROOT/models/<name>/ is evaluated on the same
 records as the baseline. A floor on accuracy (default: beat the share of the most common class, so a
 model that learned nothing is never blessed) is given to TFMA. The comparison with the served
@@ -42,6 +42,7 @@ from components.contracts.results import GateResult, ResultError, TrainMetrics
 from components.contracts.run_config import GateSettings
 from components.gate import records, rule
 from components.gate.decision import Decision, Floor, collapse, decide
+from components.gate.evalset import eval_spans
 from components.gate.labelset import known_classes, label_set_reasons
 from components.gate.shards import named_corruption
 from components.gate.tfma import eval_config_for, label_name, read_tfma, run_tfma
@@ -120,14 +121,16 @@ def gather(config: GateSettings) -> GateInputs:
     candidate = run.candidate
     if not exists(join(candidate, SAVED_MODEL)):
         raise GateError(f"run {config.run_id} has no candidate SavedModel at {candidate}")
-    labels, spans = trained.labels, trained.spans
-    try:
+    labels = trained.labels
+    try:  # every checked span's eval records, not only those training read (evalset.py)
+        spans, left_out = eval_spans(root, trained.spans, labels)
         shards = root.shards("eval", spans)
     except SpanNotChecked as exc:  # held back since the run trained on it: its records are no evidence
         raise GateError(f"run {config.run_id} trained on a span the data check does not let in now: {exc}; "
                         "or train again without it") from None
     if not sum(s.records for s in shards):
-        raise GateError(f"spans {spans} of run {config.run_id} have no eval records to gate on")
+        raise GateError(f"spans {spans}, those the data check lets in, have no eval records to gate "
+                        f"run {config.run_id} on")
     shards, staged = _staged(config, shards)
 
     with named_corruption(shards, GateError):
@@ -139,7 +142,7 @@ def gather(config: GateSettings) -> GateInputs:
                       warm_images=warm_images, majority_rate=majority_rate,
                       floor=_floor(config.min_accuracy, majority_count, sum(counts.values()),
                                    label_name(labels, majority_id)),
-                      served=dataclasses.replace(served, notes=served.notes + staged),
+                      served=dataclasses.replace(served, notes=served.notes + left_out + staged),
                       top_k=min(config.top_k, len(labels)))
 
 
