@@ -270,7 +270,12 @@ class GateConfig(BaseModel):
                                 "difference (both models on the same eval records) lies wholly beyond it, also against "
                                 "the best retained version; point: compare the two accuracies as they are")
     confidence: float = Field(0.95, gt=0.5, lt=1.0, description="confidence of the paired interval of the difference "
-                                                                "(decision evidence); McNemar's p-value is reported beside it")
+                                                                "(decision evidence); McNemar's p-value is reported beside it; "
+                                                                "1 - confidence is the per-class rule's level")
+    per_class: bool = Field(
+        True, description="also refuse a candidate that answers one class worse than the served version with "
+                          "evidence (McNemar's exact one-sided test per class, Holm's correction over the classes, at "
+                          "level 1 - confidence) by more than max_regression, under either decision")
     top_k: int = Field(5, gt=0, description="k of the top-k accuracy (capped at the number of classes)")
     warmup_images: int = Field(8, gt=0, le=256, description="real eval images in TF Serving's warm-up requests")
 

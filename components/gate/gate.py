@@ -10,7 +10,8 @@ version is paired: both models answer the same records, one by one (records.py),
 the difference lies below -max_regression, against the newest served version or the retained version
 most accurate on these records; --decision point compares the two accuracies as they are (TFMA then
 holds the same change threshold). When the candidate knows classes the served version does not
-(labels are append-only, so they come last), the two are compared on the classes both know.
+(labels are append-only, so they come last), the two are compared on the classes both know. Class by
+class, a fall below the served version with evidence refuses (forgetting.py), under either decision.
 A candidate that lacks a class the served version answers, or holds them in another order, is
 refused whatever its accuracy (labelset.py: its own labels against the served version's lineage).
 A fresh process then checks the serving contract with the warm-up requests the push will ship.
@@ -105,7 +106,8 @@ def gate(config: GateSettings) -> dict:
                    eval_label_counts={label_name(inputs.labels, k): v for k, v in sorted(inputs.counts.items())})
     decision = decide(metrics, results.get("baseline"), inputs.served.version, inputs.served.shared, inputs.floor,
                       config.max_regression, serving, results["validation_ok"], results["validation_failures"],
-                      rule.Evidence(config.decision, config.confidence, results["pairs"]),
+                      rule.Evidence(config.decision, config.confidence, results["pairs"],
+                                    inputs.labels if config.per_class else None),
                       label_reasons=inputs.served.refusals)
     return write(config, inputs, metrics, results, serving, decision)
 
