@@ -23,6 +23,7 @@ a small class. Pure: class ids and correctness in, a table and words out.
 """
 from __future__ import annotations
 
+import collections
 from collections.abc import Sequence
 
 from components.gate import evidence as stats
@@ -37,19 +38,15 @@ def compare(labels: Sequence[int], candidate: Sequence[bool], served: Sequence[b
     """gate.json's `comparison.per_class`: one row per class with eval records, in class-id order."""
     if not len(labels) == len(candidate) == len(served):
         raise ValueError(f"per-record lists differ in length: {len(labels)}, {len(candidate)} and {len(served)}")
-    counts: dict[int, list[int]] = {}  # class id -> [records, candidate right, served right, b, c]
-    for label, mine, theirs in zip(labels, map(bool, candidate), map(bool, served)):
-        row = counts.setdefault(int(label), [0, 0, 0, 0, 0])
-        row[0] += 1
-        row[1] += mine
-        row[2] += theirs
-        row[3] += mine and not theirs
-        row[4] += theirs and not mine
-    ids = sorted(counts)
-    p_values = [stats.mcnemar_exact_worse(counts[k][3], counts[k][4]) for k in ids]
+    # (class id, candidate right, served right) -> records; per class, a b c d as in evidence.discordant
+    tally = collections.Counter(zip(map(int, labels), map(bool, candidate), map(bool, served)))
+    ids = sorted({k for k, _, _ in tally})
+    cells = {k: (tally[k, True, True], tally[k, True, False], tally[k, False, True], tally[k, False, False]) for k in ids}
+    p_values = [stats.mcnemar_exact_worse(cells[k][1], cells[k][2]) for k in ids]
     rows = []
     for k, p_value, (rejected, threshold) in zip(ids, p_values, stats.holm(p_values, level)):
-        n, right, baseline_right, b, c = counts[k]
+        a, b, c, d = cells[k]
+        n, right, baseline_right = a + b + c + d, a + b, a + c
         fell = (baseline_right - right) / n > max_regression + EPSILON
         rows.append({"label": classes[k], "example_count": n, "right": right, "baseline_right": baseline_right,
                      "discordant": [b, c], "p_value": p_value, "threshold": threshold,

@@ -17,7 +17,7 @@ EPSILON = 1e-12
 @dataclasses.dataclass(frozen=True)
 class Evidence:
     """Per-record correctness for the paired comparison, and the rule that weighs it."""
-    decision: str  # "evidence" or "point" (the comparison is then recorded, not used)
+    decision: str  # "evidence" or "point" (the overall comparison is then recorded, not used; the per-class rule holds)
     confidence: float
     pairs: dict  # served version -> (candidate right, version right, class id) lists, on the records both know
     classes: list[str] | None = None  # class names by id: the per-class rule's (forgetting.py); None: off
