@@ -165,12 +165,18 @@ class DataCheckConfig(BaseModel):
 
     model_config = SETTINGS_CONFIG
 
-    # 0.25: spans are often a few hundred records, where a class's share moves by a few points from
-    # sampling alone (one standard error is 0.05 at 100 records and a share of 0.5); a quarter of the
-    # records changing class is a different mix, not noise. TFDV's comparator takes any threshold.
+    # 0.125: spans are often a few hundred records, where a class's share moves by a few points from
+    # sampling alone (one standard error is 0.05 at 100 records and a share of 0.5); an eighth of the records
+    # changing class is a change of mix worth a look. A look, not a quarantine: arrivals are rarely
+    # stratified (components/datacheck/mix.py). TFDV's comparator takes any threshold.
     max_label_drift: float = Field(
-        0.25, gt=0, le=1, description="quarantine the span when a class's share of its records differs from the "
-        "history's by more than this (L-infinity, as TFDV's drift comparator); over half of it warns")
+        0.125, gt=0, le=1, description="warn when a class's share of the span's records differs from the history's "
+        "by more than this (L-infinity, as TFDV's drift comparator); a change of mix alone never quarantines")
+    # 3: one arrival without a class is a skewed night (one line, one camera), two can be a weekend;
+    # a third in a row, each large enough to have shown the class, is a feed that stopped.
+    vanished_after: int = Field(
+        3, ge=1, description="quarantine the span when a class of the history has been missing, each time beyond "
+        "chance, from this many arrivals in a row, the span's included (a feed that died); fewer warn")
     max_same_image_share: float = Field(
         0.2, gt=0, le=1, description="quarantine the span when more than this share of its records share one "
         "dHash (a flood of near-identical frames)")
