@@ -167,19 +167,24 @@ def _floor(min_accuracy: float | None, majority_count: int, total: int, majority
 
 
 def _served(repo: Repository, labels: list[str]) -> Served:
-    """The served version to compare with: on every class, on the classes both know, or refused."""
-    version = repo.newest()
+    """The served version to compare with: on every class, on the classes both know, or refused. It is
+    the newest version TF Serving serves once the next push has set strangers aside (repository.py)."""
+    found = repo.survey()
+    version = found.versions[-1] if found.versions else None
+    ignored = [f"{join(repo.uri, name)} is not compared with ({why}); the next push sets it aside"
+               for name, why in found.strangers.items()]
     if version is None:
-        return Served(None, None, None, ["no served version yet: only the accuracy floor applies"])
-    lineages = {v: repo.lineage(v) for v in repo.versions()}
+        return Served(None, None, None, ignored + ["no served version yet: only the accuracy floor applies"])
+    lineages = {v: repo.lineage(v) for v in found.versions}
     known = {v: known_classes(lineage.labels if lineage else None, labels) for v, lineage in lineages.items()}
     retained = {v: (repo.version_uri(v), len(classes)) for v, classes in known.items() if classes is not None}
     served_labels = known[version]
     if served_labels is None:
-        return Served(version, None, None, [], refusals=label_set_reasons(lineages[version].labels, labels, version))
+        return Served(version, None, None, ignored,
+                      refusals=label_set_reasons(lineages[version].labels, labels, version))
     if served_labels == list(labels):
-        return Served(version, repo.version_uri(version), None, [], retained)
-    return Served(version, repo.version_uri(version), served_labels, [
+        return Served(version, repo.version_uri(version), None, ignored, retained)
+    return Served(version, repo.version_uri(version), served_labels, ignored + [
         f"the label set grew (served version {version} knows {len(served_labels)} classes, the "
         f"candidate added {', '.join(labels[len(served_labels):])}): compared on the {len(served_labels)} "
         "classes both know"], retained)
