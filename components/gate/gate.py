@@ -32,7 +32,8 @@ import tempfile
 from components.common import clock, plots, processes
 from components.common.files import check_writable, exists, filesystem, join, remove, write_text
 from components.common.local_copies import UnsafeKey
-from components.common.repository import SAVED_MODEL, Repository, RepositoryError
+from components.common.model_folders import SAVED_MODEL
+from components.common.repository import Repository, RepositoryError
 from components.common.shard_cache import CacheError, ShardCache
 from components.common.store_errors import on_root
 from components.common.tf_files import local_copy, push, tf_reads
@@ -43,11 +44,13 @@ from components.contracts.run_config import GateSettings
 from components.gate import records, rule
 from components.gate.decision import Decision, Floor, collapse, decide
 from components.gate.labelset import known_classes, label_set_reasons
+from components.gate.loading import named_unloadable
 from components.gate.shards import named_corruption
 from components.gate.tfma import eval_config_for, label_name, read_tfma, run_tfma
 
 # Loading the model, replaying the warm-up and, when there is one, starting the real server.
 SERVING_CHECK_SECONDS = 15 * 60
+DAMAGED_VERSION = "restore it, or take it out of serving (`stoke rollback` takes the newest), then gate again"
 
 
 class GateError(Exception):
@@ -202,16 +205,20 @@ def evaluate(config: GateSettings, inputs: GateInputs) -> tuple[dict, dict]:
         models = {"candidate": local_copy(inputs.candidate, scratch, "candidate")}
         if served.uri:
             models["baseline"] = local_copy(served.uri, scratch, "baseline")
+        versions = {version: (models["baseline"] if version == served.version else
+                              local_copy(uri, scratch, f"version-{version}"), known)
+                    for version, (uri, known) in served.retained.items()} if served.uri else {}
+        suspects = {f"the candidate ({inputs.candidate})": (models["candidate"], "train again")}
+        for version, (path, _) in versions.items():
+            which = "served" if version == served.version else "retained"
+            suspects[f"the {which} version {version} ({served.retained[version][0]})"] = (path, DAMAGED_VERSION)
         # TFMA writes and reads its output through TensorFlow's file systems too.
         output = run.tfma if tf_reads(run.tfma) else os.path.join(scratch, "tfma")
-        with named_corruption(inputs.shards, GateError):
+        with named_unloadable(suspects, GateError), named_corruption(inputs.shards, GateError):
             run_tfma(eval_config, models, inputs.shards, output)
             results = read_tfma(output, inputs.labels, inputs.top_k)
             if output != run.tfma:
                 push(output, run.tfma)
-            versions = {version: (models["baseline"] if version == served.version else
-                                  local_copy(uri, scratch, f"version-{version}"), known)
-                        for version, (uri, known) in served.retained.items()} if served.uri else {}
             results["pairs"] = records.pairs(models["candidate"], versions, inputs.shards) if versions else {}
 
         _write_warmup(run.warmup, inputs.warm_images, config.model_name)
