@@ -147,6 +147,15 @@ class ServingLabels(Result):
     canary: int
 
 
+class SetAside(Result):
+    """A child of the model repository that TF Serving would take for a version and Stoke does not,
+    renamed out of TF Serving's sight (components/common/model_folders.py)."""
+
+    name: str
+    moved_to: str
+    reason: str
+
+
 class PushSummary(Summary):
     """Push: a new version (`pushed`); a run pushed before (`already_pushed`, `message`); or a refusal (`error`)."""
 
@@ -165,6 +174,7 @@ class PushSummary(Summary):
     versions: list[int] | None = None
     retired: list[int] | None = None
     cleaned_partial: list[str] | None = None
+    set_aside: list[SetAside] | None = None
     serving_image: str | None = None
     trained_tensorflow: str | None = None
     labels: ServingLabels | None = None

@@ -33,7 +33,8 @@ import tempfile
 from components.common import clock, plots, processes
 from components.common.files import check_writable, exists, filesystem, join, remove, write_text
 from components.common.local_copies import UnsafeKey
-from components.common.repository import SAVED_MODEL, Repository, RepositoryError
+from components.common.model_folders import SAVED_MODEL
+from components.common.repository import Repository, RepositoryError
 from components.common.shard_cache import CacheError, ShardCache
 from components.common.store_errors import on_root
 from components.common.tf_files import local_copy, push, tf_reads
@@ -45,11 +46,13 @@ from components.gate import records, rule
 from components.gate.decision import Decision, Floor, collapse, decide
 from components.gate.evalset import eval_spans
 from components.gate.labelset import known_classes, label_set_reasons
+from components.gate.loading import named_unloadable
 from components.gate.shards import named_corruption
 from components.gate.tfma import eval_config_for, label_name, read_tfma, run_tfma
 
 # Loading the model, replaying the warm-up and, when there is one, starting the real server.
 SERVING_CHECK_SECONDS = 15 * 60
+DAMAGED_VERSION = "restore it, or take it out of serving (`stoke rollback` takes the newest), then gate again"
 
 
 class GateError(Exception):
@@ -172,19 +175,24 @@ def _floor(min_accuracy: float | None, majority_count: int, total: int, majority
 
 
 def _served(repo: Repository, labels: list[str]) -> Served:
-    """The served version to compare with: on every class, on the classes both know, or refused."""
-    version = repo.newest()
+    """The served version to compare with: on every class, on the classes both know, or refused. It is
+    the newest version TF Serving serves once the next push has set strangers aside (repository.py)."""
+    found = repo.survey()
+    version = found.versions[-1] if found.versions else None
+    ignored = [f"{join(repo.uri, name)} is not compared with ({why}); the next push sets it aside"
+               for name, why in found.strangers.items()]
     if version is None:
-        return Served(None, None, None, ["no served version yet: only the accuracy floor applies"])
-    lineages = {v: repo.lineage(v) for v in repo.versions()}
+        return Served(None, None, None, ignored + ["no served version yet: only the accuracy floor applies"])
+    lineages = {v: repo.lineage(v) for v in found.versions}
     known = {v: known_classes(lineage.labels if lineage else None, labels) for v, lineage in lineages.items()}
     retained = {v: (repo.version_uri(v), len(classes)) for v, classes in known.items() if classes is not None}
     served_labels = known[version]
     if served_labels is None:
-        return Served(version, None, None, [], refusals=label_set_reasons(lineages[version].labels, labels, version))
+        return Served(version, None, None, ignored,
+                      refusals=label_set_reasons(lineages[version].labels, labels, version))
     if served_labels == list(labels):
-        return Served(version, repo.version_uri(version), None, [], retained)
-    return Served(version, repo.version_uri(version), served_labels, [
+        return Served(version, repo.version_uri(version), None, ignored, retained)
+    return Served(version, repo.version_uri(version), served_labels, ignored + [
         f"the label set grew (served version {version} knows {len(served_labels)} classes, the "
         f"candidate added {', '.join(labels[len(served_labels):])}): compared on the {len(served_labels)} "
         "classes both know"], retained)
@@ -202,16 +210,20 @@ def evaluate(config: GateSettings, inputs: GateInputs) -> tuple[dict, dict]:
         models = {"candidate": local_copy(inputs.candidate, scratch, "candidate")}
         if served.uri:
             models["baseline"] = local_copy(served.uri, scratch, "baseline")
+        versions = {version: (models["baseline"] if version == served.version else
+                              local_copy(uri, scratch, f"version-{version}"), known)
+                    for version, (uri, known) in served.retained.items()} if served.uri else {}
+        suspects = {f"the candidate ({inputs.candidate})": (models["candidate"], "train again")}
+        for version, (path, _) in versions.items():
+            which = "served" if version == served.version else "retained"
+            suspects[f"the {which} version {version} ({served.retained[version][0]})"] = (path, DAMAGED_VERSION)
         # TFMA writes and reads its output through TensorFlow's file systems too.
         output = run.tfma if tf_reads(run.tfma) else os.path.join(scratch, "tfma")
-        with named_corruption(inputs.shards, GateError):
+        with named_unloadable(suspects, GateError), named_corruption(inputs.shards, GateError):
             run_tfma(eval_config, models, inputs.shards, output)
             results = read_tfma(output, inputs.labels, inputs.top_k)
             if output != run.tfma:
                 push(output, run.tfma)
-            versions = {version: (models["baseline"] if version == served.version else
-                                  local_copy(uri, scratch, f"version-{version}"), known)
-                        for version, (uri, known) in served.retained.items()} if served.uri else {}
             results["pairs"] = records.pairs(models["candidate"], versions, inputs.shards) if versions else {}
 
         _write_warmup(run.warmup, inputs.warm_images, config.model_name)

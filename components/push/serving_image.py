@@ -16,7 +16,8 @@ from importlib import resources
 
 from components.common import processes
 from components.common.files import filesystem, is_local, join, write_json
-from components.common.repository import SAVED_MODEL, Repository
+from components.common.model_folders import SAVED_MODEL, SAVED_MODEL_TEXT, SERVING_FILES
+from components.common.repository import Repository
 from components.common.serving import SERVING_IMAGE, SERVING_VERSION, docker_engine
 from components.contracts.layout import Root
 
@@ -51,12 +52,20 @@ def check_server_version(trained_tf: str, serving_version: str = SERVING_VERSION
 
 
 def saved_model_tf_version(model_uri: str) -> str:
-    """The TensorFlow version recorded in a SavedModel's MetaGraphDef."""
+    """The TensorFlow version recorded in a SavedModel's MetaGraphDef, from either form TF Serving loads."""
+    from google.protobuf import message, text_format
     from tensorflow.core.protobuf import saved_model_pb2
 
     fs, path = filesystem(model_uri)
     proto = saved_model_pb2.SavedModel()
-    proto.ParseFromString(fs.cat_file(posixpath.join(path, SAVED_MODEL)))
+    binary = posixpath.join(path, SAVED_MODEL)
+    try:
+        if fs.exists(binary):
+            proto.ParseFromString(fs.cat_file(binary))
+        else:
+            text_format.Parse(fs.cat_file(posixpath.join(path, SAVED_MODEL_TEXT)).decode("utf-8", "replace"), proto)
+    except (message.DecodeError, text_format.ParseError) as error:
+        raise ServingError(f"{model_uri} holds no SavedModel TensorFlow can read ({str(error)[:200]})") from None
     return proto.meta_graphs[0].meta_info_def.tensorflow_version if proto.meta_graphs else ""
 
 
@@ -152,7 +161,7 @@ def render(root: Root | str, model_name: str) -> dict:
 
 def _mirror_versions(repo: Repository, versions: list[int], fs, target: str) -> None:
     """Makes target/<v> match the kept versions: hard links on one local disk (no second copy of
-    the weights), copies elsewhere; saved_model.pb last, as in the repository."""
+    the weights), copies elsewhere; saved_model.pb (or .pbtxt) last, as in the repository."""
     import os
 
     fs.makedirs(target, exist_ok=True)
@@ -162,10 +171,10 @@ def _mirror_versions(repo: Repository, versions: list[int], fs, target: str) -> 
         fs.rm(posixpath.join(target, name), recursive=True)
     for version in versions:
         dest = posixpath.join(target, str(version))
-        if fs.exists(posixpath.join(dest, SAVED_MODEL)):
+        if any(fs.exists(posixpath.join(dest, name)) for name in SERVING_FILES):
             continue
         source = posixpath.join(repo.path, str(version))
-        files = sorted(fs.find(source), key=lambda p: p.endswith("/" + SAVED_MODEL))
+        files = sorted(fs.find(source), key=lambda p: posixpath.relpath(p, source) in SERVING_FILES)
         for path in files:
             out = posixpath.join(dest, posixpath.relpath(path, source))
             fs.makedirs(posixpath.dirname(out), exist_ok=True)

@@ -29,7 +29,7 @@ INGEST_KEYS = {"published", "span", "span_uri", "counts", "new_sources", "images
                "dead_letters", "dead_letter_uri", "message", "error", "duplicates", "near_duplicates", "set_aside",
                "quality"}
 PUSH_KEYS = {"pushed", "already_pushed", "version", "previous_version", "model_uri", "serving_uri", "commands",
-             "image", "retired", "message"}
+             "image", "retired", "set_aside", "message"}
 
 
 def build_report(run: RunDir, skipped: str | None = None, failed: str | None = None) -> RunReport:
@@ -157,6 +157,8 @@ def render_markdown(report: RunReport) -> str:
                   f"; serving image build context `{p.serving_uri}`"
                   + ("; image built." if p.image and p.image.built else
                      f"; image not built ({p.image.reason or 'no container engine'})." if p.image else "."), ""]
+        lines += [f"Set aside `{a.name}` as `{a.moved_to}`: {a.reason}." for a in p.set_aside or []]
+        lines += [""] if p.set_aside else []
         if p.commands:
             lines += ["```sh"] + [f"# {name}\n{cmd}" for name, cmd in p.commands.to_json().items()] + ["```", ""]
     if report.config is not None:

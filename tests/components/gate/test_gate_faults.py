@@ -115,3 +115,31 @@ def test_a_quarantined_span_is_refused_without_a_trained_model_too(tmp_path, cap
     code, err, summary = _gate(root, capsys)
     assert code == 1 and err.count("\n") == 1 and "Traceback" not in err, err
     assert "does not let in now: span 1 is quarantined" in err and f"stoke spans release 1 --root {root}" in err
+
+
+def test_a_served_version_that_cannot_be_loaded_is_one_line_without_beams_tracebacks(trained_runs, tmp_path):
+    """Weights cut short: TFMA's workers fail loading the served version and Beam logs each failure
+    with its traceback. The gate's stderr, which a run's log shows, holds its own line naming the
+    version; Beam's log is for STOKE_DEBUG=1."""
+    import re
+    import subprocess
+    import sys
+
+    from components.common.repository import Repository
+
+    root = copy_root(trained_runs, tmp_path)
+    repo = Repository(root, "stoke")
+    served = repo.newest()
+    weights = os.path.join(repo.path, str(served), "variables", "variables.data-00000-of-00001")
+    os.truncate(weights, 100)
+    # As the flow starts it: TF_USE_LEGACY_KERAS is this test process's, set by the training package it imported.
+    env = {key: value for key, value in os.environ.items() if key not in ("STOKE_DEBUG", "TF_USE_LEGACY_KERAS")}
+    result = subprocess.run([sys.executable, "-m", "components.gate", "--root", root, "--run-id", "good"],
+                            env=env, capture_output=True, text=True, timeout=600)
+    # TensorFlow's own start-up lines (absl's, written by its C++ runtime) are not Beam's: the run log files them under DEBUG.
+    lines = [line for line in result.stderr.splitlines()
+             if line.strip() and not re.match(r"[IWEF]\d{4} |WARNING: All log messages before absl", line)]
+    assert result.returncode == 1 and len(lines) == 1, result.stderr[-3000:]
+    assert lines[0].startswith(f"stoke gate: error: the served version {served} ({repo.version_uri(served)}) cannot "
+                               "be loaded (IndexError: Read less bytes than requested); restore it"), lines
+    assert os.path.getsize(weights) == 100 and repo.versions()[-1] == served  # the gate changes nothing there

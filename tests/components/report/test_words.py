@@ -65,3 +65,14 @@ def test_a_collapsed_model_and_training_warnings_come_first(tmp_path):
     head = markdown.split("## ")[0]
     assert "The model answers one class: `cats` for 14 of 15 eval images (6 of them are cats)" in head
     assert "Training: only 12 training steps" in head
+
+
+def test_the_report_names_what_a_push_set_aside_in_the_model_repository(tmp_path):
+    run = Root(str(tmp_path)).run("r1")
+    push = read_json(str(SAMPLES / "push-summary.json")) | {"set_aside": [
+        {"name": "0300", "moved_to": "/root/models/stoke/set-aside-0300",
+         "reason": "TF Serving reads its name as version 300; Stoke names versions by plain decimal numbers"}]}
+    write_json(run.summary("push"), push)
+    shown = run_with(tmp_path)["markdown"]
+    assert ("Set aside `0300` as `/root/models/stoke/set-aside-0300`: TF Serving reads its name as version 300; "
+            "Stoke names versions by plain decimal numbers.") in shown
