@@ -34,6 +34,7 @@ from components.contracts.config import (
     IngestConfig,
     PreflightConfig,
     PushConfig,
+    RunsConfig,
     ShardCacheConfig,
     TrainConfig,
 )
@@ -67,6 +68,7 @@ def pipeline(
     model_name: str = "stoke",
     preset: PresetName = "production",
     shard_cache: ShardCacheConfig = ShardCacheConfig(),
+    runs: RunsConfig = RunsConfig(),
     beam_args: list[str] = [],
     timeouts: Timeouts = Timeouts(),
     preflight: PreflightConfig | None = PreflightConfig(),
