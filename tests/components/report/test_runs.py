@@ -1,14 +1,50 @@
-"""What a run's report says of the retention rule it applied as it ended."""
+"""`stoke runs`: the retention rule from the command line, and what a run's report says of it."""
 from __future__ import annotations
 
 import json
 import os
 import pathlib
+import subprocess
+import sys
 
 from components.common.run_retention import after_run
 from components.contracts.layout import Root
 from components.report.report import write_report
 from tests.components.common.test_run_retention import HEAVY, RECORD, files, make_run, serve
+
+
+def stoke(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flows.cli", *argv], capture_output=True, text=True, timeout=120)
+
+
+def test_a_dry_run_prints_what_prune_would_do_and_removes_nothing(tmp_path):
+    root = str(tmp_path / "root")
+    runs = [make_run(root, f"run-{n}", age_days=n) for n in range(1, 5)]
+
+    done = stoke("runs", "prune", "--root", root, "--keep", "1", "--keep-records", "2", "--dry-run", "--json")
+
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["dry_run"] and summary["keep"] == 1 and summary["keep_records"] == 2
+    assert [(r["run_id"], r["action"]) for r in summary["runs"]] == [
+        ("run-1", "keep"), ("run-2", "record"), ("run-3", "delete"), ("run-4", "delete")]
+    assert summary["freed"] == sum(r["freed"] for r in summary["runs"]) > 0
+    assert all(files(run) == set(RECORD + HEAVY) for run in runs)
+
+    listed = stoke("runs", "--root", root, "--keep", "1", "--keep-records", "2")  # without prune: the same, as text
+    assert listed.returncode == 0 and "run-3" in listed.stdout and "which would free" in listed.stdout
+    assert all(files(run) == set(RECORD + HEAVY) for run in runs)
+
+    done = stoke("runs", "prune", "--root", root, "--keep", "1", "--keep-records", "2", "--json")
+    assert done.returncode == 0 and not json.loads(done.stdout.strip().splitlines()[-1])["dry_run"]
+    assert files(runs[1]) == set(RECORD) | {"pruned.json"} and not os.path.exists(runs[2].uri)
+
+
+def test_settings_that_make_no_rule_are_one_line(tmp_path):
+    done = stoke("runs", "prune", "--root", str(tmp_path), "--keep", "5", "--keep-records", "2")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "keep_records (2) must be at least keep (5)" in done.stderr
+    done = stoke("runs", "prune", "--root", str(tmp_path), "--keep", "0")
+    assert done.returncode == 2 and "--keep: Input should be greater than or equal to 1" in done.stderr
 
 
 def test_the_report_says_what_the_rule_did_and_a_failed_prune_is_a_warning(tmp_path):
