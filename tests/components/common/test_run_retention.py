@@ -252,3 +252,27 @@ def test_the_rule_on_s3(s3_bucket, tmp_path):
     assert files(served) == set(RECORD + HEAVY) and files(running) == set(RECORD + HEAVY) - {"report.json", "report.md"}
     fs, lease = filesystem(Root(root).prune_lock)
     assert not fs.exists(lease)  # the lease went with the prune that held it
+
+
+def test_the_runs_of_the_versions_push_keeps_stay_and_a_retired_ones_follows_the_rule(tmp_path):
+    root = str(tmp_path / "root")
+    runs = [make_run(root, f"night-{n}", age_days=10 - n) for n in range(1, 6)]  # night-5 the newest
+    for n, run in enumerate(runs[:3], start=1):
+        repository = serve(root, tmp_path, n, run.run_id)
+    with repository.lock("retention"):
+        assert repository.apply_retention(2, "2026-01-01T00:00:00Z") == [1]  # push.keep 2: night-1's version retired
+
+    prune(Root(root), RunsConfig(keep=1, keep_records=1))
+
+    assert files(runs[1]) == files(runs[2]) == set(RECORD + HEAVY)  # versions 2 and 3, however old
+    assert files(runs[4]) == set(RECORD + HEAVY)
+    assert not os.path.exists(runs[0].uri) and not os.path.exists(runs[3].uri)
+
+
+def test_the_rule_on_gcs(gcs_endpoint):
+    root = "gs://stoke-gcs/retention"
+    older, newest = make_run(root, "run-1"), make_run(root, "run-2")
+    summary = prune(Root(root), RunsConfig(keep=1, keep_records=5))
+    assert fates(summary) == {"run-2": ("whole", "keep"), "run-1": ("whole", "record")}
+    assert files(older) == set(RECORD) | {"pruned.json"} and files(newest) == set(RECORD + HEAVY)
+    assert all(time.time() - 600 < f.started <= time.time() + 600 for f in run_retention.survey(Root(root)))
