@@ -205,14 +205,14 @@ def _apply(folder: Folder, action: str) -> None:
     for uri in first + run.heavy[1:]:
         _remove(fs, uri)
     if action == "delete":
-        for name in sorted(folder.files):
-            if name != "pruned.json":
-                _remove(fs, posixpath.join(run.uri, name))
+        for entry in sorted({name.split("/")[0] for name in folder.files} - {"pruned.json"}):
+            _remove(fs, posixpath.join(run.uri, entry))
         _remove(fs, run.uri)
 
 
 def _remove(fs, uri: str) -> None:
-    """Removes a file or a folder and all in it; one already gone is no error (a prune finishing another's)."""
+    """Removes a file, or a folder and all in it; one already gone is no error (a prune finishing another's).
+    On a disk a symbolic link is removed itself, never followed (fsspec's rm, shutil.rmtree within a folder)."""
     path = filesystem(uri)[1]
     try:
         if fs.exists(path):

@@ -276,3 +276,23 @@ def test_the_rule_on_gcs(gcs_endpoint):
     assert fates(summary) == {"run-2": ("whole", "keep"), "run-1": ("whole", "record")}
     assert files(older) == set(RECORD) | {"pruned.json"} and files(newest) == set(RECORD + HEAVY)
     assert all(time.time() - 600 < f.started <= time.time() + 600 for f in run_retention.survey(Root(root)))
+
+
+def test_links_in_a_run_folder_are_removed_never_followed(tmp_path):
+    root = str(tmp_path / "root")
+    make_run(root, "newest", age_days=1)
+    lighter, doomed = make_run(root, "lighter", age_days=2), make_run(root, "doomed", age_days=3)
+    outside = tmp_path / "elsewhere"
+    for name in ("logs", "notes", "model"):
+        (outside / name).mkdir(parents=True)
+        (outside / name / "keep.txt").write_text("not the run's")
+    os.symlink(outside / "logs", os.path.join(lighter.uri, "tensorboard", "moved"))  # a heavy part's link
+    os.symlink(outside / "model", os.path.join(doomed.uri, "candidate", "variables", "shared"))
+    os.symlink(outside / "notes", os.path.join(doomed.uri, "notes"))  # a link at the top of the folder
+    set_age(lighter, 2)
+    set_age(doomed, 3)
+
+    prune(Root(root), RunsConfig(keep=1, keep_records=2))
+
+    assert files(lighter) == set(RECORD) | {"pruned.json"} and not os.path.exists(doomed.uri)
+    assert all((outside / name / "keep.txt").read_text() == "not the run's" for name in ("logs", "notes", "model"))
