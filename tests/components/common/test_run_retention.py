@@ -81,6 +81,10 @@ def test_the_newest_runs_stay_whole_older_ones_keep_their_record_and_the_oldest_
     root = str(tmp_path / "root")
     runs = [make_run(root, f"run-{n}", age_days=n) for n in range(1, 7)]  # run-1 the newest
     skipped = make_run(root, "skipped", age_days=2.5, heavy=False)  # a run that trained nothing: a record already
+    strangers = [os.path.join(root, "runs", name) for name in ("notes.txt", ".trash/old", "lost+found/x", "a b/c")]
+    for path in strangers:  # no run folders: not the rule's to remove
+        write_bytes(path, b"not a run")
+        os.utime(path, (time.time() - 30 * DAY,) * 2)
 
     summary = prune(Root(root), RunsConfig(keep=2, keep_records=5))
 
@@ -94,7 +98,7 @@ def test_the_newest_runs_stay_whole_older_ones_keep_their_record_and_the_oldest_
         assert json.loads(pathlib.Path(run.pruned).read_text())["kept"] == "record"
     for run in runs[4:]:
         assert not os.path.exists(run.uri)
-    assert files(skipped) == set(RECORD)
+    assert files(skipped) == set(RECORD) and all(os.path.exists(path) for path in strangers)
     assert summary.freed == sum(f.freed for f in summary.runs) > 0 and summary.error is None
 
     again = prune(Root(root), RunsConfig(keep=2, keep_records=5))  # nothing left to do: the rule is a fixed point
