@@ -9,6 +9,7 @@ import sys
 
 from components.common.run_retention import after_run
 from components.contracts.layout import Root
+from components.contracts.retention import Pruned
 from components.report.report import write_report
 from tests.components.common.test_run_retention import HEAVY, RECORD, files, make_run, serve
 
@@ -71,3 +72,18 @@ def test_the_report_says_what_the_rule_did_and_a_failed_prune_is_a_warning(tmp_p
 
 def write_settings(run, **runs) -> None:
     pathlib.Path(run.config).write_text(json.dumps({"runs": runs}))
+
+
+def test_no_report_is_rebuilt_for_a_run_the_rule_deleted_or_is_deleting(tmp_path):
+    root = str(tmp_path / "root")
+    doomed = make_run(root, "doomed")
+    Pruned(run_id="doomed", pruned_at="2026-01-01T00:00:00Z", kept="nothing").write(doomed.pruned)
+    os.remove(doomed.report_json)  # a deletion stopped halfway
+
+    done = stoke("report", "--root", root, "--run-id", "doomed")
+    assert done.returncode == 1 and "run doomed is being deleted by the retention rule" in done.stderr
+    assert not os.path.exists(doomed.report_json)
+
+    done = stoke("report", "--root", root, "--run-id", "gone")
+    assert done.returncode == 1 and "there is no run gone under" in done.stderr
+    assert not os.path.exists(Root(root).run("gone").uri)  # no folder made for a report of nothing
