@@ -34,6 +34,7 @@ from components.contracts.config import (
     IngestConfig,
     PreflightConfig,
     PushConfig,
+    RunsConfig,
     ShardCacheConfig,
     TrainConfig,
 )
@@ -47,7 +48,7 @@ from flows.console import quiet_failures
 from flows.gpus import gpu_slot
 from flows.parameters import check_job_variables, deployment_beam_args, registered_parameters, run_job_variables
 from flows.programs import StageError, run_stage
-from flows.reporting import ProgressArtifact, publish_report
+from flows.reporting import ProgressArtifact, prune_runs, publish_report
 
 GPU_TAG = "gpu"  # the tasks that hold this machine's GPU slot (flows/gpus.py), tagged for the UI
 
@@ -67,6 +68,7 @@ def pipeline(
     model_name: str = "stoke",
     preset: PresetName = "production",
     shard_cache: ShardCacheConfig = ShardCacheConfig(),
+    runs: RunsConfig = RunsConfig(),
     beam_args: list[str] = [],
     timeouts: Timeouts = Timeouts(),
     preflight: PreflightConfig | None = PreflightConfig(),
@@ -226,7 +228,9 @@ def push_model(config: RunConfig, run: RunDir) -> summaries.PushSummary:
 
 @task(name="report", retries=1)
 def write_report(run: RunDir, skipped: str | None = None, failed: str | None = None) -> dict:
-    """Writes report.md, report.json and plots into the run folder and shows them as artifacts."""
+    """Prunes older run folders by the retention rule, then writes report.md, report.json and plots
+    into the run folder and shows them as artifacts."""
+    prune_runs(run)
     return publish_report(run, skipped=skipped, failed=failed)
 
 

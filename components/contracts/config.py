@@ -10,7 +10,7 @@ import re
 import typing
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from components.contracts import schema
 from components.contracts.results import QUALITY_ISSUES
@@ -90,6 +90,30 @@ class ShardCacheConfig(BaseModel):
                             "default: $STOKE_CACHE_DIR, else $XDG_CACHE_HOME/stoke or ~/.cache/stoke)")
     max_gb: float = Field(100.0, gt=0, le=1e6, description="size cap of that folder in GB; the copies used "
                           "longest ago are evicted first")
+
+
+class RunsConfig(BaseModel):
+    """The retention rule of ROOT/runs (components/common/run_retention.py), applied as each run ends and by
+    `stoke runs prune`: a run folder keeps its heavy parts, then only its record, then goes."""
+
+    model_config = SETTINGS_CONFIG
+
+    # 10 trained runs: a week and a half of nightly runs to compare in TensorBoard or gate by hand, at
+    # about 2.5 MB each for small_cnn and some 50 MB for efficientnet_b0 (its candidate alone is ~20 MB).
+    keep: int = Field(10, ge=1, le=100000, description="newest runs that trained which keep their heavy parts "
+                      "(candidate, backup, TensorBoard logs with the profiler trace, TFMA output, warm-up requests); "
+                      "older ones keep only their record, and a run whose model the repository holds stays whole")
+    # 100 records: about three months of nightly reports, at roughly 0.25 MB each (their plots, mostly).
+    keep_records: int = Field(100, ge=1, le=1000000, description="newest runs whose record (configuration, "
+                              "summaries, report, gate verdict, plots) is kept; older run folders are deleted, "
+                              "except one whose model the repository holds")
+
+    @model_validator(mode="after")
+    def _records_outlive_heavy_parts(self):
+        if self.keep_records < self.keep:
+            raise ValueError(f"keep_records ({self.keep_records}) must be at least keep ({self.keep}): a run keeps "
+                             "its record for longer than its heavy parts")
+        return self
 
 
 class PreflightConfig(BaseModel):

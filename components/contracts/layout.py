@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterator
 
 from components.common.files import filesystem, join
-from components.contracts.config import check_run_id
+from components.contracts.config import MODEL_NAME_PATTERN, check_run_id
 from components.contracts.results import ResultError, SpanManifest, load_json
 from components.contracts.schema import SPLITS
 from components.contracts.summaries import TRUSTED, DataCheckRecord
@@ -132,8 +132,21 @@ class Root:
         """The folder of run `run_id`; refuses ids that could leave ROOT/runs."""
         return RunDir(join(self.runs, check_run_id(run_id)))
 
+    @property
+    def prune_lock(self) -> str:
+        """The lease one prune of the run folders at a time holds (components/common/run_retention.py)."""
+        return join(self.runs, ".prune.lock")
+
     def models(self, name: str) -> str:
         return join(self.uri, "models", name)
+
+    def model_names(self) -> list[str]:
+        """The model repositories under ROOT/models: its folders named as a model may be."""
+        fs, path = filesystem(join(self.uri, "models"))
+        if not fs.isdir(path):
+            return []
+        names = (posixpath.basename(e["name"].rstrip("/")) for e in fs.ls(path, detail=True) if e["type"] == "directory")
+        return sorted(name for name in names if re.fullmatch(MODEL_NAME_PATTERN, name))
 
     @property
     def serving(self) -> str:
@@ -279,6 +292,17 @@ class RunDir:
     labels_plot = property(lambda self: self._file("labels.png"))  # the new span's label mix against the history's
     label_errors_plot = property(lambda self: self._file(LABEL_ERRORS))  # a copy of the newest span's sheet
     root = property(lambda self: posixpath.dirname(posixpath.dirname(self.uri.rstrip("/"))))  # ROOT of ROOT/runs/ID
+    # The retention rule (components/common/run_retention.py): what it did to ROOT/runs as this run ended, and
+    # its marker in a folder it prunes, written before it removes anything.
+    retention = property(lambda self: self._file("retention.json"))
+    pruned = property(lambda self: self._file("pruned.json"))
+
+    @property
+    def heavy(self) -> list[str]:
+        """The heavy parts of the run, which the retention rule removes first; the rest is the run's record.
+        metrics.json is among them: it says training finished and the candidate is whole (the flow trains
+        no more when it is there), so it goes with the candidate; its figures stay in summaries/train.json."""
+        return [self.metrics, self.candidate, self.backup, self.tensorboard, self.tfma, posixpath.dirname(self.warmup)]
 
     def stage_config(self, stage: str) -> str:
         """The settings file the flow hands a stage program (`--config`)."""

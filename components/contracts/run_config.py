@@ -27,6 +27,7 @@ from components.contracts.config import (
     PreflightConfig,
     PushConfig,
     RunId,
+    RunsConfig,
     ServedModelName,
     ShardCacheConfig,
     TrainConfig,
@@ -55,6 +56,7 @@ class RunConfig(BaseModel):
         "minutes: small_cnn from scratch at 64 px, flips, at least 600 steps) or demo (the digits of `make run`: "
         "small_cnn at 32 px, no flips, 8 epochs, batch 32)")
     shard_cache: ShardCacheConfig = ShardCacheConfig()
+    runs: RunsConfig = RunsConfig()
     beam_args: BeamArgs = Field([], description="Beam options of the run's ingest, --NAME=VALUE, among those that "
                                 "size its runner (the runner itself belongs to the deployment)")
     timeouts: Timeouts = Timeouts()

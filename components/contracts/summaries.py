@@ -349,6 +349,7 @@ class RunReport(Summary):
     push: PushSummary | None = None  # the summary's keys a report shows, null when the push has none
     datacheck: DataCheckSummary | None = None
     unserved_spans: list[str] = []  # published spans the served model was not trained on, with their status
+    run_folders: str | None = None  # what the retention rule did to ROOT/runs as the run ended (retention.py)
     plots: dict[str, str]  # curves, gpus, confusion_matrix, throughput: PNG URIs
     config: dict | None = None  # the run configuration as config.json records it; None: not recorded
     config_json: str | None = None

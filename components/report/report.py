@@ -16,6 +16,7 @@ from components.contracts import stages
 from components.contracts.layout import Root, RunDir
 from components.contracts.program import printable
 from components.contracts.results import Comparison, GateMetrics, GateResult, TrainMetrics
+from components.contracts.retention import RetentionSummary
 from components.contracts.summaries import PushSummary, RunReport
 from components.report import datacheck as datacheck_section
 from components.report.alerts import alerts
@@ -84,6 +85,7 @@ def build_report(run: RunDir, skipped: str | None = None, failed: str | None = N
         report.push = push.model_dump(include=PUSH_KEYS)
     report.datacheck = datacheck
     report.unserved_spans = _unserved(run, config)
+    report.run_folders = _run_folders(run, report.alerts)
     report.plots = {**_plots(run, report, train, gate), **datacheck_section.plot(run, datacheck)}
     return report
 
@@ -161,6 +163,7 @@ def render_markdown(report: RunReport) -> str:
         lines += [""] if p.set_aside else []
         if p.commands:
             lines += ["```sh"] + [f"# {name}\n{cmd}" for name, cmd in p.commands.to_json().items()] + ["```", ""]
+    lines += ["## Run folders", "", report.run_folders, ""] if report.run_folders else []
     if report.config is not None:
         lines += ["## Configuration", "", f"What the run was asked to do, resolved: [`config.json`]({report.config_json}) "
                   "(`stoke run ... --config` it to run the same elsewhere).", "",
@@ -362,6 +365,17 @@ def _unserved(run: RunDir, config: dict | None) -> list[str]:
         return [f"{n} ({record.status if record else 'unchecked'})" for n, record in records.items()]
     except (OSError, ValueError):
         return []
+
+
+def _run_folders(run: RunDir, alerts: list[str]) -> str | None:
+    """What the retention rule did as the run ended, in words; a prune that failed is also an alert."""
+    try:
+        summary = RetentionSummary.read(run.retention) if exists(run.retention) else None
+    except (OSError, ValueError):
+        summary = None  # a record of the prune, not of the run: the report stands without it
+    if summary is not None and summary.error:
+        alerts.append(summary.in_words())
+    return summary.in_words() if summary is not None else None
 
 
 def _train_records(run: RunDir, train: TrainMetrics | None) -> int | None:

@@ -66,6 +66,9 @@ def test_nothing_new_with_a_served_model_ends_early_without_training(pushed_run)
     assert sorted(os.listdir(os.path.dirname(run.summary("ingest")))) == ["ingest.json"]
     assert not os.path.exists(run.metrics)
     assert Repository(pushed_run["root"], "stoke").versions() == [pushed_run["state"].result()["pushed_version"]]
+    # It ended by applying the retention rule to ROOT/runs: the served model's run stays whole.
+    assert summary["run_folders"].startswith("Run folders: ") and read_json(run.retention)["error"] is None
+    assert os.path.exists(Root(pushed_run["root"]).run("first").candidate)
 
 
 def test_a_failed_preflight_check_stops_the_run_before_ingest(digits, tmp_path):
