@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 
 import fsspec
 
+from beam_jobs import source_names
 from beam_jobs.local import CHAINING, NOT_REGULAR, local_path, walk
 from components.common import source_files, store_errors
 from components.common.files import filesystem, is_local, is_uri, join, protocol, uri_of, version_of
@@ -28,8 +29,6 @@ from components.common.source_files import is_candidate
 from components.contracts.secrets import SourceCredentials, has_secrets, without_secrets
 
 MANIFEST_SUFFIXES = (".csv", ".jsonl")
-CREDENTIAL_IN_NAME = ("its URI holds a credential (a user info, or a parameter named like a token or password) "
-                      "that a span would store: never read; name the file without it, and give SOURCE the credentials")
 SPLIT_NAMES = {"train": "train", "eval": "eval", "validation": "eval"}
 # The stores a manifest row may name, by the family each scheme belongs to; http://, ftp://,
 # memory:// and the rest of fsspec's schemes are never read on a manifest's say-so.
@@ -81,9 +80,10 @@ def each_listed(source: str, eval_fraction: float, allow_outside: bool = False) 
     ValueError for a SOURCE that cannot be listed at all, before the first file."""
     if CHAINING in source:
         raise ValueError(f"source {source}: '::' (fsspec's chaining) is not read; name a folder or a manifest")
+    source_names.check_credentials(source)
     local = local_path(source)
     fs, path = filesystem(local) if local else filesystem(source)
-    path = path if local else _normalized(path)
+    path = path if local else source_names.normalized(path)
     if local:
         _check_readable(source, local)
     elif not _in_store(fs, path):
@@ -104,27 +104,8 @@ def each_listed(source: str, eval_fraction: float, allow_outside: bool = False) 
 
 
 def _named(source: Source, reason: str | None, credentials: SourceCredentials) -> tuple[Source, str | None]:
-    """The file under the name it is stored and shown by: its URI without SOURCE's user info. A name that
-    still holds a credential (a row's own, a token in a link) is refused unread, under its name scrubbed;
-    a reason never echoes one (a store's error quoting the URI it was given)."""
-    if reason:  # stored, never read: whatever it holds that looks like a credential goes
-        return replace(source, uri=without_secrets(credentials.hide(source.uri))), without_secrets(reason)
-    if not is_uri(source.uri):
-        return source, reason  # a local file's path is its name, however it looks (`a?token=1.png`)
-    name = credentials.hide(source.uri)
-    if has_secrets(name):
-        return replace(source, uri=without_secrets(name)), CREDENTIAL_IN_NAME
-    return replace(source, uri=name), None
-
-
-def _normalized(path: str) -> str:
-    """A store's path normalized (`a/./b`, `a/x/../b`), keeping a URL's `scheme://authority`: an HTTP
-    store's paths are whole URLs, and `..` never climbs out of their server."""
-    scheme, has_scheme, rest = path.partition("://")
-    if not has_scheme:
-        return posixpath.normpath(path)
-    authority, slash, below = rest.partition("/")
-    return f"{scheme}://{authority}" + (posixpath.normpath("/" + below) if slash else "")
+    uri, reason = source_names.named(source.uri, reason, credentials)
+    return replace(source, uri=uri), reason
 
 
 def _in_store(fs, path: str) -> bool:
@@ -155,11 +136,12 @@ def list_named(source: str, uris: list[str], eval_fraction: float = 0.0) -> List
     """The files of a folder SOURCE that `uris` name (as bucket notifications do), listed as
     `list_source` lists them; what is outside SOURCE or gone goes to `skipped`, and what is not an
     image (hidden, a sidecar) is left out, as a listing leaves it out. Only the named files are read."""
+    source_names.check_credentials(source)
     local = local_path(source)
     fs, base = (LOCAL, local) if local else filesystem(source)
     if base.lower().endswith(MANIFEST_SUFFIXES):
         raise ValueError(f"source {source} is a manifest: notifications name the files of a folder")
-    base = _normalized(base)
+    base = source_names.normalized(base)
     fs.invalidate_cache()  # a file announced a moment ago is not in a listing cached before it
     found, skipped = [], []
     for uri in uris:
@@ -217,7 +199,7 @@ def _each_in_folder(base: str, allow_outside: bool) -> Iterator[tuple[Source, st
 
 
 def _list_bucket_folder(fs, base: str) -> Listing:
-    base = _normalized(base)
+    base = source_names.normalized(base)
     found = ((path, info) for path, info in sorted(fs.find(base, detail=True, withdirs=False).items())
              if is_candidate(posixpath.relpath(path, base)))
     return _labelled(Source(uri_of(fs, path), int(info["size"]), version_of(info), key=posixpath.relpath(path, base))
@@ -247,7 +229,7 @@ def _collected(entries: Iterable[tuple[Source, str | None]]) -> Listing:
 
 def _list_manifest(fs, path: str, allow_outside: bool) -> Listing:
     rows = _read_rows(fs, path)
-    folder = _normalized(posixpath.dirname(path))
+    folder = source_names.normalized(posixpath.dirname(path))
     sources, rejected, seen = [], [], set()
     entries = []
     for number, row in enumerate(rows, start=1):
@@ -293,7 +275,7 @@ def resolve(fs, folder: str, given: str, allow_outside: bool) -> tuple[str, str]
     if CHAINING in given:
         raise ValueError(given, "'::' (fsspec's chaining) is not read: name one file")
     if has_secrets(given):  # never sent anywhere, nor kept: its name is stored scrubbed (`_named`)
-        raise ValueError(given, CREDENTIAL_IN_NAME)
+        raise ValueError(given, source_names.CREDENTIAL_IN_NAME)
     scheme, has_scheme, rest = given.partition("://")
     if has_scheme and scheme.lower() not in STORES:
         raise ValueError(given, f"scheme {scheme.lower()}:// is not read: local paths, s3:// and gs:// only")
@@ -304,7 +286,7 @@ def resolve(fs, folder: str, given: str, allow_outside: bool) -> tuple[str, str]
             raise ValueError(given, f"cannot be read: {error}") from None
     else:
         target, path = fs, join(folder, given)
-    path = os.path.realpath(path) if is_local(target) else _normalized(path)
+    path = os.path.realpath(path) if is_local(target) else source_names.normalized(path)
     uri = uri_of(target, path)
     inside = _store(target) == _store(fs) and (path == folder or path.startswith(folder.rstrip("/") + "/"))
     if not inside and not allow_outside:

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from beam_jobs.sources import CREDENTIAL_IN_NAME
+from beam_jobs.source_names import CREDENTIAL_IN_NAME
 from components.contracts import schema
 from components.contracts.layout import Root
 from components.contracts.secrets import SOURCE_ENV
