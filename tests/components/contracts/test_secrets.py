@@ -192,6 +192,46 @@ def test_ingest_errors_echo_bucket_uris_without_their_password(flag, tmp_path, c
     assert SECRET not in captured.err + captured.out
 
 
+UNREADABLE_SOURCES = [f'http://alice:pa"s\'s {SECRET}@127.0.0.1:9/photos/m.csv', f"http://127.0.0.1:9/m.csv?pw={SECRET}",
+                      f"http://127.0.0.1:9/m.csv?code={SECRET}&v=2", f"https://{SECRET}@127.0.0.1:9/m.csv",
+                      f"HTTP://alice:{SECRET}@127.0.0.1:9/m.csv?X-Amz-Signature={SECRET}", f"ftp://alice:{SECRET}@127.0.0.1:9/m",
+                      f"s3://alice:{SECRET}@bucket/photos", f"alice:{SECRET}@127.0.0.1:9/photos"]
+
+
+@pytest.mark.parametrize("source", UNREADABLE_SOURCES)
+def test_a_source_that_cannot_be_read_is_echoed_without_its_credentials(source, tmp_path, capsys):
+    from beam_jobs.ingest import run
+
+    code = run([source, "--root", str(tmp_path / "root"), "--json"])
+    captured = capsys.readouterr()
+    assert code in (program.FAILED, program.TRANSIENT) and captured.err.count("\n") == 1, captured.err
+    assert SECRET not in captured.err + captured.out
+
+
+def test_preflight_checks_a_source_without_echoing_its_credentials(tmp_path, capsys):
+    from components.preflight import preflight
+
+    preflight.run(["--source", UNREADABLE_SOURCES[0], "--root", str(tmp_path), "--sample-mb", "1", "--json"])
+    captured = capsys.readouterr()
+    assert "alice:***@127.0.0.1:9" in captured.out and SECRET not in captured.err + captured.out
+
+
+def test_a_stage_program_takes_the_source_its_file_holds_without_credentials_from_the_environment(tmp_path, monkeypatch,
+                                                                                                   capsys):
+    from beam_jobs.ingest import run
+
+    real = f"http://alice:{SECRET}@127.0.0.1:9/photos/manifest.csv"
+    settings = tmp_path / "ingest.json"
+    settings.write_text(json.dumps({"source": without_secrets(real), "root": str(tmp_path / "root")}))
+    parser = program.stage_parser("ingest", positional=("source",))
+    monkeypatch.setenv(SOURCE_ENV, real)
+    assert program.stage_settings("ingest", parser.parse_args(["--config", str(settings)])).source == real
+    monkeypatch.setenv(SOURCE_ENV, real.replace("9/photos", "9/other"))  # another SOURCE's: not this one's
+    assert run(["--config", str(settings), "--json"]) == program.BAD_SETTINGS
+    captured = capsys.readouterr()
+    assert SOURCE_ENV in captured.err and captured.err.count("\n") == 1 and SECRET not in captured.err + captured.out
+
+
 def test_a_model_server_url_is_echoed_without_its_password(tmp_path, capsys):
     from components.push import predict
     from tests.beam_jobs import images
