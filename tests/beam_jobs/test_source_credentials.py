@@ -3,14 +3,16 @@ images with the password and names every file without it, in the records themsel
 the dead letters and the manifest; a row whose own URI holds a credential is refused unread."""
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import shutil
 
 import pytest
 
 from beam_jobs.source_names import CREDENTIAL_IN_NAME
 from components.contracts import schema
-from components.contracts.layout import Root
+from components.contracts.layout import CONTENT_INDEX, DEAD_LETTER, MANIFEST, Root
 from components.contracts.secrets import SOURCE_ENV
 from tests.beam_jobs import images
 from tests.beam_jobs.test_ingest import IN_MEMORY, dead_letters, ingest, records
@@ -69,3 +71,38 @@ def test_a_row_whose_uri_holds_a_credential_is_refused_unread(site, tmp_path, ca
     assert reasons["cat/a.jpg?token=***"] == reasons[f"s3://{USER}:***@bucket/x.jpg"] == CREDENTIAL_IN_NAME
     assert reasons["https://***@elsewhere/x.jpg"] == CREDENTIAL_IN_NAME, reasons
     assert holding(str(root)) == [] and not shows(json.dumps(summary))
+
+
+def as_published_before(path: str, port: int) -> None:
+    """A span's file as ingest wrote it when it named files with SOURCE's password."""
+    with open(path, "rb") as f:
+        data = f.read()
+    packed = data[:2] == b"\x1f\x8b"
+    text = (gzip.decompress(data) if packed else data).decode()
+    text = text.replace(f"{USER}:***@127.0.0.1:{port}", f"{USER}:{json.dumps(PASSWORD)[1:-1]}@127.0.0.1:{port}")
+    with open(path, "wb") as f:
+        f.write(gzip.compress(text.encode(), mtime=0) if packed else text.encode())
+
+
+def test_a_span_published_with_the_password_matches_by_name_and_lends_it_to_nothing_new(site, tmp_path, capsys):
+    """Files a span published before Stoke kept credentials out are known by their names all the same (its
+    source index is rebuilt without them), and no later span, dead letter or summary takes the password
+    over from it: a copy of one of its images is a duplicate named without it."""
+    root, photos = tmp_path / "root", os.path.join(site, "photos")
+    with basic_auth_server(site) as port:
+        source = f"http://{USER}:{PASSWORD}@127.0.0.1:{port}/photos/manifest.csv"
+        assert ingest(source, root, *IN_MEMORY, *LENIENT, capsys=capsys)[0] == 0
+        span = Root(str(root))
+        for path in (span.manifest(1), span.source_index(1), span.content_index(1), span.dead_letter(1)):
+            as_published_before(path, port)
+        assert holding(str(root)) != []
+        shutil.copy(os.path.join(photos, "cat", "a.jpg"), os.path.join(photos, "cat", "copy.jpg"))
+        with open(os.path.join(photos, "manifest.csv"), "a") as f:
+            f.write("cat/copy.jpg,cat\n")
+        code, summary = ingest(source, root, *IN_MEMORY, *LENIENT, capsys=capsys)
+    assert code == 0 and summary["new_sources"] == 1 and summary["duplicates"] == 1, summary
+    named = f"http://{USER}:***@127.0.0.1:{port}/photos"
+    assert summary["dead_letters"][0]["reason"].startswith(f"duplicate of {named}/cat/a.jpg"), summary
+    kept = {os.path.join("data", "spans", "span-00001", name) for name in (MANIFEST, CONTENT_INDEX, DEAD_LETTER)}
+    assert set(holding(str(root))) == kept  # what the old span holds, its source index rebuilt without it
+    assert not shows(json.dumps(summary))
