@@ -262,12 +262,14 @@ def run_program(of: Stage, config: RunConfig, run: RunDir, progress: ProgressArt
                 extra: list[str] = (), slot: int | None = None, **facts):
     """Writes the stage's settings file into the run folder, runs its program on it
     (`python -m module --config FILE --json`, holding the GPU `slot` too when given) and keeps its
-    summary in the run folder."""
+    summary in the run folder. SOURCE with its credentials goes to the programs that read SOURCE, in
+    their environment; the others (training, the gate...) get none."""
     settings = run.stage_config(of.name)
     write_json(settings, settings_file(stage_settings(of, config, **facts)))
     summary = run_stage(of.name, of.program, ["--config", settings, *extra, "--json"],
                         timeout=getattr(config.timeouts, of.name) * 60, logger=get_run_logger(), progress=progress,
-                        env={secrets.SOURCE_ENV: config.source}, pass_fds=() if slot is None else (slot,))
+                        env={secrets.SOURCE_ENV: config.source if "source" in of.inputs else ""},
+                        pass_fds=() if slot is None else (slot,))
     return keep_summary(of, summary, run)
 
 

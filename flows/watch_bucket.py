@@ -62,8 +62,14 @@ NAMED_LIMIT = 1_000  # files an event names; beyond that it names none and inges
 def watch_bucket(source: str = DEMO_SOURCE, root: str = DEMO_ROOT, settle_seconds: float = 15.0,
                  notifications: str | None = None, wait_seconds: float = 20.0) -> dict:
     """Lists SOURCE twice, `settle_seconds` apart, and asks for one training run when new files have settled;
-    with `notifications`, reads the queue for up to `wait_seconds` instead of listing."""
+    with `notifications`, reads the queue for up to `wait_seconds` instead of listing. SOURCE is the
+    deployment's, without its credentials: the listing takes them from STOKE_SOURCE, events never hold them."""
     logger = get_run_logger()
+    try:
+        given(source)
+    except ValueError as error:  # its password is not here: every listing would be refused
+        logger.error("%s", error)
+        return Failed(message=printable(str(error)))
     if notifications:
         try:
             return watch_queue(source, root, queues.open_queue(notifications), settle_seconds, wait_seconds)
