@@ -61,6 +61,7 @@ def without_secrets(text: str) -> str:
 
 
 def has_secrets(text: str) -> bool:
+    """Whether `text` holds something `without_secrets` hides."""
     return without_secrets(text) != text
 
 
@@ -72,8 +73,8 @@ def given(shown: str) -> str:
     if real and without_secrets(real) == shown:
         return real
     if HIDDEN in shown and has_secrets(shown.replace(HIDDEN, "x")):
-        raise ValueError(f"source {shown}: its credentials are not recorded anywhere; set {SOURCE_ENV} to SOURCE "
-                         "as given (with them) in the environment of the run")
+        raise ValueError(f"source {shown}: its credentials are kept out of files and Prefect; give SOURCE with "
+                         f"them in the environment variable {SOURCE_ENV} of the run (or its worker)")
     return shown
 
 

@@ -16,7 +16,7 @@ from components.contracts.layout import Root
 from components.contracts.secrets import SOURCE_ENV
 from flows import cli
 from flows.demo import write_digits
-from tests.credentials import PASSWORD, USER, basic_auth_server, holding, shows
+from tests.credentials import PASSWORD, TOKEN, USER, basic_auth_server, holding, shows
 from tests.flows.conftest import FIRST_RUN_CONFIG
 
 
@@ -75,3 +75,12 @@ def prefect_records(since: datetime.datetime) -> str:
         records += [a.model_dump(mode="json") for a in client.read_artifacts(flow_run_filter=where)]
         records += [log.model_dump(mode="json") for log in client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=ids)))]
     return json.dumps(records)
+
+
+def test_the_configuration_shown_holds_source_without_its_password(tmp_path, capsys):
+    source = f"https://{USER}:{PASSWORD}@127.0.0.1:9/photos/manifest.csv?pw={TOKEN}"
+    for argv in ([], ["--json"]):
+        assert cli.main(["config", "show", source, "--root", str(tmp_path), *argv]) == 0
+    printed = capsys.readouterr()
+    assert f"https://{USER}:***@127.0.0.1:9/photos/manifest.csv?pw=***" in printed.out
+    assert not shows(printed.out + printed.err)
