@@ -35,13 +35,13 @@ HIDDEN = "***"
 # program.py and flows/ put it back from here).
 SOURCE_ENV = "STOKE_SOURCE"
 
-_SCHEME = r"\b[A-Za-z][A-Za-z0-9+.-]*://"
 _PORT = r"\d{1,5}(?:[/?#\s'\"),;\]]|$)"  # `host:8080/...`: a port, then a path or the end of the token
 # scheme://user:password@ : the password runs to the first @ (not into another URL), then over every
-# further @ of the authority (`me:p@ss@host`): an @ after a `/` is a path's.
-_URL_PASSWORD = re.compile(rf"(?P<lead>{_SCHEME}[^\s/?#@:]*):(?!{_PORT})(?:(?!://)[^@\n])*@(?:[^@\s/?#]*@)*")
+# further @ of the authority (`me:p@ss@host`): an @ after a `/` is a path's. Both URL patterns start at
+# `://`, whatever the scheme: a literal the matcher jumps to (5 us a URL, not 30).
+_URL_PASSWORD = re.compile(rf"(?P<lead>://[^\s/?#@:]*):(?!{_PORT})(?:(?!://)[^@\n])*@(?:[^@\s/?#]*@)*")
 # scheme://token@ : a user info without a password is hidden whole.
-_URL_USER = re.compile(rf"(?P<lead>{_SCHEME})(?!{re.escape(HIDDEN)}@)[^\s/?#@:'\"]+@(?:[^@\s/?#]*@)*")
+_URL_USER = re.compile(rf"(?P<lead>://)(?!{re.escape(HIDDEN)}@)[^\s/?#@:'\"]+@(?:[^@\s/?#]*@)*")
 # user:password@host without a scheme, where a token starts; the password ends at a space or a `/`.
 _BARE_PASSWORD = re.compile(
     r"(?<![^\s'\"(=,\[])(?P<lead>[^\s'\"/?#@:=,()\[\]]+):(?!" + _PORT + r")[^\s/@]*@(?:[^@\s/?#]*@)*(?=[A-Za-z0-9\[])")
@@ -52,12 +52,14 @@ _SECRET_PARAMETER = re.compile(rf"(?i)(^|[?&;\s'\"(,])({_SECRET_NAMES})=([^&;#\s
 
 def without_secrets(text: str) -> str:
     """`text` with every password, user-info token and credential parameter it holds replaced by ***."""
-    if "@" not in text and "=" not in text:
-        return text  # holds neither a user info nor a parameter: most text, at the cost of two scans
-    text = _URL_PASSWORD.sub(rf"\g<lead>:{HIDDEN}@", text)
-    text = _URL_USER.sub(rf"\g<lead>{HIDDEN}@", text)
-    text = _BARE_PASSWORD.sub(rf"\g<lead>:{HIDDEN}@", text)
-    return _SECRET_PARAMETER.sub(rf"\1\2={HIDDEN}", text)
+    # Each pattern only where its literal is: most text (local paths, bucket keys) holds neither a user
+    # info nor a parameter and costs a few scans (0.4 us), not four regular expressions (30 us).
+    if "@" in text:
+        if "://" in text:
+            text = _URL_USER.sub(rf"\g<lead>{HIDDEN}@", _URL_PASSWORD.sub(rf"\g<lead>:{HIDDEN}@", text))
+        if ":" in text:
+            text = _BARE_PASSWORD.sub(rf"\g<lead>:{HIDDEN}@", text)
+    return _SECRET_PARAMETER.sub(rf"\1\2={HIDDEN}", text) if "=" in text else text
 
 
 def has_secrets(text: str) -> bool:
@@ -99,7 +101,8 @@ class SourceCredentials:
     dead letter and summary names them, and read with it (`reveal`), on SOURCE's own server only."""
 
     def __init__(self, source: str):
-        match = _URL_PASSWORD.match(source) or _URL_USER.match(source)
+        after = source.find("://")  # SOURCE's own scheme, not a URL in its path
+        match = (_URL_PASSWORD.match(source, after) or _URL_USER.match(source, after)) if after > 0 else None
         authority = re.match(r"[^/?#]*", source[match.end():]).group() if match else ""
         self.given = source[:match.end()] + authority if match else ""
         self.shown = without_secrets(self.given)
