@@ -28,9 +28,9 @@ from components.common.shard_cache import CacheError
 from components.contracts import overrides
 from components.contracts.beam_options import BEAM_ARGS_ENV
 from components.contracts.layout import Root, new_run_id
-from components.contracts.program import BAD_SETTINGS, printable
+from components.contracts.program import BAD_SETTINGS, printable, scrubbed
 from components.contracts.run_config import RunConfig
-from components.contracts.secrets import without_secrets
+from components.contracts.secrets import SOURCE_ENV, without_secrets
 from flows.parameters import read_beam_args
 from flows.run_options import FIELDS, add_config_arguments, config_from
 from flows.work_pools import add_notifications_argument
@@ -79,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     from flows.pipeline import pipeline
 
+    os.environ[SOURCE_ENV] = config.source  # the flow's parameter is SOURCE without its credentials
     state = pipeline(**flow_parameters(config), skip_unchanged=args.skip_unchanged, run_id=run_id, return_state=True)
     if state.is_completed():
         summary = state.result()
@@ -86,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         summary = _failed_summary(config.root, run_id, state)
         print(f"stoke run: error: {printable(_failure_line(state, summary))}", file=sys.stderr, flush=True)
     summary.setdefault("model_name", config.model_name)
-    print(json.dumps(summary, sort_keys=True, default=str) if args.json else _describe(printable(summary)),
+    print(json.dumps(scrubbed(summary), sort_keys=True, default=str) if args.json else _describe(printable(summary)),
           flush=True)
     return 0 if state.is_completed() else 1
 
@@ -175,8 +176,10 @@ def prefect_home(root: str) -> str:
 
 
 def flow_parameters(config: RunConfig) -> dict:
-    """The train flow's parameters for `config`: its fields, groups as models (what they set is what the run was given)."""
-    return {name: getattr(config, name) for name in FIELDS}
+    """The train flow's parameters for `config`: its fields, groups as models (what they set is what the run was given).
+    SOURCE without its credentials, since Prefect records and shows a run's parameters: the flow takes
+    SOURCE itself from STOKE_SOURCE (flows/pipeline.py)."""
+    return {name: getattr(config, name) for name in FIELDS} | {"source": without_secrets(config.source)}
 
 
 def _failed_summary(root: str, run_id: str, state) -> dict:
@@ -235,6 +238,7 @@ def up(args: argparse.Namespace) -> int:
         print(f"stoke up: error: {printable(str(error))}", file=sys.stderr, flush=True)
         return BAD_SETTINGS
     config = config.model_copy(update={"source": _absolute(config.source), "root": _absolute(config.root)})
+    os.environ[SOURCE_ENV] = config.source  # for the flow runs served here; deployments record it without secrets
     if _port_in_use(args.port):
         print(f"stoke up: error: port {args.port} on 127.0.0.1 is in use (another `stoke up` or Prefect "
               "server?); choose another with --port", file=sys.stderr)
@@ -258,7 +262,7 @@ def up(args: argparse.Namespace) -> int:
     finally:
         if server is not None:
             processes.stop(server, SERVER_STOP_SECONDS)
-    summary = {"api_url": f"{url}/api", "ui_url": url, "prefect_home": home, "source": config.source,
+    summary = {"api_url": f"{url}/api", "ui_url": url, "prefect_home": home, "source": without_secrets(config.source),
                "root": config.root, "deployments": ["train/nightly", "watch-bucket/poll"], "stopped": True}
     print(json.dumps(summary, sort_keys=True) if args.json else "stoke up: server and deployments stopped",
           flush=True)
@@ -295,7 +299,7 @@ def _banner(args: argparse.Namespace, config: RunConfig, home: str, url: str, lo
             + f"Serving train/nightly ({args.cron or 'cron 0 2 * * *'} {args.timezone}; and on stoke.data.arrived) "
             f"and watch-bucket/poll (every {args.poll_seconds:g} s"
             + (f", reading {args.notifications}" if args.notifications else "")
-            + f") for {config.source} -> {config.root}.\n"
+            + f") for {without_secrets(config.source)} -> {config.root}.\n"
             f"A run trains {train.network} at {train.image_size} px for "
             + (f"{train.epochs} epochs" if train.epochs else f"at least {train.min_steps} steps")
             + f" (preset {config.preset}; "

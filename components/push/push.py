@@ -28,6 +28,7 @@ from components.contracts.layout import WARMUP_FILE, Root, RunDir
 from components.contracts.lineage import Blessing, Lineage, LineageSpan, Pushed, PushIntent, Training
 from components.contracts.results import GateResult, ResultError, SpanManifest, TrainMetrics
 from components.contracts.run_config import PushSettings
+from components.contracts.secrets import without_secrets
 from components.contracts.summaries import PushSummary
 from components.push.serving_image import ServingError
 
@@ -179,7 +180,8 @@ def build_lineage(root: Root, config: PushSettings, validation: GateResult, vers
         raw = fs.cat_file(path)
         manifest = SpanManifest.check(json.loads(raw), manifest_uri)
         spans.append(LineageSpan(span=manifest.span, manifest_uri=manifest_uri,
-                                 manifest_sha256=hashlib.sha256(raw).hexdigest(), source=manifest.source,
+                                 manifest_sha256=hashlib.sha256(raw).hexdigest(),
+                                 source=without_secrets(manifest.source),  # a span published before names kept it
                                  created=manifest.created, counts=manifest.counts, sources=len(manifest.sources)))
     return Lineage(
         model_name=config.model_name,

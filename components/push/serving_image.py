@@ -17,9 +17,10 @@ from importlib import resources
 from components.common import processes
 from components.common.files import filesystem, is_local, join, write_json
 from components.common.model_folders import SAVED_MODEL, SAVED_MODEL_TEXT, SERVING_FILES
-from components.common.repository import Repository
+from components.common.repository import ASSETS_EXTRA, LINEAGE_FILE, Repository
 from components.common.serving import SERVING_IMAGE, SERVING_VERSION, docker_engine
 from components.contracts.layout import Root
+from components.contracts.secrets import without_secrets
 
 METRICS_PATH = "/monitoring/prometheus/metrics"
 GRPC_PORT = 8500
@@ -161,7 +162,8 @@ def render(root: Root | str, model_name: str) -> dict:
 
 def _mirror_versions(repo: Repository, versions: list[int], fs, target: str) -> None:
     """Makes target/<v> match the kept versions: hard links on one local disk (no second copy of
-    the weights), copies elsewhere; saved_model.pb (or .pbtxt) last, as in the repository."""
+    the weights), copies elsewhere; saved_model.pb (or .pbtxt) last, as in the repository. Each lineage is
+    written without credentials (`_lineage_copy`): the image holds what the context holds."""
     import os
 
     fs.makedirs(target, exist_ok=True)
@@ -172,12 +174,16 @@ def _mirror_versions(repo: Repository, versions: list[int], fs, target: str) -> 
     for version in versions:
         dest = posixpath.join(target, str(version))
         if any(fs.exists(posixpath.join(dest, name)) for name in SERVING_FILES):
+            _lineage_copy(fs, posixpath.join(repo.path, str(version)), dest)  # mirrored by an older push
             continue
         source = posixpath.join(repo.path, str(version))
         files = sorted(fs.find(source), key=lambda p: posixpath.relpath(p, source) in SERVING_FILES)
         for path in files:
             out = posixpath.join(dest, posixpath.relpath(path, source))
             fs.makedirs(posixpath.dirname(out), exist_ok=True)
+            if out.endswith(LINEAGE):
+                _lineage_copy(fs, source, dest)
+                continue
             if is_local(fs):
                 try:
                     os.link(path, out)
@@ -185,6 +191,23 @@ def _mirror_versions(repo: Repository, versions: list[int], fs, target: str) -> 
                 except OSError:
                     pass
             fs.copy(path, out)
+
+
+LINEAGE = f"/{ASSETS_EXTRA}/{LINEAGE_FILE}"
+
+
+def _lineage_copy(fs, version: str, dest: str) -> None:
+    """The version's lineage in the context, written (never linked) without the credentials a version
+    pushed before Stoke kept them out may hold in its spans' SOURCE."""
+    source, out = version + LINEAGE, dest + LINEAGE
+    if not fs.exists(source):
+        return
+    text = fs.cat_file(source).decode()
+    if fs.exists(out):
+        if fs.cat_file(out).decode() == without_secrets(text):
+            return
+        fs.rm(out)  # a hard link to the version's own file: writing through it would change the version
+    fs.pipe_file(out, without_secrets(text).encode())
 
 
 def build_image(serving_uri: str, command: str) -> dict:

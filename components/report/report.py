@@ -14,7 +14,7 @@ from components.common import plots as draw
 from components.common.files import exists, read_json, write_text
 from components.contracts import stages
 from components.contracts.layout import Root, RunDir
-from components.contracts.program import printable
+from components.contracts.program import printable, scrubbed
 from components.contracts.results import Comparison, GateMetrics, GateResult, TrainMetrics
 from components.contracts.retention import RetentionSummary
 from components.contracts.summaries import PushSummary, RunReport
@@ -94,7 +94,8 @@ def write_report(run: RunDir, skipped: str | None = None, failed: str | None = N
     """Builds the report and writes report.json, report.md and plots into the run folder.
 
     Returns {"summary": the report as JSON, "markdown": report.md's text, "report_md": its URI}."""
-    report = build_report(run, skipped, failed)
+    # Without credentials: a span or version published before Stoke kept them out may still hold SOURCE's.
+    report = RunReport.model_validate(scrubbed(build_report(run, skipped, failed).to_json()))
     # Names in the markdown cannot carry escapes.
     markdown = render_markdown(RunReport.model_validate(printable(report.to_json())))
     write_text(run.report_md, markdown)

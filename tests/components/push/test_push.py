@@ -16,6 +16,7 @@ from components.common.repository import KILL_AFTER_FILES_ENV, KILL_AFTER_STEP_E
 from components.push import lineage, predict, rollback
 from tests.components.conftest import tiny_image
 from tests.components.gate_runs import copy_root, gate_scenario, listing, push_run, validate_run
+from tests.credentials import PASSWORD, USER, holding, shows
 
 
 @pytest.fixture(scope="session")
@@ -262,6 +263,43 @@ def test_lineage_of_the_served_version(trained_runs, capsys):
     assert f"version {trained_runs['push']['mixed'][1]['version']} (served)" in text and "run mixed" in text
     assert "span 1:" in text
     assert lineage.run(["--root", trained_runs["root"], "--model-name", "a/../b"]) == 1
+
+
+def test_a_password_older_spans_and_versions_kept_stays_out_of_the_push_its_image_and_every_answer(
+        trained_runs, tmp_path, capsys):
+    """A span and a version published before Stoke kept credentials out hold SOURCE's password: the push
+    writes none of it into the new version or ROOT/serving (the image's build context), whose copy of the
+    old version's lineage is written without it (never through the link to the version's own file, which
+    keeps what it has), and `stoke lineage` and `stoke spans` show none of it."""
+    from components.datacheck import spans
+
+    root = copy_root(trained_runs, tmp_path)
+    first, third = trained_runs["push"]["good"][1]["version"], trained_runs["push"]["mixed"][1]["version"]
+    old = f"http://{USER}:{PASSWORD}@127.0.0.1:9/photos/manifest.csv"
+    manifest = os.path.join(root, "data", "spans", "span-00001", "_MANIFEST.json")
+    json.dump({**json.load(open(manifest)), "source": old}, open(manifest + ".tmp", "w"))
+    os.replace(manifest + ".tmp", manifest)
+    kept = os.path.join(root, "models", "stoke", str(first), "assets.extra", "stoke_lineage.json")
+    record = json.load(open(kept))
+    record["spans"][0]["source"] = old
+    json.dump(record, open(kept, "w"))
+    copied = os.path.join(root, "serving", "models", "stoke", str(first), "assets.extra", "stoke_lineage.json")
+    os.remove(copied)
+    os.link(kept, copied)  # as a push on one disk mirrors a version
+    shutil.rmtree(os.path.join(root, "models", "stoke", str(third)))
+    os.remove(os.path.join(root, "runs", "mixed", "pushed.json"))
+
+    code, pushed = push_run(root, "mixed")
+    assert code == 0 and pushed["pushed"], pushed
+    assert holding(pushed["model_uri"]) == [] and holding(os.path.join(root, "serving")) == []
+    assert json.load(open(copied))["spans"][0]["source"] == "http://alice:***@127.0.0.1:9/photos/manifest.csv"
+    assert shows(open(kept).read())  # the old version itself is left as it was
+    capsys.readouterr()
+    for argv in ([str(first)], [str(first), "--json"], [str(pushed["version"]), "--json"]):
+        assert lineage.run(["--root", root, *argv]) == 0
+    assert spans.run(["--root", root]) == 0 and spans.run(["--root", root, "--json"]) == 0
+    printed = capsys.readouterr()
+    assert "alice:***@127.0.0.1:9" in printed.out and not shows(printed.out + printed.err)
 
 
 class FakeServing(http.server.BaseHTTPRequestHandler):
