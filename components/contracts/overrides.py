@@ -99,7 +99,7 @@ def problems(error: ValidationError, limit: int = 3) -> str:
             shown.append(f"{path}: no such setting")
         else:
             got = problem.get("input")
-            shown.append(f"{path}: {problem['msg']}" + (f" (got {got!r})" if isinstance(got, str | int | float) else ""))
+            shown.append(f"{path}: {problem['msg']}" + (f" (got {_shown(got)})" if isinstance(got, str | int | float) else ""))
     more = len(error.errors()) - limit
     return "; ".join(shown) + (f"; and {more} more" if more > 0 else "")
 
@@ -119,6 +119,12 @@ def _choices(model: type[BaseModel], name: str, where: list[str]) -> str:
     if near:
         return f"; did you mean {prefix}{near[0]}? (`stoke config show` lists every setting)"
     return f" in {'.'.join(where) or 'the run configuration'}: one of {', '.join(model.model_fields)}"
+
+
+def _shown(value, limit: int = 80) -> str:
+    """`value` as Python writes it, cut to `limit` characters: the line stays one a terminal shows."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 20]}... ({len(text):,} characters)"
 
 
 def _first_line(error: Exception) -> str:

@@ -20,6 +20,7 @@ from pydantic_core import PydanticUndefined
 from components.contracts import presets
 from components.contracts.beam_options import BeamArgs
 from components.contracts.config import (
+    MAX_SPAN,
     SETTINGS_CONFIG,
     DataCheckConfig,
     GateConfig,
@@ -33,10 +34,12 @@ from components.contracts.config import (
 )
 from components.contracts.stages import STAGES, Stage, stage
 
+MAX_TIMEOUT_MINUTES = 30 * 24 * 60  # a stage that may run for a month
 Timeouts = create_model(
     "Timeouts", __config__=ConfigDict(extra="forbid", allow_inf_nan=False),
     __doc__="Minutes each stage program may run before it is stopped (SIGTERM, then SIGKILL).",
-    **{s.name: (float, Field(s.timeout_minutes, gt=0, description=f"minutes for {s.name}")) for s in STAGES})
+    **{s.name: (float, Field(s.timeout_minutes, gt=0, le=MAX_TIMEOUT_MINUTES, description=f"minutes for {s.name}"))
+       for s in STAGES})
 
 
 class RunConfig(BaseModel):
@@ -79,7 +82,7 @@ RUN_FACTS = {
                                    "run (default: a new one)")),
     "arrived": (str | None, Field(None, description="a file of URIs in SOURCE, one a line, that bucket "
                                   "notifications announced: only these are read, instead of listing all of SOURCE")),
-    "span": (int | None, Field(None, gt=0, description="span to check (default: the newest published)")),
+    "span": (int | None, Field(None, gt=0, le=MAX_SPAN, description="span to check (default: the newest published)")),
 }
 
 
