@@ -43,7 +43,7 @@ from beam_jobs.statistics import label_conflicts, write_statistics
 from beam_jobs.unchanged import without_unchanged
 from components.common import clock
 from components.common.content_index import write_index
-from components.common.files import exists, filesystem, join, read_json, write_json, write_text
+from components.common.files import NotASmallFile, exists, filesystem, join, read_json, read_small, write_json, write_text
 from components.common.lease import LeaseError, LeaseHeld, exclusive
 from components.common.source_files import no_images
 from components.common.store_errors import naming
@@ -167,13 +167,17 @@ def listed(config: IngestSettings) -> Iterator[tuple[Source, str | None]]:
         raise IngestError(str(error)) from None
 
 
+ARRIVED_BYTES = 256 * 1024 * 1024  # an --arrived file: some two million URIs
+
+
 def announced(uri: str) -> list[str]:
-    """The URIs of an --arrived file, one a line."""
-    fs, path = filesystem(uri)
+    """The URIs of an --arrived file, one a line: a regular file of at most ARRIVED_BYTES."""
     try:
-        text = fs.cat_file(path).decode("utf-8")
+        text = read_small(uri, ARRIVED_BYTES, "an --arrived file").decode("utf-8")
     except FileNotFoundError:
         raise ValueError(f"--arrived {uri} does not exist") from None
+    except NotASmallFile as error:
+        raise ValueError(f"--arrived {error}") from None
     except UnicodeDecodeError:
         raise ValueError(f"--arrived {uri} is not UTF-8 text") from None
     return [line.strip() for line in text.splitlines() if line.strip()]

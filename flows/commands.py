@@ -31,7 +31,7 @@ from components.contracts.layout import Root, new_run_id
 from components.contracts.program import BAD_SETTINGS, printable
 from components.contracts.run_config import RunConfig
 from components.contracts.secrets import without_secrets
-from flows.parameters import read_beam_args
+from flows.parameters import read_beam_args, read_option_file
 from flows.run_options import FIELDS, add_config_arguments, config_from
 from flows.work_pools import add_notifications_argument
 
@@ -231,15 +231,15 @@ def up(args: argparse.Namespace) -> int:
     """Starts the server, serves the deployments until Ctrl-C (or SIGTERM), then stops both."""
     try:
         config = config_from(args)
+        if _port_in_use(args.port):
+            print(f"stoke up: error: port {args.port} on 127.0.0.1 is in use (another `stoke up` or Prefect "
+                  "server?); choose another with --port", file=sys.stderr)
+            return 1
+        home, url = _server_environment(args)
     except overrides.ConfigError as error:
         print(f"stoke up: error: {printable(str(error))}", file=sys.stderr, flush=True)
         return BAD_SETTINGS
     config = config.model_copy(update={"source": _absolute(config.source), "root": _absolute(config.root)})
-    if _port_in_use(args.port):
-        print(f"stoke up: error: port {args.port} on 127.0.0.1 is in use (another `stoke up` or Prefect "
-              "server?); choose another with --port", file=sys.stderr)
-        return 1
-    home, url = _server_environment(args)
     log_path = os.path.join(home, "stoke-server.log")
     signal.signal(signal.SIGTERM, _interrupt)  # `docker stop` / systemd: the same clean path as Ctrl-C
     server = None
@@ -268,17 +268,19 @@ def up(args: argparse.Namespace) -> int:
 def _server_environment(args: argparse.Namespace) -> tuple[str, str]:
     """PREFECT_HOME and the server's URL, with the settings the server and every flow run inherit
     (set before Prefect is imported here)."""
+    # The files first: one refused (ConfigError) leaves this process's environment as it was.
+    beam_args = read_beam_args(args.beam_args_file) if args.beam_args_file else None
+    auth = read_option_file(args.auth_string_file, "--auth-string-file").strip() if args.auth_string_file else None
     home = os.path.expanduser(os.environ.get("PREFECT_HOME") or "~/.prefect")
     os.makedirs(home, exist_ok=True)
     url = f"http://127.0.0.1:{args.port}"
     os.environ.update({"PREFECT_HOME": home, "PREFECT_API_URL": f"{url}/api",
                        "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_SERVER_API_HOST": "127.0.0.1",
                        "PREFECT_SERVER_API_PORT": str(args.port)})
-    if args.beam_args_file:  # flow runs start in processes of this one: they inherit it
-        os.environ[BEAM_ARGS_ENV] = read_beam_args(args.beam_args_file)
-    if args.auth_string_file:
-        with open(args.auth_string_file, encoding="utf-8") as f:
-            os.environ[AUTH_ENV] = f.read().strip()
+    if beam_args is not None:  # flow runs start in processes of this one: they inherit it
+        os.environ[BEAM_ARGS_ENV] = beam_args
+    if auth is not None:
+        os.environ[AUTH_ENV] = auth
     if os.environ.get(AUTH_ENV):  # the server checks it; this process and its flow runs send it
         os.environ["PREFECT_API_AUTH_STRING"] = os.environ[AUTH_ENV]
     return home, url

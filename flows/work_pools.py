@@ -32,10 +32,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from components.contracts import plain_data
 from components.contracts.beam_options import BEAM_ARGS_ENV
-from components.contracts.program import printable
+from components.contracts.overrides import ConfigError
+from components.contracts.program import BAD_SETTINGS, printable
 from components.contracts.run_config import RunConfig
-from flows.parameters import OPEN_VARIABLES, read_beam_args
+from flows.parameters import OPEN_VARIABLES, read_beam_args, read_option_file
 
 POOL_ENV = "STOKE_WORK_POOL"
 POOL_TYPES = ("process", "docker", "kubernetes")
@@ -223,11 +225,13 @@ def main(argv: list[str] | None = None) -> int:
             raise WorkPoolError(f"set {POOL_ENV} to one of {', '.join(POOL_TYPES)} (unset, `stoke up` serves the flows)")
         template = None
         if args.base_job_template:
-            with open(args.base_job_template) as f:
-                template = json.load(f)
+            template = _template(args.base_job_template)
         beam_args = read_beam_args(args.beam_args_file) if args.beam_args_file else None
         names = deploy(config_from(args), pool, template, beam_args, poll_seconds=args.poll_seconds,
                        notifications=args.notifications)
+    except ConfigError as error:  # the run configuration or a file an option names
+        print(f"stoke deploy: error: {printable(str(error))}", file=sys.stderr)
+        return BAD_SETTINGS
     except ValidationError as error:
         print(f"stoke deploy: error: {error.errors()[0]['loc'][0]}: {printable(error.errors()[0]['msg'])}",
               file=sys.stderr)
@@ -240,6 +244,18 @@ def main(argv: list[str] | None = None) -> int:
           f"registered {', '.join(names)} to work pool {pool.name} ({pool.type}); "
           f"start a worker: prefect worker start --pool {pool.name}", flush=True)
     return 0
+
+
+def _template(path: str) -> dict:
+    """The base job template a file holds: a JSON object."""
+    text = read_option_file(path, "--base-job-template")
+    try:
+        template = plain_data.loads(text, as_json=True)
+    except ValueError as error:  # not JSON, or nested past plain data's bound
+        raise ConfigError(f"--base-job-template {path} is not a JSON job template: {error}") from None
+    if not isinstance(template, dict):
+        raise ConfigError(f"--base-job-template {path} holds a {type(template).__name__}, not a JSON object")
+    return template
 
 
 if __name__ == "__main__":
