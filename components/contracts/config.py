@@ -45,6 +45,39 @@ def check_model_name(name: str) -> str:
 
 ServedModelName = Annotated[str, AfterValidator(check_model_name)]
 
+# ROOT is written by every stage, each a process of its own, and read by later runs and other machines: a
+# local path or a bucket every process reaches alike. fsspec's other schemes are each wrong for it: memory://
+# lives in one process, http(s)://, tar://, zip:// and github:// are read-only, and a chain (simplecache::s3://,
+# "a::b") reads one place through another, each process with a cache of its own. SOURCE is only read, so it
+# may also be an http(s):// manifest or folder; a chain is refused there too.
+ROOT_SCHEMES = ("file", "s3", "gs")
+SOURCE_SCHEMES = (*ROOT_SCHEMES, "http", "https")
+
+
+def _check_location(uri: str, what: str, schemes: tuple[str, ...], why: str) -> str:
+    allowed = f"name a local path, {', '.join(f'{scheme}://' for scheme in schemes[:-1])} or {schemes[-1]}://"
+    shown = without_secrets(repr(uri))
+    if not uri.strip():
+        raise ValueError(f"{what} is empty: {allowed}")
+    if "::" in uri:
+        raise ValueError(f"{shown}: '::' (fsspec's chaining) is not taken for {what}; {allowed}")
+    scheme = uri.partition("://")[0] if "://" in uri else None
+    if scheme is not None and scheme not in schemes:
+        raise ValueError(f"{shown}: {scheme}:// is not taken for {what}, which {why}; {allowed}")
+    return uri
+
+
+def check_root(uri: str) -> str:
+    return _check_location(uri, "ROOT", ROOT_SCHEMES, "each stage writes from a process of its own")
+
+
+def check_source(uri: str) -> str:
+    return _check_location(uri, "SOURCE", SOURCE_SCHEMES, "ingest reads from a process of its own")
+
+
+RootLocation = Annotated[str, AfterValidator(check_root)]
+SourceLocation = Annotated[str, AfterValidator(check_source)]
+
 # A tf.data service dispatcher or worker: HOST:PORT, the dispatcher also as grpc://HOST:PORT (how
 # tf.data names it). HOST is a name or an IPv4 address, or an IPv6 one in brackets; nothing else
 # (a path, credentials, another scheme) is taken, since the address reaches gRPC as it is.

@@ -27,9 +27,11 @@ from components.contracts.config import (
     IngestConfig,
     PreflightConfig,
     PushConfig,
+    RootLocation,
     RunId,
     ServedModelName,
     ShardCacheConfig,
+    SourceLocation,
     TrainConfig,
 )
 from components.contracts.stages import STAGES, Stage, stage
@@ -47,9 +49,9 @@ class RunConfig(BaseModel):
 
     model_config = SETTINGS_CONFIG
 
-    source: str = Field(description="raw images: a folder of class subfolders, or a CSV/JSONL manifest of "
-                        "uri,label[,split]; a local path or an fsspec URI (s3://, gs://)")
-    root: str = Field(description="artifact ROOT: a local path or an fsspec URI (s3://, gs://)")
+    source: SourceLocation = Field(description="raw images: a folder of class subfolders, or a CSV/JSONL manifest "
+                                   "of uri,label[,split]; a local path, file://, s3://, gs:// or http(s)://")
+    root: RootLocation = Field(description="artifact ROOT: a local path, file://, s3:// or gs://")
     model_name: ServedModelName = Field("stoke", description="model in ROOT/models that the run gates against "
                                         "and pushes to (TF Serving's model name)")
     preset: presets.PresetName = Field(

@@ -163,3 +163,50 @@ def test_the_flow_refuses_an_unbounded_span_range_given_as_a_run_parameter(tmp_p
                      preflight=None, return_state=True)
     assert state.is_failed() and "names 999,999,999 spans" in str(state.result(raise_on_failure=False))
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+ROOTS = ["memory://x", "MEMORY://x", "simplecache::s3://bucket/root", "filecache::/tmp/x", "a/b::c",
+         "tar://root::file:///tmp/x.tar", "zip://root::file:///tmp/x.zip", "http://127.0.0.1:9/root",
+         "https://example.com/root", "github://org/repo", "ftp://host/root", "  s3://bucket/root", ""]
+
+
+@pytest.mark.parametrize("root", ROOTS)
+def test_a_root_no_other_process_can_write_is_refused_when_the_configuration_is_read(root, tmp_path, capsys):
+    (tmp_path / "images").mkdir()
+    code = cli.main(["run", str(tmp_path / "images"), "--root", root, "--json"])
+    captured = capsys.readouterr()
+    assert code == 2, captured.err
+    (line,) = captured.err.strip().splitlines()
+    assert line.startswith("stoke run: error: root: Value error, ") and "Traceback" not in captured.err
+    assert line.endswith(f"name a local path, file://, s3:// or gs:// (got {root!r})"), line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["images"]
+
+
+@pytest.mark.parametrize("source", ["memory://x", "simplecache::file:///tmp/x", "ftp://host/photos", "zip://x::/y.zip"])
+def test_a_source_ingest_cannot_read_from_its_own_process_is_refused_alike(source, tmp_path, capsys):
+    code = cli.main(["run", source, "--root", str(tmp_path / "root")])
+    assert code == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("stoke run: error: source: Value error, ") and "is not taken for SOURCE" in line
+    assert "name a local path, file://, s3://, gs://, http:// or https://" in line and not (tmp_path / "root").exists()
+
+
+def test_the_stage_programs_and_the_flow_refuse_them_alike(tmp_path, capsys, prefect_api):
+    from flows.pipeline import pipeline
+
+    (tmp_path / "images").mkdir()
+    assert ingest.run([str(tmp_path / "images"), "--root", "memory://x", "--json"]) == 2
+    assert "--root: Value error, 'memory://x': memory:// is not taken for ROOT" in capsys.readouterr().err
+    for name in ("preflight", "train", "gate", "push", "datacheck"):
+        with pytest.raises(ValidationError, match="memory:// is not taken for ROOT"):
+            program_stage_settings(name, stage_arguments(name, ["--root", "memory://x", "--run-id", "r"]
+                                                         if name in ("gate", "push") else ["--root", "memory://x"]))
+    state = pipeline(source=str(tmp_path / "images"), root="memory://x", preflight=None, return_state=True)
+    assert state.is_failed() and "memory:// is not taken for ROOT" in str(state.result(raise_on_failure=False))
+
+
+def test_the_roots_and_sources_it_takes(tmp_path):
+    for root in (str(tmp_path), "relative/root", f"file://{tmp_path}", "s3://bucket/root", "gs://bucket/root"):
+        assert RunConfig(source=str(tmp_path), root=root).root == root
+    for source in ("http://127.0.0.1:9/m.csv", "https://example.com/photos/", "s3://b/photos", "gs://b/m.csv"):
+        assert RunConfig(source=source, root=str(tmp_path)).source == source
