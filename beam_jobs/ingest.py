@@ -69,17 +69,26 @@ def ingest(config: IngestSettings, pipeline_args: list[str],
     # holder dies (components/common/lease.py).
     with naming(config.root):  # a bucket's refusal names the bucket and what to set (SOURCE's: in `listed`)
         try:
-            with exclusive(root.ingest_lock, "ingest") as lease:
+            with exclusive(root.ingest_lock, "ingest", wait=config.wait_minutes * 60,
+                           waiting=lambda held: _waiting(root, held, config.wait_minutes)) as lease:
                 return _ingest(config, pipeline_args, root, started, lease,
                                progress or program.progress_printer(as_json=False))
         except LeaseHeld as error:
             detail = f" ({error})" if error.holder else ""
-            raise IngestError(f"another ingest is writing into {root.uri}; run again when it has finished{detail}") \
-                from None
+            still = f"is still writing into {root.uri} after {config.wait_minutes:g} min (ingest.wait_minutes)" \
+                if config.wait_minutes else f"is writing into {root.uri}"
+            raise IngestError(f"another ingest {still}; run again when it has finished{detail}") from None
         except LeaseError as error:
             raise IngestError(f"{error}; nothing was published") from None
         finally:
             gc.unfreeze()  # what loading Beam froze (_long_lived) is collectable again for a caller that goes on
+
+
+def _waiting(root: Root, held: LeaseHeld, minutes: float) -> None:
+    """Says why the job has not started: two runs that meet (a nightly one and one a notification started)
+    take turns, the second finding only what the first did not publish."""
+    print(f"stoke ingest: another ingest is writing into {root.uri} ({held}); waiting up to {minutes:g} min for it "
+          "to finish", file=sys.stderr, flush=True)
 
 
 def _ingest(config: IngestSettings, pipeline_args: list[str], root: Root, started: float, lease,

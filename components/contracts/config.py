@@ -257,6 +257,9 @@ class IngestConfig(BaseModel):
     allow_outside_source: bool = Field(
         False, description="let a manifest's rows name local paths, s3:// or gs:// files outside the manifest's "
         "folder (otherwise they are dead letters)")
+    wait_minutes: float = Field(
+        60.0, ge=0, le=24 * 60, description="how long to wait for another ingest into ROOT (another run's) to "
+        "finish before failing, publishing nothing; 0 fails at once (the wait counts toward timeouts.ingest)")
 
 
 class DataCheckConfig(BaseModel):
