@@ -43,6 +43,7 @@ EPHEMERAL_START_SECONDS = 180
 EPHEMERAL_LOG = "stoke-ephemeral-server.log"  # under PREFECT_HOME
 PREFECT_PORT = 4200  # Prefect's own default; the API is at http://<host>:PREFECT_PORT/api
 SERVER_STOP_SECONDS = 30
+INTERRUPTED = 130  # a shell's code for a command Ctrl-C ended
 AUTH_ENV = "PREFECT_SERVER_API_AUTH_STRING"  # Prefect's own setting: basic auth on the API and UI
 
 # ---------------------------------------------------------------- stoke run
@@ -63,7 +64,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Runs the train flow once and prints its summary; exit 0 also when the model was refused."""
+    """Runs the train flow once and prints its summary; exit 0 also when the model was refused.
+    SIGTERM stops it as Ctrl-C does: the stage running is stopped, then the temporary server."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     try:
         run_id, config = checked(args)
@@ -72,14 +74,19 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, overrides.ConfigError, CacheError) as error:
         print(f"stoke run: error: {printable(str(error))}", file=sys.stderr, flush=True)
         return BAD_SETTINGS
+    signal.signal(signal.SIGTERM, _interrupt)  # a process manager's stop: the path Ctrl-C takes
     try:
         start_api()
+        from flows.pipeline import pipeline
+
+        state = pipeline(**flow_parameters(config), skip_unchanged=args.skip_unchanged, run_id=run_id,
+                         return_state=True)
     except ServerError as error:
         print(f"stoke run: error: {printable(str(error))}", file=sys.stderr, flush=True)
         return 1
-    from flows.pipeline import pipeline
-
-    state = pipeline(**flow_parameters(config), skip_unchanged=args.skip_unchanged, run_id=run_id, return_state=True)
+    except KeyboardInterrupt:
+        print(f"stoke run: stopped; run it again with --run-id {run_id} to resume", file=sys.stderr, flush=True)
+        return INTERRUPTED
     if state.is_completed():
         summary = state.result()
     else:
@@ -106,7 +113,17 @@ def start_api() -> None:
     timeout = startup_timeout(settings)
     os.makedirs(str(settings.home), exist_ok=True)
     log_path = os.path.join(str(settings.home), EPHEMERAL_LOG)
-    server = SubprocessASGIServer()
+
+    class TiedServer(SubprocessASGIServer):
+        """Prefect's temporary server, started by Prefect's own command, but dying with this process however it
+        dies: a `stoke run` killed outright would otherwise leave it running, holding a port and some 300 MB.
+        Prefect's later calls for "the" temporary server get this one (its instances are kept by port)."""
+
+        def _run_uvicorn_command(self):
+            with processes.tied_children():
+                return super()._run_uvicorn_command()
+
+    server = TiedServer()
     with _output_to(log_path):
         try:
             server.start(timeout=timeout)
@@ -324,7 +341,7 @@ def _start_server(port: int, log_path: str) -> subprocess.Popen:
     # outright (SIGKILL, a container stop past its grace), we cannot: the kernel sends it SIGTERM.
     server = processes.start(
         [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        stdout=log, stderr=subprocess.STDOUT, preexec_fn=processes.dies_with_this_process())
+        stdout=log, stderr=subprocess.STDOUT)
     log.close()
     deadline = time.monotonic() + SERVER_START_SECONDS
     while time.monotonic() < deadline:
