@@ -190,3 +190,23 @@ def test_ingest_reads_an_arrived_file_alike(tmp_path, capsys):
     assert code == 1
     error = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
     assert error == f"--arrived {path} is a FIFO, not an --arrived file: name a regular file"
+
+
+HELD = [
+    ("träin:\n  epochs: 3\n", "träin: no such setting"),
+    ("train:\n  wings: 3\n", "train.wings: no such setting"),
+    ("train:\n  epochs:\n    x: 1\n", "train.epochs: Input should be a valid integer"),
+    ("train: null\n", "train: Input should be a valid dictionary or instance of TrainConfig"),
+    ("train:\n  learning_rate: 1.0e999\n", "train.learning_rate: Input should be a finite number"),
+    ("ingest:\n  shard_mb: .inf\n", "ingest.shard_mb: Input should be a finite number"),
+    ("model_name: ../x\n", "model_name: Value error, bad model name '../x'"),
+    ("beam_args: ['--direct_num_workers=100000']\n", "beam_args: Value error, '--direct_num_workers=100000': a whole "
+     "number from 1 to at most"),
+]
+
+
+@pytest.mark.parametrize("text, says", HELD)
+def test_what_a_settings_file_could_always_not_say_is_still_one_line(text, says, tmp_path, capsys):
+    (tmp_path / "settings.yaml").write_text(text, encoding="utf-8")
+    line = run_with(str(tmp_path / "settings.yaml"), tmp_path, capsys)
+    assert line.startswith(f"stoke run: error: {says}"), line
