@@ -32,7 +32,7 @@ from components.contracts.program import BAD_SETTINGS, printable
 from components.contracts.run_config import RunConfig
 from components.contracts.secrets import without_secrets
 from flows.parameters import read_beam_args, read_option_file
-from flows.run_options import FIELDS, add_config_arguments, config_from
+from flows.run_options import FIELDS, POLL_SECONDS_MAX, add_config_arguments, bounded, config_from
 from flows.work_pools import add_notifications_argument
 
 SERVER_START_SECONDS = 120
@@ -229,9 +229,10 @@ def _describe(summary: dict) -> str:
 
 def add_up_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser, source="option")
-    parser.add_argument("--port", type=int, default=PREFECT_PORT,
+    parser.add_argument("--port", type=bounded(int, 1, 65535), default=PREFECT_PORT,
                         help=f"port of the Prefect server and UI (default: {PREFECT_PORT})")
-    parser.add_argument("--poll-seconds", type=float, default=60, help="how often watch-bucket lists SOURCE (default: 60)")
+    parser.add_argument("--poll-seconds", type=bounded(float, 1, POLL_SECONDS_MAX), default=60,
+                        help="how often watch-bucket lists SOURCE (default: 60)")
     parser.add_argument("--cron", default=None, help="schedule of train/nightly (default: '0 2 * * *', 02:00)")
     parser.add_argument("--timezone", default=os.environ.get("TZ") or "UTC",
                         help="IANA timezone of the schedule, e.g. Europe/Berlin (default: $TZ or UTC)")
@@ -253,6 +254,7 @@ def up(args: argparse.Namespace) -> int:
                   "server?); choose another with --port", file=sys.stderr)
             return 1
         home, url = _server_environment(args)
+        _check_schedule(args.cron, args.timezone)
     except overrides.ConfigError as error:
         print(f"stoke up: error: {printable(str(error))}", file=sys.stderr, flush=True)
         return BAD_SETTINGS
@@ -280,6 +282,21 @@ def up(args: argparse.Namespace) -> int:
     print(json.dumps(summary, sort_keys=True) if args.json else "stoke up: server and deployments stopped",
           flush=True)
     return 0
+
+
+def _check_schedule(cron: str | None, timezone: str) -> None:
+    """--cron and --timezone as Prefect will read them, before a server starts for them (Prefect is
+    imported here, once the server's environment is set)."""
+    from prefect.client.schemas.schedules import CronSchedule
+    from pydantic import ValidationError
+
+    from flows.deployments import NIGHTLY_CRON
+
+    try:
+        CronSchedule(cron=cron or NIGHTLY_CRON, timezone=timezone)
+    except ValidationError as error:
+        raise overrides.ConfigError(f"--cron {cron or NIGHTLY_CRON!r} --timezone {timezone!r}: "
+                                    f"{error.errors()[0]['msg']}") from None
 
 
 def _server_environment(args: argparse.Namespace) -> tuple[str, str]:

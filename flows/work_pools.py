@@ -207,11 +207,12 @@ def add_notifications_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from flows.run_options import add_config_arguments, config_from
+    from flows.run_options import POLL_SECONDS_MAX, add_config_arguments, bounded, config_from
 
     parser = argparse.ArgumentParser(prog="stoke deploy", description=__doc__.split("\n")[0])
     add_config_arguments(parser, source="option")  # ROOT as the flow-run containers see it
-    parser.add_argument("--poll-seconds", type=float, default=60, help="how often watch-bucket lists SOURCE")
+    parser.add_argument("--poll-seconds", type=bounded(float, 1, POLL_SECONDS_MAX), default=60,
+                        help="how often watch-bucket lists SOURCE")
     parser.add_argument("--base-job-template", default=None,
                         help="JSON base job template for a new pool (e.g. infra/prefect/kubernetes-job-template.json)")
     parser.add_argument("--beam-args-file", default=None,

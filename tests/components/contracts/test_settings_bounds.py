@@ -210,3 +210,43 @@ def test_the_roots_and_sources_it_takes(tmp_path):
         assert RunConfig(source=str(tmp_path), root=root).root == root
     for source in ("http://127.0.0.1:9/m.csv", "https://example.com/photos/", "s3://b/photos", "gs://b/m.csv"):
         assert RunConfig(source=source, root=str(tmp_path)).source == source
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--port", "70000"], "argument --port: 70000 is not from 1 to 65535"),
+    (["--port", "-1"], "argument --port: -1 is not from 1 to 65535"),
+    (["--port", "http"], "argument --port: 'http' is not a whole number"),
+    (["--poll-seconds", "nan"], "argument --poll-seconds: nan is not from 1 to 86400"),
+    (["--poll-seconds", "inf"], "argument --poll-seconds: inf is not from 1 to 86400"),
+    (["--poll-seconds", "0"], "argument --poll-seconds: 0 is not from 1 to 86400"),
+])
+def test_stoke_up_and_deploy_refuse_a_port_or_a_poll_out_of_bounds_before_anything_starts(argv, says, tmp_path,
+                                                                                          capsys):
+    from flows import work_pools
+
+    for main, command in ((cli.main, ["up"]), (work_pools.main, [])):
+        if argv[0] == "--port" and main is work_pools.main:
+            continue
+        with pytest.raises(SystemExit) as exited:
+            main([*command, "--source", str(tmp_path), "--root", str(tmp_path / "root"), *argv])
+        assert exited.value.code == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f"error: {says}")
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--timezone", "Mars/Phobos"], "--cron '0 2 * * *' --timezone 'Mars/Phobos': Value error, Invalid timezone"),
+    (["--cron", "every night"], "--cron 'every night' --timezone 'UTC': Value error, Invalid cron string"),
+])
+def test_stoke_up_refuses_a_schedule_prefect_cannot_read_before_its_server_starts(argv, says, tmp_path, capsys,
+                                                                                 monkeypatch):
+    from tests.waiting import free_port
+
+    for name in ("PREFECT_HOME", "PREFECT_API_URL", "PREFECT_SERVER_API_HOST", "PREFECT_SERVER_API_PORT"):
+        monkeypatch.delenv(name, raising=False)  # set by `stoke up` for its server: undone after the test
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "home"))
+    port = free_port()
+    code = cli.main(["up", "--source", str(tmp_path), "--root", str(tmp_path / "root"), "--port", str(port),
+                     "--timezone", "UTC", *argv])
+    assert code == 2
+    assert capsys.readouterr().err.strip().startswith(f"stoke up: error: {says}")
+    assert not (tmp_path / "home" / "stoke-server.log").exists()
