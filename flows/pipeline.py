@@ -174,6 +174,8 @@ def check_spans(config: RunConfig, run: RunDir) -> list[int]:
             logger.warning("datacheck span %d %s: %s", check.span, anomaly.severity, anomaly.message)
         if check.label_check is not None and check.label_check.status == "skipped":
             logger.info("datacheck span %d: label check skipped: %s", check.span, check.label_check.reason)
+        if check.status == "warning":
+            logger.info("datacheck span %d let in with its warnings: training reads it", check.span)
     for check in summary.held():
         logger.warning("%s; training goes on without it", held_back(config.root, check.span))
     return [check.span for check in summary.held()]

@@ -267,12 +267,18 @@ class DataCheckConfig(BaseModel):
 
     model_config = SETTINGS_CONFIG
 
-    # 0.25: spans are often a few hundred records, where a class's share moves by a few points from
-    # sampling alone (one standard error is 0.05 at 100 records and a share of 0.5); a quarter of the
-    # records changing class is a different mix, not noise. TFDV's comparator takes any threshold.
+    # 0.125: spans are often a few hundred records, where a class's share moves by a few points from
+    # sampling alone (one standard error is 0.05 at 100 records and a share of 0.5); an eighth of the records
+    # changing class is a change of mix worth a look. A look, not a quarantine: arrivals are rarely
+    # stratified (components/datacheck/mix.py). TFDV's comparator takes any threshold.
     max_label_drift: float = Field(
-        0.25, gt=0, le=1, description="quarantine the span when a class's share of its records differs from the "
-        "history's by more than this (L-infinity, as TFDV's drift comparator); over half of it warns")
+        0.125, gt=0, le=1, description="warn when a class's share of the span's records differs from the history's "
+        "by more than this (L-infinity, as TFDV's drift comparator); a change of mix alone never quarantines")
+    # 3: one arrival without a class is a skewed night (one line, one camera), two can be a weekend;
+    # a third in a row, each large enough to have shown the class, is a feed that stopped.
+    vanished_after: int = Field(
+        3, ge=1, le=10_000, description="quarantine the span when a class of the history has been missing, each time beyond "
+        "chance, from this many arrivals in a row, the span's included (a feed that died); fewer warn")
     max_same_image_share: float = Field(
         0.2, gt=0, le=1, description="quarantine the span when more than this share of its records share one "
         "dHash (a flood of near-identical frames)")
@@ -359,7 +365,7 @@ class TrainConfig(BaseModel):
 
 
 class GateConfig(BaseModel):
-    """The gate: TFMA on the run's eval split, against the newest served version, plus a serving check."""
+    """The gate: TFMA on the eval split of every checked span, against the newest served version, plus a serving check."""
 
     model_config = SETTINGS_CONFIG
 
@@ -374,7 +380,12 @@ class GateConfig(BaseModel):
                                 "difference (both models on the same eval records) lies wholly beyond it, also against "
                                 "the best retained version; point: compare the two accuracies as they are")
     confidence: float = Field(0.95, gt=0.5, lt=1.0, description="confidence of the paired interval of the difference "
-                                                                "(decision evidence); McNemar's p-value is reported beside it")
+                                                                "(decision evidence); McNemar's p-value is reported beside it; "
+                                                                "1 - confidence is the per-class rule's level")
+    per_class: bool = Field(
+        True, description="also refuse a candidate that answers one class worse than the served version with "
+                          "evidence (McNemar's exact one-sided test per class, Holm's correction over the classes, at "
+                          "level 1 - confidence) by more than max_regression, under either decision")
     top_k: int = Field(5, gt=0, le=100_000, description="k of the top-k accuracy (capped at the number of classes)")
     warmup_images: int = Field(8, gt=0, le=256, description="real eval images in TF Serving's warm-up requests")
 

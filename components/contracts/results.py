@@ -322,12 +322,36 @@ class PairedComparison(Result):
     detectable_difference: float  # smallest difference these records detect with 80% power
 
 
+class ClassComparison(Result):
+    """One class's eval records, the candidate against the served version (components/gate/forgetting.py)."""
+
+    label: str
+    example_count: int  # eval records of the class
+    right: int  # records of the class the candidate gets right
+    baseline_right: int  # records of the class the served version gets right
+    discordant: tuple[int, int]  # records only the candidate gets right, records only the served version
+    p_value: float  # McNemar's exact test, one-sided: the candidate is worse
+    threshold: float  # Holm's level for this p-value's rank among the classes
+    verdict: Literal["worse", "within noise", "held"]  # held: no fall beyond max_regression
+
+
+class PerClassComparison(Result):
+    """The guard against forgetting: every class the served version knows, compared on its own records."""
+
+    version: int  # the served version compared with
+    method: str
+    level: float  # family-wise: 1 - confidence, over all the classes together
+    max_regression: float  # a class counts as worse only if it also falls by more than this
+    classes: list[ClassComparison]  # the classes with eval records, in class-id order
+
+
 class Comparison(PairedComparison):
     """The paired comparison with the newest served version, and the rule that decided."""
 
     decision: Literal["evidence", "point"]
     confidence: float
     best_retained: PairedComparison | None = None  # against the retained version most accurate on these records
+    per_class: PerClassComparison | None = None  # None: gate.per_class off, or gated before it existed
 
 
 class Collapse(Result):
@@ -357,7 +381,7 @@ class GateResult(Result):
     thresholds: Thresholds
     serving_check: dict  # components/gate/serving_check.py's report
     labels: list[str]
-    spans: list[int]
+    spans: list[int]  # the spans whose eval records it was gated on: every span the data check lets in
     tfma_uri: str
     tfma_validation_ok: bool
     confusion_matrix_uri: str

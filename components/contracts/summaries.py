@@ -178,8 +178,8 @@ class DataAnomaly(Result):
     """One finding of the data check, as data: the issue (`kind`), how bad, and either the file it is about
     (`file`, with the facts of its issue) or, for a finding about the span as a whole, how many records and a few."""
 
-    kind: Literal["label_conflict", "label_drift", "same_image_flood", "image_size", "rare_class", "no_statistics",
-                  "image_quality", "label_error"]
+    kind: Literal["label_conflict", "label_drift", "new_label", "absent_class", "vanished_class", "same_image_flood",
+                  "image_size", "rare_class", "no_statistics", "image_quality", "label_error"]
     severity: Literal["error", "warning"]
     message: str
     count: int | None = None  # records concerned (None: a property of the whole span)
@@ -188,11 +188,12 @@ class DataAnomaly(Result):
     folders: dict[str, int] = {}  # image_quality: the folders most of them came from, with their records
     file: str | None = None  # the one record (its source URI) this finding is about; None: the span
     label: SuspectedLabel | None = None  # label_error about one file: what it was given, what the model says
+    class_name: str | None = None  # new_label, absent_class, vanished_class: the class it is about
 
 
 # Which data check judged a span, in its record: raise it when the checks change, so records made by
 # an earlier check can be told from today's.
-DATACHECK_VERSION = 2
+DATACHECK_VERSION = 3
 
 
 class DataCheckRecord(Result):

@@ -42,8 +42,9 @@ from components.contracts.summaries import (
     SpanCheck,
 )
 from components.datacheck import predictions
-from components.datacheck.check import Verdict, decide, profile
+from components.datacheck.check import EXAMPLES, Verdict, decide, profile
 from components.datacheck.label_errors import judge
+from components.datacheck.mix import released_gone
 
 SHEET = 32  # suspected label errors drawn on the span's sheet, most confident first
 
@@ -83,11 +84,12 @@ def check_span(root: Root, published: dict[int, SpanManifest], number: int, conf
     manifest = published[number]
     let_in = {n: read.record for n in published if n != number and (read := root.check_record(n)).trusted}
     history = list(let_in)
-    past = [profile(read_statistics(root, published[n])) for n in history]
+    past = {n: profile(read_statistics(root, published[n])) for n in history}
     try:
+        hashes, examples = content(root, number)
         verdict = decide(number, profile(read_statistics(root, manifest)), past, config, classes=manifest.labels,
-                         conflicts=manifest.anomalies or [], dhashes=dhashes(root, number),
-                         quality=manifest.quality)
+                         conflicts=manifest.anomalies or [], dhashes=hashes, quality=manifest.quality,
+                         examples=examples, gone=released_gone(let_in))
     except DataCheckError as error:
         missing = DataAnomaly(kind="no_statistics", severity="error", message=f"{error}; or release the span after a look")
         verdict = Verdict([missing], {}, {}, None)
@@ -161,15 +163,18 @@ def read_statistics(root: Root, manifest: SpanManifest) -> dict[str, statistics_
     return found
 
 
-def dhashes(root: Root, number: int) -> dict[str, list[str]]:
-    """dHash -> URIs of the span's records, from its content index: checked as it streams, rebuilt
-    from the span's shards where missing or broken (components/common/trusted_index.py)."""
-    def scan(lines) -> dict[str, list[str]]:
-        found = defaultdict(list)
+def content(root: Root, number: int) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """dHash -> URIs of the span's records, and label -> the first URIs of its records, from its content
+    index: checked as it streams, rebuilt from the span's shards where missing or broken
+    (components/common/trusted_index.py)."""
+    def scan(lines) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+        hashes, labels = defaultdict(list), defaultdict(list)
         for line in lines(number):
-            _, dhash, _, _, uri = parse(line)
-            found[dhash].append(uri)
-        return dict(found)
+            _, dhash, _, label, uri = parse(line)
+            hashes[dhash].append(uri)
+            if len(labels[label]) < EXAMPLES:
+                labels[label].append(uri)
+        return dict(hashes), dict(labels)
 
     return verified(root, scan)
 

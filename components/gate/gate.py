@@ -1,7 +1,7 @@
 """`python -m components.gate --root ROOT --run-id ID`: the gate between training and serving.
 
-TensorFlow Model Analysis evaluates the candidate on the eval split of the spans it trained on,
-through its tf.Example signature: accuracy, top-k accuracy, accuracy per class (a slice per label)
+TensorFlow Model Analysis evaluates the candidate on the eval split of every span the data check lets in
+(evalset.py), through its tf.Example signature: accuracy, top-k accuracy, accuracy per class (a slice per label)
 and the confusion matrix. The newest version in ROOT/models/<name>/ is evaluated on the same
 records as the baseline. A floor on accuracy (default: beat the share of the most common class, so a
 model that learned nothing is never blessed) is given to TFMA. The comparison with the served
@@ -10,7 +10,8 @@ version is paired: both models answer the same records, one by one (records.py),
 the difference lies below -max_regression, against the newest served version or the retained version
 most accurate on these records; --decision point compares the two accuracies as they are (TFMA then
 holds the same change threshold). When the candidate knows classes the served version does not
-(labels are append-only, so they come last), the two are compared on the classes both know.
+(labels are append-only, so they come last), the two are compared on the classes both know. Class by
+class, a fall below the served version with evidence refuses (forgetting.py), under either decision.
 A candidate that lacks a class the served version answers, or holds them in another order, is
 refused whatever its accuracy (labelset.py: its own labels against the served version's lineage).
 A fresh process then checks the serving contract with the warm-up requests the push will ship.
@@ -42,6 +43,7 @@ from components.contracts.results import GateResult, ResultError, TrainMetrics
 from components.contracts.run_config import GateSettings
 from components.gate import records, rule
 from components.gate.decision import Decision, Floor, collapse, decide
+from components.gate.evalset import eval_spans
 from components.gate.labelset import known_classes, label_set_reasons
 from components.gate.shards import named_corruption
 from components.gate.tfma import eval_config_for, label_name, read_tfma, run_tfma
@@ -104,7 +106,8 @@ def gate(config: GateSettings) -> dict:
                    eval_label_counts={label_name(inputs.labels, k): v for k, v in sorted(inputs.counts.items())})
     decision = decide(metrics, results.get("baseline"), inputs.served.version, inputs.served.shared, inputs.floor,
                       config.max_regression, serving, results["validation_ok"], results["validation_failures"],
-                      rule.Evidence(config.decision, config.confidence, results["pairs"]),
+                      rule.Evidence(config.decision, config.confidence, results["pairs"],
+                                    inputs.labels if config.per_class else None),
                       label_reasons=inputs.served.refusals)
     return write(config, inputs, metrics, results, serving, decision)
 
@@ -120,14 +123,16 @@ def gather(config: GateSettings) -> GateInputs:
     candidate = run.candidate
     if not exists(join(candidate, SAVED_MODEL)):
         raise GateError(f"run {config.run_id} has no candidate SavedModel at {candidate}")
-    labels, spans = trained.labels, trained.spans
-    try:
+    labels = trained.labels
+    try:  # every checked span's eval records, not only those training read (evalset.py)
+        spans, left_out = eval_spans(root, trained.spans, labels)
         shards = root.shards("eval", spans)
     except SpanNotChecked as exc:  # held back since the run trained on it: its records are no evidence
         raise GateError(f"run {config.run_id} trained on a span the data check does not let in now: {exc}; "
                         "or train again without it") from None
     if not sum(s.records for s in shards):
-        raise GateError(f"spans {spans} of run {config.run_id} have no eval records to gate on")
+        raise GateError(f"spans {spans}, those the data check lets in, have no eval records to gate "
+                        f"run {config.run_id} on")
     shards, staged = _staged(config, shards)
 
     with named_corruption(shards, GateError):
@@ -139,7 +144,7 @@ def gather(config: GateSettings) -> GateInputs:
                       warm_images=warm_images, majority_rate=majority_rate,
                       floor=_floor(config.min_accuracy, majority_count, sum(counts.values()),
                                    label_name(labels, majority_id)),
-                      served=dataclasses.replace(served, notes=served.notes + staged),
+                      served=dataclasses.replace(served, notes=served.notes + left_out + staged),
                       top_k=min(config.top_k, len(labels)))
 
 

@@ -50,6 +50,9 @@ def section(data: DataCheckSummary | None, ingest: IngestSummary | None, root: s
             lines += [f"**Held back**: span {check.span} is quarantined and this run trained without it. After a "
                       f"look at the examples below, let it in with `stoke spans release {check.span} --root {root}`.",
                       ""]
+        elif check.status == "warning":
+            lines += [f"Let in with its warnings: span {check.span} is trained on (a warning, such as a change of "
+                      "class mix, never holds a span back).", ""]
         newest = plots if check is data.spans[-1] else {}
         lines += anomalies(check) + label_errors(check, newest) + labels(check, newest)
     if data is not None and not data.spans:

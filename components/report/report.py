@@ -148,7 +148,7 @@ def render_markdown(report: RunReport) -> str:
             if report.plots.get("comparison"):
                 lines += [f"![paired difference]({os.path.basename(report.plots['comparison'])})", ""]
         lines += _metrics_table(v.metrics, len(v.labels))
-        lines += _per_class_table(v.metrics)
+        lines += _per_class_table(v.metrics, v.comparison)
         if report.plots.get("confusion_matrix"):
             lines += [f"![confusion matrix]({os.path.basename(report.plots['confusion_matrix'])})", ""]
     if report.push is not None:
@@ -267,12 +267,37 @@ def _metrics_table(metrics: GateMetrics, classes: int) -> list[str]:
     return ["| metric | value |", "| --- | --- |"] + [f"| {k} | {figure(v, 4)} |" for k, v in sorted(scalars.items())] + [""]
 
 
-def _per_class_table(metrics: GateMetrics) -> list[str]:
+# The guard against forgetting's verdicts (components/gate/forgetting.py), as the table says them.
+CLASS_VERDICTS = {"worse": "**worse**: a reason to refuse", "within noise": "fell, within noise", "held": "held"}
+
+
+def _per_class_table(metrics: GateMetrics, comparison: Comparison | None) -> list[str]:
+    """Accuracy per class and, when the gate compared class by class, the served version's beside it
+    with the figures of the guard against forgetting and its verdict."""
     accuracy, examples = metrics.per_class_accuracy, metrics.per_class_examples
     if not accuracy:
         return []
-    lines = ["| class | eval examples | accuracy |", "| --- | --- | --- |"]
-    lines += [f"| {name} | {examples.get(name, '-')} | {figure(value, 4)} |" for name, value in sorted(accuracy.items())]
+    table = comparison.per_class if comparison is not None else None
+    if table is None:
+        lines = ["| class | eval examples | accuracy |", "| --- | --- | --- |"]
+        lines += [f"| {name} | {examples.get(name, '-')} | {figure(value, 4)} |" for name, value in sorted(accuracy.items())]
+        return lines + [""]
+    rows = {row.label: row for row in table.classes}
+    lines = [f"Class by class against served version {table.version}: McNemar's exact one-sided test on each class's "
+             f"records, Holm's step-down over the {len(rows)} classes at {table.level:g}; a class is worse when its fall "
+             f"is significant and beyond the allowed regression {table.max_regression:g}.", "",
+             "| class | eval examples | accuracy | served | only candidate right / only served right | p, one-sided "
+             "| Holm threshold | verdict |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, value in sorted(accuracy.items()):
+        row = rows.get(name)
+        if row is None:  # a class the served version does not know
+            lines.append(f"| {name} | {examples.get(name, '-')} | {figure(value, 4)} | - | - | - | - | new: not compared |")
+            continue
+        n, (b, c) = row.example_count, row.discordant
+        lines.append(f"| {name} | {n} | {figure(value, 4)} ({row.right}/{n}) | {figure(row.baseline_right / n, 4)} "
+                     f"({row.baseline_right}/{n}) | {b} / {c} | {row.p_value:.2g} | {row.threshold:.2g} "
+                     f"| {CLASS_VERDICTS[row.verdict]} |")
     return lines + [""]
 
 
