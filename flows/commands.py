@@ -116,8 +116,10 @@ def start_api() -> None:
 
     class TiedServer(SubprocessASGIServer):
         """Prefect's temporary server, started by Prefect's own command, but dying with this process however it
-        dies: a `stoke run` killed outright would otherwise leave it running, holding a port and some 300 MB.
-        Prefect's later calls for "the" temporary server get this one (its instances are kept by port)."""
+        dies (a `stoke run` killed outright would otherwise leave it running, holding a port and some 300 MB),
+        and out of reach of a terminal's Ctrl-C, which stops the run first and the server after it, in order (the
+        server gone first, the run spent minutes retrying it, printing tracebacks). Prefect's later calls for
+        "the" temporary server get this one (its instances are kept by port)."""
 
         def _run_uvicorn_command(self):
             with processes.tied_children():

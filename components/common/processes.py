@@ -44,14 +44,16 @@ def start(command: list[str], **popen) -> subprocess.Popen:
 
 @contextlib.contextmanager
 def tied_children() -> Iterator[None]:
-    """Every process subprocess.Popen starts in the block dies with this process, as `start`'s do: for
-    a library that starts one its own way (Prefect's temporary server) and offers no hook. Keep the
-    block to the call that starts it: for its length, Popen is this subclass for every thread."""
+    """Every process subprocess.Popen starts in the block is started as `start` starts one, in a session of
+    its own and tied to this process: for a library that starts one its own way (Prefect's temporary
+    server) and offers no hook. Keep the block to the call that starts it: for its length, Popen is this
+    subclass for every thread."""
     plain, tie = subprocess.Popen, dies_with_this_process()
 
     class Tied(plain):
         def __init__(self, *args, **kwargs):
             kwargs.setdefault("preexec_fn", tie)
+            kwargs.setdefault("start_new_session", True)
             super().__init__(*args, **kwargs)
 
     subprocess.Popen = Tied
