@@ -1,10 +1,12 @@
 """A web server SOURCE that is away (the connection refused or reset) or busy (5xx) is transient, exit 75, in
 one line naming its host, from ingest and from preflight's SOURCE check; one that answers 404 is a SOURCE
-that does not exist, as before, with no bucket to name. Real servers on 127.0.0.1."""
+that does not exist, as before, with no bucket to name. An S3 endpoint that refuses is transient too, for
+SOURCE and ROOT. Real servers on 127.0.0.1."""
 from __future__ import annotations
 
 import http.server
 import json
+import os
 import socket
 import struct
 import threading
@@ -102,3 +104,21 @@ def test_a_web_server_that_has_no_such_file_says_so_and_names_no_bucket(answerin
     assert code == 1 and error == f"source {source} does not exist"
     check = source_check(source)
     assert check.summary == f"{source} does not exist" and not check.facts["transient"]
+
+
+@pytest.mark.parametrize("where", ["SOURCE", "ROOT"])
+def test_an_s3_endpoint_that_refuses_the_connection_is_transient_too(where, tmp_path):
+    import subprocess
+    import sys
+
+    port = free_port()
+    (tmp_path / "photos" / "cat").mkdir(parents=True)
+    source, root = ("s3://photos/in", str(tmp_path / "root")) if where == "SOURCE" else (
+        str(tmp_path / "photos"), "s3://stoke/root")
+    env = {**os.environ, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "k",
+           "AWS_SECRET_ACCESS_KEY": "s"}
+    done = subprocess.run([sys.executable, "-m", "beam_jobs.ingest", source, "--root", root, "--json"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    error = json.loads(done.stdout.strip().splitlines()[-1])["error"]
+    bucket = "photos" if where == "SOURCE" else "stoke"
+    assert done.returncode == TRANSIENT and error.startswith(f"cannot reach S3 for bucket {bucket} ("), error
