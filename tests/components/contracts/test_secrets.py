@@ -101,7 +101,7 @@ def test_ingest_errors_echo_bucket_uris_without_their_password(flag, tmp_path, c
     argv = [given, "--root", str(tmp_path / "root")] if flag == "source" else [str(tmp_path), "--root", given]
     code = run([*argv, "--json"])
     captured = capsys.readouterr()
-    assert code == 1 and "memory://u:***@nowhere" in captured.err, captured.err
+    assert code == 2 and "memory://u:***@nowhere" in captured.err, captured.err  # refused as a setting
     assert SECRET not in captured.err + captured.out
 
 
