@@ -43,7 +43,7 @@ from beam_jobs.statistics import label_conflicts, write_statistics
 from beam_jobs.unchanged import without_unchanged
 from components.common import clock
 from components.common.content_index import write_index
-from components.common.files import exists, filesystem, join, read_json, write_json, write_text
+from components.common.files import NotASmallFile, exists, filesystem, join, read_json, read_small, write_json, write_text
 from components.common.lease import LeaseError, LeaseHeld, exclusive
 from components.common.source_files import no_images
 from components.common.store_errors import naming
@@ -70,17 +70,27 @@ def ingest(config: IngestSettings, pipeline_args: list[str],
     # holder dies (components/common/lease.py).
     with naming(config.root):  # a bucket's refusal names the bucket and what to set (SOURCE's: in `listed`)
         try:
-            with exclusive(root.ingest_lock, "ingest") as lease, source_for_workers(config.source):
+            with exclusive(root.ingest_lock, "ingest", wait=config.wait_minutes * 60,
+                           waiting=lambda held: _waiting(root, held, config.wait_minutes)) as lease, \
+                    source_for_workers(config.source):
                 return _ingest(config, pipeline_args, root, started, lease,
                                progress or program.progress_printer(as_json=False))
         except LeaseHeld as error:
             detail = f" ({error})" if error.holder else ""
-            raise IngestError(f"another ingest is writing into {root.uri}; run again when it has finished{detail}") \
-                from None
+            still = f"is still writing into {root.uri} after {config.wait_minutes:g} min (ingest.wait_minutes)" \
+                if config.wait_minutes else f"is writing into {root.uri}"
+            raise IngestError(f"another ingest {still}; run again when it has finished{detail}") from None
         except LeaseError as error:
             raise IngestError(f"{error}; nothing was published") from None
         finally:
             gc.unfreeze()  # what loading Beam froze (_long_lived) is collectable again for a caller that goes on
+
+
+def _waiting(root: Root, held: LeaseHeld, minutes: float) -> None:
+    """Says why the job has not started: two runs that meet (a nightly one and one a notification started)
+    take turns, the second finding only what the first did not publish."""
+    print(f"stoke ingest: another ingest is writing into {root.uri} ({held}); waiting up to {minutes:g} min for it "
+          "to finish", file=sys.stderr, flush=True)
 
 
 def _ingest(config: IngestSettings, pipeline_args: list[str], root: Root, started: float, lease,
@@ -169,13 +179,17 @@ def listed(config: IngestSettings) -> Iterator[tuple[Source, str | None]]:
         raise IngestError(str(error)) from None
 
 
+ARRIVED_BYTES = 256 * 1024 * 1024  # an --arrived file: some two million URIs
+
+
 def announced(uri: str) -> list[str]:
-    """The URIs of an --arrived file, one a line."""
-    fs, path = filesystem(uri)
+    """The URIs of an --arrived file, one a line: a regular file of at most ARRIVED_BYTES."""
     try:
-        text = fs.cat_file(path).decode("utf-8")
+        text = read_small(uri, ARRIVED_BYTES, "an --arrived file").decode("utf-8")
     except FileNotFoundError:
         raise ValueError(f"--arrived {uri} does not exist") from None
+    except NotASmallFile as error:
+        raise ValueError(f"--arrived {error}") from None
     except UnicodeDecodeError:
         raise ValueError(f"--arrived {uri} is not UTF-8 text") from None
     return [line.strip() for line in text.splitlines() if line.strip()]

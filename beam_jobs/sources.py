@@ -26,6 +26,7 @@ from beam_jobs.local import CHAINING, NOT_REGULAR, local_path, walk
 from components.common import source_files, store_errors
 from components.common.files import filesystem, is_local, is_uri, join, protocol, uri_of, version_of
 from components.common.source_files import is_candidate
+from components.contracts.program import transient
 from components.contracts.secrets import SourceCredentials, has_secrets, without_secrets
 
 MANIFEST_SUFFIXES = (".csv", ".jsonl")
@@ -88,7 +89,8 @@ def each_listed(source: str, eval_fraction: float, allow_outside: bool = False) 
         _check_readable(source, local)
     elif not _in_store(fs, path):
         bucket = path.split("/", 1)[0]
-        missing = f" (there is no bucket {bucket})" if bucket != path and not fs.exists(bucket) else ""
+        buckets = STORES.get(protocol(fs)) in ("s3", "gs")  # an http(s):// path is a whole URL: no bucket in it
+        missing = f" (there is no bucket {bucket})" if buckets and bucket != path and not fs.exists(bucket) else ""
         raise FileNotFoundError(f"source {source} does not exist{missing}")
     if local and os.path.isdir(local):
         entries = _each_in_folder(local, allow_outside)
@@ -112,7 +114,9 @@ def _in_store(fs, path: str) -> bool:
     """Whether a bucket holds `path`; a refusal is raised naming its reason (components/common/store_errors.py)."""
     try:
         store_errors.info(fs, path)
-    except FileNotFoundError:
+    except FileNotFoundError as error:
+        if transient(error):  # fsspec's HTTP files say "not found" for a connection refused or timed out too
+            raise
         return False
     return True
 

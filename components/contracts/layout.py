@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterator
 
 from components.common.files import filesystem, join
-from components.contracts.config import MODEL_NAME_PATTERN, check_run_id
+from components.contracts.config import MODEL_NAME_PATTERN, check_run_id, span_ranges
 from components.contracts.results import ResultError, SpanManifest, load_json
 from components.contracts.schema import SPLITS
 from components.contracts.summaries import TRUSTED, DataCheckRecord
@@ -329,20 +329,12 @@ class Shard:
 
 
 def parse_spans(text: str | None) -> list[int] | None:
-    """`"3"`, `"1,4"`, `"2-5"` or `"1-3,7"` to span numbers; None or "" or "all" means every span."""
-    if text is None or str(text).strip() in ("", "all"):
+    """`"3"`, `"1,4"`, `"2-5"` or `"1-3,7"` to span numbers; None or "" or "all" means every span. A list that
+    names too many spans or numbers out of bounds is a ValueError before any is counted (config.span_ranges)."""
+    ranges = span_ranges(text)
+    if ranges is None:
         return None
-    numbers: set[int] = set()
-    for part in str(text).split(","):
-        match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
-        if not match:
-            raise ValueError(f"bad span list {text!r}: use numbers and ranges such as 1,3-5")
-        low = int(match.group(1))
-        high = int(match.group(2) or low)
-        if high < low:
-            raise ValueError(f"bad span range {part.strip()!r}")
-        numbers.update(range(low, high + 1))
-    return sorted(numbers)
+    return sorted({number for low, high in ranges for number in range(low, high + 1)})
 
 
 def new_run_id(started: datetime.datetime | None = None, name: str | None = None) -> str:

@@ -216,7 +216,7 @@ def transient(error: BaseException) -> bool:
 
 def store_answer(error: BaseException) -> tuple[str | None, int | None]:
     """(error code, HTTP status) of a store's answer: botocore's ClientError, gcsfs's HttpError,
-    google-api-core's errors; (None, None) for anything else."""
+    google-api-core's errors, aiohttp's ClientResponseError; (None, None) for anything else."""
     response = getattr(error, "response", None)
     if isinstance(response, dict) and isinstance(response.get("Error"), dict):  # botocore's ClientError
         code = response["Error"].get("Code")
@@ -227,6 +227,9 @@ def store_answer(error: BaseException) -> tuple[str | None, int | None]:
         return code, status
     status = getattr(error, "code", None)
     if type(error).__module__.startswith(("gcsfs", "google.api_core")) and isinstance(status, int):
+        return None, status
+    status = getattr(error, "status", None)
+    if type(error).__module__.startswith("aiohttp") and isinstance(status, int):  # a web server's answer
         return None, status
     return None, None
 

@@ -28,6 +28,7 @@ from components.common.local_copies import UnsafeKey
 from components.common.shard_scan import scan_shards
 from components.common.store_errors import on_root
 from components.contracts import presets, program
+from components.contracts.config import trace_range
 from components.contracts.layout import RunDir, Shard
 from components.contracts.results import ResultError, TrainMetrics
 from components.contracts.run_config import TrainSettings
@@ -349,13 +350,8 @@ class KillAtStep(keras.callbacks.Callback):
 
 
 def _profile_range(text: str):
-    if text.strip().lower() in ("", "none", "0", "off"):
-        return 0
-    try:
-        first, last = (int(part) for part in text.split(","))
-    except ValueError:
-        raise TrainError(f"--trace-steps takes two step numbers such as 10,20 (or none), not {text!r}") from None
-    return (first, last)
+    """Keras' profile_batch: the steps the settings name (checked there), or 0 for none."""
+    return trace_range(text) or 0
 
 
 def _best_epoch(history: dict, first: int) -> dict | None:

@@ -188,7 +188,7 @@ def test_ingest_errors_echo_bucket_uris_without_their_password(flag, tmp_path, c
     argv = [given, "--root", str(tmp_path / "root")] if flag == "source" else [str(tmp_path), "--root", given]
     code = run([*argv, "--json"])
     captured = capsys.readouterr()
-    assert code == 1 and "memory://u:***@nowhere" in captured.err, captured.err
+    assert code == 2 and "memory://u:***@nowhere" in captured.err, captured.err  # refused as a setting
     assert SECRET not in captured.err + captured.out
 
 
@@ -204,7 +204,9 @@ def test_a_source_that_cannot_be_read_is_echoed_without_its_credentials(source, 
 
     code = run([source, "--root", str(tmp_path / "root"), "--json"])
     captured = capsys.readouterr()
-    assert code in (program.FAILED, program.TRANSIENT) and captured.err.count("\n") == 1, captured.err
+    # A scheme ingest does not read (ftp://) is refused as a setting; the others fail to be read.
+    assert code in (program.BAD_SETTINGS, program.FAILED, program.TRANSIENT), captured.err
+    assert captured.err.count("\n") == 1, captured.err
     assert SECRET not in captured.err + captured.out
 
 
@@ -213,7 +215,7 @@ def test_preflight_checks_a_source_without_echoing_its_credentials(tmp_path, cap
 
     preflight.run(["--source", UNREADABLE_SOURCES[0], "--root", str(tmp_path), "--sample-mb", "1", "--json"])
     captured = capsys.readouterr()
-    assert "alice:***@127.0.0.1:9" in captured.out and SECRET not in captured.err + captured.out
+    assert "127.0.0.1:9" in captured.out and SECRET not in captured.err + captured.out
 
 
 def test_a_stage_program_takes_the_source_its_file_holds_without_credentials_from_the_environment(tmp_path, monkeypatch,
