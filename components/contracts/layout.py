@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import hashlib
 import posixpath
 import re
 from collections.abc import Iterator
 
 from components.common.files import filesystem, join
 from components.contracts.config import MODEL_NAME_PATTERN, check_run_id
-from components.contracts.results import ResultError, SpanManifest, load_json
+from components.contracts.results import ResultError, SpanManifest, load_bytes, load_json, parse_json
 from components.contracts.schema import SPLITS
 from components.contracts.summaries import TRUSTED, DataCheckRecord
 
@@ -41,7 +42,9 @@ STATISTICS_SPLIT = "Split-{split}"
 FEATURE_STATS = "FeatureStats.pb"
 # The data check's record of a published span (summaries.DataCheckRecord): training and the gate read a
 # span only when its record is valid and says ok, warning or released. Fail closed: a span published by
-# hand, or by a run that died before its check, is not read until the data check has judged it.
+# hand, or by a run that died before its check, is not read until the data check has judged it. A record
+# names the SHA-256 of the manifest it judged, so it is valid for that manifest only: one edited since,
+# a record copied from another span and one made before records named their manifest read as unchecked.
 DATACHECK = "_DATACHECK.json"
 LABEL_ERRORS = "label_errors.png"  # beside the record: the first suspected label errors, as the label check saw them
 SPAN_PATTERN = re.compile(r"^span-(\d{5,})$")
@@ -103,22 +106,44 @@ class Root:
     def label_errors_sheet(self, number: int) -> str:
         return join(self.span(number), LABEL_ERRORS)
 
-    def check_record(self, number: int) -> CheckRecord:
+    def check_record(self, number: int, manifest_sha256: str | None = None) -> CheckRecord:
         """Span `number`'s data-check record, read through its model: a record that is there but is no
-        valid one of this span is named, and lets nothing in."""
+        valid one of this span and of its manifest as it is now (`manifest_sha256`, read when not given)
+        is named, and lets nothing in."""
         uri = self.datacheck(number)
         fs, path = filesystem(uri)
         try:
             if not fs.exists(path):
                 return CheckRecord(number, None, None)
             record = DataCheckRecord.read(uri)
+            manifest_sha256 = manifest_sha256 or self.manifest_sha256(number)
         except ResultError as error:
             return CheckRecord(number, None, str(error))
         except OSError as error:
             return CheckRecord(number, None, f"{uri} cannot be read: {error.strerror or error}")
         if record.span != number:
             return CheckRecord(number, None, f"{uri} is the record of span {record.span}, not of span {number}")
+        if record.manifest_sha256 is None:
+            return CheckRecord(number, None, f"{uri} was made before check records named the manifest they judged")
+        if record.manifest_sha256 != manifest_sha256:
+            return CheckRecord(number, None, f"{uri} was made for another {MANIFEST} than the span's: the manifest was "
+                                             "changed after the check, or the record copied; if the change was not "
+                                             "meant, restore the manifest from a backup")
         return CheckRecord(number, record, None)
+
+    def manifest_sha256(self, number: int) -> str | None:
+        """The SHA-256 of span `number`'s manifest as it is now; None when it has none."""
+        try:
+            return hashlib.sha256(load_bytes(self.manifest(number))).hexdigest()
+        except FileNotFoundError:
+            return None
+
+    def read_manifest(self, number: int, *, sources: bool = True) -> SpanManifest:
+        """Span `number`'s manifest, and the SHA-256 of the bytes it was read from (its `sha256`). Without
+        `sources` its `sources` list (by far its biggest part) is left empty."""
+        uri = self.manifest(number)
+        data = load_bytes(uri)
+        return _manifest(data, hashlib.sha256(data).hexdigest(), uri, sources)
 
     def unchecked(self) -> list[int]:
         """Published spans without a valid data-check record: what the data check has still to judge."""
@@ -195,12 +220,14 @@ class Root:
             uri = self.manifest(number)
             if not fs.exists(filesystem(uri)[1]):
                 continue
-            why = self.check_record(number).refusal(self.uri) if checked else None
+            data = load_bytes(uri)
+            digest = hashlib.sha256(data).hexdigest()
+            why = self.check_record(number, digest).refusal(self.uri) if checked else None
             if why:
                 if spans is not None:
                     raise SpanNotChecked(why)
                 continue
-            yield SpanManifest.read(uri) if sources else SpanManifest.check(_without_sources(load_json(uri)), uri)
+            yield _manifest(data, digest, uri, sources)
 
     def shards(self, split: str, spans: list[int] | None = None, *, checked: bool = True) -> list[Shard]:
         """Shard files of one split across the published spans the data check let in (all published
@@ -247,6 +274,13 @@ class CheckRecord:
 
 def _without_sources(data):
     return {**data, "sources": []} if isinstance(data, dict) else data
+
+
+def _manifest(data: bytes, sha256: str, uri: str, sources: bool) -> SpanManifest:
+    parsed = parse_json(data, uri)
+    manifest = SpanManifest.check(parsed if sources else _without_sources(parsed), uri)
+    manifest._sha256 = sha256
+    return manifest
 
 
 class SpanNotChecked(ValueError):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from pydantic import ConfigDict
+from pydantic import ConfigDict, Field, model_validator
 
 from components.contracts.label_check import LabelCheck, SuspectedLabel
 from components.contracts.results import (
@@ -189,7 +189,7 @@ class DataAnomaly(Result):
     (`file`, with the facts of its issue) or, for a finding about the span as a whole, how many records and a few."""
 
     kind: Literal["label_conflict", "label_drift", "new_label", "absent_class", "vanished_class", "same_image_flood",
-                  "image_size", "rare_class", "no_statistics", "image_quality", "label_error"]
+                  "image_size", "rare_class", "no_statistics", "span_changed", "image_quality", "label_error"]
     severity: Literal["error", "warning"]
     message: str
     count: int | None = None  # records concerned (None: a property of the whole span)
@@ -210,7 +210,9 @@ class DataCheckRecord(Result):
     """ROOT/data/spans/span-N/_DATACHECK.json: the data check's verdict on the span, and the only thing
     that lets training and the gate read it (ok, warning or released; quarantined holds it back, and a
     span without a valid record is not read at all). Rewritten whole, never removed: a release keeps
-    the reasons and anomalies it let in, beside who and when."""
+    the reasons and anomalies it let in, beside who and when. Valid only for the manifest it names
+    (Root.check_record), and only with the status its own anomalies give: a status edited by hand makes
+    no valid record."""
 
     span: int
     check_version: int
@@ -221,10 +223,29 @@ class DataCheckRecord(Result):
     released_by: str | None = None
     released_at: str | None = None
     label_check: LabelCheck | None = None  # None: a record made before the label check
+    # The SHA-256 of the _MANIFEST.json bytes the check judged; None: a record made before records named it.
+    manifest_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+
+    @model_validator(mode="after")
+    def _status_follows_the_anomalies(self):
+        if self.status == "released":
+            if not (self.released_by and self.released_at):
+                raise ValueError("a released record names who released the span and when")
+        elif self.status != verdict(self.anomalies):
+            raise ValueError(f"status {self.status!r} where its anomalies make it {verdict(self.anomalies)!r}")
+        return self
 
     def suspected_label_errors(self) -> list[DataAnomaly]:
         """The files the label check flagged (what train.drop_suspected_label_errors leaves out)."""
         return [a for a in self.anomalies if a.kind == "label_error" and a.file is not None]
+
+
+def verdict(anomalies: list[DataAnomaly]) -> str:
+    """The status a span's anomalies give it: an error about the span as a whole quarantines it (one about
+    a single file is for a person to look at), any other finding is a warning."""
+    if any(a.severity == "error" and a.file is None for a in anomalies):
+        return "quarantined"
+    return "warning" if anomalies else "ok"
 
 
 TRUSTED = ("ok", "warning", "released")  # the statuses training and the gate read
@@ -260,7 +281,8 @@ class SpanStatus(Result):
     """A row of `stoke spans`."""
 
     span: int
-    status: Literal["ok", "warning", "quarantined", "released", "unchecked"]  # unchecked: not read by training
+    # unchecked: not read by training; changed: its shards are not those its manifest names, and training refuses it
+    status: Literal["ok", "warning", "quarantined", "released", "unchecked", "changed"]
     train: int
     eval: int
     dead_letter: int

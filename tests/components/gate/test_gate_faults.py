@@ -67,10 +67,12 @@ def test_a_read_only_root_is_one_line_naming_the_path(trained_runs, tmp_path, ca
 
 
 def quarantine(root: str, span: int) -> None:
-    from components.contracts.summaries import DataCheckRecord
+    from components.contracts.summaries import DataAnomaly, DataCheckRecord
 
+    drift = DataAnomaly(kind="label_drift", severity="error", message="label drift 0.6")
     DataCheckRecord(span=span, check_version=1, status="quarantined", checked_at="2026-12-01T02:00:00Z",
-                    reasons=["label drift 0.6"], anomalies=[]).write(Root(root).datacheck(span))
+                    reasons=[drift.message], anomalies=[drift], manifest_sha256=Root(root).manifest_sha256(span),
+                    ).write(Root(root).datacheck(span))
 
 
 @pytest.mark.parametrize("marker", ["the data check's", "not JSON"])
