@@ -185,3 +185,16 @@ def test_a_record_made_before_records_named_their_manifest_is_checked_again_by_t
     assert all(c.label_check.status == "skipped" for c in summary.spans)  # no served model: no predictions
     assert root.unchecked() == [] and {s.span for s in root.shards("train")} == {1, 2, 3}
     assert DataCheckRecord.read(root.datacheck(2)).manifest_sha256 == root.manifest_sha256(2)
+
+
+def test_the_listing_says_which_spans_changed_after_publishing(root, capsys):
+    """`stoke spans` checks shards as training does: a span whose shard was rewritten is listed as changed, with
+    the shard and what to do, whatever its record says."""
+    from tests.components.conftest import relabel
+
+    shard = root.shards("train", [2])[0].uri
+    relabel(shard, 0)
+    rows = listed(root, capsys)
+    assert [(n, r["status"]) for n, r in rows.items()] == [(1, "ok"), (2, "changed"), (3, "quarantined")]
+    assert rows[2]["reason"].startswith(f"span 2 changed after it was published: {shard} ")
+    assert "  changed  " in spans.describe({"spans": list(rows.values())}).splitlines()[2]

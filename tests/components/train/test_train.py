@@ -264,6 +264,26 @@ def test_skip_corrupt_trains_on_the_rest_and_counts_it(train_corrupt_root, capsy
     assert summary["steps_per_epoch"] == (48 - 13) // 8
 
 
+@pytest.mark.parametrize("split", ["train", "eval"])
+def test_a_span_whose_shards_changed_after_publishing_is_not_trained_on(small_spans_root, tmp_path, capsys, split):
+    """Every shard of one split rewritten with label 0 (records that read, not those published): the run
+    stops before training, in one line naming the span, a shard and what to do."""
+    from tests.components.conftest import relabel
+
+    root = str(tmp_path / "root")
+    shutil.copytree(small_spans_root, root, ignore=shutil.ignore_patterns("runs"))
+    changed = Root(root).shards(split)
+    for shard in changed:
+        relabel(shard.uri, 0)
+    code = train.run(["--root", root, *TINY, "--run-id", "changed", "--epochs", "1", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 1 and err.count("\n") == 1 and "Traceback" not in err, err
+    error = json.loads(out.strip().splitlines()[-1])["error"]
+    assert error.startswith("span 1 changed after it was published: ") and changed[0].uri in error, error
+    assert "restore the span's folder from a backup" in error
+    assert not os.path.exists(os.path.join(root, "runs", "changed", "metrics.json"))
+
+
 def test_refuses_a_root_without_spans_and_a_run_id_that_leaves_runs(tmp_path, small_spans_root, capsys):
     assert train.run(["--root", str(tmp_path), "--json"]) == 1
     assert "no published span" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
