@@ -69,9 +69,11 @@ class RunPlan:
 
 def resolve(config: TrainSettings) -> RunPlan:
     """The plan of the run `config` asks for, or a TrainError saying why it cannot run."""
-    from components.train import eval_batches, phases, remote_root
+    from components.train import eval_batches, image_cache, phases, remote_root
     from components.train.weights import initial_weights
 
+    if image_cache.refusal(config.image_cache):
+        raise TrainError(image_cache.refusal(config.image_cache))
     placement = place(config)
     service = data_service(config)
     run, train_shards, eval_shards, labels = find_data(config)
