@@ -176,12 +176,15 @@ def find_data(config: TrainSettings) -> tuple[RunDir, list[Shard], list[Shard], 
         eval_shards = root.shards("eval", spans)
     except SpanNotChecked as exc:
         raise TrainError(str(exc)) from None
+    # Spans without a valid record (never checked, or their manifest changed since) are left out, and said so.
+    unchecked = [read.refusal(root.uri) for n in root.published() if (spans is None or n in spans)
+                 and (read := root.check_record(n)).record is None]
     if not train_shards:
-        unchecked = [n for n in root.published() if (spans is None or n in spans) and root.check_record(n).record is None]
         raise TrainError(f"no published span the data check let in with training records under {root.spans}"
                          + (f" among spans {config.spans}" if spans else "")
-                         + (f"; spans {', '.join(map(str, unchecked))} are not checked yet: run `stoke datacheck "
-                            f"--root {root.uri}`" if unchecked else "; run `stoke ingest` first"))
+                         + (f"; {'; '.join(unchecked[:3])}" if unchecked else "; run `stoke ingest` first"))
+    for why in unchecked:
+        print(f"stoke train: warning: left out: {why}", file=sys.stderr, flush=True)
     labels = root.label_names(spans)
     stored = min((m.max_side for m in root.manifests(spans) if m.max_side), default=None)
     if stored and config.image_size > stored:

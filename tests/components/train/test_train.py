@@ -21,7 +21,7 @@ from components.contracts.layout import Root
 from components.train import input_pipeline as pipeline
 from components.train import recipe
 from components.train import trainer as train
-from tests.components.conftest import TRAIN_LABELS, tiny_image, tiny_records, write_span
+from tests.components.conftest import TRAIN_LABELS, let_in, tiny_image, tiny_records, write_span
 from tests.components.train.test_input_pipeline import corrupt_record
 from tests.waiting import free_ports
 
@@ -157,6 +157,7 @@ def test_a_larger_image_size_than_the_spans_hold_is_warned_about(tmp_path, capsy
     write_span(root, 1, {"train": tiny_records(8)}, TRAIN_LABELS, {"train": 1})
     manifest = Root(root).manifests()[0]
     manifest.model_copy(update={"max_side": 24}).write(Root(root).manifest(1))
+    let_in(root, 1)  # the check judges the manifest as ingest wrote it
     assert train.run(["--root", root, *TINY, "--run-id", "upsampled", "--epochs", "1", "--input-probe-steps", "0"]) == 0
     assert "--image-size 32 is larger than the spans hold (ingested with --max-side 24)" in capsys.readouterr().err
 
@@ -372,6 +373,10 @@ def test_application_weights_file_as_keras_applications_writes_it(tmp_path):
 
 
 def test_a_broken_span_manifest_is_one_line_naming_it(small_spans_root, tmp_path, capsys):
+    """Broken after its check, the manifest is no longer the one the record judged: the span is not read, and the
+    line says why and what to do; checked again, the broken manifest is named."""
+    from components.datacheck import datacheck
+
     root = str(tmp_path / "root")
     shutil.copytree(small_spans_root, root)
     manifest = Root(root).manifest(1)
@@ -380,5 +385,26 @@ def test_a_broken_span_manifest_is_one_line_naming_it(small_spans_root, tmp_path
     assert train.run(["--root", root, *TINY, "--json"]) == 1
     captured = capsys.readouterr()
     error = json.loads(captured.out.strip().splitlines()[-1])["error"]
-    assert error.startswith(f"{manifest} is not a valid SpanManifest: ")
+    assert error.startswith("no published span the data check let in with training records under ")
+    assert "span 1 has no valid data-check record" in error and "made for another _MANIFEST.json" in error
+    assert f"stoke datacheck --root {root} --span 1" in error
     assert captured.err.strip() == f"stoke train: error: {error}"
+    assert datacheck.run(["--root", root, "--span", "1", "--json"]) == 1
+    error = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
+    assert error.startswith(f"{manifest} is not a valid SpanManifest: ")
+
+
+def test_a_span_whose_manifest_changed_after_its_check_is_left_out_and_said_so(small_spans_root, tmp_path, capsys):
+    """Training goes on with the spans the data check let in, and names the one it leaves out."""
+    from components.contracts.run_config import TrainSettings
+    from components.train.plan import find_data
+
+    root = str(tmp_path / "root")
+    shutil.copytree(small_spans_root, root, ignore=shutil.ignore_patterns("runs"))
+    write_span(root, 2, {"train": tiny_records(8, offset=2000)}, TRAIN_LABELS, {"train": 1})
+    with open(Root(root).manifest(2), "ab") as f:
+        f.write(b"\n")
+    _, train_shards, _, _ = find_data(TrainSettings(root=root, run_id="left-out"))
+    assert {s.span for s in train_shards} == {1}
+    err = capsys.readouterr().err
+    assert err.startswith("stoke train: warning: left out: span 2 has no valid data-check record (") and err.count("\n") == 1
