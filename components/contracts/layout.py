@@ -221,13 +221,13 @@ class Root:
             if not fs.exists(filesystem(uri)[1]):
                 continue
             data = load_bytes(uri)
-            digest = hashlib.sha256(data).hexdigest()
-            why = self.check_record(number, digest).refusal(self.uri) if checked else None
+            manifest = _manifest(data, hashlib.sha256(data).hexdigest(), uri, sources)  # a damaged one is named
+            why = self.check_record(number, manifest.sha256).refusal(self.uri) if checked else None
             if why:
                 if spans is not None:
                     raise SpanNotChecked(why)
                 continue
-            yield _manifest(data, digest, uri, sources)
+            yield manifest
 
     def shards(self, split: str, spans: list[int] | None = None, *, checked: bool = True) -> list[Shard]:
         """Shard files of one split across the published spans the data check let in (all published
