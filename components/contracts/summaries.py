@@ -211,8 +211,7 @@ class DataCheckRecord(Result):
     that lets training and the gate read it (ok, warning or released; quarantined holds it back, and a
     span without a valid record is not read at all). Rewritten whole, never removed: a release keeps
     the reasons and anomalies it let in, beside who and when. Valid only for the manifest it names
-    (Root.check_record), and only with the status its own anomalies give: a status edited by hand makes
-    no valid record."""
+    (Root.check_record), and with the status its own anomalies give (not one edited by hand)."""
 
     span: int
     check_version: int
@@ -228,10 +227,9 @@ class DataCheckRecord(Result):
 
     @model_validator(mode="after")
     def _status_follows_the_anomalies(self):
-        if self.status == "released":
-            if not (self.released_by and self.released_at):
-                raise ValueError("a released record names who released the span and when")
-        elif self.status != verdict(self.anomalies):
+        if self.status == "released" and not (self.released_by and self.released_at):
+            raise ValueError("a released record names who released the span and when")
+        if self.status not in ("released", verdict(self.anomalies)):
             raise ValueError(f"status {self.status!r} where its anomalies make it {verdict(self.anomalies)!r}")
         return self
 
@@ -241,11 +239,10 @@ class DataCheckRecord(Result):
 
 
 def verdict(anomalies: list[DataAnomaly]) -> str:
-    """The status a span's anomalies give it: an error about the span as a whole quarantines it (one about
-    a single file is for a person to look at), any other finding is a warning."""
-    if any(a.severity == "error" and a.file is None for a in anomalies):
-        return "quarantined"
-    return "warning" if anomalies else "ok"
+    """The status anomalies give a span: an error about it as a whole quarantines it (one about a file is for
+    a person to look at), any other finding warns."""
+    errors = any(a.severity == "error" and a.file is None for a in anomalies)
+    return "quarantined" if errors else "warning" if anomalies else "ok"
 
 
 TRUSTED = ("ok", "warning", "released")  # the statuses training and the gate read
