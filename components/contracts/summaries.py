@@ -222,8 +222,7 @@ class DataCheckRecord(Result):
     released_by: str | None = None
     released_at: str | None = None
     label_check: LabelCheck | None = None  # None: a record made before the label check
-    # The SHA-256 of the _MANIFEST.json bytes the check judged; None: a record made before records named it.
-    manifest_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+    manifest_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")  # of the manifest judged; None: made before
 
     @model_validator(mode="after")
     def _status_follows_the_anomalies(self):
@@ -278,8 +277,7 @@ class SpanStatus(Result):
     """A row of `stoke spans`."""
 
     span: int
-    # unchecked: not read by training; changed: its shards are not those its manifest names, and training refuses it
-    status: Literal["ok", "warning", "quarantined", "released", "unchecked", "changed"]
+    status: Literal["ok", "warning", "quarantined", "released", "unchecked", "changed"]  # the last two: not read
     train: int
     eval: int
     dead_letter: int
