@@ -37,6 +37,11 @@ def read_json(uri: str):
         return json.load(f)
 
 
+def read_bytes(uri: str) -> bytes:
+    fs, path = filesystem(uri)
+    return fs.cat_file(path)
+
+
 def write_json(uri: str, value) -> None:
     """Writes JSON in one request on object stores; locally through a temp file and a rename, each
     synced to the disk first, so that a power cut leaves the old file or the new one, never an empty one."""

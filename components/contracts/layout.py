@@ -14,9 +14,9 @@ import posixpath
 import re
 from collections.abc import Iterator
 
-from components.common.files import filesystem, join
+from components.common.files import filesystem, join, read_bytes
 from components.contracts.config import MODEL_NAME_PATTERN, check_run_id
-from components.contracts.results import ResultError, SpanManifest, load_bytes, load_json, parse_json
+from components.contracts.results import ResultError, SpanManifest, load_json, parse_json
 from components.contracts.schema import SPLITS
 from components.contracts.summaries import TRUSTED, DataCheckRecord
 
@@ -134,7 +134,7 @@ class Root:
     def manifest_sha256(self, number: int) -> str | None:
         """The SHA-256 of span `number`'s manifest as it is now; None when it has none."""
         try:
-            return hashlib.sha256(load_bytes(self.manifest(number))).hexdigest()
+            return hashlib.sha256(_read(self.manifest(number))).hexdigest()
         except FileNotFoundError:
             return None
 
@@ -142,7 +142,7 @@ class Root:
         """Span `number`'s manifest, and the SHA-256 of the bytes it was read from (its `sha256`). Without
         `sources` its `sources` list (by far its biggest part) is left empty."""
         uri = self.manifest(number)
-        data = load_bytes(uri)
+        data = _read(uri)
         return _manifest(data, hashlib.sha256(data).hexdigest(), uri, sources)
 
     def unchecked(self) -> list[int]:
@@ -220,7 +220,7 @@ class Root:
             uri = self.manifest(number)
             if not fs.exists(filesystem(uri)[1]):
                 continue
-            data = load_bytes(uri)
+            data = _read(uri)
             manifest = _manifest(data, hashlib.sha256(data).hexdigest(), uri, sources)  # a damaged one is named
             why = self.check_record(number, manifest.sha256).refusal(self.uri) if checked else None
             if why:
@@ -274,6 +274,14 @@ class CheckRecord:
 
 def _without_sources(data):
     return {**data, "sources": []} if isinstance(data, dict) else data
+
+
+def _read(uri: str) -> bytes:
+    """The file's bytes; a folder in its place is a ResultError naming it, as load_json says it."""
+    try:
+        return read_bytes(uri)
+    except IsADirectoryError:
+        raise ResultError(f"{uri} is a folder, not a file") from None
 
 
 def _manifest(data: bytes, sha256: str, uri: str, sources: bool) -> SpanManifest:

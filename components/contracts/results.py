@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
-from components.common.files import filesystem, write_json
+from components.common.files import read_bytes, write_json
 
 
 class ResultError(ValueError):
@@ -46,21 +46,14 @@ class Result(BaseModel):
 def load_json(uri: str):
     """The JSON value in the file at `uri`. A file that is not one (not UTF-8, not JSON, nested deeper than Python's
     parser goes, or a folder) is a ResultError naming it: every reader of ROOT's files ends in one line, not a traceback."""
-    return parse_json(load_bytes(uri), uri)
-
-
-def load_bytes(uri: str) -> bytes:
-    """The bytes of the file at `uri`; a folder is a ResultError naming it."""
-    fs, path = filesystem(uri)
     try:
-        return fs.cat_file(path)
+        return parse_json(read_bytes(uri), uri)
     except IsADirectoryError:
         raise ResultError(f"{uri} is a folder, not a file") from None
 
 
 def parse_json(data: bytes, uri: str):
-    """The JSON value in `data`, read from `uri` (which errors name), as load_json reads it."""
-    try:
+    try:  # as load_json reads the file at `uri`
         return json.loads(data.decode("utf-8"))
     except json.JSONDecodeError as error:
         raise ResultError(f"{uri} is not JSON: {error}") from None
@@ -147,12 +140,8 @@ class SpanManifest(Result):
     max_side: int | None = None  # longest side of any image in the span; None: as large as they came
     anomalies: list[Anomaly] = []
     quality: list[QualityFinding] = []  # reported image-quality issues; spans published before have none
-    # The SHA-256 of the file's bytes when read from one (Root.read_manifest): what a data-check record names.
-    _sha256: str | None = PrivateAttr(None)
-
-    @property
-    def sha256(self) -> str | None:
-        return self._sha256
+    _sha256: str | None = PrivateAttr(None)  # of the bytes it was read from (Root.read_manifest), which a record names
+    sha256 = property(lambda self: self._sha256)
 
 
 # ---------------------------------------------------------------- a run: training
