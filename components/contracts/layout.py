@@ -18,7 +18,7 @@ from components.common.files import filesystem, join, read_bytes
 from components.contracts.config import MODEL_NAME_PATTERN, check_run_id
 from components.contracts.results import ResultError, SpanManifest, load_json, parse_json
 from components.contracts.schema import SPLITS
-from components.contracts.summaries import TRUSTED, DataCheckRecord
+from components.contracts.trust import CheckRecord, read_record
 
 MANIFEST = "_MANIFEST.json"
 DEAD_LETTER = "dead_letter.jsonl"
@@ -43,8 +43,7 @@ FEATURE_STATS = "FeatureStats.pb"
 # The data check's record of a published span (summaries.DataCheckRecord): training and the gate read a
 # span only when its record is valid and says ok, warning or released. Fail closed: a span published by
 # hand, or by a run that died before its check, is not read until the data check has judged it. A record
-# names the SHA-256 of the manifest it judged, so it is valid for that manifest only: one edited since,
-# a record copied from another span and one made before records named their manifest read as unchecked.
+# is valid for the manifest it judged only (contracts/trust.py).
 DATACHECK = "_DATACHECK.json"
 LABEL_ERRORS = "label_errors.png"  # beside the record: the first suspected label errors, as the label check saw them
 SPAN_PATTERN = re.compile(r"^span-(\d{5,})$")
@@ -107,29 +106,9 @@ class Root:
         return join(self.span(number), LABEL_ERRORS)
 
     def check_record(self, number: int, manifest_sha256: str | None = None) -> CheckRecord:
-        """Span `number`'s data-check record, read through its model: a record that is there but is no
-        valid one of this span and of its manifest as it is now (`manifest_sha256`, read when not given)
-        is named, and lets nothing in."""
-        uri = self.datacheck(number)
-        fs, path = filesystem(uri)
-        try:
-            if not fs.exists(path):
-                return CheckRecord(number, None, None)
-            record = DataCheckRecord.read(uri)
-            manifest_sha256 = manifest_sha256 or self.manifest_sha256(number)
-        except ResultError as error:
-            return CheckRecord(number, None, str(error))
-        except OSError as error:
-            return CheckRecord(number, None, f"{uri} cannot be read: {error.strerror or error}")
-        if record.span != number:
-            return CheckRecord(number, None, f"{uri} is the record of span {record.span}, not of span {number}")
-        if record.manifest_sha256 is None:
-            return CheckRecord(number, None, f"{uri} was made before check records named the manifest they judged")
-        if record.manifest_sha256 != manifest_sha256:
-            return CheckRecord(number, None, f"{uri} was made for another {MANIFEST} than the span's: the manifest was "
-                                             "changed after the check, or the record copied; if the change was not "
-                                             "meant, restore the manifest from a backup")
-        return CheckRecord(number, record, None)
+        """Span `number`'s data-check record, judged as contracts/trust.py says against its manifest as it is
+        now (`manifest_sha256`, read when not given): a record that is no valid one is named, and lets nothing in."""
+        return read_record(self.datacheck(number), number, lambda: manifest_sha256 or self.manifest_sha256(number))
 
     def manifest_sha256(self, number: int) -> str | None:
         """The SHA-256 of span `number`'s manifest as it is now; None when it has none."""
@@ -246,30 +225,6 @@ class Root:
             if len(manifest.labels) > len(names):
                 names = list(manifest.labels)
         return names
-
-
-@dataclasses.dataclass(frozen=True)
-class CheckRecord:
-    """A span's data-check record as read: the record, or why there is none to trust."""
-    span: int
-    record: DataCheckRecord | None
-    problem: str | None  # a record is there but is not a valid one of this span
-
-    @property
-    def trusted(self) -> bool:
-        return self.record is not None and self.record.status in TRUSTED
-
-    def refusal(self, root: str) -> str | None:
-        """Why training may not read the span, with what to do; None when it may."""
-        if self.trusted:
-            return None
-        check = f"`stoke datacheck --root {root} --span {self.span}`"
-        if self.record is not None:
-            return (f"span {self.span} is quarantined by the data check ({'; '.join(self.record.reasons[:1])}); "
-                    f"after looking at it, let it in with `stoke spans release {self.span} --root {root}`")
-        if self.problem:
-            return f"span {self.span} has no valid data-check record ({self.problem}); check it again with {check}"
-        return f"span {self.span} has not been data-checked; check it with {check}"
 
 
 def _without_sources(data):

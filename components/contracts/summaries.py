@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field
 
 from components.contracts.label_check import LabelCheck, SuspectedLabel
 from components.contracts.results import (
@@ -210,8 +210,8 @@ class DataCheckRecord(Result):
     """ROOT/data/spans/span-N/_DATACHECK.json: the data check's verdict on the span, and the only thing
     that lets training and the gate read it (ok, warning or released; quarantined holds it back, and a
     span without a valid record is not read at all). Rewritten whole, never removed: a release keeps
-    the reasons and anomalies it let in, beside who and when. Valid only for the manifest it names
-    (Root.check_record), and with the status its own anomalies give (not one edited by hand)."""
+    the reasons and anomalies it let in, beside who and when. Valid for the manifest it names, with the
+    status its anomalies give (contracts/trust.py)."""
 
     span: int
     check_version: int
@@ -224,24 +224,9 @@ class DataCheckRecord(Result):
     label_check: LabelCheck | None = None  # None: a record made before the label check
     manifest_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")  # of the manifest judged; None: made before
 
-    @model_validator(mode="after")
-    def _status_follows_the_anomalies(self):
-        if self.status == "released" and not (self.released_by and self.released_at):
-            raise ValueError("a released record names who released the span and when")
-        if self.status not in ("released", verdict(self.anomalies)):
-            raise ValueError(f"status {self.status!r} where its anomalies make it {verdict(self.anomalies)!r}")
-        return self
-
     def suspected_label_errors(self) -> list[DataAnomaly]:
         """The files the label check flagged (what train.drop_suspected_label_errors leaves out)."""
         return [a for a in self.anomalies if a.kind == "label_error" and a.file is not None]
-
-
-def verdict(anomalies: list[DataAnomaly]) -> str:
-    """The status anomalies give a span: an error about it as a whole quarantines it (one about a file is for
-    a person to look at), any other finding warns."""
-    errors = any(a.severity == "error" and a.file is None for a in anomalies)
-    return "quarantined" if errors else "warning" if anomalies else "ok"
 
 
 TRUSTED = ("ok", "warning", "released")  # the statuses training and the gate read

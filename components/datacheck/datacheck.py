@@ -29,7 +29,7 @@ from components.common.content_index import parse
 from components.common.files import filesystem
 from components.common.store_errors import on_root
 from components.common.trusted_index import verified
-from components.contracts import program, schema, summaries
+from components.contracts import program, schema, trust
 from components.contracts.label_check import LabelCheck
 from components.contracts.layout import Root
 from components.contracts.results import ResultError, SpanManifest
@@ -135,7 +135,7 @@ def record(root: Root, manifest: SpanManifest, verdict: Verdict, labels: LabelCh
     number = manifest.span
     errors = [a for a in verdict.anomalies if a.severity == "error" and a.file is None]
     earlier = root.check_record(number, manifest.sha256).record
-    status = summaries.verdict(verdict.anomalies)
+    status = trust.verdict(verdict.anomalies)
     kept = {}
     if earlier is not None and earlier.status == "released":
         status, kept = "released", {"released_by": earlier.released_by, "released_at": earlier.released_at,

@@ -165,11 +165,9 @@ def test_a_class_whose_absence_a_release_accepted_is_not_judged_again_until_it_r
 
 
 def test_released_gone_reads_the_vanished_classes_of_released_records():
-    def record(span, status, *found):  # a record as the check writes it: its status follows from its anomalies
-        severity = "warning" if status == "warning" else "error"
+    def record(span, status, *found):
         return DataCheckRecord(span=span, check_version=3, status=status, checked_at="x", reasons=[], anomalies=[
-            DataAnomaly(kind=kind, severity=severity, message="m", class_name=name) for kind, name in found],
-            **({"released_by": "ana", "released_at": "x"} if status == "released" else {}))
+            DataAnomaly(kind=kind, severity="error", message="m", class_name=name) for kind, name in found])
     records = {2: record(2, "released", ("vanished_class", "gravel"), ("new_label", "sand")),
                3: record(3, "warning", ("absent_class", "grass")), 4: record(4, "released")}
     assert released_gone(records) == {2: {"gravel"}, 4: set()}
