@@ -86,6 +86,11 @@ def _read_small_local(uri: str, path: str, limit: int, what: str) -> bytes:
     return b"".join(chunks)
 
 
+def read_bytes(uri: str) -> bytes:
+    fs, path = filesystem(uri)
+    return fs.cat_file(path)
+
+
 def write_json(uri: str, value) -> None:
     """Writes JSON in one request on object stores; locally through a temp file and a rename, each
     synced to the disk first, so that a power cut leaves the old file or the new one, never an empty one."""

@@ -373,7 +373,7 @@ class TrainConfig(BaseModel):
     flip: bool | None = Field(None, description="random horizontal flips; off for digits, text, anything handed "
                               "(default: the preset's)")
     image_cache: str | None = Field(None, description="keep the decoded images after the first epoch: 'memory' "
-                                    "or a file path prefix")
+                                    "or a local path prefix (one cache per split, named for the data it holds)")
     shuffle_buffer: int = Field(2048, gt=0, le=MAX_RECORDS_HELD, description="records in the shuffle buffer")
     backup_every: int | None = Field(None, gt=0, le=MAX_STEPS, description="back up for resume every N steps "
                                      "(default: each epoch)")

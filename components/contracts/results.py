@@ -11,9 +11,9 @@ import json
 import typing
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
-from components.common.files import read_json, write_json
+from components.common.files import read_bytes, write_json
 
 
 class ResultError(ValueError):
@@ -47,15 +47,20 @@ def load_json(uri: str):
     """The JSON value in the file at `uri`. A file that is not one (not UTF-8, not JSON, nested deeper than Python's
     parser goes, or a folder) is a ResultError naming it: every reader of ROOT's files ends in one line, not a traceback."""
     try:
-        return read_json(uri)
+        return parse_json(read_bytes(uri), uri)
+    except IsADirectoryError:
+        raise ResultError(f"{uri} is a folder, not a file") from None
+
+
+def parse_json(data: bytes, uri: str):
+    try:  # as load_json reads the file at `uri`
+        return json.loads(data.decode("utf-8"))
     except json.JSONDecodeError as error:
         raise ResultError(f"{uri} is not JSON: {error}") from None
     except UnicodeDecodeError:
         raise ResultError(f"{uri} is not UTF-8 text, so it is not JSON") from None
     except RecursionError:
         raise ResultError(f"{uri} is nested too deep to be one of Stoke's files") from None
-    except IsADirectoryError:
-        raise ResultError(f"{uri} is a folder, not a file") from None
 
 
 def _problems(error: ValidationError) -> str:
@@ -135,6 +140,8 @@ class SpanManifest(Result):
     max_side: int | None = None  # longest side of any image in the span; None: as large as they came
     anomalies: list[Anomaly] = []
     quality: list[QualityFinding] = []  # reported image-quality issues; spans published before have none
+    _sha256: str | None = PrivateAttr(None)  # of the bytes it was read from (Root.read_manifest), which a record names
+    sha256 = property(lambda self: self._sha256)
 
 
 # ---------------------------------------------------------------- a run: training

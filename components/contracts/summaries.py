@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from pydantic import ConfigDict
+from pydantic import ConfigDict, Field
 
 from components.contracts.label_check import LabelCheck, SuspectedLabel
 from components.contracts.results import (
@@ -189,7 +189,7 @@ class DataAnomaly(Result):
     (`file`, with the facts of its issue) or, for a finding about the span as a whole, how many records and a few."""
 
     kind: Literal["label_conflict", "label_drift", "new_label", "absent_class", "vanished_class", "same_image_flood",
-                  "image_size", "rare_class", "no_statistics", "image_quality", "label_error"]
+                  "image_size", "rare_class", "no_statistics", "span_changed", "image_quality", "label_error"]
     severity: Literal["error", "warning"]
     message: str
     count: int | None = None  # records concerned (None: a property of the whole span)
@@ -210,7 +210,8 @@ class DataCheckRecord(Result):
     """ROOT/data/spans/span-N/_DATACHECK.json: the data check's verdict on the span, and the only thing
     that lets training and the gate read it (ok, warning or released; quarantined holds it back, and a
     span without a valid record is not read at all). Rewritten whole, never removed: a release keeps
-    the reasons and anomalies it let in, beside who and when."""
+    the reasons and anomalies it let in, beside who and when. Valid for the manifest it names, with the
+    status its anomalies give (contracts/trust.py)."""
 
     span: int
     check_version: int
@@ -221,6 +222,7 @@ class DataCheckRecord(Result):
     released_by: str | None = None
     released_at: str | None = None
     label_check: LabelCheck | None = None  # None: a record made before the label check
+    manifest_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")  # of the manifest judged; None: made before
 
     def suspected_label_errors(self) -> list[DataAnomaly]:
         """The files the label check flagged (what train.drop_suspected_label_errors leaves out)."""
@@ -260,7 +262,7 @@ class SpanStatus(Result):
     """A row of `stoke spans`."""
 
     span: int
-    status: Literal["ok", "warning", "quarantined", "released", "unchecked"]  # unchecked: not read by training
+    status: Literal["ok", "warning", "quarantined", "released", "unchecked", "changed"]  # the last two: not read
     train: int
     eval: int
     dead_letter: int

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 
-from components.common import clock, plots, processes
+from components.common import clock, plots, processes, shard_digests
 from components.common.files import check_writable, exists, filesystem, join, remove, write_text
 from components.common.local_copies import UnsafeKey
 from components.common.model_folders import SAVED_MODEL
@@ -152,15 +152,24 @@ def gather(config: GateSettings) -> GateInputs:
 
 
 def _staged(config: GateSettings, shards: list[Shard]) -> tuple[list[Shard], list[str]]:
-    """The eval shards where TensorFlow and TFMA read them, and a note when that is the shard cache."""
-    if tf_reads(shards[0].uri):
-        return shards, []
+    """The eval shards where TensorFlow and TFMA read them, each the file its manifest names (checked in place,
+    or copied into the shard cache, which checks its copies), and a note when that is the shard cache."""
     try:
-        staged = ShardCache(config.shard_cache.dir, config.shard_cache.max_gb).stage(shards)
+        if tf_reads(shards[0].uri):
+            mismatched, staged = shard_digests.check(shards, config.shard_cache.dir).mismatched, None
+        else:
+            staged = ShardCache(config.shard_cache.dir, config.shard_cache.max_gb).stage(shards)
+            mismatched = staged.mismatched
     except CacheError as exc:
         raise GateError(str(exc)) from None
-    if staged.corrupt:
-        raise GateError(f"corrupt eval shard: {', '.join(staged.corrupt)}")
+    changed = [m for m in mismatched if not m.damaged]
+    if changed:
+        raise GateError(shard_digests.changed_spans(changed))
+    if mismatched:
+        raise GateError(f"corrupt eval shard: {'; '.join(map(str, mismatched))}; restore or re-ingest the span, "
+                        "then gate again")
+    if staged is None:
+        return shards, []
     return staged.shards, [f"eval shards read through local copies in {staged.folder}: {staged.fetched} copied, "
                            f"{staged.reused} reused"]
 

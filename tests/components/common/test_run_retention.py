@@ -117,7 +117,7 @@ def test_a_run_whose_model_the_repository_holds_is_kept_whole_however_old(tmp_pa
     serve(root, tmp_path, 1, "other-model", model="digits")
     serve(root, tmp_path, 2, "retired")
     with repository.lock("rollback"):
-        repository.set_aside(4)
+        repository.take_out(4)
         repository.retire(2, "2026-01-01T00:00:00Z")  # its model is deleted: its run follows the rule
 
     summary = prune(Root(root), RunsConfig(keep=1, keep_records=2))

@@ -41,13 +41,29 @@ def test_a_truncated_eval_shard_is_named_in_one_line(trained_runs, tmp_path, cap
     assert "Traceback" not in err and shard in summary["error"]
 
 
+def test_an_eval_shard_changed_after_publishing_is_no_evidence(trained_runs, tmp_path, capsys):
+    """Its records read, but they are not those published (every label 0): the gate refuses in one line,
+    before TFMA, rather than blessing on them."""
+    from tests.components.conftest import relabel
+
+    root = copy_root(trained_runs, tmp_path)
+    shard = Root(root).shards("eval", [1])[0].uri
+    relabel(shard, 0)
+    code, err, summary = _gate(root, capsys)
+    assert code == 1 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert summary["error"].startswith(f"span 1 changed after it was published: {shard} "), summary["error"]
+    assert "restore the span's folder" in summary["error"]
+
+
 def test_a_shard_that_breaks_inside_tfma_is_named_too(trained_runs, tmp_path, capsys, monkeypatch):
-    """The label scan passes (it read the shard before the damage), so TFMA, inside Beam, hits it."""
+    """The shard check and the label scan pass (they read the shard before the damage), so TFMA, inside Beam,
+    hits it."""
     from components.gate import gate as validate
 
     root = copy_root(trained_runs, tmp_path)
     shards = Root(root).shards("eval", [1])
     scanned = validate._scan_eval(shards, 4)
+    monkeypatch.setattr(validate, "_staged", lambda _config, found: (found, []))
     monkeypatch.setattr(validate, "_scan_eval", lambda _shards, _keep: scanned)
     _truncate(shards[0].uri)
     code, err, _ = _gate(root, capsys)
@@ -67,10 +83,12 @@ def test_a_read_only_root_is_one_line_naming_the_path(trained_runs, tmp_path, ca
 
 
 def quarantine(root: str, span: int) -> None:
-    from components.contracts.summaries import DataCheckRecord
+    from components.contracts.summaries import DataAnomaly, DataCheckRecord
 
+    drift = DataAnomaly(kind="label_drift", severity="error", message="label drift 0.6")
     DataCheckRecord(span=span, check_version=1, status="quarantined", checked_at="2026-12-01T02:00:00Z",
-                    reasons=["label drift 0.6"], anomalies=[]).write(Root(root).datacheck(span))
+                    reasons=[drift.message], anomalies=[drift], manifest_sha256=Root(root).manifest_sha256(span),
+                    ).write(Root(root).datacheck(span))
 
 
 @pytest.mark.parametrize("marker", ["the data check's", "not JSON"])
