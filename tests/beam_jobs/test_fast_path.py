@@ -71,6 +71,7 @@ def reference(image: Image.Image) -> dict:
     """Each measure from its definition (components/common/signatures.py, quality.py)."""
     grey = np.asarray(image.convert("L")).astype(np.float64)
     nine = np.asarray(image.convert("L").resize((9, 8), Image.BILINEAR)).astype(np.int64)
+    size = image.size
     if max(image.size) > 64:
         ratio = 64 / max(image.size)
         image = image.resize((max(1, round(image.width * ratio)), max(1, round(image.height * ratio))),
@@ -80,9 +81,11 @@ def reference(image: Image.Image) -> dict:
     thumb = image.convert("L")
     _, counts = np.unique(grey, return_counts=True)
     shares = counts / counts.sum()
+    # a smaller picture's counts, as many as a 64 px thumbnail of a larger one of its shape would count
+    scale = round(size[0] * 64 / max(size)) * round(size[1] * 64 / max(size)) / (size[0] * size[1])
     return {"dhash": dhash(nine), "mirror": dhash(nine[:, ::-1]), "mean": grey.mean(), "std": grey.std(),
             "sharpness": np.asarray(thumb.filter(ImageFilter.FIND_EDGES)).astype(np.float64).var(),
-            "spread": np.bincount(np.asarray(thumb).ravel(), minlength=256).std(),
+            "spread": np.bincount(np.asarray(thumb).ravel(), minlength=256).std() * (scale if max(size) < 64 else 1),
             "dark": brightness[int(0.99 * (len(brightness) - 1))], "light": brightness[int(0.05 * (len(brightness) - 1))],
             "entropy": float(-(shares * np.log2(shares)).sum()),
             "colour": int((rgb.max(axis=1) - rgb.min(axis=1)).max())}
