@@ -5,6 +5,7 @@ beam_jobs/pipeline.py runs it in Beam's workers or hands it to those processes.
 """
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass
 
 from beam_jobs import quality
@@ -71,6 +72,7 @@ def to_example(source: dict, conversion: Conversion, published: Published | None
         "uri": source["uri"], "sha256": sha256(data), "dhash": image.pixels.dhash, "mirror": image.pixels.mirror,
         "mean": image.pixels.mean, "std": image.pixels.std, "label": source["label"], "format": image.format,
         "width": image.width, "height": image.height, "bytes": len(image.encoded),
+        "blocks": base64.b64encode(image.pixels.blocks).decode("ascii"),  # for near-copies among alike pictures
     }
     match = published.match(image.pixels.dhash, image.pixels.mirror) if published and near.eligible(
         image.width, image.height) else None
