@@ -76,7 +76,9 @@ def to_example(source: dict, conversion: Conversion, published: Published | None
     }
     match = published.match(image.pixels.dhash, image.pixels.mirror) if published and near.eligible(
         image.width, image.height) else None
-    if match:
+    if match and match.get("crowded"):
+        signature["crowded"] = True  # among pictures too alike for dHash to name the one it copies
+    elif match:
         match["moved"] = near.mode == "follow" and not fixed and match["split"] != split
         split = match["split"] if match["moved"] else split
         signature["near"] = match
