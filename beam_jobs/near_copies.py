@@ -145,7 +145,7 @@ def _leaders(records: list[dict], usable: list[bool], bits: int) -> list[tuple[i
 
 # Two copies of a picture differ in their block colours (components/common/signatures.py) by less than
 # BLOCK_RMS grey levels, root mean square over the 192 values (PSNR 36 dB at 8x8): a re-encode's error is
-# fine grain that a block of a 64 px thumbnail averages away (0.3-1 level at JPEG quality 40), a halving, an
+# fine grain that a block of a 64 px thumbnail averages away (0.3-1.6 levels at JPEG quality 40), a halving, an
 # EXIF turn or a mirror image (compared flipped) move a block by a few levels at edges (at most 3.6 in
 # tests/beam_jobs/test_near_copies.py). Two frames of one camera differ where the scene changed: a block
 # (1/64 of the picture) changed by 32 levels alone gives 32 / sqrt(64) = 4. A light crop moves the grid:
@@ -174,7 +174,7 @@ def _judge_crowds(records: list[dict], found: list, bits: int) -> set[int]:
 
 def _judge_crowd(records: list[dict], found: list, members: list[int], bits: int) -> None:
     colours = np.stack([np.frombuffer(base64.b64decode(records[i]["blocks"]), np.uint8) for i in members])
-    colours = colours.astype(np.float64)
+    colours = colours.astype(np.float32)  # sums of squares are integers below 2^24 (255^2 x 192): exact
     flipped = colours.reshape(len(members), BLOCKS, BLOCKS, 3)[:, :, ::-1].reshape(len(members), -1)
     norms = (colours * colours).sum(axis=1)  # a mirror image's too: flipping moves the blocks, not their colours
     hashes = np.array([[int(records[i]["dhash"], 16), int(records[i].get("mirror") or records[i]["dhash"], 16)]
