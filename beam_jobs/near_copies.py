@@ -81,6 +81,7 @@ class Arrangement:
     dropped: list[tuple[dict, str]] = field(default_factory=list)  # (signature, dead-letter reason)
     report: NearDuplicates = field(default_factory=lambda: NearDuplicates(count=0, examples=[]))
     tally: dict[str, int] = field(default_factory=lambda: {"moved": 0, "set_aside": 0, "across": 0})
+    pictures: list[list[dict]] = field(default_factory=list)  # signatures judged one picture, groups of two or more
 
 
 def arrange(kept: list[dict], rules: NearRules, published: str | None) -> Arrangement:
@@ -89,8 +90,10 @@ def arrange(kept: list[dict], rules: NearRules, published: str | None) -> Arrang
     records = sorted(kept, key=lambda s: s["uri"])
     usable = [rules.eligible(s["width"], s["height"]) for s in records]
     found = _leaders(records, usable, rules.bits)
-    crowded = _judge_crowds(records, found, rules.bits) | {i for i, s in enumerate(records) if s.get("crowded")}
+    crowds = _judge_crowds(records, found, rules.bits)
+    crowded = crowds | {i for i, s in enumerate(records) if s.get("crowded")}
     names, result, found_copies, examples = _Names(published), Arrangement(), 0, []
+    result.pictures = [[records[i] for i in rows] for rows in _pictures(records, found, crowds, rules.bits)]
     for record, leader in zip(records, found):
         other, near = _original(record, records, leader, names)
         if other is not None:
@@ -199,6 +202,30 @@ def _judge_crowd(records: list[dict], found: list, members: list[int], bits: int
         at = bisect_right(keys, means[k])
         keys.insert(at, means[k])
         rows.insert(at, k)
+
+
+def _pictures(records: list[dict], found: list, crowds: set[int], bits: int) -> list[list[int]]:
+    """Rows of the arrival that are one picture, in groups of two or more: an original and the near-copies that
+    follow it whose block colours agree too. A crowd's members were judged so already; the few copies of a picture
+    dHash alone judged are judged here again, and so are the images that follow one published picture (which
+    keeps no block colours), among themselves. What follows only decides a split: a light crop that dHash finds
+    and the block grid does not is still followed, and here counts as a picture of its own."""
+    judged, groups = list(found), collections.defaultdict(list)
+    for i, (record, leader) in enumerate(zip(records, found)):
+        if leader is not None:
+            groups[leader[0]].append(i)
+        elif record.get("near"):  # keyed apart from the arrival's rows: a published row is no row of `records`
+            groups[("published", record["near"]["row"])].append(i)
+    for key, rows in groups.items():
+        members = rows if isinstance(key, tuple) else [key, *rows]
+        if len(members) > 1 and members[0] not in crowds:
+            judged[members[0]] = None
+            _judge_crowd(records, judged, members, bits)
+    pictures = collections.defaultdict(list)
+    for i, leader in enumerate(judged):
+        if leader is not None:
+            pictures[leader[0]].append(i)
+    return [[original, *rows] for original, rows in sorted(pictures.items())]
 
 
 SKEW_P = 1e-3

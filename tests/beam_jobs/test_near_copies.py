@@ -104,7 +104,31 @@ def test_tiny_digits_are_not_called_near_copies_of_each_other(tmp_path, capsys):
 
 def signature(uri: str, dhash: int, split: str = "train", **more) -> dict:
     return {"uri": uri, "dhash": f"{dhash:016x}", "mirror": f"{~dhash & (2**64 - 1):016x}", "split": split,
-            "width": 64, "height": 64, **more}
+            "width": 64, "height": 64, "blocks": base64.b64encode(bytes(192)).decode(), **more}
+
+
+def coloured(level: int) -> str:
+    """Block colours of one grey level everywhere, as a signature holds them."""
+    return base64.b64encode(bytes([level]) * 192).decode()
+
+
+def test_one_picture_is_copies_whose_block_colours_agree_however_few_and_whoever_they_follow(tmp_path):
+    """Three images that dHash alone calls copies of a fourth (too few for a crowd) are one picture only where
+    their block colours agree; so are twenty images that follow one published picture (whose block colours
+    are not kept), judged among themselves. Their splits are what dHash decided: only the count differs."""
+    published = tmp_path / "near-published.npz"
+    np.savez(published, hashes=np.array([0xF], np.uint64), splits=np.array([1], np.uint8),
+             spans=np.array([1], np.uint32), offsets=np.array([0, 5], np.uint64), uris=np.frombuffer(b"p.jpg", np.uint8))
+    near = {"row": 0, "split": "eval", "distance": 0, "mirrored": False, "moved": False}
+    few = [signature(f"few/{i}.jpg", 0xF0F0, blocks=coloured(10 * i)) for i in range(4)]
+    same = [signature(f"same/{i}.jpg", 0xF0F0F0F0F0, blocks=coloured(200)) for i in range(4)]
+    frames = [signature(f"frames/{i:02d}.jpg", 0xF, "eval", near=near, blocks=coloured(10 * i)) for i in range(20)]
+    stuck = [signature(f"stuck/{i:02d}.jpg", 0xF, "eval", near=near, blocks=coloured(100)) for i in range(20)]
+    arranged = arrange(few + same + frames, NearRules("follow", 6, 16), str(published))
+    assert arranged.report.count == 3 + 3 + 20  # what dHash found, and the splits follow it
+    assert [[s["uri"] for s in group] for group in arranged.pictures] == [[s["uri"] for s in same]]
+    arranged = arrange(stuck, NearRules("follow", 6, 16), str(published))
+    assert [len(group) for group in arranged.pictures] == [20]
 
 
 def test_a_chain_of_alike_pictures_follows_originals_not_copies():
