@@ -304,8 +304,8 @@ class DataCheckConfig(BaseModel):
         3, ge=1, le=10_000, description="quarantine the span when a class of the history has been missing, each time beyond "
         "chance, from this many arrivals in a row, the span's included (a feed that died); fewer warn")
     max_same_image_share: float = Field(
-        0.2, gt=0, le=1, description="quarantine the span when more than this share of its records share one "
-        "dHash (a flood of near-identical frames)")
+        0.2, gt=0, le=1, description="quarantine the span when more than this share of its files are one picture "
+        "as ingest judged them: exact copies, and near-copies whose block colours agree too (a stuck camera)")
     min_class_examples: int = Field(
         5, ge=0, le=10**9, description="warn about a class with fewer training records than this in the span and its history")
 
