@@ -6,7 +6,8 @@ joins that image's split, so eval never scores a picture training has seen in an
             indexes (checked, rebuilt where broken: components/common/trusted_index.py), staged as one file
     Beam, in Normalize:     each new image looks its dHash and its mirror's up in a banded index of
             them (beam_jobs/near_lookup.py) and is written straight into its original's split, unless
-            more than CROWD are as near: dHash cannot say which, and it keeps its own
+            more than CROWD are as near: dHash cannot say which, and it keeps its own (so does each, back
+            in the driver, when more than CROWD distinct pictures of the arrival followed one)
     driver, after the job:  images of the same arrival can only be compared once all are signed: each,
             in URI order, follows the nearest earlier one that is a copy of none; an original followed
             by more than CROWD is a crowd of pictures alike at 9x8, whose members are judged again by
@@ -88,11 +89,12 @@ def arrange(kept: list[dict], rules: NearRules, published: str | None) -> Arrang
     """Settles the arrival's near-copies among themselves, after the job, in URI order; updates the
     kept signatures' splits and returns what moved, what is set aside and the summary's count."""
     records = sorted(kept, key=lambda s: s["uri"])
+    undone = _published_crowds(records, rules.bits)
     usable = [rules.eligible(s["width"], s["height"]) for s in records]
     found = _leaders(records, usable, rules.bits)
     crowds = _judge_crowds(records, found, rules.bits)
     crowded = crowds | {i for i, s in enumerate(records) if s.get("crowded")}
-    names, result, found_copies, examples = _Names(published), Arrangement(), 0, []
+    names, result, found_copies, examples = _Names(published), Arrangement(moved=undone), 0, []
     result.pictures = [[records[i] for i in rows] for rows in _pictures(records, found, crowds, rules.bits)]
     for record, leader in zip(records, found):
         other, near = _original(record, records, leader, names)
@@ -202,6 +204,33 @@ def _judge_crowd(records: list[dict], found: list, members: list[int], bits: int
         at = bisect_right(keys, means[k])
         keys.insert(at, means[k])
         rows.insert(at, k)
+
+
+def _published_crowds(records: list[dict], bits: int) -> list[dict]:
+    """Images the job sent after one published picture are no copies of it when more than CROWD distinct pictures
+    (by block colours, judged among themselves) follow it: the published one is one of a crowd of pictures alike
+    at 9x8 that dHash cannot name an original among, as when more than CROWD published ones are as near
+    (near_lookup.py). Each takes back its own split and is judged with the arrival's own. Returns those whose split
+    changed back, for their record to move: the job wrote it into the published picture's split."""
+    following: dict[int, list[int]] = collections.defaultdict(list)
+    for i, record in enumerate(records):
+        if record.get("near"):
+            following[record["near"]["row"]].append(i)
+    undone = []
+    for rows in following.values():
+        if len(rows) <= CROWD:
+            continue
+        judged: dict[int, tuple | None] = {}
+        _judge_crowd(records, judged, rows, bits)
+        if 1 + sum(judged[i] is None for i in rows[1:]) <= CROWD:
+            continue  # a few pictures come back many times: a stuck camera's frames are copies of the published one
+        for i in rows:
+            near = records[i].pop("near")
+            records[i]["crowded"] = True
+            if near["moved"]:
+                records[i]["split"] = next(split for split in SPLITS if split != near["split"])
+                undone.append(records[i])
+    return undone
 
 
 def _pictures(records: list[dict], found: list, crowds: set[int], bits: int) -> list[list[int]]:
