@@ -101,10 +101,15 @@ def read_source(source: dict, max_bytes: int | None) -> bytes:
             data = f.read(source["size"] + 1)
             if len(data) > source["size"]:
                 data += f.read(max_bytes + 1 - len(data) if max_bytes else -1)
-    except FileNotFoundError:
-        raise Rejected("not found: removed after it was listed") from None
     except NotRegularFile as error:
         raise Rejected(str(error)) from None
+    except Exception as error:
+        from components.common import store_errors  # on a failure only: the image workers start without it
+
+        reason = store_errors.refused(error, source["uri"])
+        if reason is None:  # another try may read it (a server busy), or none could: the job fails
+            raise
+        raise Rejected("not found: removed after it was listed" if reason == store_errors.NOT_FOUND else reason) from None
     if max_bytes and len(data) > max_bytes:
         raise Rejected(_too_large(len(data), max_bytes))
     return data

@@ -367,11 +367,12 @@ def _info(uri: str) -> dict | str:
     """The file's metadata, or why it is refused before it is ever opened."""
     fs, path = filesystem(uri) if is_uri(uri) else (LOCAL, uri)  # a local path is literal: no chaining
     try:
-        info = fs.info(path)
-    except FileNotFoundError:
-        return "not found"
-    except OSError as error:
-        return f"cannot be read: {error.strerror or error}"
+        info = store_errors.info(fs, path)
+    except Exception as error:
+        reason = store_errors.refused(error, uri)
+        if reason is None:  # a server away or busy, credentials no file would pass: the run fails, not the file
+            raise
+        return reason
     if info.get("type") == "directory":
-        return "not found"
+        return store_errors.NOT_FOUND
     return info if info.get("type") == "file" else NOT_REGULAR
