@@ -26,6 +26,7 @@ from beam_jobs.local import CHAINING, NOT_REGULAR, local_path, walk
 from components.common import source_files, store_errors
 from components.common.files import filesystem, is_local, is_uri, join, protocol, uri_of, version_of
 from components.common.source_files import is_candidate
+from components.contracts.buckets import bucket_problem, store_of
 from components.contracts.program import transient
 from components.contracts.secrets import SourceCredentials, has_secrets, without_secrets
 
@@ -283,6 +284,11 @@ def resolve(fs, folder: str, given: str, allow_outside: bool) -> tuple[str, str]
     scheme, has_scheme, rest = given.partition("://")
     if has_scheme and scheme.lower() not in STORES:
         raise ValueError(given, f"scheme {scheme.lower()}:// is not read: local paths, s3:// and gs:// only")
+    bad_bucket = bucket_problem(given)  # botocore would raise for it, deep in the listing's threads
+    if bad_bucket:
+        raise ValueError(given, bad_bucket)
+    if store_of(given) and not rest.partition("/")[2].strip("/"):
+        raise ValueError(given, "names a bucket, not a file: write s3://BUCKET/KEY")
     if has_scheme or given.startswith("/"):
         try:  # an absolute path is a local one, whatever the manifest's store; schemes in any case
             target, path = filesystem(f"{scheme.lower()}://{rest}" if has_scheme else given)

@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from components.contracts import schema
+from components.contracts.buckets import bucket_problem
 from components.contracts.results import QUALITY_ISSUES
 from components.contracts.secrets import without_secrets
 
@@ -64,6 +65,9 @@ def _check_location(uri: str, what: str, schemes: tuple[str, ...], why: str) -> 
     scheme = uri.partition("://")[0] if "://" in uri else None
     if scheme is not None and scheme not in schemes:
         raise ValueError(f"{shown}: {scheme}:// is not taken for {what}, which {why}; {allowed}")
+    bad_bucket = bucket_problem(uri)
+    if bad_bucket:
+        raise ValueError(f"{shown}: {without_secrets(bad_bucket)}")
     return uri
 
 
