@@ -5,6 +5,7 @@ refused before anything is read, and kept scrubbed as a dead letter."""
 from __future__ import annotations
 
 import posixpath
+import re
 
 from components.common.files import is_uri
 from components.contracts.secrets import SourceCredentials, has_secrets, without_secrets
@@ -36,10 +37,20 @@ def named(uri: str, reason: str | None, credentials: SourceCredentials) -> tuple
 
 
 def normalized(path: str) -> str:
-    """A store's path normalized (`a/./b`, `a/x/../b`), keeping a URL's `scheme://authority`: an HTTP
-    store's paths are whole URLs, and `..` never climbs out of their server."""
+    """A store's path normalized (`a/./b`, `a/x/../b`), keeping a URL's `scheme://authority` and its query:
+    an HTTP store's paths are whole URLs, and `..` never climbs out of their server."""
     scheme, has_scheme, rest = path.partition("://")
     if not has_scheme:
         return posixpath.normpath(path)
     authority, slash, below = rest.partition("/")
-    return f"{scheme}://{authority}" + (posixpath.normpath("/" + below) if slash else "")
+    query = path[len(without_query(path)):]  # a signature may hold a `/`, which is no folder
+    below = below[:len(below) - len(query)]
+    return f"{scheme}://{authority}" + (posixpath.normpath("/" + below) if slash else "") + query
+
+
+def without_query(path: str) -> str:
+    """A URL without its query (`?X-Amz-Signature=...`) and fragment: what names the file, the folder its
+    relative rows are in and its kind (`m.csv`). Only a URL has one: `?` is part of a local file's or a
+    bucket key's name."""
+    scheme, has_scheme, rest = path.partition("://")
+    return f"{scheme}://{re.split(r'[?#]', rest, maxsplit=1)[0]}" if has_scheme else path

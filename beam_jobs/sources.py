@@ -97,7 +97,7 @@ def each_listed(source: str, eval_fraction: float, allow_outside: bool = False) 
         entries = _each_in_folder(local, allow_outside)
     elif fs.isdir(path):
         entries = _list_bucket_folder(fs, path).entries()
-    elif path.lower().endswith(MANIFEST_SUFFIXES):
+    elif source_names.without_query(path).lower().endswith(MANIFEST_SUFFIXES):  # a presigned URL's too
         entries = _list_manifest(fs, path, allow_outside).entries()
     else:
         raise ValueError(f"source {source} is neither a folder nor a .csv/.jsonl manifest")
@@ -234,13 +234,14 @@ def _collected(entries: Iterable[tuple[Source, str | None]]) -> Listing:
 
 def _list_manifest(fs, path: str, allow_outside: bool) -> Listing:
     rows = _read_rows(fs, path)
-    folder = source_names.normalized(posixpath.dirname(path))
+    named = source_names.without_query(path)  # a presigned manifest's signature reads it, and only it
+    folder = source_names.normalized(posixpath.dirname(named))
     sources, rejected, seen = [], [], set()
     entries = []
     for number, row in enumerate(rows, start=1):
         problem = row if isinstance(row, str) else _row_problem(row)
         if problem:
-            rejected.append((Source(f"{uri_of(fs, path)}#row{number}", 0, ""), problem))
+            rejected.append((Source(f"{uri_of(fs, named)}#row{number}", 0, ""), problem))
             continue
         given = row["uri"].strip()
         try:
@@ -324,8 +325,9 @@ def _row_problem(row) -> str:
 def _read_rows(fs, path: str) -> list[dict | str]:
     """The manifest's rows as dicts; a row that cannot be parsed as the reason (a dead letter).
     Raises ManifestError for a manifest without rows or without the columns (components/common/source_files.py)."""
-    text, manifest = fs.cat_file(path).decode("utf-8-sig"), uri_of(fs, path)
-    rows = _jsonl_rows(manifest, text) if path.lower().endswith(".jsonl") else _csv_rows(manifest, text)
+    text, manifest = fs.cat_file(path).decode("utf-8-sig"), uri_of(fs, source_names.without_query(path))
+    jsonl = source_names.without_query(path).lower().endswith(".jsonl")
+    rows = _jsonl_rows(manifest, text) if jsonl else _csv_rows(manifest, text)
     if not rows:
         raise source_files.no_rows(manifest)
     return rows
