@@ -75,3 +75,12 @@ def test_a_bad_bucket_as_source_or_root_is_a_settings_error(argv, tmp_path, caps
     assert line.startswith("stoke ingest: error: --") and ("bucket name" in line or "names no bucket" in line), line
     assert json.loads(printed.out.strip().splitlines()[-1])["published"] is False
     assert not (tmp_path / "root").exists()
+
+
+def test_stoke_run_refuses_a_bad_bucket_before_it_starts(tmp_path, capsys):
+    from flows import cli
+
+    assert cli.main(["run", "gs://Bad_Bucket!/photos", "--root", str(tmp_path / "root")]) == BAD_SETTINGS
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("stoke run: error: source: Value error, ") and "is no GCS bucket name" in line, line
+    assert not (tmp_path / "root").exists()
