@@ -5,9 +5,8 @@ refused before anything is read, and kept scrubbed as a dead letter."""
 from __future__ import annotations
 
 import posixpath
-import re
 
-from components.common.files import is_uri
+from components.common.files import is_uri, without_query
 from components.contracts.secrets import SourceCredentials, has_secrets, without_secrets
 
 CREDENTIAL_IN_NAME = ("its URI holds a credential (a user info, or a parameter named like a token or password) "
@@ -46,11 +45,3 @@ def normalized(path: str) -> str:
     query = path[len(without_query(path)):]  # a signature may hold a `/`, which is no folder
     below = below[:len(below) - len(query)]
     return f"{scheme}://{authority}" + (posixpath.normpath("/" + below) if slash else "") + query
-
-
-def without_query(path: str) -> str:
-    """A URL without its query (`?X-Amz-Signature=...`) and fragment: what names the file, the folder its
-    relative rows are in and its kind (`m.csv`). Only a URL has one: `?` is part of a local file's or a
-    bucket key's name."""
-    scheme, has_scheme, rest = path.partition("://")
-    return f"{scheme}://{re.split(r'[?#]', rest, maxsplit=1)[0]}" if has_scheme else path

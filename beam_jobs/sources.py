@@ -24,7 +24,7 @@ import fsspec
 from beam_jobs import source_names
 from beam_jobs.local import CHAINING, NOT_REGULAR, local_path, walk
 from components.common import source_files, store_errors
-from components.common.files import filesystem, is_local, is_uri, join, protocol, uri_of, version_of
+from components.common.files import filesystem, is_local, is_uri, join, protocol, uri_of, version_of, without_query
 from components.common.source_files import is_candidate
 from components.contracts.buckets import bucket_problem, store_of
 from components.contracts.program import transient
@@ -97,7 +97,7 @@ def each_listed(source: str, eval_fraction: float, allow_outside: bool = False) 
         entries = _each_in_folder(local, allow_outside)
     elif fs.isdir(path):
         entries = _list_bucket_folder(fs, path).entries()
-    elif source_names.without_query(path).lower().endswith(MANIFEST_SUFFIXES):  # a presigned URL's too
+    elif without_query(path).lower().endswith(MANIFEST_SUFFIXES):  # a presigned URL's too
         entries = _list_manifest(fs, path, allow_outside).entries()
     else:
         raise ValueError(f"source {source} is neither a folder nor a .csv/.jsonl manifest")
@@ -234,7 +234,7 @@ def _collected(entries: Iterable[tuple[Source, str | None]]) -> Listing:
 
 def _list_manifest(fs, path: str, allow_outside: bool) -> Listing:
     rows = _read_rows(fs, path)
-    named = source_names.without_query(path)  # a presigned manifest's signature reads it, and only it
+    named = without_query(path)  # a presigned manifest's signature reads it, and only it
     folder = source_names.normalized(posixpath.dirname(named))
     sources, rejected, seen = [], [], set()
     entries = []
@@ -325,8 +325,8 @@ def _row_problem(row) -> str:
 def _read_rows(fs, path: str) -> list[dict | str]:
     """The manifest's rows as dicts; a row that cannot be parsed as the reason (a dead letter).
     Raises ManifestError for a manifest without rows or without the columns (components/common/source_files.py)."""
-    text, manifest = fs.cat_file(path).decode("utf-8-sig"), uri_of(fs, source_names.without_query(path))
-    jsonl = source_names.without_query(path).lower().endswith(".jsonl")
+    text, manifest = fs.cat_file(path).decode("utf-8-sig"), uri_of(fs, without_query(path))
+    jsonl = without_query(path).lower().endswith(".jsonl")
     rows = _jsonl_rows(manifest, text) if jsonl else _csv_rows(manifest, text)
     if not rows:
         raise source_files.no_rows(manifest)

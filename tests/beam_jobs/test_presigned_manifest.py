@@ -86,3 +86,13 @@ def test_a_presigned_manifest_is_read_with_its_query_and_named_without_it(manife
     assert published["source"].startswith(f"{site}/{manifest}?") and "X-Amz-Signature=***" in published["source"]
     printed = capsys.readouterr()
     assert holding(str(root)) == [] and not shows(printed.out + printed.err)
+
+
+def test_preflight_takes_a_presigned_manifest_for_a_manifest(tmp_path):
+    from components.preflight.source import source_check
+
+    (tmp_path / "bucket").mkdir()
+    (tmp_path / "bucket" / "m.csv").write_text("uri,label\ncat/a.jpg,cat\n")
+    with signing_server(tmp_path) as port:
+        check = source_check(f"http://127.0.0.1:{port}/bucket/m.csv?{QUERY}")
+    assert check.status == "ok" and check.facts["kind"] == "manifest", check
