@@ -88,7 +88,7 @@ def each_listed(source: str, eval_fraction: float, allow_outside: bool = False) 
     path = path if local else source_names.normalized(path)
     if local:
         _check_readable(source, local)
-    elif not _in_store(fs, path):
+    elif not _in_store(source, fs, path):
         bucket = path.split("/", 1)[0]
         buckets = STORES.get(protocol(fs)) in ("s3", "gs")  # an http(s):// path is a whole URL: no bucket in it
         missing = f" (there is no bucket {bucket})" if buckets and bucket != path and not fs.exists(bucket) else ""
@@ -111,13 +111,16 @@ def _named(source: Source, reason: str | None, credentials: SourceCredentials) -
     return replace(source, uri=uri), reason
 
 
-def _in_store(fs, path: str) -> bool:
+def _in_store(source: str, fs, path: str) -> bool:
     """Whether a bucket holds `path`; a refusal is raised naming its reason (components/common/store_errors.py)."""
     try:
         store_errors.info(fs, path)
     except FileNotFoundError as error:
         if transient(error):  # fsspec's HTTP files say "not found" for a connection refused or timed out too
             raise
+        refusal = store_errors.server_refusal(error)  # and for a 401 or 403
+        if refusal:
+            raise PermissionError(f"source {source} was {refusal}: {store_errors.SERVER_REFUSED}") from None
         return False
     return True
 

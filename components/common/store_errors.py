@@ -124,6 +124,17 @@ def refused(error: BaseException, uri: str) -> str | None:
     return None
 
 
+SERVER_REFUSED = ("give SOURCE the credentials the server wants (https://USER:PASSWORD@host/...), or sign its "
+                  "URL again if it was presigned (a signature expires)")
+
+
+def server_refusal(error: BaseException) -> str | None:
+    """A web server's refusal of a request (401, 403, ...) as `refused` words it; None for any other error,
+    a 404 too: fsspec calls each of them FileNotFoundError, and "does not exist" misleads for a refusal."""
+    reason = refused(error, "")
+    return reason if reason and reason.startswith("refused: ") else None
+
+
 def problem(error: BaseException, *uris: str) -> Problem | None:
     """The Problem `error` is on the bucket of `uris` it came from, or None when it is no store's
     credentials, permissions, missing bucket, answer or connection (a missing object, say)."""

@@ -49,6 +49,9 @@ def _checked(source: str) -> Check:
         found = store_errors.problem(error, source)
         if found is not None:
             return _fail(found.summary, found.fix, found.transient)
+        refusal = store_errors.server_refusal(error)
+        if refusal:
+            return _fail(f"{source} was {refusal}", store_errors.SERVER_REFUSED)
         if isinstance(error, FileNotFoundError):
             return _fail(f"{source} does not exist", f"check the path: {LAYOUT}")
         if isinstance(error, (PermissionError, NotADirectoryError)):

@@ -96,3 +96,21 @@ def test_preflight_takes_a_presigned_manifest_for_a_manifest(tmp_path):
     with signing_server(tmp_path) as port:
         check = source_check(f"http://127.0.0.1:{port}/bucket/m.csv?{QUERY}")
     assert check.status == "ok" and check.facts["kind"] == "manifest", check
+
+
+def test_a_manifest_url_whose_signature_the_server_refuses_says_so_in_one_line(tmp_path, capsys):
+    """An expired or wrong signature is a refusal, not a manifest that "does not exist"."""
+    from components.preflight.source import source_check
+
+    (tmp_path / "bucket").mkdir()
+    (tmp_path / "bucket" / "m.csv").write_text("uri,label\ncat/a.jpg,cat\n")
+    with signing_server(tmp_path) as port:
+        source = f"http://127.0.0.1:{port}/bucket/m.csv?{QUERY.replace(TOKEN, 'EXPIRED')}"
+        code, _ = ingest(source, tmp_path / "root", capsys=None)
+        check = source_check(source)
+    printed = capsys.readouterr()
+    (line,) = printed.err.strip().splitlines()
+    assert code == 1 and line.startswith(f"stoke ingest: error: source http://127.0.0.1:{port}/bucket/m.csv?"), line
+    assert "was refused: the server answered HTTP 403 Forbidden: give SOURCE the credentials" in line
+    assert "X-Amz-Signature=***" in line and "EXPIRED" not in printed.out + printed.err
+    assert check.status == "fail" and "was refused: the server answered HTTP 403 Forbidden" in check.summary
