@@ -292,7 +292,7 @@ def resolve(fs, folder: str, given: str, allow_outside: bool) -> tuple[str, str]
     if bad_bucket:
         raise ValueError(given, bad_bucket)
     if store_of(given) and not rest.partition("/")[2].strip("/"):
-        raise ValueError(given, "names a bucket, not a file: write s3://BUCKET/KEY")
+        raise ValueError(given, f"names a bucket, not a file: write {scheme.lower()}://BUCKET/KEY")
     if has_scheme or given.startswith("/"):
         try:  # an absolute path is a local one, whatever the manifest's store; schemes in any case
             target, path = filesystem(f"{scheme.lower()}://{rest}" if has_scheme else given)

@@ -48,7 +48,7 @@ def test_a_good_bucket_name_or_no_bucket_at_all_passes(uri):
 def test_manifest_rows_naming_bad_buckets_are_dead_letters(s3_endpoint, s3_bucket, gcs_endpoint, tmp_path, capsys):
     s3 = boto3.client("s3", endpoint_url=s3_endpoint)
     s3.put_object(Bucket=s3_bucket, Key="m/cat/a.jpg", Body=images.rgb_jpeg(1))
-    rows = [*SAYS, "s3://b/", f"s3://{s3_bucket}/", f"s3://{s3_bucket}", "gs://bad_bucket/x.jpg"]
+    rows = [*SAYS, "s3://b/", f"s3://{s3_bucket}/", f"s3://{s3_bucket}", "gs://stoke-gcs//", "gs://bad_bucket/x.jpg"]
     s3.put_object(Bucket=s3_bucket, Key="m/m.csv", Body="uri,label\ncat/a.jpg,cat\n" + "".join(f"{r},cat\n" for r in rows))
     root = tmp_path / "root"
     code, summary = ingest(f"s3://{s3_bucket}/m/m.csv", root, *IN_MEMORY, "--allow-outside-source",
@@ -60,6 +60,7 @@ def test_manifest_rows_naming_bad_buckets_are_dead_letters(s3_endpoint, s3_bucke
     assert found.pop("s3://b/").startswith("'b' is no S3 bucket name")
     assert found == {f"s3://{s3_bucket}/": "names a bucket, not a file: write s3://BUCKET/KEY",
                      f"s3://{s3_bucket}": "names a bucket, not a file: write s3://BUCKET/KEY",
+                     "gs://stoke-gcs//": "names a bucket, not a file: write gs://BUCKET/KEY",
                      "gs://bad_bucket/x.jpg": "not found"}  # a good GCS name, of no bucket
 
 
