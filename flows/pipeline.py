@@ -252,7 +252,7 @@ class PreflightFailed(StageError):
         first = self.check = next(check for check in summary.checks if check.status == "fail")
         reason = f"{first.name} failed: {first.summary}" + (f" (fix: {first.fix})" if first.fix else "")
         if first.name != SOURCE_CHECK:  # skipping the checks does not make SOURCE readable
-            reason += "; fix it or skip the checks (`stoke run --no-preflight`, or preflight=null)"
+            reason += "; fix it or skip the checks (`--no-preflight`, or `--set preflight=null`)"
         super().__init__(f"preflight failed: {reason}", summary.to_json(), stage="preflight", reason=reason,
                          transient=transient)
 
