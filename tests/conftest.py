@@ -12,6 +12,20 @@ os.environ.setdefault("STOKE_GPU_LOCK", os.path.join(tempfile.gettempdir(),
                                                      f"stoke-gpus-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.lock"))
 
 
+# components/train sets TF_USE_LEGACY_KERAS in the process that imports it, for the trainer's own TensorFlow.
+# Test modules import it when collected; every program a later test starts (a gate, a flow's stages) would
+# inherit it, as it never does from `stoke run`.
+_LEGACY_KERAS = os.environ.get("TF_USE_LEGACY_KERAS")
+
+
+@pytest.fixture(autouse=True)
+def _environment_as_the_session_began():
+    if _LEGACY_KERAS is None:
+        os.environ.pop("TF_USE_LEGACY_KERAS", None)
+    else:
+        os.environ["TF_USE_LEGACY_KERAS"] = _LEGACY_KERAS
+
+
 def pytest_collection_modifyitems(config, items):
     """Groups for pytest-xdist's `--dist loadgroup` (make test): the tests of one file run on one
     worker, so a model trained once per session by a file's fixture is trained once, not once per

@@ -38,6 +38,7 @@ from components.common.files import filesystem, is_local
 from components.common.local_copies import Folder
 from components.common.tfrecord import BadRecord, count_records
 from components.contracts.layout import Shard
+from components.contracts.options import setting_hint
 
 DIGESTS = ".digests"  # in the shard cache's folder
 RACY_SECONDS = 2  # coarser than any file system's timestamps: FAT's mtime, whole seconds elsewhere
@@ -176,7 +177,8 @@ class Book:
         try:
             secure(folder)
         except CacheError as error:
-            return cls(None, f"{error}; set shard_cache.dir (--shard-cache-dir) to a folder of your own")
+            return cls(None, f"{error}; use a folder of your own for the shard cache, "
+                             f"{setting_hint(None, {'shard_cache.dir': 'PATH'})}")
         return cls(folder)
 
     def known(self, shard: Shard, identity: tuple) -> bool:

@@ -35,6 +35,7 @@ from components.common.files import check_writable, exists, filesystem, join, re
 from components.common.local_copies import UnsafeKey
 from components.common.model_folders import SAVED_MODEL
 from components.common.repository import Repository, RepositoryError
+from components.common.runtime_logs import program_environment, quiet_tensorflow_python
 from components.common.shard_cache import CacheError, ShardCache
 from components.common.store_errors import on_root
 from components.common.tf_files import local_copy, push, tf_reads
@@ -61,6 +62,7 @@ class GateError(Exception):
 
 def run(argv: list[str] | None = None) -> int:
     args = program.stage_arguments("gate", argv)
+    quiet_tensorflow_python()  # TFMA's reads of its own results call TensorFlow's deprecated record reader
     return program.main("stoke gate", args.json, on_root(gate, lambda: program.stage_settings("gate", args)),
                         _describe, errors=(GateError, RepositoryError, ResultError, UnsafeKey, OSError))
 
@@ -321,7 +323,7 @@ def serving_check(model_dir: str, warmup_path: str, model_name: str) -> dict:
     """Runs components.gate.serving_check in a fresh process: nothing of this process's state helps it."""
     from components.common.serving import SERVING_IMAGE, SERVING_VERSION
 
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
+    env = program_environment()
     env.pop("TF_USE_LEGACY_KERAS", None)
     try:
         result = processes.run(

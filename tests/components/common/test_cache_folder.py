@@ -17,6 +17,7 @@ from components.common.shard_cache import CacheError, ShardCache
 from components.contracts.layout import Root
 from tests.components.common.cache_holder import shards_json
 from tests.components.conftest import TRAIN_LABELS, tiny_records, write_span
+from tests.hints import assert_runnable
 from tests.waiting import wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -118,6 +119,7 @@ def test_a_folder_others_could_write_or_swap_is_refused_in_one_line(shards, tmp_
     with pytest.raises(CacheError) as refused:
         ShardCache(str(folder), max_gb=1).stage(shards)
     assert "\n" not in str(refused.value) and "--shard-cache-dir" in str(refused.value)
+    assert_runnable(str(refused.value))
     assert _files(tmp_path) == before and not os.listdir(target)  # nothing written, through the link neither
 
 
