@@ -1,25 +1,36 @@
 import os
-import tempfile
 
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-# Each pytest-xdist worker its own GPU slot (flows/gpus.py): the tests train on the CPU, and two
-# workers queueing behind one slot would only make the suite slower.
-os.environ.setdefault("STOKE_GPU_LOCK", os.path.join(tempfile.gettempdir(),
-                                                     f"stoke-gpus-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.lock"))
+
+# `make test` runs each test file on one worker (--dist loadfile), so a model a file's fixture trains
+# once per session is trained once. These files start first, the longest first: a long file started
+# late is the tail of the whole run (--durations says how long each takes; a stale order costs
+# minutes, never a result). The rest keep their collection order (--no-loadscope-reorder).
+LONG_FILES = (
+    "tests/flows/test_train_flow_s3.py",
+    "tests/flows/test_photos.py",
+    "tests/flows/test_train_flow_gcs.py",
+    "tests/components/train/test_transfer.py",
+    "tests/infra/test_prefect_postgres.py",
+    "tests/flows/test_gpus.py",
+    "tests/flows/test_datacheck_flow.py",
+)
 
 
 def pytest_collection_modifyitems(config, items):
-    """Groups for pytest-xdist's `--dist loadgroup` (make test): the tests of one file run on one
-    worker, so a model trained once per session by a file's fixture is trained once, not once per
-    worker; the tests that share the flow run of tests/flows/conftest.py (`pushed_run`) are one
-    group wherever they live. Without xdist the marker does nothing."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            group = "pushed_run" if "pushed_run" in item.fixturenames else item.nodeid.split("::")[0]
-            item.add_marker(pytest.mark.xdist_group(group))
+    rank = {path: index for index, path in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def gpu_slot_of_this_session(tmp_path_factory):
+    """Each pytest process its own GPU slot (flows/gpus.py), in its own temporary folder: the tests
+    train on the CPU, and a worker queueing behind another worker's slot, or behind another test
+    session's on the same machine, would only make the suite slower (or wait out a test's bound)."""
+    os.environ.setdefault("STOKE_GPU_LOCK", str(tmp_path_factory.getbasetemp() / "gpus.lock"))
 
 
 @pytest.fixture(scope="session")
