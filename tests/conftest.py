@@ -1,4 +1,5 @@
 import os
+import sys
 
 import pytest
 
@@ -31,6 +32,24 @@ def gpu_slot_of_this_session(tmp_path_factory):
     train on the CPU, and a worker queueing behind another worker's slot, or behind another test
     session's on the same machine, would only make the suite slower (or wait out a test's bound)."""
     os.environ.setdefault("STOKE_GPU_LOCK", str(tmp_path_factory.getbasetemp() / "gpus.lock"))
+
+
+@pytest.fixture(autouse=True)
+def no_beam_job_left_behind():
+    """A test may give up on a Beam job (beam_jobs/bounded.py), but on its own list: a job in the
+    process's list makes any later failed ingest in this process end the process while the job runs
+    (bounded.exit_code), taking the pytest worker and the test it is running with it. Checked on the
+    list, not on whether the job still runs, so the test that leaves one fails every time."""
+    before = _given_up_on()
+    yield
+    if [job for job in _given_up_on() if job not in before]:
+        pytest.fail("the test left a Beam job it gave up on in beam_jobs.bounded._ABANDONED: give the test a list "
+                    "of its own (monkeypatch) and end the job before the test does")
+
+
+def _given_up_on() -> list:
+    bounded = sys.modules.get("beam_jobs.bounded")
+    return list(bounded._ABANDONED) if bounded is not None else []
 
 
 @pytest.fixture(scope="session")
