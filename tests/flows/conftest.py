@@ -3,6 +3,7 @@ seconds, and flows, deployments, events and automations all live in it."""
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 
@@ -58,6 +59,14 @@ def pushed_run(tmp_path_factory):
     run_id, config = checked(parser.parse_args([*argv, *(f"--set={item}" for item in FIRST_RUN_OVERRIDES)]))
     state = pipeline(**flow_parameters(config), run_id=run_id, return_state=True)
     return {"source": source, "root": root, "state": state, "config_file": str(config_file)}
+
+
+def copy_of(pushed_run, tmp_path) -> tuple[str, str]:
+    """The served ROOT of the session's first run, and its source, copied: for a test that adds spans."""
+    source, root = str(tmp_path / "digits"), str(tmp_path / "root")
+    shutil.copytree(pushed_run["source"], source)
+    shutil.copytree(pushed_run["root"], root)
+    return source, root
 
 
 @pytest.fixture
