@@ -35,6 +35,18 @@ def gpu_slot_of_this_session(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
+def environment_as_found():
+    """Each test starts from the environment the session set up (its fixtures included) and leaves it
+    so: a variable one test sets would change what every later test on its worker does, such as the
+    PREFECT_HOME that `stoke run`, called in-process, sets for the rest of its process."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@pytest.fixture(autouse=True)
 def no_beam_job_left_behind():
     """A test may give up on a Beam job (beam_jobs/bounded.py), but on its own list: a job in the
     process's list makes any later failed ingest in this process end the process while the job runs

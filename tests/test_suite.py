@@ -15,7 +15,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The suite's hooks, with test_b.py as the one long file.
 CONFTEST = """import tests.conftest
 tests.conftest.LONG_FILES = ("test_b.py",)
-from tests.conftest import gpu_slot_of_this_session, pytest_collection_modifyitems  # noqa: E402,F401
+from tests.conftest import environment_as_found, gpu_slot_of_this_session, pytest_collection_modifyitems  # noqa: E402,F401,E501
 """
 RECORD = """import os
 
@@ -33,9 +33,10 @@ def make_test_options() -> list[str]:
     return [option for option in options if option not in ("-q",)]
 
 
-def _pytest(suite, *args: str, **env: str) -> subprocess.CompletedProcess:
-    environ = {**os.environ, "PYTHONPATH": REPO, **env}
-    environ.pop("STOKE_GPU_LOCK", None)  # this session's: the inner one chooses its own
+def _pytest(suite, *args: str, **env: str | None) -> subprocess.CompletedProcess:
+    """pytest on `suite` in a process of its own, with `env` laid over this one's (None: unset)."""
+    environ = {**os.environ, "PYTHONPATH": REPO, "STOKE_GPU_LOCK": None, **env}  # the inner session's own slot
+    environ = {name: value for name, value in environ.items() if value is not None}
     done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--rootdir", str(suite), *args,
                            str(suite)], cwd=suite, env=environ, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -68,3 +69,21 @@ def test_every_long_file_exists():
     """A renamed file would fall back into collection order without a word."""
     for path in conftest.LONG_FILES:
         assert os.path.isfile(os.path.join(REPO, path)), path
+
+
+def test_a_variable_a_test_sets_is_gone_for_the_next(tmp_path):
+    """A `stoke run` called in-process sets PREFECT_HOME for the rest of the process, as the command
+    does for its children; the next test on the worker must not find it."""
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "conftest.py").write_text(CONFTEST)
+    (suite / "test_order.py").write_text("""import os
+
+def test_sets():
+    os.environ["PREFECT_HOME"] = "/somewhere/else"
+    os.environ.pop("STOKE_SESSION_SET", None)
+
+def test_finds_the_sessions_environment():
+    assert "PREFECT_HOME" not in os.environ and os.environ["STOKE_SESSION_SET"] == "1"
+""")
+    _pytest(suite, STOKE_SESSION_SET="1", PREFECT_HOME=None)
