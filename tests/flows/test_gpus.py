@@ -2,6 +2,7 @@
 one at once, and a stage program that inherits it holds it as long as it runs."""
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -21,7 +22,7 @@ HOLD = ("import logging, sys, time\nfrom flows.gpus import gpu_slot\n"
 
 
 def taken_within(seconds: float) -> bool:
-    """Whether this process gets the slot within `seconds`."""
+    """Whether this process gets the slot within `seconds` (it polls the lock once a second)."""
     got = threading.Event()
 
     def take():
@@ -39,7 +40,7 @@ def test_a_holder_killed_outright_frees_the_slot_at_once(tmp_path, monkeypatch):
     assert json.load(open(tmp_path / "gpus.lock"))["holder"] == "holder"
     holder.kill()
     holder.wait()
-    assert taken_within(5.0)
+    assert taken_within(60.0)  # at once; the bound is for a machine busy with other work
 
 
 def test_a_program_that_inherits_the_slot_holds_it_after_its_starter_let_go(tmp_path, monkeypatch):
@@ -51,7 +52,7 @@ def test_a_program_that_inherits_the_slot_holds_it_after_its_starter_let_go(tmp_
     finally:
         child.kill()
         child.wait()
-    assert taken_within(5.0)
+    assert taken_within(60.0)
 
 
 def _trainer_of(pid: int) -> int | None:
@@ -77,12 +78,18 @@ def test_a_run_killed_during_training_leaves_the_next_one_free_to_train(digits, 
     common = [os.path.join(BIN, "stoke"), "run", digits, "--root", root, "--no-preflight", "--preset", "demo",
               "--set", f"beam_args={json.dumps(TINY_BEAM)}", "--set", "train.input_probe_steps=0",
               "--set", "train.trace_steps=none", "--set", "gate.min_accuracy=0", "--set", "push.build_image=false"]
+    # Its own process group, so the test can end whatever the kill leaves behind (Prefect's temporary
+    # server, started by `stoke run` itself, has no way to learn that its parent died).
     first = subprocess.Popen([*common, "--run-id", "killed", "--set", "train.epochs=500"],
-                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    trainer = wait_for(lambda: _trainer_of(first.pid), "the first run to start training", 300, process=first)
-    first.kill()  # SIGKILL: no cleanup of its own
-    first.wait()
-    wait_for(lambda: not os.path.exists(f"/proc/{trainer}") or _zombie(trainer), "its trainer to stop with it", 60)
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        trainer = wait_for(lambda: _trainer_of(first.pid), "the first run to start training", 300, process=first)
+        first.kill()  # SIGKILL: no cleanup of its own
+        first.wait()
+        wait_for(lambda: not os.path.exists(f"/proc/{trainer}") or _zombie(trainer), "its trainer to stop with it", 60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(first.pid, signal.SIGKILL)
 
     done = subprocess.run([*common, "--run-id", "next", "--set", "train.epochs=1", "--set", "train.steps_per_epoch=2",
                            "--json"], env=env, capture_output=True, text=True, timeout=600)
