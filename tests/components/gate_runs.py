@@ -1,4 +1,4 @@
-"""The gate scenario, built once per session and shared by the validate, export and serving tests:
+"""The gate scenario, built once per test run and shared by the validate, export and serving tests:
 
 1. `good`: a tiny model that learns the colour classes -> blessed -> pushed (first version);
 2. `flat`: learning rate 0, so it learns nothing -> refused with reasons; the repository is unchanged;
@@ -6,11 +6,13 @@
 
 Spans are written the way the ingest job publishes them (tests/components/conftest.py); the runs
 use the real components.train, components.gate and components.push in this process.
-Tests that change the repository work on a copy (`copy_root`).
+Tests that change the repository work on a copy (`copy_root`): the scenario's own ROOT is read by
+tests on every pytest-xdist worker at once.
 """
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
 import json
 import os
@@ -57,10 +59,28 @@ def listing(root: str) -> list[str]:
 
 
 def gate_scenario(tmp_path_factory) -> dict:
-    """Runs the scenario once per session (several test modules import the fixture that calls it)."""
-    if "scenario" in _CACHE:
-        return _CACHE["scenario"]
-    root = str(tmp_path_factory.mktemp("gate-root"))
+    """The scenario, built by the first process of the test run that asks for it (several test modules
+    import the fixture that calls it, and under pytest-xdist their files run on different workers):
+    the others wait for it under the same lock and read what it recorded."""
+    if "scenario" not in _CACHE:
+        folder = run_folder(tmp_path_factory)
+        with open(folder / "gate-scenario.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            record = folder / "gate-scenario.json"
+            if not record.exists():
+                scenario = build(str(folder / "gate-root"))
+                record.write_text(json.dumps(scenario))  # last: the scenario is complete
+            _CACHE["scenario"] = json.loads(record.read_text())
+    return _CACHE["scenario"]
+
+
+def run_folder(tmp_path_factory):
+    """The temporary folder of the whole test run: a pytest-xdist worker's own folder lies in it."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def build(root: str) -> dict:
     write_span(root, 1, {"train": tiny_records(64), "eval": tiny_records(24, offset=5000)},
                TRAIN_LABELS, {"train": 2, "eval": 2})
     result = {"root": root, "train": {}, "validate": {}, "push": {}, "listing": {}}
@@ -79,7 +99,6 @@ def gate_scenario(tmp_path_factory) -> dict:
     result["validate"]["mixed"] = validate_run(root, "mixed")
     result["push"]["mixed"] = push_run(root, "mixed")
     result["listing"]["after_mixed"] = listing(root)
-    _CACHE["scenario"] = result
     return result
 
 
