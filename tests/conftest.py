@@ -7,15 +7,20 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 # `make test` runs each test file on one worker (--dist loadfile), so a model a file's fixture trains
-# once per session is trained once. These files start first, the longest first: a long file started
-# late is the tail of the whole run (--durations says how long each takes; a stale order costs
-# minutes, never a result). The rest keep their collection order (--no-loadscope-reorder).
+# once per session is trained once. These files start first, the longest first (a long file started
+# late is the tail of the whole run), with the first users of what the run makes once for all workers
+# (tests/once.py: the gate scenario, the first flow run), so that it is ready before the files that
+# read it come up. --durations says how long each takes; a stale order costs minutes, never a result.
+# The rest keep their collection order (--no-loadscope-reorder).
 LONG_FILES = (
     "tests/flows/test_train_flow_s3.py",
     "tests/flows/test_photos.py",
-    "tests/flows/test_train_flow_gcs.py",
-    "tests/components/train/test_transfer.py",
     "tests/infra/test_prefect_postgres.py",
+    "tests/components/train/test_transfer.py",
+    "tests/components/gate/test_gate.py",
+    "tests/components/train/test_train.py",
+    "tests/flows/test_train_flow_gcs.py",
+    "tests/flows/test_train_flow.py",
     "tests/flows/test_gpus.py",
     "tests/flows/test_datacheck_flow.py",
 )

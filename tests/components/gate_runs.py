@@ -12,17 +12,16 @@ tests on every pytest-xdist worker at once.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import io
 import json
 import os
 import shutil
 
 from tests.components.conftest import TRAIN_LABELS, tiny_records, write_span
+from tests.once import once_per_run
 
 TINY = ["--image-size", "32", "--batch-size", "8", "--input-probe-steps", "0", "--network", "small_cnn", "--weights", "none",
         "--no-xla"]
-_CACHE: dict = {}
 
 
 def _last_json(fn, argv: list[str]) -> tuple[int, dict]:
@@ -59,25 +58,8 @@ def listing(root: str) -> list[str]:
 
 
 def gate_scenario(tmp_path_factory) -> dict:
-    """The scenario, built by the first process of the test run that asks for it (several test modules
-    import the fixture that calls it, and under pytest-xdist their files run on different workers):
-    the others wait for it under the same lock and read what it recorded."""
-    if "scenario" not in _CACHE:
-        folder = run_folder(tmp_path_factory)
-        with open(folder / "gate-scenario.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            record = folder / "gate-scenario.json"
-            if not record.exists():
-                scenario = build(str(folder / "gate-root"))
-                record.write_text(json.dumps(scenario))  # last: the scenario is complete
-            _CACHE["scenario"] = json.loads(record.read_text())
-    return _CACHE["scenario"]
-
-
-def run_folder(tmp_path_factory):
-    """The temporary folder of the whole test run: a pytest-xdist worker's own folder lies in it."""
-    base = tmp_path_factory.getbasetemp()
-    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    """The scenario, made once per test run (several test modules, on any worker, ask for it)."""
+    return once_per_run(tmp_path_factory, "gate-scenario", lambda folder: build(str(folder / "root")))
 
 
 def build(root: str) -> dict:

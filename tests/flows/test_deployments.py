@@ -124,7 +124,7 @@ def test_an_arrival_event_runs_train_nightly_on_a_span_never_checked_and_a_refus
     assert any("accuracy" in reason for reason in report["reasons"])
     assert [check["span"] for check in report["datacheck"]["spans"]] == [2]  # checked by the run
     assert read_json(os.path.join(os.path.dirname(report_uri), "metrics.json"))["spans"] == [1, 2]
-    assert Repository(root, "stoke").versions() == [pushed_run["state"].result()["pushed_version"]]
+    assert Repository(root, "stoke").versions() == [pushed_run["summary"]["pushed_version"]]
 
 
 def _deployment_with_trigger(client):
