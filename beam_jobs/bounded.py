@@ -16,13 +16,14 @@ through `run()` itself, and their workers' threads are not ours to wait for.
 """
 from __future__ import annotations
 
-import io
 import logging
 import os
 import sys
 import threading
 from collections.abc import Callable
 from contextlib import contextmanager
+
+from components.common.quiet_beam import quiet_unless_debugging
 
 GRACE = 60.0  # seconds the runner has to return after a worker failed
 # Where apache_beam/runners/worker/sdk_worker.py logs "Error processing instruction ..." for a bundle
@@ -68,7 +69,7 @@ def run(job: Callable[[], None]) -> None:
         finally:
             failures.wake.set()
 
-    with _watching_failures() as failures, _quiet_unless_debugging():
+    with _watching_failures() as failures, quiet_unless_debugging():
         thread = threading.Thread(target=target, name="beam job", daemon=True)
         thread.start()
         failures.wake.wait()  # the job's end, or a worker's failure: then GRACE seconds for the end
@@ -109,18 +110,3 @@ def _watching_failures():
         logger.removeHandler(failures)
         logger.setLevel(level)
         logger.propagate = propagate
-
-
-@contextmanager
-def _quiet_unless_debugging():
-    """Beam's workers print each failed bundle's traceback to sys.stderr, whatever the logging;
-    those go to a buffer unless STOKE_DEBUG is set. Progress lines are unaffected: their printer
-    holds the stream it was made with."""
-    if os.environ.get("STOKE_DEBUG"):
-        yield
-        return
-    saved, sys.stderr = sys.stderr, io.StringIO()
-    try:
-        yield
-    finally:
-        sys.stderr = saved

@@ -43,7 +43,7 @@ from beam_jobs.statistics import label_conflicts, write_statistics
 from beam_jobs.unchanged import without_unchanged
 from components.common import clock
 from components.common.content_index import write_index
-from components.common.files import exists, filesystem, join, read_json, write_json, write_text
+from components.common.files import NotASmallFile, exists, filesystem, join, read_json, read_small, write_json, write_text
 from components.common.lease import LeaseError, LeaseHeld, exclusive
 from components.common.source_files import no_images
 from components.common.store_errors import naming
@@ -51,6 +51,7 @@ from components.contracts import program, schema
 from components.contracts.layout import Root, shard_name
 from components.contracts.results import ResultError, SpanManifest
 from components.contracts.run_config import IngestSettings
+from components.contracts.secrets import source_for_workers, without_secrets
 from components.contracts.summaries import IngestSummary, Progress
 
 
@@ -69,17 +70,27 @@ def ingest(config: IngestSettings, pipeline_args: list[str],
     # holder dies (components/common/lease.py).
     with naming(config.root):  # a bucket's refusal names the bucket and what to set (SOURCE's: in `listed`)
         try:
-            with exclusive(root.ingest_lock, "ingest") as lease:
+            with exclusive(root.ingest_lock, "ingest", wait=config.wait_minutes * 60,
+                           waiting=lambda held: _waiting(root, held, config.wait_minutes)) as lease, \
+                    source_for_workers(config.source):
                 return _ingest(config, pipeline_args, root, started, lease,
                                progress or program.progress_printer(as_json=False))
         except LeaseHeld as error:
             detail = f" ({error})" if error.holder else ""
-            raise IngestError(f"another ingest is writing into {root.uri}; run again when it has finished{detail}") \
-                from None
+            still = f"is still writing into {root.uri} after {config.wait_minutes:g} min (ingest.wait_minutes)" \
+                if config.wait_minutes else f"is writing into {root.uri}"
+            raise IngestError(f"another ingest {still}; run again when it has finished{detail}") from None
         except LeaseError as error:
             raise IngestError(f"{error}; nothing was published") from None
         finally:
             gc.unfreeze()  # what loading Beam froze (_long_lived) is collectable again for a caller that goes on
+
+
+def _waiting(root: Root, held: LeaseHeld, minutes: float) -> None:
+    """Says why the job has not started: two runs that meet (a nightly one and one a notification started)
+    take turns, the second finding only what the first did not publish."""
+    print(f"stoke ingest: another ingest is writing into {root.uri} ({held}); waiting up to {minutes:g} min for it "
+          "to finish", file=sys.stderr, flush=True)
 
 
 def _ingest(config: IngestSettings, pipeline_args: list[str], root: Root, started: float, lease,
@@ -91,6 +102,7 @@ def _ingest(config: IngestSettings, pipeline_args: list[str], root: Root, starte
         raise IngestError(str(error)) from None
 
     entries = listed(config)
+    shown = without_secrets(config.source)  # what the summary says: SOURCE without its credentials
     with naming(config.source):
         first = next(entries, None)  # a local folder is walked as it is compared: its first file, here
     if first is None and not config.arrived:  # notifications may name only sidecars: that is nothing new
@@ -101,7 +113,7 @@ def _ingest(config: IngestSettings, pipeline_args: list[str], root: Root, starte
     if not fresh and not refused:
         touched = f" ({unchanged} with a new version but the same content, recognised by content)" if unchanged else ""
         return IngestSummary(published=False, span=None, new_sources=0, removed_debris=removed, unchanged=unchanged,
-                             message=f"nothing new in {config.source}: every image is already in a published span{touched}")
+                             message=f"nothing new in {shown}: every image is already in a published span{touched}")
 
     labels = extended_labels(root, fresh)
     staging = join(root.spans, f"{STAGING_PREFIX}{uuid.uuid4().hex[:12]}")
@@ -112,7 +124,7 @@ def _ingest(config: IngestSettings, pipeline_args: list[str], root: Root, starte
         copies = len(findings.dropped)
         if copies and copies == len(fresh) + len(refused):
             return IngestSummary(published=False, span=None, new_sources=copies, removed_debris=removed,
-                                 duplicates=copies, message=f"nothing new in {config.source}: {copies} new files, "
+                                 duplicates=copies, message=f"nothing new in {shown}: {copies} new files, "
                                  "all copies of images already published (duplicates, kept out)",
                                  dead_letters=dead[:20])
         check(fresh, refused, shards, dead, config.max_bad_fraction, copies)
@@ -120,7 +132,7 @@ def _ingest(config: IngestSettings, pipeline_args: list[str], root: Root, starte
             return IngestSummary(published=False, span=None, new_sources=len(fresh) + len(refused),
                                  removed_debris=removed, duplicates=copies, dead_letters=dead[:20],
                                  set_aside=set_aside_by_folder(dead),
-                                 message=f"nothing to publish from {config.source}: all {len(dead)} new files were "
+                                 message=f"nothing to publish from {shown}: all {len(dead)} new files were "
                                  "set aside (reasons below)")
         lease.check()
         manifest = publish_or_withdraw(root, number, shards, dead, labels, fresh, refused, config, findings)
@@ -167,13 +179,17 @@ def listed(config: IngestSettings) -> Iterator[tuple[Source, str | None]]:
         raise IngestError(str(error)) from None
 
 
+ARRIVED_BYTES = 256 * 1024 * 1024  # an --arrived file: some two million URIs
+
+
 def announced(uri: str) -> list[str]:
-    """The URIs of an --arrived file, one a line."""
-    fs, path = filesystem(uri)
+    """The URIs of an --arrived file, one a line: a regular file of at most ARRIVED_BYTES."""
     try:
-        text = fs.cat_file(path).decode("utf-8")
+        text = read_small(uri, ARRIVED_BYTES, "an --arrived file").decode("utf-8")
     except FileNotFoundError:
         raise ValueError(f"--arrived {uri} does not exist") from None
+    except NotASmallFile as error:
+        raise ValueError(f"--arrived {error}") from None
     except UnicodeDecodeError:
         raise ValueError(f"--arrived {uri} is not UTF-8 text") from None
     return [line.strip() for line in text.splitlines() if line.strip()]
@@ -256,7 +272,8 @@ def publish(root, number, shards, dead, labels, fresh, refused, config, findings
             named.append({"file": name, "split": split, **{k: shard[k] for k in ("records", "bytes", "sha256")}})
     if labels != root.read_labels():
         write_json(root.labels, labels)
-    write_text(root.dead_letter(number), "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in dead))
+    write_text(root.dead_letter(number), "".join(json.dumps({**d, "reason": without_secrets(d["reason"])},
+                                                            ensure_ascii=False) + "\n" for d in dead))
     write_index(root.content_index(number), findings.kept)
     write_source_index(root.source_index(number), (identity(s.uri, s.size, s.version) for s in sources))
     anomalies = label_conflicts(findings.conflicts)
@@ -264,7 +281,7 @@ def publish(root, number, shards, dead, labels, fresh, refused, config, findings
     manifest = SpanManifest(
         span=number,
         created=clock.now(),
-        source=config.source,
+        source=without_secrets(config.source),
         compression=config.compression,
         counts={**{split: sum(s["records"] for s in named if s["split"] == split) for split in schema.SPLITS},
                 "dead_letter": len(dead), "duplicates": len(findings.dropped)},

@@ -16,6 +16,7 @@ from functools import lru_cache
 import fsspec
 
 from components.common.files import is_uri
+from components.contracts.secrets import SourceCredentials
 
 CHAINING = "::"  # fsspec reads `a::b` as "a, through b": never on a source's or a row's say-so
 LOCAL_SCHEMES = ("file", "local")
@@ -119,10 +120,11 @@ def _file(path: str, base: str, allow_outside: bool) -> os.stat_result | str:
 
 
 def open_source(uri: str):
-    """A source file for reading: a local path literally (a name may hold `::`), a URI through fsspec.
+    """A source file for reading: a local path literally (a name may hold `::`), a URI through fsspec,
+    with the credentials SOURCE was given with (a listed file is named without them: beam_jobs/sources.py).
     A local file that became a FIFO or device after listing is refused without blocking."""
     if is_uri(uri):
-        return fsspec.open(uri).open()
+        return fsspec.open(SourceCredentials.of_workers().reveal(uri)).open()
     descriptor = os.open(uri, os.O_RDONLY | os.O_NONBLOCK)
     if not stat.S_ISREG(os.fstat(descriptor).st_mode):
         os.close(descriptor)

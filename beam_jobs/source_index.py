@@ -21,10 +21,11 @@ from collections.abc import Iterable, Iterator
 
 from beam_jobs.local import canonical
 from beam_jobs.spill import SortedLines
-from components.common.files import filesystem, is_local
+from components.common.files import filesystem, is_local, is_uri
 from components.contracts.layout import Root
 from components.contracts.program import printable
 from components.contracts.results import ResultError, SpanManifest
+from components.contracts.secrets import has_secrets, without_secrets
 
 HEADER = "# sources "
 
@@ -39,8 +40,11 @@ class BrokenIndex(ResultError):
 
 def identity(uri: str, size: int, version: str) -> str:
     """A source's identity as an index line: local paths by their real path, so spans published
-    under another spelling of SOURCE still match; JSON keeps tabs and newlines out of the line."""
-    return f"{json.dumps(canonical(uri))}\t{int(size)}\t{json.dumps(version)}"
+    under another spelling of SOURCE still match; a URI without credentials, as ingest names a file
+    (beam_jobs/source_names.py), so spans published with SOURCE's password in their names match too;
+    JSON keeps tabs and newlines out of the line."""
+    name = canonical(uri)
+    return f"{json.dumps(without_secrets(name) if is_uri(name) else name)}\t{int(size)}\t{json.dumps(version)}"
 
 
 def write_source_index(uri: str, identities: Iterable[str]) -> None:
@@ -73,6 +77,8 @@ def read_source_index(uri: str, number: int) -> Iterator[str]:
                 line = line.rstrip("\n")
                 if line < previous or line.count("\t") != 2:
                     raise BrokenIndex(number, uri, f"line {count + 2} is out of order or not an identity")
+                if _with_credentials(line):  # written before names were kept without them: rebuilt without
+                    raise BrokenIndex(number, uri, f"line {count + 2} names a file with SOURCE's credentials")
                 previous, count = line, count + 1
                 yield line
     except BrokenIndex:
@@ -81,6 +87,11 @@ def read_source_index(uri: str, number: int) -> Iterator[str]:
         raise BrokenIndex(number, uri, str(error) or type(error).__name__) from None
     if count != expected:
         raise BrokenIndex(number, uri, f"{count} identities where the header says {expected}")
+
+
+def _with_credentials(line: str) -> bool:
+    name = json.loads(line.partition("\t")[0])
+    return is_uri(name) and has_secrets(name)
 
 
 def rebuild(root: Root, number: int, workdir: str, why: str = "missing") -> str:

@@ -2,7 +2,9 @@
 
 Listing happens once, on the machine that launches the job; workers only read the files it names.
 A source file is known by its URI, size and version (ETag, generation or mtime), which is how a
-later run tells new files from files that a published span already holds.
+later run tells new files from files that a published span already holds. Its URI is its name
+without the credentials SOURCE was given with (components/contracts/secrets.py), so no record, index,
+manifest or dead letter holds them; beam_jobs/local.py reads it with them.
 """
 from __future__ import annotations
 
@@ -19,10 +21,13 @@ from dataclasses import dataclass, field, replace
 
 import fsspec
 
+from beam_jobs import source_names
 from beam_jobs.local import CHAINING, NOT_REGULAR, local_path, walk
 from components.common import source_files, store_errors
 from components.common.files import filesystem, is_local, is_uri, join, protocol, uri_of, version_of
 from components.common.source_files import is_candidate
+from components.contracts.program import transient
+from components.contracts.secrets import SourceCredentials, has_secrets, without_secrets
 
 MANIFEST_SUFFIXES = (".csv", ".jsonl")
 SPLIT_NAMES = {"train": "train", "eval": "eval", "validation": "eval"}
@@ -76,13 +81,16 @@ def each_listed(source: str, eval_fraction: float, allow_outside: bool = False) 
     ValueError for a SOURCE that cannot be listed at all, before the first file."""
     if CHAINING in source:
         raise ValueError(f"source {source}: '::' (fsspec's chaining) is not read; name a folder or a manifest")
+    source_names.check_credentials(source)
     local = local_path(source)
     fs, path = filesystem(local) if local else filesystem(source)
+    path = path if local else source_names.normalized(path)
     if local:
         _check_readable(source, local)
     elif not _in_store(fs, path):
         bucket = path.split("/", 1)[0]
-        missing = f" (there is no bucket {bucket})" if bucket != path and not fs.exists(bucket) else ""
+        buckets = STORES.get(protocol(fs)) in ("s3", "gs")  # an http(s):// path is a whole URL: no bucket in it
+        missing = f" (there is no bucket {bucket})" if buckets and bucket != path and not fs.exists(bucket) else ""
         raise FileNotFoundError(f"source {source} does not exist{missing}")
     if local and os.path.isdir(local):
         entries = _each_in_folder(local, allow_outside)
@@ -92,14 +100,23 @@ def each_listed(source: str, eval_fraction: float, allow_outside: bool = False) 
         entries = _list_manifest(fs, path, allow_outside).entries()
     else:
         raise ValueError(f"source {source} is neither a folder nor a .csv/.jsonl manifest")
-    return ((s if reason or s.split else _with_split(s, eval_fraction), reason) for s, reason in entries)
+    credentials = SourceCredentials(source)
+    named = (_named(s, reason, credentials) for s, reason in entries)
+    return ((s if reason or s.split else _with_split(s, eval_fraction), reason) for s, reason in named)
+
+
+def _named(source: Source, reason: str | None, credentials: SourceCredentials) -> tuple[Source, str | None]:
+    uri, reason = source_names.named(source.uri, reason, credentials)
+    return replace(source, uri=uri), reason
 
 
 def _in_store(fs, path: str) -> bool:
     """Whether a bucket holds `path`; a refusal is raised naming its reason (components/common/store_errors.py)."""
     try:
         store_errors.info(fs, path)
-    except FileNotFoundError:
+    except FileNotFoundError as error:
+        if transient(error):  # fsspec's HTTP files say "not found" for a connection refused or timed out too
+            raise
         return False
     return True
 
@@ -123,11 +140,12 @@ def list_named(source: str, uris: list[str], eval_fraction: float = 0.0) -> List
     """The files of a folder SOURCE that `uris` name (as bucket notifications do), listed as
     `list_source` lists them; what is outside SOURCE or gone goes to `skipped`, and what is not an
     image (hidden, a sidecar) is left out, as a listing leaves it out. Only the named files are read."""
+    source_names.check_credentials(source)
     local = local_path(source)
     fs, base = (LOCAL, local) if local else filesystem(source)
     if base.lower().endswith(MANIFEST_SUFFIXES):
         raise ValueError(f"source {source} is a manifest: notifications name the files of a folder")
-    base = posixpath.normpath(base)
+    base = source_names.normalized(base)
     fs.invalidate_cache()  # a file announced a moment ago is not in a listing cached before it
     found, skipped = [], []
     for uri in uris:
@@ -148,8 +166,11 @@ def list_named(source: str, uris: list[str], eval_fraction: float = 0.0) -> List
         else:
             listed.append(Source(uri, int(info["size"]), version_of(info), key=relative))
     listing = _labelled(listed)
-    sources = [_with_split(s, eval_fraction) for s in listing.sources]
-    return Listing(sources, listing.rejected + rejected, skipped)
+    credentials = SourceCredentials(source)
+    named = _collected(_named(s, reason, credentials) for s, reason in listing.entries())
+    sources = [_with_split(s, eval_fraction) for s in named.sources]
+    return Listing(sources, named.rejected + [_named(s, r, credentials) for s, r in rejected],
+                   [(without_secrets(credentials.hide(uri)), why) for uri, why in skipped])
 
 
 def _path_in(fs, uri: str) -> str | None:
@@ -182,7 +203,7 @@ def _each_in_folder(base: str, allow_outside: bool) -> Iterator[tuple[Source, st
 
 
 def _list_bucket_folder(fs, base: str) -> Listing:
-    base = posixpath.normpath(base)
+    base = source_names.normalized(base)
     found = ((path, info) for path, info in sorted(fs.find(base, detail=True, withdirs=False).items())
              if is_candidate(posixpath.relpath(path, base)))
     return _labelled(Source(uri_of(fs, path), int(info["size"]), version_of(info), key=posixpath.relpath(path, base))
@@ -212,7 +233,7 @@ def _collected(entries: Iterable[tuple[Source, str | None]]) -> Listing:
 
 def _list_manifest(fs, path: str, allow_outside: bool) -> Listing:
     rows = _read_rows(fs, path)
-    folder = posixpath.normpath(posixpath.dirname(path))
+    folder = source_names.normalized(posixpath.dirname(path))
     sources, rejected, seen = [], [], set()
     entries = []
     for number, row in enumerate(rows, start=1):
@@ -257,6 +278,8 @@ def resolve(fs, folder: str, given: str, allow_outside: bool) -> tuple[str, str]
     Raises ValueError(uri, reason) for a row that must not be read."""
     if CHAINING in given:
         raise ValueError(given, "'::' (fsspec's chaining) is not read: name one file")
+    if has_secrets(given):  # never sent anywhere, nor kept: its name is stored scrubbed (`_named`)
+        raise ValueError(given, source_names.CREDENTIAL_IN_NAME)
     scheme, has_scheme, rest = given.partition("://")
     if has_scheme and scheme.lower() not in STORES:
         raise ValueError(given, f"scheme {scheme.lower()}:// is not read: local paths, s3:// and gs:// only")
@@ -267,7 +290,7 @@ def resolve(fs, folder: str, given: str, allow_outside: bool) -> tuple[str, str]
             raise ValueError(given, f"cannot be read: {error}") from None
     else:
         target, path = fs, join(folder, given)
-    path = os.path.realpath(path) if is_local(target) else posixpath.normpath(path)
+    path = os.path.realpath(path) if is_local(target) else source_names.normalized(path)
     uri = uri_of(target, path)
     inside = _store(target) == _store(fs) and (path == folder or path.startswith(folder.rstrip("/") + "/"))
     if not inside and not allow_outside:

@@ -28,11 +28,11 @@ from components.common.shard_cache import CacheError
 from components.contracts import overrides
 from components.contracts.beam_options import BEAM_ARGS_ENV
 from components.contracts.layout import Root, new_run_id
-from components.contracts.program import BAD_SETTINGS, printable
+from components.contracts.program import BAD_SETTINGS, printable, scrubbed
 from components.contracts.run_config import RunConfig
-from components.contracts.secrets import without_secrets
-from flows.parameters import read_beam_args
-from flows.run_options import FIELDS, add_config_arguments, config_from
+from components.contracts.secrets import SOURCE_ENV, without_secrets
+from flows.parameters import read_beam_args, read_option_file
+from flows.run_options import FIELDS, POLL_SECONDS_MAX, add_config_arguments, bounded, config_from
 from flows.work_pools import add_notifications_argument
 
 SERVER_START_SECONDS = 120
@@ -43,6 +43,7 @@ EPHEMERAL_START_SECONDS = 180
 EPHEMERAL_LOG = "stoke-ephemeral-server.log"  # under PREFECT_HOME
 PREFECT_PORT = 4200  # Prefect's own default; the API is at http://<host>:PREFECT_PORT/api
 SERVER_STOP_SECONDS = 30
+INTERRUPTED = 130  # a shell's code for a command Ctrl-C ended
 AUTH_ENV = "PREFECT_SERVER_API_AUTH_STRING"  # Prefect's own setting: basic auth on the API and UI
 
 # ---------------------------------------------------------------- stoke run
@@ -63,7 +64,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Runs the train flow once and prints its summary; exit 0 also when the model was refused."""
+    """Runs the train flow once and prints its summary; exit 0 also when the model was refused.
+    SIGTERM stops it as Ctrl-C does: the stage running is stopped, then the temporary server."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     try:
         run_id, config = checked(args)
@@ -72,21 +74,27 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, overrides.ConfigError, CacheError) as error:
         print(f"stoke run: error: {printable(str(error))}", file=sys.stderr, flush=True)
         return BAD_SETTINGS
+    signal.signal(signal.SIGTERM, _interrupt)  # a process manager's stop: the path Ctrl-C takes
     try:
         start_api()
+        from flows.pipeline import pipeline
+
+        os.environ[SOURCE_ENV] = config.source  # the flow's parameter is SOURCE without its credentials
+        state = pipeline(**flow_parameters(config), skip_unchanged=args.skip_unchanged, run_id=run_id,
+                         return_state=True)
     except ServerError as error:
         print(f"stoke run: error: {printable(str(error))}", file=sys.stderr, flush=True)
         return 1
-    from flows.pipeline import pipeline
-
-    state = pipeline(**flow_parameters(config), skip_unchanged=args.skip_unchanged, run_id=run_id, return_state=True)
+    except KeyboardInterrupt:
+        print(f"stoke run: stopped; run it again with --run-id {run_id} to resume", file=sys.stderr, flush=True)
+        return INTERRUPTED
     if state.is_completed():
         summary = state.result()
     else:
         summary = _failed_summary(config.root, run_id, state)
         print(f"stoke run: error: {printable(_failure_line(state, summary))}", file=sys.stderr, flush=True)
     summary.setdefault("model_name", config.model_name)
-    print(json.dumps(summary, sort_keys=True, default=str) if args.json else _describe(printable(summary)),
+    print(json.dumps(scrubbed(summary), sort_keys=True, default=str) if args.json else _describe(printable(summary)),
           flush=True)
     return 0 if state.is_completed() else 1
 
@@ -106,7 +114,19 @@ def start_api() -> None:
     timeout = startup_timeout(settings)
     os.makedirs(str(settings.home), exist_ok=True)
     log_path = os.path.join(str(settings.home), EPHEMERAL_LOG)
-    server = SubprocessASGIServer()
+
+    class TiedServer(SubprocessASGIServer):
+        """Prefect's temporary server, started by Prefect's own command, but dying with this process however it
+        dies (a `stoke run` killed outright would otherwise leave it running, holding a port and some 300 MB),
+        and out of reach of a terminal's Ctrl-C, which stops the run first and the server after it, in order (the
+        server gone first, the run spent minutes retrying it, printing tracebacks). Prefect's later calls for
+        "the" temporary server get this one (its instances are kept by port)."""
+
+        def _run_uvicorn_command(self):
+            with processes.tied_children():
+                return super()._run_uvicorn_command()
+
+    server = TiedServer()
     with _output_to(log_path):
         try:
             server.start(timeout=timeout)
@@ -175,8 +195,10 @@ def prefect_home(root: str) -> str:
 
 
 def flow_parameters(config: RunConfig) -> dict:
-    """The train flow's parameters for `config`: its fields, groups as models (what they set is what the run was given)."""
-    return {name: getattr(config, name) for name in FIELDS}
+    """The train flow's parameters for `config`: its fields, groups as models (what they set is what the run was given).
+    SOURCE without its credentials, since Prefect records and shows a run's parameters: the flow takes
+    SOURCE itself from STOKE_SOURCE (flows/pipeline.py)."""
+    return {name: getattr(config, name) for name in FIELDS} | {"source": without_secrets(config.source)}
 
 
 def _failed_summary(root: str, run_id: str, state) -> dict:
@@ -212,9 +234,10 @@ def _describe(summary: dict) -> str:
 
 def add_up_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser, source="option")
-    parser.add_argument("--port", type=int, default=PREFECT_PORT,
+    parser.add_argument("--port", type=bounded(int, 1, 65535), default=PREFECT_PORT,
                         help=f"port of the Prefect server and UI (default: {PREFECT_PORT})")
-    parser.add_argument("--poll-seconds", type=float, default=60, help="how often watch-bucket lists SOURCE (default: 60)")
+    parser.add_argument("--poll-seconds", type=bounded(float, 1, POLL_SECONDS_MAX), default=60,
+                        help="how often watch-bucket lists SOURCE (default: 60)")
     parser.add_argument("--cron", default=None, help="schedule of train/nightly (default: '0 2 * * *', 02:00)")
     parser.add_argument("--timezone", default=os.environ.get("TZ") or "UTC",
                         help="IANA timezone of the schedule, e.g. Europe/Berlin (default: $TZ or UTC)")
@@ -231,15 +254,17 @@ def up(args: argparse.Namespace) -> int:
     """Starts the server, serves the deployments until Ctrl-C (or SIGTERM), then stops both."""
     try:
         config = config_from(args)
+        if _port_in_use(args.port):
+            print(f"stoke up: error: port {args.port} on 127.0.0.1 is in use (another `stoke up` or Prefect "
+                  "server?); choose another with --port", file=sys.stderr)
+            return 1
+        home, url = _server_environment(args)
+        _check_schedule(args.cron, args.timezone)
     except overrides.ConfigError as error:
         print(f"stoke up: error: {printable(str(error))}", file=sys.stderr, flush=True)
         return BAD_SETTINGS
     config = config.model_copy(update={"source": _absolute(config.source), "root": _absolute(config.root)})
-    if _port_in_use(args.port):
-        print(f"stoke up: error: port {args.port} on 127.0.0.1 is in use (another `stoke up` or Prefect "
-              "server?); choose another with --port", file=sys.stderr)
-        return 1
-    home, url = _server_environment(args)
+    os.environ[SOURCE_ENV] = config.source  # for the flow runs served here; deployments record it without secrets
     log_path = os.path.join(home, "stoke-server.log")
     signal.signal(signal.SIGTERM, _interrupt)  # `docker stop` / systemd: the same clean path as Ctrl-C
     server = None
@@ -258,27 +283,44 @@ def up(args: argparse.Namespace) -> int:
     finally:
         if server is not None:
             processes.stop(server, SERVER_STOP_SECONDS)
-    summary = {"api_url": f"{url}/api", "ui_url": url, "prefect_home": home, "source": config.source,
+    summary = {"api_url": f"{url}/api", "ui_url": url, "prefect_home": home, "source": without_secrets(config.source),
                "root": config.root, "deployments": ["train/nightly", "watch-bucket/poll"], "stopped": True}
     print(json.dumps(summary, sort_keys=True) if args.json else "stoke up: server and deployments stopped",
           flush=True)
     return 0
 
 
+def _check_schedule(cron: str | None, timezone: str) -> None:
+    """--cron and --timezone as Prefect will read them, before a server starts for them (Prefect is
+    imported here, once the server's environment is set)."""
+    from prefect.client.schemas.schedules import CronSchedule
+    from pydantic import ValidationError
+
+    from flows.deployments import NIGHTLY_CRON
+
+    try:
+        CronSchedule(cron=cron or NIGHTLY_CRON, timezone=timezone)
+    except ValidationError as error:
+        raise overrides.ConfigError(f"--cron {cron or NIGHTLY_CRON!r} --timezone {timezone!r}: "
+                                    f"{error.errors()[0]['msg']}") from None
+
+
 def _server_environment(args: argparse.Namespace) -> tuple[str, str]:
     """PREFECT_HOME and the server's URL, with the settings the server and every flow run inherit
     (set before Prefect is imported here)."""
+    # The files first: one refused (ConfigError) leaves this process's environment as it was.
+    beam_args = read_beam_args(args.beam_args_file) if args.beam_args_file else None
+    auth = read_option_file(args.auth_string_file, "--auth-string-file").strip() if args.auth_string_file else None
     home = os.path.expanduser(os.environ.get("PREFECT_HOME") or "~/.prefect")
     os.makedirs(home, exist_ok=True)
     url = f"http://127.0.0.1:{args.port}"
     os.environ.update({"PREFECT_HOME": home, "PREFECT_API_URL": f"{url}/api",
                        "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_SERVER_API_HOST": "127.0.0.1",
                        "PREFECT_SERVER_API_PORT": str(args.port)})
-    if args.beam_args_file:  # flow runs start in processes of this one: they inherit it
-        os.environ[BEAM_ARGS_ENV] = read_beam_args(args.beam_args_file)
-    if args.auth_string_file:
-        with open(args.auth_string_file, encoding="utf-8") as f:
-            os.environ[AUTH_ENV] = f.read().strip()
+    if beam_args is not None:  # flow runs start in processes of this one: they inherit it
+        os.environ[BEAM_ARGS_ENV] = beam_args
+    if auth is not None:
+        os.environ[AUTH_ENV] = auth
     if os.environ.get(AUTH_ENV):  # the server checks it; this process and its flow runs send it
         os.environ["PREFECT_API_AUTH_STRING"] = os.environ[AUTH_ENV]
     return home, url
@@ -295,7 +337,7 @@ def _banner(args: argparse.Namespace, config: RunConfig, home: str, url: str, lo
             + f"Serving train/nightly ({args.cron or 'cron 0 2 * * *'} {args.timezone}; and on stoke.data.arrived) "
             f"and watch-bucket/poll (every {args.poll_seconds:g} s"
             + (f", reading {args.notifications}" if args.notifications else "")
-            + f") for {config.source} -> {config.root}.\n"
+            + f") for {without_secrets(config.source)} -> {config.root}.\n"
             f"A run trains {train.network} at {train.image_size} px for "
             + (f"{train.epochs} epochs" if train.epochs else f"at least {train.min_steps} steps")
             + f" (preset {config.preset}; "
@@ -322,7 +364,7 @@ def _start_server(port: int, log_path: str) -> subprocess.Popen:
     # outright (SIGKILL, a container stop past its grace), we cannot: the kernel sends it SIGTERM.
     server = processes.start(
         [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        stdout=log, stderr=subprocess.STDOUT, preexec_fn=processes.dies_with_this_process())
+        stdout=log, stderr=subprocess.STDOUT)
     log.close()
     deadline = time.monotonic() + SERVER_START_SECONDS
     while time.monotonic() < deadline:

@@ -10,8 +10,11 @@
                         run still lists everything, the reconcile that catches a lost notification
 
 Their parameters are the run configuration `stoke up` or `stoke deploy` was given (--config, --set,
---preset), as far as it differs from the defaults. `prefect deployment run train/nightly` starts a run
-by hand; `-p train='{"epochs": 20}'` and the like lay settings over the deployment's, group by group.
+--preset), as far as it differs from the defaults, with SOURCE recorded without its credentials: a
+flow run takes SOURCE itself from STOKE_SOURCE in its environment (`stoke up` sets it for the runs it
+serves; a worker's flow runs get it as they get bucket credentials, flows/work_pools.py).
+`prefect deployment run train/nightly` starts a run by hand; `-p train='{"epochs": 20}'` and the like
+lay settings over the deployment's, group by group.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from prefect.events import DeploymentEventTrigger
 from prefect.schedules import Cron, Interval
 
 from components.contracts.run_config import RunConfig
+from components.contracts.secrets import without_secrets
 from flows.pipeline import pipeline
 from flows.run_options import given_fields
 from flows.watch_bucket import EVENT, watch_bucket
@@ -39,6 +43,7 @@ def build_deployments(config: RunConfig, *, poll_seconds: float = 60, cron: str 
                       timezone: str = "UTC", notifications: str | None = None) -> list[RunnerDeployment]:
     """train/nightly, with `config` as its parameters, and watch-bucket/poll of its SOURCE; with
     `notifications` (sqs://QUEUE, pubsub://projects/P/subscriptions/S) the watcher reads that queue."""
+    config = config.model_copy(update={"source": without_secrets(config.source)})
     nightly = pipeline.to_deployment(
         name="nightly",
         schedules=[Cron(cron, timezone=timezone)],

@@ -20,6 +20,12 @@ configuration as a file, ROOT/runs/<id>/config/<stage>.json, and hands back a JS
 ROOT/runs/<id>/summaries/<stage>.json; stages pass each other URIs under ROOT, never objects, and
 the report is built from the run folder alone. A refused model is a normal outcome: the flow
 completes and the report says why.
+
+Credentials in SOURCE never reach a file, a command line or Prefect: the flow's `source` parameter is
+SOURCE without them (`stoke run` and `stoke up` pass it so), the flow takes SOURCE itself from the
+environment variable STOKE_SOURCE and hands it on the same way to the programs that read SOURCE
+(components/contracts/secrets.py). An environment, unlike an argument, is readable only by the user
+who runs the program, and fsspec reads a URL's user info as given (aiohttp's basic auth), for any store.
 """
 from __future__ import annotations
 
@@ -27,18 +33,20 @@ from prefect import flow, get_run_logger, task
 from prefect.runtime import flow_run
 
 from components.common.files import exists, read_json, write_json, write_text
-from components.contracts import overrides, results, summaries
+from components.contracts import overrides, results, secrets, summaries
 from components.contracts.config import (
     DataCheckConfig,
     GateConfig,
     IngestConfig,
     PreflightConfig,
     PushConfig,
+    RunsConfig,
     ShardCacheConfig,
     TrainConfig,
 )
 from components.contracts.layout import Root, RunDir, new_run_id
 from components.contracts.presets import PresetName
+from components.contracts.program import scrubbed
 from components.contracts.run_config import RunConfig, Timeouts, stage_settings
 from components.contracts.secrets import without_secrets
 from components.contracts.stages import Stage, stage
@@ -47,7 +55,7 @@ from flows.console import quiet_failures
 from flows.gpus import gpu_slot
 from flows.parameters import check_job_variables, deployment_beam_args, registered_parameters, run_job_variables
 from flows.programs import StageError, run_stage
-from flows.reporting import ProgressArtifact, publish_report
+from flows.reporting import ProgressArtifact, prune_runs, publish_report
 
 GPU_TAG = "gpu"  # the tasks that hold this machine's GPU slot (flows/gpus.py), tagged for the UI
 
@@ -67,6 +75,7 @@ def pipeline(
     model_name: str = "stoke",
     preset: PresetName = "production",
     shard_cache: ShardCacheConfig = ShardCacheConfig(),
+    runs: RunsConfig = RunsConfig(),
     beam_args: list[str] = [],
     timeouts: Timeouts = Timeouts(),
     preflight: PreflightConfig | None = PreflightConfig(),
@@ -119,16 +128,16 @@ def configure(given: dict) -> RunConfig:
               for name, value in given.items()}
     try:
         registered = {name: value for name, value in registered_parameters().items() if name in RunConfig.model_fields}
-        return overrides.build(RunConfig, overrides.deep_merge(registered, values)).resolved()
-    except overrides.ConfigError as error:
+        config = overrides.build(RunConfig, overrides.deep_merge(registered, values)).resolved()
+        return config.model_copy(update={"source": secrets.given(config.source)})
+    except (overrides.ConfigError, ValueError) as error:
         raise ConfigurationError(str(error)) from None
 
 
 def recorded(config: RunConfig) -> dict:
-    """config.json: the resolved configuration, with any credential in SOURCE or ROOT (user:password@)
+    """config.json: the resolved configuration, with any credential in SOURCE, ROOT or a Beam option
     left out, since the run folder is read by whoever may read the run."""
-    return {**config.model_dump(mode="json"), "source": without_secrets(config.source),
-            "root": without_secrets(config.root)}
+    return scrubbed(config.model_dump(mode="json"))
 
 
 # ---------------------------------------------------------------- stages
@@ -174,6 +183,8 @@ def check_spans(config: RunConfig, run: RunDir) -> list[int]:
             logger.warning("datacheck span %d %s: %s", check.span, anomaly.severity, anomaly.message)
         if check.label_check is not None and check.label_check.status == "skipped":
             logger.info("datacheck span %d: label check skipped: %s", check.span, check.label_check.reason)
+        if check.status == "warning":
+            logger.info("datacheck span %d let in with its warnings: training reads it", check.span)
     for check in summary.held():
         logger.warning("%s; training goes on without it", held_back(config.root, check.span))
     return [check.span for check in summary.held()]
@@ -224,7 +235,9 @@ def push_model(config: RunConfig, run: RunDir) -> summaries.PushSummary:
 
 @task(name="report", retries=1)
 def write_report(run: RunDir, skipped: str | None = None, failed: str | None = None) -> dict:
-    """Writes report.md, report.json and plots into the run folder and shows them as artifacts."""
+    """Prunes older run folders by the retention rule, then writes report.md, report.json and plots
+    into the run folder and shows them as artifacts."""
+    prune_runs(run)
     return publish_report(run, skipped=skipped, failed=failed)
 
 
@@ -255,13 +268,23 @@ def run_program(of: Stage, config: RunConfig, run: RunDir, progress: ProgressArt
                 extra: list[str] = (), slot: int | None = None, **facts):
     """Writes the stage's settings file into the run folder, runs its program on it
     (`python -m module --config FILE --json`, holding the GPU `slot` too when given) and keeps its
-    summary in the run folder."""
+    summary in the run folder. SOURCE with its credentials goes to the programs that read SOURCE, in
+    their environment; the others (training, the gate...) get none."""
     settings = run.stage_config(of.name)
-    write_json(settings, stage_settings(of, config, **facts).model_dump(mode="json"))
+    write_json(settings, settings_file(stage_settings(of, config, **facts)))
     summary = run_stage(of.name, of.program, ["--config", settings, *extra, "--json"],
                         timeout=getattr(config.timeouts, of.name) * 60, logger=get_run_logger(), progress=progress,
+                        env={secrets.SOURCE_ENV: config.source if "source" in of.inputs else ""},
                         pass_fds=() if slot is None else (slot,))
     return keep_summary(of, summary, run)
+
+
+def settings_file(settings) -> dict:
+    """A stage's settings as its file holds them: SOURCE without its credentials, which the program
+    takes from STOKE_SOURCE when its file's SOURCE is that one without them. Only SOURCE: any other
+    value changed here would send the program elsewhere (a ROOT spelled like a credential)."""
+    values = settings.model_dump(mode="json")
+    return {**values, "source": without_secrets(values["source"])} if values.get("source") else values
 
 
 def beam_options(config: RunConfig) -> list[str]:

@@ -123,7 +123,6 @@ def _started(command: list[str], lines: queue.Queue, env: dict | None, pass_fds:
     GPUs (`pass_fds`: the GPU slot it inherits)."""
     process = processes.start(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1, pass_fds=pass_fds,
-        preexec_fn=processes.dies_with_this_process(),
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", **(env or {})})
     for stream, tag in ((process.stdout, "out"), (process.stderr, "err")):
         threading.Thread(target=_pump, args=(stream, tag, lines), daemon=True).start()

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import base64
+import logging
 import re
 
+from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 
 from components.common.files import filesystem
@@ -19,6 +21,15 @@ def publish_report(run: RunDir, skipped: str | None = None, failed: str | None =
     create_markdown_artifact(with_inline_plots(report["markdown"], report["summary"]["plots"]),
                              key=artifact_key("report", run), description=f"run report: {report['report_md']}")
     return report["summary"]
+
+
+def prune_runs(run: RunDir) -> None:
+    """Applies the retention rule to ROOT/runs as the run ends, before its report, which says what it did;
+    a prune that fails is a warning in the log and the report, never the run's failure."""
+    from components.common.run_retention import after_run
+
+    summary = after_run(run)
+    get_run_logger().log(logging.WARNING if summary.error else logging.INFO, "%s", summary.in_words())
 
 
 def with_inline_plots(markdown: str, plots: dict) -> str:

@@ -32,6 +32,23 @@ def add_config_arguments(parser: argparse.ArgumentParser, source: str = "positio
     parser.add_argument("--preset", choices=sorted(PRESETS), default=None, help=FIELDS["preset"].description)
 
 
+POLL_SECONDS_MAX = 24 * 60 * 60  # watch-bucket lists SOURCE at least daily (the nightly run does anyway)
+
+
+def bounded(kind: type, low: float, high: float):
+    """An argparse type: a number of `kind` from `low` to `high` (a port, seconds between polls), else a
+    usage error (inf and nan too: `stoke up --poll-seconds nan` would fail as a schedule, after the server started)."""
+    def number(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {'whole ' * (kind is int)}number") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text} is not from {low:g} to {high:g}")
+        return value
+    return number
+
+
 def config_from(args: argparse.Namespace, **options) -> RunConfig:
     """The configuration the command line describes, not yet resolved (presets apply when it runs).
     `options` are run-wide settings the command's own flags gave (None: not given)."""

@@ -44,6 +44,7 @@ from beam_jobs.sources import each_listed, list_named
 from components.contracts.layout import Root
 from components.contracts.program import escape_logs, printable
 from components.contracts.results import ResultError
+from components.contracts.secrets import given
 from flows import notifications as queues
 from flows.console import quiet_console
 from flows.parameters import DEMO_ROOT, DEMO_SOURCE
@@ -61,8 +62,14 @@ NAMED_LIMIT = 1_000  # files an event names; beyond that it names none and inges
 def watch_bucket(source: str = DEMO_SOURCE, root: str = DEMO_ROOT, settle_seconds: float = 15.0,
                  notifications: str | None = None, wait_seconds: float = 20.0) -> dict:
     """Lists SOURCE twice, `settle_seconds` apart, and asks for one training run when new files have settled;
-    with `notifications`, reads the queue for up to `wait_seconds` instead of listing."""
+    with `notifications`, reads the queue for up to `wait_seconds` instead of listing. SOURCE is the
+    deployment's, without its credentials: the listing takes them from STOKE_SOURCE, events never hold them."""
     logger = get_run_logger()
+    try:
+        given(source)
+    except ValueError as error:  # its password is not here: every listing would be refused
+        logger.error("%s", error)
+        return Failed(message=printable(str(error)))
     if notifications:
         try:
             return watch_queue(source, root, queues.open_queue(notifications), settle_seconds, wait_seconds)
@@ -101,7 +108,7 @@ def watch_bucket(source: str = DEMO_SOURCE, root: str = DEMO_ROOT, settle_second
 @task(retries=3, retry_delay_seconds=[5, 15, 45], retry_condition_fn=lambda task, run, state: not _broken(state))
 def new_files(source: str, root: str) -> list[str]:
     """URIs in SOURCE (with size and version) that no published span holds yet."""
-    found = compare(each_listed(source, eval_fraction=0.0), Root(root))
+    found = compare(each_listed(given(source), eval_fraction=0.0), Root(root))
     return sorted(f"{s.uri}\t{s.size}\t{s.version}" for s in found.fresh + [r for r, _ in found.refused])
 
 
@@ -148,7 +155,7 @@ def not_emitted(message: str):
 def named_new_files(source: str, root: str, uris: list[str]) -> list[str]:
     """The announced URIs that are files of SOURCE now, in no published span yet; others logged."""
     logger = get_run_logger()
-    listing = list_named(source, uris)
+    listing = list_named(given(source), uris)
     for uri, why in listing.skipped:
         logger.warning("ignored %s: %s", uri, why)
     found = compare(listing.entries(), Root(root))

@@ -32,10 +32,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from components.contracts import plain_data
 from components.contracts.beam_options import BEAM_ARGS_ENV
-from components.contracts.program import printable
+from components.contracts.overrides import ConfigError
+from components.contracts.program import BAD_SETTINGS, printable
 from components.contracts.run_config import RunConfig
-from flows.parameters import OPEN_VARIABLES, read_beam_args
+from flows.parameters import OPEN_VARIABLES, read_beam_args, read_option_file
 
 POOL_ENV = "STOKE_WORK_POOL"
 POOL_TYPES = ("process", "docker", "kubernetes")
@@ -205,11 +207,12 @@ def add_notifications_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from flows.run_options import add_config_arguments, config_from
+    from flows.run_options import POLL_SECONDS_MAX, add_config_arguments, bounded, config_from
 
     parser = argparse.ArgumentParser(prog="stoke deploy", description=__doc__.split("\n")[0])
     add_config_arguments(parser, source="option")  # ROOT as the flow-run containers see it
-    parser.add_argument("--poll-seconds", type=float, default=60, help="how often watch-bucket lists SOURCE")
+    parser.add_argument("--poll-seconds", type=bounded(float, 1, POLL_SECONDS_MAX), default=60,
+                        help="how often watch-bucket lists SOURCE")
     parser.add_argument("--base-job-template", default=None,
                         help="JSON base job template for a new pool (e.g. infra/prefect/kubernetes-job-template.json)")
     parser.add_argument("--beam-args-file", default=None,
@@ -223,11 +226,13 @@ def main(argv: list[str] | None = None) -> int:
             raise WorkPoolError(f"set {POOL_ENV} to one of {', '.join(POOL_TYPES)} (unset, `stoke up` serves the flows)")
         template = None
         if args.base_job_template:
-            with open(args.base_job_template) as f:
-                template = json.load(f)
+            template = _template(args.base_job_template)
         beam_args = read_beam_args(args.beam_args_file) if args.beam_args_file else None
         names = deploy(config_from(args), pool, template, beam_args, poll_seconds=args.poll_seconds,
                        notifications=args.notifications)
+    except ConfigError as error:  # the run configuration or a file an option names
+        print(f"stoke deploy: error: {printable(str(error))}", file=sys.stderr)
+        return BAD_SETTINGS
     except ValidationError as error:
         print(f"stoke deploy: error: {error.errors()[0]['loc'][0]}: {printable(error.errors()[0]['msg'])}",
               file=sys.stderr)
@@ -240,6 +245,18 @@ def main(argv: list[str] | None = None) -> int:
           f"registered {', '.join(names)} to work pool {pool.name} ({pool.type}); "
           f"start a worker: prefect worker start --pool {pool.name}", flush=True)
     return 0
+
+
+def _template(path: str) -> dict:
+    """The base job template a file holds: a JSON object."""
+    text = read_option_file(path, "--base-job-template")
+    try:
+        template = plain_data.loads(text, as_json=True)
+    except ValueError as error:  # not JSON, or nested past plain data's bound
+        raise ConfigError(f"--base-job-template {path} is not a JSON job template: {error}") from None
+    if not isinstance(template, dict):
+        raise ConfigError(f"--base-job-template {path} holds a {type(template).__name__}, not a JSON object")
+    return template
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import stat
 from contextlib import contextmanager
 
 import fsspec
@@ -35,6 +36,59 @@ def exists(uri: str) -> bool:
 def read_json(uri: str):
     with fsspec.open(uri, "r", encoding="utf-8") as f:
         return json.load(f)
+
+
+class NotASmallFile(ValueError):
+    """A file named for what it holds (settings, options, a password) that is no regular file, or too big for one."""
+
+
+def read_small(uri: str, limit: int, what: str = "such a file") -> bytes:
+    """The bytes of a small file a person names (settings, options, a password): a regular file of at most
+    `limit` bytes, or NotASmallFile naming it, before more than `limit` bytes are read. A FIFO would wait for
+    a writer for good, /dev/zero never ends, and a huge file would be read whole into memory. `what` names
+    the kind of file in the message: "a settings file"."""
+    fs, path = filesystem(uri)
+    if is_local(fs):
+        return _read_small_local(uri, path, limit, what)
+    info = fs.info(path)
+    if info.get("type") != "file":
+        raise NotASmallFile(f"{uri} is a folder, not {what}")
+    if (info.get("size") or 0) > limit:
+        raise NotASmallFile(f"{uri} is {info['size']:,} bytes, larger than {what} ({limit:,} at most)")
+    data = fs.cat_file(path, start=0, end=limit + 1)
+    if len(data) > limit:
+        raise NotASmallFile(f"{uri} is larger than {what} ({limit:,} bytes at most)")
+    return data
+
+
+def _read_small_local(uri: str, path: str, limit: int, what: str) -> bytes:
+    # O_NONBLOCK: opening a FIFO does not wait for a writer, so fstat can refuse it.
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        status = os.fstat(descriptor)
+        if not stat.S_ISREG(status.st_mode):
+            kinds = {stat.S_ISDIR: "a folder", stat.S_ISFIFO: "a FIFO", stat.S_ISSOCK: "a socket"}
+            kind = next((name for test, name in kinds.items() if test(status.st_mode)), "a device")
+            raise NotASmallFile(f"{uri} is {kind}, not {what}: name a regular file")
+        if status.st_size > limit:
+            raise NotASmallFile(f"{uri} is {status.st_size:,} bytes, larger than {what} ({limit:,} at most)")
+        chunks, size = [], 0
+        while size <= limit:  # a file that grows as it is read (or under /proc, which says 0) stops here too
+            chunk = os.read(descriptor, limit + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(descriptor)
+    if size > limit:
+        raise NotASmallFile(f"{uri} is larger than {what} ({limit:,} bytes at most)")
+    return b"".join(chunks)
+
+
+def read_bytes(uri: str) -> bytes:
+    fs, path = filesystem(uri)
+    return fs.cat_file(path)
 
 
 def write_json(uri: str, value) -> None:

@@ -1,6 +1,7 @@
 """One writer at a time: an flock on a local disk, a lease object on a bucket, behind one interface.
 
     with exclusive(uri, "ingest", wait=60) as lease:   # waits up to 60 s for a live holder, then LeaseHeld
+                                                        # (`waiting` is told once, when it starts to wait)
         ...             # long work: a bucket lease renews itself in the background
         lease.check()   # just before publishing: raises LeaseLost when another writer has taken over
 
@@ -27,14 +28,17 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
 from components.common.files import filesystem, is_local, protocol
 
 TTL = 120.0  # seconds a lease outlives its last renewal
-POLL = 0.25  # seconds between tries while waiting for a holder
+# Seconds between tries while waiting for a holder: at first a quarter second, so a short wait ends as soon
+# as the holder lets go, then twice as long each try up to MAX_POLL, so an hour behind a long ingest costs a
+# bucket some thousand requests, not fourteen thousand.
+POLL, MAX_POLL = 0.25, 5.0
 
 
 class LeaseError(Exception):
@@ -54,9 +58,11 @@ class LeaseLost(LeaseError):
 
 
 @contextlib.contextmanager
-def exclusive(uri: str, purpose: str, ttl: float = TTL, wait: float = 0.0) -> Iterator[_Flock | _ObjectLease]:
+def exclusive(uri: str, purpose: str, ttl: float = TTL, wait: float = 0.0,
+              waiting: Callable[[LeaseHeld], None] | None = None) -> Iterator[_Flock | _ObjectLease]:
     """Holds the lease at `uri` (a file or an object, created when absent) for the `with` block,
-    waiting up to `wait` seconds for a live holder to finish."""
+    waiting up to `wait` seconds for a live holder to finish; `waiting` gets the first refusal, once,
+    when there is a wait ahead."""
     fs, path = filesystem(uri)
     scheme = protocol(fs)
     if is_local(fs):
@@ -67,15 +73,19 @@ def exclusive(uri: str, purpose: str, ttl: float = TTL, wait: float = 0.0) -> It
         lease = _ObjectLease(uri, _GCS(path), purpose, ttl)
     else:
         raise LeaseError(f"no lease on {scheme}:// ({uri}): use a local path, s3:// or gs://")
-    deadline = time.monotonic() + wait
+    deadline, pause = time.monotonic() + wait, POLL
     while True:
         try:
             lease.acquire()
             break
-        except LeaseHeld:
-            if time.monotonic() >= deadline:
+        except LeaseHeld as held:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise
-            time.sleep(POLL)
+            if waiting is not None and pause == POLL:
+                waiting(held)
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, MAX_POLL)
     try:
         yield lease
     finally:

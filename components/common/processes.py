@@ -1,13 +1,17 @@
 """Child processes that cannot outlive their welcome: each starts in a process group of its own, so
 stopping it also stops whatever it started (Beam workers, TensorFlow's helpers, a Docker client),
-and every wait has a timeout.
+every wait has a timeout, and each dies with the process that started it, however that one dies
+(SIGKILL and the OOM killer included): a chain of such children (`stoke run`, a stage program, the
+TF Serving it checks a model with) ends link by link.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -32,8 +36,31 @@ def dies_with_this_process(signum: int = signal.SIGTERM):
 
 def start(command: list[str], **popen) -> subprocess.Popen:
     """Starts `command` as the leader of a new process group (Ctrl-C in a terminal does not reach
-    it: the caller decides when it stops, with `stop`)."""
+    it: the caller decides when it stops, with `stop`), tied to this process (dies_with_this_process,
+    unless `preexec_fn` says otherwise): start it from a thread that lives as long as it should."""
+    popen.setdefault("preexec_fn", dies_with_this_process())
     return subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True, **popen)
+
+
+@contextlib.contextmanager
+def tied_children() -> Iterator[None]:
+    """Every process subprocess.Popen starts in the block is started as `start` starts one, in a session of
+    its own and tied to this process: for a library that starts one its own way (Prefect's temporary
+    server) and offers no hook. Keep the block to the call that starts it: for its length, Popen is this
+    subclass for every thread."""
+    plain, tie = subprocess.Popen, dies_with_this_process()
+
+    class Tied(plain):
+        def __init__(self, *args, **kwargs):
+            kwargs.setdefault("preexec_fn", tie)
+            kwargs.setdefault("start_new_session", True)
+            super().__init__(*args, **kwargs)
+
+    subprocess.Popen = Tied
+    try:
+        yield
+    finally:
+        subprocess.Popen = plain
 
 
 def run(command: list[str], *, timeout: float, env: dict | None = None,

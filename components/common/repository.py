@@ -1,12 +1,16 @@
 """ROOT/models/<name>/: the TensorFlow Serving model repository, and the only code that changes it.
 
-TF Serving loads every integer-named folder it finds, possibly while a copy is still running, so a
-version appears in one step: on file systems it is written under a non-integer temp name and
-renamed; object stores have no rename, so `saved_model.pb` (what the server needs to load
-anything) is copied last and a folder without it is a partial version, cleaned up before each change.
+TF Serving loads every folder whose name reads as an integer, possibly while a copy is still
+running, so a version appears in one step: on file systems it is written under a non-integer temp
+name and renamed; object stores have no rename, so `saved_model.pb` (what the server needs to load
+anything) is copied last, while a marker `.push-<version>` says whose the folder is until then.
 A version number is reserved by an operation that fails when it is taken (creating the temp
-folder `.push-<version>`; on object stores, creating the lineage file only if absent), so two
-pushes never share a number or nest one model inside another.
+folder or the marker; on object stores also the lineage file, only if absent), so two pushes never
+share a number or nest one model inside another, and numbers stay within TF Serving's int64.
+What the folder holds is read in components/common/model_folders.py. Before each change `tidy()`
+deletes only what Stoke's own interrupted pushes left, and sets aside (renames to
+`set-aside-<name>`, out of TF Serving's sight) anything else TF Serving would take for a version
+that is no version of Stoke's: nothing it does not recognise is ever deleted.
 Versions taken out are never deleted by rollback: they are moved to `rolled-back-<version>`.
 Retention deletes old versions (saved_model.pb first) but keeps their lineage in `_retired/<version>.json`.
 Whatever changes the repository runs inside `lock()`: the lease ingest also uses
@@ -15,6 +19,9 @@ Whatever changes the repository runs inside `lock()`: the lease ingest also uses
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import itertools
+import logging
 import os
 import posixpath
 import re
@@ -23,16 +30,27 @@ import time
 
 from components.common.files import filesystem, is_local, join, read_json, write_json
 from components.common.lease import TTL, LeaseError, LeaseHeld, LeaseLost, exclusive
+from components.common.model_folders import (
+    MAX_VERSION,
+    SAVED_MODEL,
+    SERVING_FILES,
+    TEMP_PREFIX,
+    Survey,
+    survey,
+    version_number,
+)
 from components.contracts.config import MODEL_NAME_PATTERN
 from components.contracts.layout import Root
 from components.contracts.lineage import Lineage
+from components.contracts.summaries import SetAside
 
-SAVED_MODEL = "saved_model.pb"
+log = logging.getLogger(__name__)
+
 ASSETS_EXTRA = "assets.extra"
 LINEAGE_FILE = "stoke_lineage.json"
 ROLLED_BACK_PREFIX = "rolled-back-"
+SET_ASIDE_PREFIX = "set-aside-"
 RETIRED = "_retired"
-TEMP_PREFIX = ".push-"
 LOCK_FILE = ".lock"
 WAIT_ENV = "STOKE_LOCK_WAIT_SECONDS"  # how long lock() waits for another holder (default 300)
 # Fault drill: with this set to N, the push process kills itself (SIGKILL) after copying N files,
@@ -99,38 +117,45 @@ class Repository:
             return []
         return [posixpath.basename(p.rstrip("/")) for p in self.fs.ls(self.path, detail=False)]
 
-    def _complete(self, name: str) -> bool:
-        return self.fs.exists(posixpath.join(self.path, name, SAVED_MODEL))
+    def survey(self) -> Survey:
+        """Versions, partial pushes and strangers (components/common/model_folders.py)."""
+        return survey(self.fs, self.path)
 
     def versions(self) -> list[int]:
-        """Servable versions, oldest first: integer folders holding saved_model.pb."""
-        return sorted(int(n) for n in self._entries() if n.isdigit() and self._complete(n))
+        """Servable versions, oldest first: the versions TF Serving loads, named the way Stoke names them."""
+        return self.survey().versions
 
     def newest(self) -> int | None:
+        """The version TF Serving's default policy serves once strangers are set aside: the highest."""
         versions = self.versions()
         return versions[-1] if versions else None
 
     def rolled_back(self) -> list[int]:
-        return sorted(int(n[len(ROLLED_BACK_PREFIX):]) for n in self._entries()
-                      if n.startswith(ROLLED_BACK_PREFIX) and n[len(ROLLED_BACK_PREFIX):].isdigit())
+        return sorted(v for v in (version_number(n[len(ROLLED_BACK_PREFIX):]) for n in self._entries()
+                                  if n.startswith(ROLLED_BACK_PREFIX)) if v is not None)
 
     def retired(self) -> list[int]:
         folder = posixpath.join(self.path, RETIRED)
         if not self.fs.isdir(folder):
             return []
         names = (posixpath.basename(p) for p in self.fs.ls(folder, detail=False))
-        return sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit())
+        return sorted(v for v in (version_number(n[:-5]) for n in names if n.endswith(".json")) if v is not None)
 
     def every_number_used(self) -> list[int]:
-        """Served, rolled back, retired and partial versions: a new version must exceed them all."""
-        partial = [int(n) for n in self._entries() if n.isdigit()]
-        temp = [int(m.group(1)) for m in (re.match(rf"^{re.escape(TEMP_PREFIX)}(\d+)(?:-|$)", n) for n in self._entries()) if m]
-        return sorted(set(self.versions() + self.rolled_back() + self.retired() + partial + temp))
+        """Served, rolled back, retired and interrupted versions: a new version must exceed them all."""
+        found = self.survey()
+        return sorted(set(found.versions + found.in_flight + self.rolled_back() + self.retired()))
 
     def next_version(self) -> int:
-        """Seconds since the epoch (readable, sortable), or one more than any number already used."""
+        """Seconds since the epoch (readable, sortable), or one more than any number already used,
+        within TF Serving's int64: past it, models.config would not parse and the server not start."""
         used = self.every_number_used()
-        return max(int(time.time()), (used[-1] + 1) if used else 0)
+        version = max(int(time.time()), (used[-1] + 1) if used else 0)
+        if version > MAX_VERSION:
+            raise RepositoryError(f"{self.uri} has no version number left: {used[-1]} is taken and TF Serving reads "
+                                  f"versions as int64 (at most {MAX_VERSION}); move what holds {used[-1]} (the version, "
+                                  f"{ROLLED_BACK_PREFIX}{used[-1]} or {RETIRED}/{used[-1]}.json) out of the repository")
+        return version
 
     def version_uri(self, version: int) -> str:
         return join(self.uri, str(version))
@@ -154,42 +179,46 @@ class Repository:
 
     # ------------------------------------------------------------------ changing
 
-    def remove_partial(self) -> list[str]:
-        """Deletes leftovers of interrupted pushes: temp folders and integer folders without saved_model.pb."""
-        # Under the lock no other push is running, so every temp folder left is a dead push's.
-        self._locked("removing partial versions")
-        removed = []
-        for name in self._entries():
-            if name.startswith(TEMP_PREFIX) or (name.isdigit() and not self._complete(name)):
-                self.fs.rm(posixpath.join(self.path, name), recursive=True)
-                removed.append(name)
-        return removed
+    def tidy(self) -> Tidied:
+        """Deletes what Stoke's interrupted pushes left, and sets every stranger aside, so that what TF
+        Serving would take for a version is exactly versions(). Nothing else is deleted."""
+        # Under the lock no other push is running, so every partial left is a dead push's.
+        self._locked("tidying the repository")
+        found = self.survey()
+        for name in found.partial:
+            self.fs.rm(posixpath.join(self.path, name), recursive=True)
+        taken = set(self._entries())
+        aside = []
+        for name, why in found.strangers.items():
+            new = next(n for n in (f"{SET_ASIDE_PREFIX}{name}" + (f"-{i}" if i > 1 else "")
+                                   for i in itertools.count(1)) if n not in taken)
+            self._move(name, new)
+            taken.add(new)
+            aside.append(SetAside(name=name, moved_to=join(self.uri, new), reason=why))
+            log.warning("set aside %s as %s: %s", join(self.uri, name), new, why)
+        return Tidied(found.partial, aside)
 
     def publish(self, source: str, version: int, extra: dict[str, bytes]) -> str:
         """Copies the SavedModel folder `source` (same file system as ROOT) plus `extra` files
         (relative path -> bytes) into version `version`, appearing to TF Serving all at once.
         Refuses, and leaves the repository as it was, when the number is taken, even by a push running now."""
         final = posixpath.join(self.path, str(version))
+        temp = posixpath.join(self.path, f"{TEMP_PREFIX}{version}")
         taken = RepositoryError(f"version {version} already exists in {self.uri}, or another push is writing it")
+        if version_number(str(version)) is None:
+            raise RepositoryError(f"{version} is no version number TF Serving reads (0 to {MAX_VERSION})")
         if self.fs.exists(final):
             raise taken
         src_fs, src_path = filesystem(source)
-        files = sorted(src_fs.find(src_path))
-        if not any(f.endswith("/" + SAVED_MODEL) for f in files):
+        relative = sorted(posixpath.relpath(f, src_path) for f in src_fs.find(src_path))
+        if not set(relative) & set(SERVING_FILES):
             raise RepositoryError(f"{source} holds no {SAVED_MODEL}")
-        relative = [posixpath.relpath(f, src_path) for f in files]
         # saved_model.pb last: on an object store, it is what makes the version loadable.
-        relative.sort(key=lambda rel: rel == SAVED_MODEL)
+        relative.sort(key=lambda rel: rel in SERVING_FILES)
         local = is_local(self.fs)
-        target = posixpath.join(self.path, f"{TEMP_PREFIX}{version}") if local else final
-        items = list(extra.items())
-        try:  # the reservation: an operation that fails when another push has the number
-            if local:
-                os.makedirs(self.path, exist_ok=True)
-                os.mkdir(target)
-            elif items:
-                self._write(posixpath.join(target, items[0][0]), items[0][1], create=True)
-                items = items[1:]
+        target = temp if local else final
+        try:
+            items = self._reserve(temp, final, list(extra.items()))
         except FileExistsError:
             raise taken from None
         kill_after = int(os.environ.get(KILL_AFTER_FILES_ENV, "0") or 0)
@@ -197,7 +226,7 @@ class Repository:
             for name, data in items:
                 self._write(posixpath.join(target, name), data)
             for count, rel in enumerate(relative, start=1):
-                if rel == SAVED_MODEL and self._held is not None:
+                if rel in SERVING_FILES and self._held is not None:
                     self._held.check()  # a lease lost mid-copy must not publish
                 dest = posixpath.join(target, rel)
                 self.fs.makedirs(posixpath.dirname(dest), exist_ok=True)
@@ -209,20 +238,42 @@ class Repository:
                     os.kill(os.getpid(), signal.SIGKILL)
             if local:
                 try:
-                    os.rename(target, final)  # onto an existing version it fails; it never nests
+                    os.rename(temp, final)  # onto an existing version it fails; it never nests
                 except OSError:
                     raise taken from None
         except LeaseLost as lost:
             self.fs.rm(target, recursive=True)
+            self._discard(temp)
             raise RepositoryError(f"{lost}: stopping before anything becomes visible to TF Serving") from None
         except BaseException:
             self._discard(target)
+            self._discard(temp)
             raise
+        if not local:
+            self._discard(temp)  # the version is complete; a marker left behind is removed by tidy()
         return join(self.uri, str(version))
+
+    def _reserve(self, temp: str, final: str, items: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+        """Takes the version's number with operations that fail (FileExistsError) when another push has
+        it: the temp folder on a disk; on an object store the marker, then the first extra file in the
+        version folder itself. Returns the extra files still to write."""
+        if is_local(self.fs):
+            os.makedirs(self.path, exist_ok=True)
+            os.mkdir(temp)
+            return items
+        self._write(temp, b"", create=True)  # the marker: until saved_model.pb is in, the folder is this push's
+        if not items:
+            return items
+        try:
+            self._write(posixpath.join(final, items[0][0]), items[0][1], create=True)
+        except FileExistsError:
+            self.fs.rm(temp)
+            raise
+        return items[1:]
 
     def _discard(self, target: str) -> None:
         """Removes a failed push's copy, best effort: when that fails too (a disk gone bad), the error
-        that stopped the push is the one reported, and the next push's remove_partial() removes it."""
+        that stopped the push is the one reported, and the next push's tidy() removes it."""
         try:
             if self.fs.exists(target):
                 self.fs.rm(target, recursive=True)
@@ -233,22 +284,36 @@ class Repository:
         self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
         self.fs.pipe_file(path, data, mode="create" if create else "overwrite")
 
-    def set_aside(self, version: int) -> str:
+    def _move(self, name: str, new: str) -> None:
+        """Renames the child `name` to `new`: one rename on a disk (a link moves, its target stays as
+        it is); on an object store a copy, then the files that make it loadable go first."""
+        source, target = posixpath.join(self.path, name), posixpath.join(self.path, new)
+        if is_local(self.fs):
+            os.rename(source, target)
+            return
+        if not self.fs.isdir(source):
+            self.fs.copy(source, target)
+            self.fs.rm(source)
+            return
+        for path in sorted(self.fs.find(source)):
+            self.fs.copy(path, posixpath.join(target, posixpath.relpath(path, source)))
+        self._unload(source)
+        self.fs.rm(source, recursive=True)
+
+    def _unload(self, folder: str) -> None:
+        """Removes the files TF Serving loads a folder by: it stops looking servable at once, not at the last file."""
+        for name in SERVING_FILES:
+            if self.fs.exists(posixpath.join(folder, name)):
+                self.fs.rm(posixpath.join(folder, name))
+
+    def take_out(self, version: int) -> str:
         """Takes `version` out of serving without deleting it: renamed to rolled-back-<version>."""
         self._locked("rollback")
-        source = posixpath.join(self.path, str(version))
-        aside = posixpath.join(self.path, f"{ROLLED_BACK_PREFIX}{version}")
-        if self.fs.exists(aside):
-            raise RepositoryError(f"{aside} already exists")
-        if is_local(self.fs):
-            self.fs.mv(source, aside, recursive=True)
-        else:
-            # Copy aside first, then remove saved_model.pb (the server stops seeing a version), then the rest.
-            for path in sorted(self.fs.find(source)):
-                self.fs.copy(path, posixpath.join(aside, posixpath.relpath(path, source)))
-            self.fs.rm(posixpath.join(source, SAVED_MODEL))
-            self.fs.rm(source, recursive=True)
-        return join(self.uri, f"{ROLLED_BACK_PREFIX}{version}")
+        aside = f"{ROLLED_BACK_PREFIX}{version}"
+        if self.fs.exists(posixpath.join(self.path, aside)):
+            raise RepositoryError(f"{join(self.uri, aside)} already exists")
+        self._move(str(version), aside)
+        return join(self.uri, aside)
 
     def retire(self, version: int, when: str) -> None:
         """Deletes an old version, keeping its lineage in _retired/<version>.json."""
@@ -260,15 +325,22 @@ class Repository:
         else:
             lineage.model_copy(update={"retired_at": when}).write(retired)
         source = posixpath.join(self.path, str(version))
-        # saved_model.pb first: without it the folder stops looking servable at once, not at the last file.
-        self.fs.rm(posixpath.join(source, SAVED_MODEL))
+        self._unload(source)
         self.fs.rm(source, recursive=True)
 
     def apply_retention(self, keep: int, when: str) -> list[int]:
-        """Retires all but the newest `keep` versions (the newest is always kept)."""
+        """Retires all but the newest `keep` versions (the newest is always kept). Only versions():
+        a stranger is set aside by tidy(), never retired."""
         self._locked("retention")
         versions = self.versions()
         old = versions[:-max(keep, 1)]
         for version in old:
             self.retire(version, when)
         return old
+
+
+@dataclasses.dataclass(frozen=True)
+class Tidied:
+    """What tidy() did: the partial pushes it deleted and the strangers it set aside."""
+    removed: list[str]
+    set_aside: list[SetAside]

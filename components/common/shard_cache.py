@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import gzip
 import hashlib
-import io
 import json
 import os
 import posixpath
@@ -25,7 +23,6 @@ import shutil
 import stat
 import sys
 import time
-import zlib
 
 from components.common.cache_folder import (
     CACHE_DIR_ENV,
@@ -40,7 +37,7 @@ from components.common.cache_folder import (
 )
 from components.common.files import filesystem
 from components.common.local_copies import Folder, UnsafeKey, relative_parts
-from components.common.tfrecord import BadRecord, count_records
+from components.common.shard_digests import Mismatch, mismatch
 from components.contracts.layout import Shard
 from components.contracts.program import printable
 
@@ -56,9 +53,13 @@ class Staged:
     fetched: int
     reused: int
     refetched: list[str]  # cached copies that failed their check and were copied again
-    corrupt: list[str]  # shards whose copy still fails its check: the bucket holds them so
+    mismatched: list[Mismatch]  # shards whose copy still fails its check: the bucket holds them so
     bytes_fetched: int
     seconds: float
+
+    @property
+    def corrupt(self) -> list[str]:
+        return [m.shard.uri for m in self.mismatched]
 
     def to_json(self) -> dict:
         return {"folder": self.folder, "shards": len(self.shards), "fetched": self.fetched, "reused": self.reused,
@@ -113,9 +114,9 @@ class ShardCache:
             raise CacheError(f"the shard cache {self.folder} has {free / 1e6:,.1f} MB free and this run must copy "
                              f"{need / 1e6:,.1f} MB of shards into it: free space there, or set --shard-cache-dir "
                              f"(or ${CACHE_DIR_ENV}) to a larger disk")
-        corrupt = [s.uri for s, ok in zip(missing, _map(self._fetch, missing)) if not ok]
+        mismatched = [m for m in _map(self._fetch, missing) if m is not None]
         return Staged(self.local(shards), self.folder, len(missing), len(shards) - len(missing),
-                      [uri for uri, state in checked.items() if state == "corrupt"], corrupt, need,
+                      [uri for uri, state in checked.items() if state == "corrupt"], mismatched, need,
                       time.monotonic() - started)
 
     def _keys(self, shards: list[Shard]) -> list[str]:
@@ -147,9 +148,10 @@ class ShardCache:
             folder.remove(name)
         return "corrupt"
 
-    def _fetch(self, shard: Shard) -> bool:
-        """Copies one shard and checks it, twice at most; False when the bucket's copy does not match its
-        manifest (then it is left unmarked, for --skip-corrupt to read around and the next run to fetch again)."""
+    def _fetch(self, shard: Shard) -> Mismatch | None:
+        """Copies one shard and checks it, twice at most; what is wrong when the bucket's copy does not match its
+        manifest (then it is left unmarked, for --skip-corrupt to read around a damaged one and the next run to
+        fetch again)."""
         fs, remote = filesystem(shard.uri)
         *folders, name = self.key(shard)
         part = f"{name}.part-{self.pin.id}"  # fetched in there; removed if the copy fails (a full disk)
@@ -162,13 +164,12 @@ class ShardCache:
                     if problem is None:
                         folder.write_bytes(name + MARKER, json.dumps(_expected(shard)).encode(),
                                            tmp=f"{name}{MARKER}.part-{self.pin.id}")
-                        return True
+                        return None
         except OSError as error:
             raise CacheError(f"copying {shard.uri} into the shard cache {self.folder} failed: "
                              f"{error.strerror or error}") from None
-        print(printable(f"stoke: {shard.uri} {problem}, in the bucket as well as in its copy"), file=sys.stderr,
-              flush=True)
-        return False
+        print(printable(f"stoke: {problem}, in the bucket as well as in its copy"), file=sys.stderr, flush=True)
+        return problem
 
     def _make_room(self, need: int, wanted: int) -> None:
         """Evicts the least recently used copies no live pin lists until `need` more bytes fit under the cap."""
@@ -199,27 +200,12 @@ def shards_of_worker(shards: list[Shard], workers: int, pipeline: int, by_file: 
     return shards[pipeline::workers] if by_file and workers > 1 else list(shards)
 
 
-def _verify(folder: Folder, name: str, shard: Shard) -> str | None:
+def _verify(folder: Folder, name: str, shard: Shard) -> Mismatch | None:
     """None when the copy has the manifest's size and SHA-256; else what is wrong, its records read to say it."""
     size = folder.lstat(name).st_size
-    if size != shard.bytes:
-        return f"has {size} bytes where its manifest says {shard.bytes}"
-    if _digest(folder, name) == shard.sha256:
+    if size == shard.bytes and _digest(folder, name) == shard.sha256:
         return None
-    try:
-        with folder.reader(name) as raw:
-            if shard.compression == "GZIP":
-                with gzip.open(raw) as stream:
-                    records = count_records(stream)
-            elif shard.compression == "ZLIB":
-                records = count_records(io.BytesIO(zlib.decompress(raw.read())))
-            else:
-                records = count_records(raw)
-    except (BadRecord, OSError, EOFError, zlib.error) as error:
-        return f"is corrupt ({error})"
-    if records != shard.records:
-        return f"holds {records} records where its manifest says {shard.records}"
-    return "is not the file its manifest's SHA-256 names"
+    return mismatch(shard, size, lambda: folder.reader(name))
 
 
 def _expected(shard: Shard) -> dict:

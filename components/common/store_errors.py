@@ -19,7 +19,7 @@ from typing import Any
 from components.contracts.program import causes, store_answer, transient
 from components.contracts.secrets import without_secrets
 
-STORES = {"s3": "S3", "s3a": "S3", "gs": "GCS", "gcs": "GCS"}
+STORES = {"s3": "S3", "s3a": "S3", "gs": "GCS", "gcs": "GCS", "http": "HTTP", "https": "HTTP"}
 S3_CREDENTIALS = ("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, or run where an instance role "
                   "provides them; for MinIO or another S3-compatible store also AWS_ENDPOINT_URL")
 GCS_CREDENTIALS = ("set GOOGLE_APPLICATION_CREDENTIALS to a service account's key file, or run `gcloud auth "
@@ -96,6 +96,8 @@ def problem(error: BaseException, *uris: str) -> Problem | None:
     if store is None:
         return None
     where, code, status = _buckets(store, uris), *_answer(error)
+    if store == "HTTP":  # no credentials or buckets to name: a server that is away or busy, or None
+        return _http_problem(error, where, status)
     names = {kind.__name__ for link in causes(error) for kind in type(link).__mro__}
     said = _said(error, code)
     if names & MISSING or (store == "GCS" and status == 401 and "Anonymous caller" in said):
@@ -117,6 +119,16 @@ def problem(error: BaseException, *uris: str) -> Problem | None:
     return None
 
 
+def _http_problem(error: BaseException, where: str, status: int | None) -> Problem | None:
+    """A web server (an http(s):// SOURCE) that refused or dropped the connection, timed out or answered
+    5xx, 408 or 429: transient. fsspec's HTTP files call each of these FileNotFoundError; its cause says which."""
+    if not transient(error):
+        return None
+    said = f"HTTP {status}" if status else _said(list(causes(error))[-1], None)
+    what = f"{where} is busy or unavailable" if status else f"cannot reach {where}"
+    return Problem(f"{what} ({said})", "check the network and that the server is up", True)
+
+
 def _store(error: BaseException, uris: tuple[str, ...]) -> str | None:
     """"S3" or "GCS": the library that raised it; else, for an error that names no local file (gcsfs's
     `OSError("Forbidden: ...")`, aiohttp's connection errors), the one bucket store among `uris`."""
@@ -133,8 +145,10 @@ def _store(error: BaseException, uris: tuple[str, ...]) -> str | None:
 
 
 def _buckets(store: str, uris: tuple[str, ...]) -> str:
-    names = sorted({uri.split("://", 1)[1].split("/", 1)[0] for uri in uris if STORES.get(_scheme(uri)) == store})
-    return f"bucket{'s' * (len(names) > 1)} {' and '.join(names)}" if names else "its buckets"
+    names = sorted({uri.split("://", 1)[1].split("/", 1)[0].rpartition("@")[2] for uri in uris
+                    if STORES.get(_scheme(uri)) == store})
+    kind = "host" if store == "HTTP" else "bucket"
+    return f"{kind}{'s' * (len(names) > 1)} {' and '.join(names)}" if names else f"its {kind}s"
 
 
 def _scheme(uri: str) -> str:

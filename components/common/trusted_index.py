@@ -40,6 +40,7 @@ from components.contracts.layout import Root
 from components.contracts.program import printable
 from components.contracts.results import ResultError, SpanManifest
 from components.contracts.schema import ENCODED, SOURCE, TEXT, example_bytes
+from components.contracts.secrets import SourceCredentials, without_secrets
 
 T = TypeVar("T")
 LOCAL = fsspec.filesystem("file")
@@ -142,7 +143,8 @@ def _line(index: int, record: bytes, split: str, sources: dict, max_side: int | 
         sha, dhash = found or (sha256(encoded), normalize(encoded, max_side).pixels.dhash)
     except Rejected as error:
         raise _Unindexable(f"record {index} holds no image ingest would store ({error})") from None
-    return {"sha256": sha, "dhash": dhash, "split": split, "label": label, "uri": uri}, kept_as_it_came or bool(found)
+    name = without_secrets(uri) if is_uri(uri) else uri  # a span published before may hold SOURCE's password
+    return {"sha256": sha, "dhash": dhash, "split": split, "label": label, "uri": name}, kept_as_it_came or bool(found)
 
 
 def _from_source(uri: str, identity: tuple[int, str] | None, encoded: bytes, max_side: int | None):
@@ -150,7 +152,8 @@ def _from_source(uri: str, identity: tuple[int, str] | None, encoded: bytes, max
     version the manifest records and normalizes to exactly `encoded`; else None."""
     if identity is None:
         return None
-    fs, path = filesystem(uri) if is_uri(uri) else (LOCAL, uri)  # a local path is literal, as ingest reads it
+    # A local path is literal, as ingest reads it; a URI is read with SOURCE's credentials, as ingest reads it.
+    fs, path = filesystem(SourceCredentials.of_workers().reveal(uri)) if is_uri(uri) else (LOCAL, uri)
     try:
         info = fs.info(path)
         if info.get("type") != "file" or (int(info["size"]), version_of(info)) != identity:

@@ -10,7 +10,7 @@ import re
 import typing
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from components.contracts import schema
 from components.contracts.results import QUALITY_ISSUES
@@ -45,6 +45,39 @@ def check_model_name(name: str) -> str:
 
 ServedModelName = Annotated[str, AfterValidator(check_model_name)]
 
+# ROOT is written by every stage, each a process of its own, and read by later runs and other machines: a
+# local path or a bucket every process reaches alike. fsspec's other schemes are each wrong for it: memory://
+# lives in one process, http(s)://, tar://, zip:// and github:// are read-only, and a chain (simplecache::s3://,
+# "a::b") reads one place through another, each process with a cache of its own. SOURCE is only read, so it
+# may also be an http(s):// manifest or folder; a chain is refused there too.
+ROOT_SCHEMES = ("file", "s3", "gs")
+SOURCE_SCHEMES = (*ROOT_SCHEMES, "http", "https")
+
+
+def _check_location(uri: str, what: str, schemes: tuple[str, ...], why: str) -> str:
+    allowed = f"name a local path, {', '.join(f'{scheme}://' for scheme in schemes[:-1])} or {schemes[-1]}://"
+    shown = without_secrets(repr(uri))
+    if not uri.strip():
+        raise ValueError(f"{what} is empty: {allowed}")
+    if "::" in uri:
+        raise ValueError(f"{shown}: '::' (fsspec's chaining) is not taken for {what}; {allowed}")
+    scheme = uri.partition("://")[0] if "://" in uri else None
+    if scheme is not None and scheme not in schemes:
+        raise ValueError(f"{shown}: {scheme}:// is not taken for {what}, which {why}; {allowed}")
+    return uri
+
+
+def check_root(uri: str) -> str:
+    return _check_location(uri, "ROOT", ROOT_SCHEMES, "each stage writes from a process of its own")
+
+
+def check_source(uri: str) -> str:
+    return _check_location(uri, "SOURCE", SOURCE_SCHEMES, "ingest reads from a process of its own")
+
+
+RootLocation = Annotated[str, AfterValidator(check_root)]
+SourceLocation = Annotated[str, AfterValidator(check_source)]
+
 # A tf.data service dispatcher or worker: HOST:PORT, the dispatcher also as grpc://HOST:PORT (how
 # tf.data names it). HOST is a name or an IPv4 address, or an IPv6 one in brackets; nothing else
 # (a path, credentials, another scheme) is taken, since the address reaches gRPC as it is.
@@ -75,6 +108,72 @@ def check_quality_issues(names: str) -> str:
 QualityIssues = Annotated[str, AfterValidator(check_quality_issues)]
 DISPATCHER_PORT, WORKER_PORT = 5050, 5051  # `stoke data-service`'s defaults
 
+# Every number has an upper bound far beyond any real use, checked when the configuration is read, so an
+# absurd value (`train.epochs=1e26`, a span range of 10^12, a 100,000 px image) is a setting's one-line
+# error instead of a MemoryError, an out-of-memory tensor or a stage that runs until its timeout.
+MAX_EPOCHS = 100_000
+MAX_STEPS = 100_000_000  # optimizer steps: over a year at three steps a second
+MAX_IMAGE_SIZE = 2048  # px a side; ImageNet networks train at 224 to 600
+MAX_BATCH = 16_384  # records per replica
+MAX_RECORDS_HELD = 1_000_000  # records in the shuffle buffer, all in memory
+MAX_LEARNING_RATE = 10.0
+MAX_SEED = 2**32 - 1  # NumPy's seeds, which keras.utils.set_random_seed sets too
+MAX_SPAN = 999_999_999
+MAX_SPANS_NAMED = 100_000  # spans one list may name: beyond, `all` (or no list) says it
+MAX_SPANS_TEXT = 1000  # characters of a span list
+
+
+def span_ranges(text: str | None) -> list[tuple[int, int]] | None:
+    """`"3"`, `"1,4"`, `"2-5"` or `"1-3,7"` as (first, last) ranges of span numbers, checked: each number
+    from 1 to MAX_SPAN, at most MAX_SPANS_NAMED spans in all; None for None, "" or "all" (every span)."""
+    if text is None or str(text).strip() in ("", "all"):
+        return None
+    text = str(text)
+    if len(text) > MAX_SPANS_TEXT:
+        raise ValueError(f"span list of {len(text)} characters: at most {MAX_SPANS_TEXT} (`all` names every span)")
+    ranges = []
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*([0-9]{1,18})\s*(?:-\s*([0-9]{1,18})\s*)?", part)
+        if not match:
+            raise ValueError(f"bad span list {text!r}: use span numbers and ranges such as 1,3-5")
+        low, high = int(match.group(1)), int(match.group(2) or match.group(1))
+        if not 1 <= low <= high:
+            raise ValueError(f"bad span range {part.strip()!r}: spans count from 1, the first of a range first")
+        if high > MAX_SPAN:
+            raise ValueError(f"span {high} in {part.strip()!r} is past the highest span number, {MAX_SPAN:,}")
+        ranges.append((low, high))
+    named = sum(high - low + 1 for low, high in ranges)
+    if named > MAX_SPANS_NAMED:
+        raise ValueError(f"span list {text!r} names {named:,} spans: at most {MAX_SPANS_NAMED:,} (`all` names every span)")
+    return ranges
+
+
+def check_spans(text: str) -> str:
+    span_ranges(text)
+    return text
+
+
+SpanList = Annotated[str, AfterValidator(check_spans)]
+
+
+def trace_range(text: str) -> tuple[int, int] | None:
+    """The first and last step the profiler traces, from `10,20`; None for none (also "", "0", "off")."""
+    if text.strip().lower() in ("", "none", "0", "off"):
+        return None
+    match = re.fullmatch(r"\s*([0-9]{1,9})\s*,\s*([0-9]{1,9})\s*", text)
+    if not match or not 1 <= int(match.group(1)) <= int(match.group(2)) <= MAX_STEPS:
+        raise ValueError(f"bad trace steps {text!r}: two step numbers such as 10,20, the first at least 1 and at most "
+                         f"the second, up to {MAX_STEPS:,} (or none)")
+    return int(match.group(1)), int(match.group(2))
+
+
+def check_trace_steps(text: str) -> str:
+    trace_range(text)
+    return text
+
+
+TraceSteps = Annotated[str, AfterValidator(check_trace_steps)]
+
 # Every settings model refuses inf and nan: a number that can never be reached (`--shard-mb inf`)
 # would otherwise pass `gt=0` and fail late, deep in Beam or Keras, instead of as a setting.
 SETTINGS_CONFIG = ConfigDict(extra="forbid", protected_namespaces=(), allow_inf_nan=False)
@@ -92,6 +191,30 @@ class ShardCacheConfig(BaseModel):
                           "longest ago are evicted first")
 
 
+class RunsConfig(BaseModel):
+    """The retention rule of ROOT/runs (components/common/run_retention.py), applied as each run ends and by
+    `stoke runs prune`: a run folder keeps its heavy parts, then only its record, then goes."""
+
+    model_config = SETTINGS_CONFIG
+
+    # 10 trained runs: a week and a half of nightly runs to compare in TensorBoard or gate by hand, at
+    # about 2.5 MB each for small_cnn and some 50 MB for efficientnet_b0 (its candidate alone is ~20 MB).
+    keep: int = Field(10, ge=1, le=100000, description="newest runs that trained which keep their heavy parts "
+                      "(candidate, backup, TensorBoard logs with the profiler trace, TFMA output, warm-up requests); "
+                      "older ones keep only their record, and a run whose model the repository holds stays whole")
+    # 100 records: about three months of nightly reports, at roughly 0.25 MB each (their plots, mostly).
+    keep_records: int = Field(100, ge=1, le=1000000, description="newest runs whose record (configuration, "
+                              "summaries, report, gate verdict, plots) is kept; older run folders are deleted, "
+                              "except one whose model the repository holds")
+
+    @model_validator(mode="after")
+    def _records_outlive_heavy_parts(self):
+        if self.keep_records < self.keep:
+            raise ValueError(f"keep_records ({self.keep_records}) must be at least keep ({self.keep}): a run keeps "
+                             "its record for longer than its heavy parts")
+        return self
+
+
 class PreflightConfig(BaseModel):
     """Preflight: the machine, checked before any GPU hour is spent."""
 
@@ -99,8 +222,8 @@ class PreflightConfig(BaseModel):
 
     require_gpu: bool = Field(False, description="fail, not warn, when no GPU is usable")
     min_read_mbps: float | None = Field(
-        None, gt=0, description="fail when sequential reads under ROOT are slower than this (MB/s)")
-    sample_mb: int = Field(64, gt=0, description="MiB to read when timing the disk")
+        None, gt=0, le=1e6, description="fail when sequential reads under ROOT are slower than this (MB/s)")
+    sample_mb: int = Field(64, gt=0, le=16384, description="MiB to read when timing the disk")
 
 
 class IngestConfig(BaseModel):
@@ -136,7 +259,7 @@ class IngestConfig(BaseModel):
         16, ge=0, le=65535, description="images with a shorter side below this (px) are never called near-copies: "
         "their 9x8 dHash thumbnail says nothing (7 of 8 distinct 8x8 digits have a twin within 4 bits)")
     blurry_below: float = Field(
-        1170.0, ge=0, description="blurry: the variance of the Laplacian of the 64 px grey thumbnail is below this "
+        1170.0, ge=0, le=1e7, description="blurry: the variance of the Laplacian of the 64 px grey thumbnail is below this "
         "(cleanvision's threshold); 0 turns it off")
     dark_below: float = Field(
         0.32, ge=0, le=1, description="dark: the 99th percentile of brightness (0-1) is below this; 0 turns it off")
@@ -158,6 +281,9 @@ class IngestConfig(BaseModel):
     allow_outside_source: bool = Field(
         False, description="let a manifest's rows name local paths, s3:// or gs:// files outside the manifest's "
         "folder (otherwise they are dead letters)")
+    wait_minutes: float = Field(
+        60.0, ge=0, le=24 * 60, description="how long to wait for another ingest into ROOT (another run's) to "
+        "finish before failing, publishing nothing; 0 fails at once (the wait counts toward timeouts.ingest)")
 
 
 class DataCheckConfig(BaseModel):
@@ -165,17 +291,23 @@ class DataCheckConfig(BaseModel):
 
     model_config = SETTINGS_CONFIG
 
-    # 0.25: spans are often a few hundred records, where a class's share moves by a few points from
-    # sampling alone (one standard error is 0.05 at 100 records and a share of 0.5); a quarter of the
-    # records changing class is a different mix, not noise. TFDV's comparator takes any threshold.
+    # 0.125: spans are often a few hundred records, where a class's share moves by a few points from
+    # sampling alone (one standard error is 0.05 at 100 records and a share of 0.5); an eighth of the records
+    # changing class is a change of mix worth a look. A look, not a quarantine: arrivals are rarely
+    # stratified (components/datacheck/mix.py). TFDV's comparator takes any threshold.
     max_label_drift: float = Field(
-        0.25, gt=0, le=1, description="quarantine the span when a class's share of its records differs from the "
-        "history's by more than this (L-infinity, as TFDV's drift comparator); over half of it warns")
+        0.125, gt=0, le=1, description="warn when a class's share of the span's records differs from the history's "
+        "by more than this (L-infinity, as TFDV's drift comparator); a change of mix alone never quarantines")
+    # 3: one arrival without a class is a skewed night (one line, one camera), two can be a weekend;
+    # a third in a row, each large enough to have shown the class, is a feed that stopped.
+    vanished_after: int = Field(
+        3, ge=1, le=10_000, description="quarantine the span when a class of the history has been missing, each time beyond "
+        "chance, from this many arrivals in a row, the span's included (a feed that died); fewer warn")
     max_same_image_share: float = Field(
         0.2, gt=0, le=1, description="quarantine the span when more than this share of its records share one "
         "dHash (a flood of near-identical frames)")
     min_class_examples: int = Field(
-        5, ge=0, description="warn about a class with fewer training records than this in the span and its history")
+        5, ge=0, le=10**9, description="warn about a class with fewer training records than this in the span and its history")
 
 
 # Small data: the default batch shrinks until an epoch has this many steps, down to SMALL_BATCH.
@@ -194,44 +326,44 @@ class TrainConfig(BaseModel):
         None, description="initial weights: none (from scratch), imagenet (keras.applications' ImageNet weights, from "
         "the Keras cache ~/.keras/models or downloaded) or the path of a local Keras .h5 weights file, e.g. the "
         "*_notop.h5 keras.applications downloads, for offline fine-tuning (default: the preset's)")
-    image_size: int | None = Field(None, gt=0, description="side of the square input image in pixels "
-                                   "(default: the preset's)")
+    image_size: int | None = Field(None, gt=0, le=MAX_IMAGE_SIZE, description="side of the square input image in "
+                                   "pixels (default: the preset's)")
     batch_size: int | None = Field(
-        None, gt=0, description="batch size per replica (the global batch scales with replicas); default 64, "
-        f"halved down to {SMALL_BATCH} while an epoch would have fewer than {MIN_STEPS_PER_EPOCH} steps")
-    epochs: int | None = Field(None, gt=0, description="passes over the training split (default: the preset's; "
-                               "unset, the fewest that make train.min_steps steps)")
+        None, gt=0, le=MAX_BATCH, description="batch size per replica (the global batch scales with replicas); "
+        f"default 64, halved down to {SMALL_BATCH} while an epoch would have fewer than {MIN_STEPS_PER_EPOCH} steps")
+    epochs: int | None = Field(None, gt=0, le=MAX_EPOCHS, description="passes over the training split (default: the "
+                               "preset's; unset, the fewest that make train.min_steps steps)")
     min_steps: int | None = Field(
-        None, gt=0, description="with train.epochs unset: train the fewest whole epochs that make at least this many "
-        "optimizer steps, so a few hundred images get as many steps as thousands (default: the preset's)")
-    learning_rate: float = Field(3e-3, ge=0, description="peak learning rate (0 trains nothing: a control run); "
-                                 "with pretrained weights, the head phase's")
+        None, gt=0, le=MAX_STEPS, description="with train.epochs unset: train the fewest whole epochs that make at "
+        "least this many optimizer steps, so a few hundred images get as many steps as thousands (default: the preset's)")
+    learning_rate: float = Field(3e-3, ge=0, le=MAX_LEARNING_RATE, description="peak learning rate (0 trains nothing: "
+                                 "a control run); with pretrained weights, the head phase's")
     head_epochs: int | None = Field(
-        None, ge=0, description="with pretrained weights: the first this many epochs train the new head alone, the "
-        "backbone frozen; the rest fine-tune the backbone too (default: a third of the epochs, rounded up; 0: no head "
-        "phase; all the epochs: the head alone)")
+        None, ge=0, le=MAX_EPOCHS, description="with pretrained weights: the first this many epochs train the new head "
+        "alone, the backbone frozen; the rest fine-tune the backbone too (default: a third of the epochs, rounded up; "
+        "0: no head phase; all the epochs: the head alone)")
     fine_tune_learning_rate: float = Field(
-        1e-4, ge=0, description="with pretrained weights: peak learning rate once the backbone is unfrozen, "
-        "far below the head's so the pretrained features change little")
+        1e-4, ge=0, le=MAX_LEARNING_RATE, description="with pretrained weights: peak learning rate once the backbone is "
+        "unfrozen, far below the head's so the pretrained features change little")
     schedule: Literal["cosine", "constant"] = Field(
         "cosine", description="cosine: linear warm-up, then cosine decay to a hundredth of the peak at the last step")
-    lr_warmup_epochs: float = Field(1.0, ge=0, description="epochs of the learning rate's linear warm-up "
+    lr_warmup_epochs: float = Field(1.0, ge=0, le=MAX_EPOCHS, description="epochs of the learning rate's linear warm-up "
                                     "(at most a fifth of the run)")
-    weight_decay: float = Field(1e-4, ge=0, description="AdamW decoupled weight decay (0: plain Adam)")
+    weight_decay: float = Field(1e-4, ge=0, le=10, description="AdamW decoupled weight decay (0: plain Adam)")
     label_smoothing: float = Field(0.0, ge=0, lt=1, description="label smoothing of the cross-entropy")
     ema: bool = Field(False, description="evaluate and export an exponential moving average of the weights "
                       "instead of the last step's")
     ema_momentum: float = Field(0.99, gt=0, lt=1, description="momentum of the weight average")
-    seed: int | None = Field(None, ge=0, description="fixes shuffles, crops and initialisation (same seed, "
+    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="fixes shuffles, crops and initialisation (same seed, "
                              "same device: the same model)")
     precision: Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"] = Field(
         "auto", description="auto: mixed_bfloat16 on Ampere+, mixed_float16 on GPUs >= 7.0, else float32")
     xla: bool | None = Field(None, description="compile steps with XLA (jit_compile); default on with a GPU")
-    steps_per_execution: int = Field(1, gt=0, description="training steps per call into the compiled function")
+    steps_per_execution: int = Field(1, gt=0, le=10_000, description="training steps per call into the compiled function")
     strategy: Literal["auto", "default", "one_device", "mirrored", "multi_worker"] = Field(
         "auto", description="auto: multi_worker when TF_CONFIG names a cluster, mirrored with >1 GPU, else one_device")
-    spans: str | None = Field(None, description="spans to read, e.g. 3 or 1,4-6 (default: all published)")
-    steps_per_epoch: int | None = Field(None, gt=0, description="cap on steps per epoch (default: one pass)")
+    spans: SpanList | None = Field(None, description="spans to read, e.g. 3 or 1,4-6 (default: all published)")
+    steps_per_epoch: int | None = Field(None, gt=0, le=MAX_STEPS, description="cap on steps per epoch (default: one pass)")
     skip_corrupt: bool = Field(False, description="skip unreadable records of corrupt shards and count them")
     # Off by default: the served model judging its successor's data is a feedback loop (what it gets wrong
     # would never be learnt), and a mis-sorted file is best moved at its source; the data check names them.
@@ -241,21 +373,23 @@ class TrainConfig(BaseModel):
     flip: bool | None = Field(None, description="random horizontal flips; off for digits, text, anything handed "
                               "(default: the preset's)")
     image_cache: str | None = Field(None, description="keep the decoded images after the first epoch: 'memory' "
-                                    "or a file path prefix")
-    shuffle_buffer: int = Field(2048, gt=0, description="records in the shuffle buffer")
-    backup_every: int | None = Field(None, gt=0, description="back up for resume every N steps (default: each epoch)")
-    trace_steps: str = Field("10,20", description="steps the TensorBoard profiler traces, e.g. 10,20; 'none' "
+                                    "or a local path prefix (one cache per split, named for the data it holds)")
+    shuffle_buffer: int = Field(2048, gt=0, le=MAX_RECORDS_HELD, description="records in the shuffle buffer")
+    backup_every: int | None = Field(None, gt=0, le=MAX_STEPS, description="back up for resume every N steps "
+                                     "(default: each epoch)")
+    trace_steps: TraceSteps = Field("10,20", description="steps the TensorBoard profiler traces, e.g. 10,20; 'none' "
                              "turns it off")
     input_probe_steps: int | None = Field(
-        None, ge=0, description="steps of the input-bound probe after training (0: skip; default: the preset's)")
-    cpu_devices: int | None = Field(None, gt=0, description="split the CPU into N logical devices (mirrored without GPUs)")
+        None, ge=0, le=10_000, description="steps of the input-bound probe after training (0: skip; default: the preset's)")
+    cpu_devices: int | None = Field(None, gt=0, le=256, description="split the CPU into N logical devices (mirrored "
+                                    "without GPUs)")
     data_service: ServiceAddress | None = Field(
         None, description="grpc://HOST:PORT of a tf.data service dispatcher (`stoke data-service`): the training "
         "input pipeline up to the batch runs on its workers, evaluation stays here")
 
 
 class GateConfig(BaseModel):
-    """The gate: TFMA on the run's eval split, against the newest served version, plus a serving check."""
+    """The gate: TFMA on the eval split of every checked span, against the newest served version, plus a serving check."""
 
     model_config = SETTINGS_CONFIG
 
@@ -270,8 +404,13 @@ class GateConfig(BaseModel):
                                 "difference (both models on the same eval records) lies wholly beyond it, also against "
                                 "the best retained version; point: compare the two accuracies as they are")
     confidence: float = Field(0.95, gt=0.5, lt=1.0, description="confidence of the paired interval of the difference "
-                                                                "(decision evidence); McNemar's p-value is reported beside it")
-    top_k: int = Field(5, gt=0, description="k of the top-k accuracy (capped at the number of classes)")
+                                                                "(decision evidence); McNemar's p-value is reported beside it; "
+                                                                "1 - confidence is the per-class rule's level")
+    per_class: bool = Field(
+        True, description="also refuse a candidate that answers one class worse than the served version with "
+                          "evidence (McNemar's exact one-sided test per class, Holm's correction over the classes, at "
+                          "level 1 - confidence) by more than max_regression, under either decision")
+    top_k: int = Field(5, gt=0, le=100_000, description="k of the top-k accuracy (capped at the number of classes)")
     warmup_images: int = Field(8, gt=0, le=256, description="real eval images in TF Serving's warm-up requests")
 
 
@@ -280,5 +419,5 @@ class PushConfig(BaseModel):
 
     model_config = SETTINGS_CONFIG
 
-    keep: int = Field(3, gt=0, description="newest versions kept in the repository (older ones are retired)")
+    keep: int = Field(3, gt=0, le=10_000, description="newest versions kept in the repository (older ones are retired)")
     build_image: bool = Field(True, description="build the serving image when a container engine answers")

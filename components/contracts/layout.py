@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import hashlib
 import posixpath
 import re
 from collections.abc import Iterator
 
-from components.common.files import filesystem, join
-from components.contracts.config import check_run_id
-from components.contracts.results import ResultError, SpanManifest, load_json
+from components.common.files import filesystem, join, read_bytes
+from components.contracts.config import MODEL_NAME_PATTERN, check_run_id, span_ranges
+from components.contracts.results import ResultError, SpanManifest, load_json, parse_json
 from components.contracts.schema import SPLITS
-from components.contracts.summaries import TRUSTED, DataCheckRecord
+from components.contracts.trust import CheckRecord, read_record
 
 MANIFEST = "_MANIFEST.json"
 DEAD_LETTER = "dead_letter.jsonl"
@@ -41,7 +42,8 @@ STATISTICS_SPLIT = "Split-{split}"
 FEATURE_STATS = "FeatureStats.pb"
 # The data check's record of a published span (summaries.DataCheckRecord): training and the gate read a
 # span only when its record is valid and says ok, warning or released. Fail closed: a span published by
-# hand, or by a run that died before its check, is not read until the data check has judged it.
+# hand, or by a run that died before its check, is not read until the data check has judged it. A record
+# is valid for the manifest it judged only (contracts/trust.py).
 DATACHECK = "_DATACHECK.json"
 LABEL_ERRORS = "label_errors.png"  # beside the record: the first suspected label errors, as the label check saw them
 SPAN_PATTERN = re.compile(r"^span-(\d{5,})$")
@@ -103,22 +105,24 @@ class Root:
     def label_errors_sheet(self, number: int) -> str:
         return join(self.span(number), LABEL_ERRORS)
 
-    def check_record(self, number: int) -> CheckRecord:
-        """Span `number`'s data-check record, read through its model: a record that is there but is no
-        valid one of this span is named, and lets nothing in."""
-        uri = self.datacheck(number)
-        fs, path = filesystem(uri)
+    def check_record(self, number: int, manifest_sha256: str | None = None) -> CheckRecord:
+        """Span `number`'s data-check record, judged as contracts/trust.py says against its manifest as it is
+        now (`manifest_sha256`, read when not given): a record that is no valid one is named, and lets nothing in."""
+        return read_record(self.datacheck(number), number, lambda: manifest_sha256 or self.manifest_sha256(number))
+
+    def manifest_sha256(self, number: int) -> str | None:
+        """The SHA-256 of span `number`'s manifest as it is now; None when it has none."""
         try:
-            if not fs.exists(path):
-                return CheckRecord(number, None, None)
-            record = DataCheckRecord.read(uri)
-        except ResultError as error:
-            return CheckRecord(number, None, str(error))
-        except OSError as error:
-            return CheckRecord(number, None, f"{uri} cannot be read: {error.strerror or error}")
-        if record.span != number:
-            return CheckRecord(number, None, f"{uri} is the record of span {record.span}, not of span {number}")
-        return CheckRecord(number, record, None)
+            return hashlib.sha256(_read(self.manifest(number))).hexdigest()
+        except FileNotFoundError:
+            return None
+
+    def read_manifest(self, number: int, *, sources: bool = True) -> SpanManifest:
+        """Span `number`'s manifest, and the SHA-256 of the bytes it was read from (its `sha256`). Without
+        `sources` its `sources` list (by far its biggest part) is left empty."""
+        uri = self.manifest(number)
+        data = _read(uri)
+        return _manifest(data, hashlib.sha256(data).hexdigest(), uri, sources)
 
     def unchecked(self) -> list[int]:
         """Published spans without a valid data-check record: what the data check has still to judge."""
@@ -132,8 +136,21 @@ class Root:
         """The folder of run `run_id`; refuses ids that could leave ROOT/runs."""
         return RunDir(join(self.runs, check_run_id(run_id)))
 
+    @property
+    def prune_lock(self) -> str:
+        """The lease one prune of the run folders at a time holds (components/common/run_retention.py)."""
+        return join(self.runs, ".prune.lock")
+
     def models(self, name: str) -> str:
         return join(self.uri, "models", name)
+
+    def model_names(self) -> list[str]:
+        """The model repositories under ROOT/models: its folders named as a model may be."""
+        fs, path = filesystem(join(self.uri, "models"))
+        if not fs.isdir(path):
+            return []
+        names = (posixpath.basename(e["name"].rstrip("/")) for e in fs.ls(path, detail=True) if e["type"] == "directory")
+        return sorted(name for name in names if re.fullmatch(MODEL_NAME_PATTERN, name))
 
     @property
     def serving(self) -> str:
@@ -182,12 +199,14 @@ class Root:
             uri = self.manifest(number)
             if not fs.exists(filesystem(uri)[1]):
                 continue
-            why = self.check_record(number).refusal(self.uri) if checked else None
+            data = _read(uri)
+            manifest = _manifest(data, hashlib.sha256(data).hexdigest(), uri, sources)  # a damaged one is named
+            why = self.check_record(number, manifest.sha256).refusal(self.uri) if checked else None
             if why:
                 if spans is not None:
                     raise SpanNotChecked(why)
                 continue
-            yield SpanManifest.read(uri) if sources else SpanManifest.check(_without_sources(load_json(uri)), uri)
+            yield manifest
 
     def shards(self, split: str, spans: list[int] | None = None, *, checked: bool = True) -> list[Shard]:
         """Shard files of one split across the published spans the data check let in (all published
@@ -208,32 +227,23 @@ class Root:
         return names
 
 
-@dataclasses.dataclass(frozen=True)
-class CheckRecord:
-    """A span's data-check record as read: the record, or why there is none to trust."""
-    span: int
-    record: DataCheckRecord | None
-    problem: str | None  # a record is there but is not a valid one of this span
-
-    @property
-    def trusted(self) -> bool:
-        return self.record is not None and self.record.status in TRUSTED
-
-    def refusal(self, root: str) -> str | None:
-        """Why training may not read the span, with what to do; None when it may."""
-        if self.trusted:
-            return None
-        check = f"`stoke datacheck --root {root} --span {self.span}`"
-        if self.record is not None:
-            return (f"span {self.span} is quarantined by the data check ({'; '.join(self.record.reasons[:1])}); "
-                    f"after looking at it, let it in with `stoke spans release {self.span} --root {root}`")
-        if self.problem:
-            return f"span {self.span} has no valid data-check record ({self.problem}); check it again with {check}"
-        return f"span {self.span} has not been data-checked; check it with {check}"
-
-
 def _without_sources(data):
     return {**data, "sources": []} if isinstance(data, dict) else data
+
+
+def _read(uri: str) -> bytes:
+    """The file's bytes; a folder in its place is a ResultError naming it, as load_json says it."""
+    try:
+        return read_bytes(uri)
+    except IsADirectoryError:
+        raise ResultError(f"{uri} is a folder, not a file") from None
+
+
+def _manifest(data: bytes, sha256: str, uri: str, sources: bool) -> SpanManifest:
+    parsed = parse_json(data, uri)
+    manifest = SpanManifest.check(parsed if sources else _without_sources(parsed), uri)
+    manifest._sha256 = sha256
+    return manifest
 
 
 class SpanNotChecked(ValueError):
@@ -279,6 +289,17 @@ class RunDir:
     labels_plot = property(lambda self: self._file("labels.png"))  # the new span's label mix against the history's
     label_errors_plot = property(lambda self: self._file(LABEL_ERRORS))  # a copy of the newest span's sheet
     root = property(lambda self: posixpath.dirname(posixpath.dirname(self.uri.rstrip("/"))))  # ROOT of ROOT/runs/ID
+    # The retention rule (components/common/run_retention.py): what it did to ROOT/runs as this run ended, and
+    # its marker in a folder it prunes, written before it removes anything.
+    retention = property(lambda self: self._file("retention.json"))
+    pruned = property(lambda self: self._file("pruned.json"))
+
+    @property
+    def heavy(self) -> list[str]:
+        """The heavy parts of the run, which the retention rule removes first; the rest is the run's record.
+        metrics.json is among them: it says training finished and the candidate is whole (the flow trains
+        no more when it is there), so it goes with the candidate; its figures stay in summaries/train.json."""
+        return [self.metrics, self.candidate, self.backup, self.tensorboard, self.tfma, posixpath.dirname(self.warmup)]
 
     def stage_config(self, stage: str) -> str:
         """The settings file the flow hands a stage program (`--config`)."""
@@ -305,20 +326,12 @@ class Shard:
 
 
 def parse_spans(text: str | None) -> list[int] | None:
-    """`"3"`, `"1,4"`, `"2-5"` or `"1-3,7"` to span numbers; None or "" or "all" means every span."""
-    if text is None or str(text).strip() in ("", "all"):
+    """`"3"`, `"1,4"`, `"2-5"` or `"1-3,7"` to span numbers; None or "" or "all" means every span. A list that
+    names too many spans or numbers out of bounds is a ValueError before any is counted (config.span_ranges)."""
+    ranges = span_ranges(text)
+    if ranges is None:
         return None
-    numbers: set[int] = set()
-    for part in str(text).split(","):
-        match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
-        if not match:
-            raise ValueError(f"bad span list {text!r}: use numbers and ranges such as 1,3-5")
-        low = int(match.group(1))
-        high = int(match.group(2) or low)
-        if high < low:
-            raise ValueError(f"bad span range {part.strip()!r}")
-        numbers.update(range(low, high + 1))
-    return sorted(numbers)
+    return sorted({number for low, high in ranges for number in range(low, high + 1)})
 
 
 def new_run_id(started: datetime.datetime | None = None, name: str | None = None) -> str:

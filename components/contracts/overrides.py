@@ -8,6 +8,7 @@ import json
 
 from pydantic import BaseModel, ValidationError
 
+from components.contracts import plain_data
 from components.contracts.options import argument_type, model_of
 
 
@@ -15,18 +16,25 @@ class ConfigError(ValueError):
     """Settings that cannot be used; the message is the one line to show."""
 
 
+MAX_FILE_BYTES = 1024 * 1024  # a settings file is a few KB, a run's config.json some ten
+
+
 def read_file(uri: str) -> dict:
-    """The settings in a YAML or JSON file (a local path or an fsspec URI, such as a run's config.json)."""
+    """The settings in a YAML or JSON file (a local path or an fsspec URI, such as a run's config.json): a
+    regular file of at most MAX_FILE_BYTES, plain data (components/contracts/plain_data.py), a group of settings."""
     import yaml
 
-    from components.common.files import filesystem
+    from components.common.files import NotASmallFile, read_small
 
-    fs, path = filesystem(uri)
     try:
-        text = fs.cat_file(path).decode("utf-8")
-        data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+        text = read_small(uri, MAX_FILE_BYTES, "a settings file").decode("utf-8")
+        data = plain_data.loads(text, as_json=uri.endswith(".json"))
     except FileNotFoundError:
         raise ConfigError(f"{uri}: no such file") from None
+    except NotASmallFile as error:
+        raise ConfigError(str(error)) from None
+    except plain_data.NotPlainData as error:
+        raise ConfigError(f"{uri}: {error}") from None
     except (UnicodeDecodeError, ValueError, yaml.YAMLError) as error:
         raise ConfigError(f"{uri} is not a YAML or JSON file of settings: {_first_line(error)}") from None
     except OSError as error:
@@ -47,7 +55,11 @@ def with_overrides(data: dict, overrides: list[str], model: type[BaseModel]) -> 
         if not equals or not path.strip():
             raise ConfigError(f"--set {item!r}: GROUP.FIELD=VALUE is needed, e.g. train.epochs=3")
         names = path.strip().split(".")
-        value = _value(text, check_path(model, names))
+        try:
+            value = _value(text, check_path(model, names))
+            plain_data.check_depth(value)
+        except (plain_data.NotPlainData, RecursionError):
+            raise ConfigError(f"--set {path.strip()}: nested more than {plain_data.MAX_DEPTH} deep") from None
         node = data
         for name in names[:-1]:
             if not isinstance(node.get(name), dict):
@@ -99,7 +111,7 @@ def problems(error: ValidationError, limit: int = 3) -> str:
             shown.append(f"{path}: no such setting")
         else:
             got = problem.get("input")
-            shown.append(f"{path}: {problem['msg']}" + (f" (got {got!r})" if isinstance(got, str | int | float) else ""))
+            shown.append(f"{path}: {problem['msg']}" + (f" (got {_shown(got)})" if isinstance(got, str | int | float) else ""))
     more = len(error.errors()) - limit
     return "; ".join(shown) + (f"; and {more} more" if more > 0 else "")
 
@@ -119,6 +131,12 @@ def _choices(model: type[BaseModel], name: str, where: list[str]) -> str:
     if near:
         return f"; did you mean {prefix}{near[0]}? (`stoke config show` lists every setting)"
     return f" in {'.'.join(where) or 'the run configuration'}: one of {', '.join(model.model_fields)}"
+
+
+def _shown(value, limit: int = 80) -> str:
+    """`value` as Python writes it, cut to `limit` characters: the line stays one a terminal shows."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 20]}... ({len(text):,} characters)"
 
 
 def _first_line(error: Exception) -> str:

@@ -17,6 +17,7 @@ from components.contracts import overrides
 from components.contracts.options import add_options, given, option
 from components.contracts.results import Result
 from components.contracts.run_config import program_model
+from components.contracts.secrets import given as given_source
 from components.contracts.secrets import without_secrets
 from components.contracts.stages import stage
 from components.contracts.summaries import Progress
@@ -53,10 +54,18 @@ def stage_arguments(name: str, argv: list[str] | None = None) -> argparse.Namesp
 
 
 def stage_settings(name: str, args: argparse.Namespace):
-    """The stage program's settings: its `--config` file, the options given laid over it, validated."""
+    """The stage program's settings: its `--config` file, the options given laid over it, validated.
+    SOURCE is recorded without its credentials (the flow's settings file): they come from the
+    environment (components/contracts/secrets.py)."""
     options = {dest: value for dest, value in vars(args).items() if dest not in ("config", "json")}
     data = overrides.read_file(args.config) if args.config else {}
-    return program_model(stage(name)).model_validate(overrides.deep_merge(data, given(options)))
+    settings = program_model(stage(name)).model_validate(overrides.deep_merge(data, given(options)))
+    if getattr(settings, "source", None):
+        try:
+            settings = settings.model_copy(update={"source": given_source(settings.source)})
+        except ValueError as error:
+            raise overrides.ConfigError(str(error)) from None
+    return settings
 
 
 def main(prog: str, as_json: bool, work: Callable[[], Result | dict], describe: Callable[[dict], str],
@@ -78,7 +87,7 @@ def main(prog: str, as_json: bool, work: Callable[[], Result | dict], describe: 
         return _fail(prog, as_json, _last_line(error), failed, TRANSIENT)
     if isinstance(summary, Result):
         summary = summary.to_json()
-    print(json.dumps(summary, sort_keys=True) if as_json else describe(printable(summary)), flush=True)
+    print(json.dumps(scrubbed(summary), sort_keys=True) if as_json else describe(printable(summary)), flush=True)
     return 0
 
 
@@ -110,6 +119,18 @@ def printable(value):
         return {key: printable(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return [printable(item) for item in value]
+    return value
+
+
+def scrubbed(value):
+    """`value` (a string, or the strings in a dict or list) without the credentials it holds: what a
+    program prints as JSON is kept (summaries in the run folder) and shown (`--json`)."""
+    if isinstance(value, str):
+        return without_secrets(value)
+    if isinstance(value, dict):
+        return {key: scrubbed(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [scrubbed(item) for item in value]
     return value
 
 
@@ -195,7 +216,7 @@ def transient(error: BaseException) -> bool:
 
 def store_answer(error: BaseException) -> tuple[str | None, int | None]:
     """(error code, HTTP status) of a store's answer: botocore's ClientError, gcsfs's HttpError,
-    google-api-core's errors; (None, None) for anything else."""
+    google-api-core's errors, aiohttp's ClientResponseError; (None, None) for anything else."""
     response = getattr(error, "response", None)
     if isinstance(response, dict) and isinstance(response.get("Error"), dict):  # botocore's ClientError
         code = response["Error"].get("Code")
@@ -206,6 +227,9 @@ def store_answer(error: BaseException) -> tuple[str | None, int | None]:
         return code, status
     status = getattr(error, "code", None)
     if type(error).__module__.startswith(("gcsfs", "google.api_core")) and isinstance(status, int):
+        return None, status
+    status = getattr(error, "status", None)
+    if type(error).__module__.startswith("aiohttp") and isinstance(status, int):  # a web server's answer
         return None, status
     return None, None
 

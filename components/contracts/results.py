@@ -11,9 +11,9 @@ import json
 import typing
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
-from components.common.files import read_json, write_json
+from components.common.files import read_bytes, write_json
 
 
 class ResultError(ValueError):
@@ -47,15 +47,20 @@ def load_json(uri: str):
     """The JSON value in the file at `uri`. A file that is not one (not UTF-8, not JSON, nested deeper than Python's
     parser goes, or a folder) is a ResultError naming it: every reader of ROOT's files ends in one line, not a traceback."""
     try:
-        return read_json(uri)
+        return parse_json(read_bytes(uri), uri)
+    except IsADirectoryError:
+        raise ResultError(f"{uri} is a folder, not a file") from None
+
+
+def parse_json(data: bytes, uri: str):
+    try:  # as load_json reads the file at `uri`
+        return json.loads(data.decode("utf-8"))
     except json.JSONDecodeError as error:
         raise ResultError(f"{uri} is not JSON: {error}") from None
     except UnicodeDecodeError:
         raise ResultError(f"{uri} is not UTF-8 text, so it is not JSON") from None
     except RecursionError:
         raise ResultError(f"{uri} is nested too deep to be one of Stoke's files") from None
-    except IsADirectoryError:
-        raise ResultError(f"{uri} is a folder, not a file") from None
 
 
 def _problems(error: ValidationError) -> str:
@@ -135,6 +140,8 @@ class SpanManifest(Result):
     max_side: int | None = None  # longest side of any image in the span; None: as large as they came
     anomalies: list[Anomaly] = []
     quality: list[QualityFinding] = []  # reported image-quality issues; spans published before have none
+    _sha256: str | None = PrivateAttr(None)  # of the bytes it was read from (Root.read_manifest), which a record names
+    sha256 = property(lambda self: self._sha256)
 
 
 # ---------------------------------------------------------------- a run: training
@@ -322,12 +329,36 @@ class PairedComparison(Result):
     detectable_difference: float  # smallest difference these records detect with 80% power
 
 
+class ClassComparison(Result):
+    """One class's eval records, the candidate against the served version (components/gate/forgetting.py)."""
+
+    label: str
+    example_count: int  # eval records of the class
+    right: int  # records of the class the candidate gets right
+    baseline_right: int  # records of the class the served version gets right
+    discordant: tuple[int, int]  # records only the candidate gets right, records only the served version
+    p_value: float  # McNemar's exact test, one-sided: the candidate is worse
+    threshold: float  # Holm's level for this p-value's rank among the classes
+    verdict: Literal["worse", "within noise", "held"]  # held: no fall beyond max_regression
+
+
+class PerClassComparison(Result):
+    """The guard against forgetting: every class the served version knows, compared on its own records."""
+
+    version: int  # the served version compared with
+    method: str
+    level: float  # family-wise: 1 - confidence, over all the classes together
+    max_regression: float  # a class counts as worse only if it also falls by more than this
+    classes: list[ClassComparison]  # the classes with eval records, in class-id order
+
+
 class Comparison(PairedComparison):
     """The paired comparison with the newest served version, and the rule that decided."""
 
     decision: Literal["evidence", "point"]
     confidence: float
     best_retained: PairedComparison | None = None  # against the retained version most accurate on these records
+    per_class: PerClassComparison | None = None  # None: gate.per_class off, or gated before it existed
 
 
 class Collapse(Result):
@@ -357,7 +388,7 @@ class GateResult(Result):
     thresholds: Thresholds
     serving_check: dict  # components/gate/serving_check.py's report
     labels: list[str]
-    spans: list[int]
+    spans: list[int]  # the spans whose eval records it was gated on: every span the data check lets in
     tfma_uri: str
     tfma_validation_ok: bool
     confusion_matrix_uri: str

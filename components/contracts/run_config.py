@@ -20,23 +20,29 @@ from pydantic_core import PydanticUndefined
 from components.contracts import presets
 from components.contracts.beam_options import BeamArgs
 from components.contracts.config import (
+    MAX_SPAN,
     SETTINGS_CONFIG,
     DataCheckConfig,
     GateConfig,
     IngestConfig,
     PreflightConfig,
     PushConfig,
+    RootLocation,
     RunId,
+    RunsConfig,
     ServedModelName,
     ShardCacheConfig,
+    SourceLocation,
     TrainConfig,
 )
 from components.contracts.stages import STAGES, Stage, stage
 
+MAX_TIMEOUT_MINUTES = 30 * 24 * 60  # a stage that may run for a month
 Timeouts = create_model(
     "Timeouts", __config__=ConfigDict(extra="forbid", allow_inf_nan=False),
     __doc__="Minutes each stage program may run before it is stopped (SIGTERM, then SIGKILL).",
-    **{s.name: (float, Field(s.timeout_minutes, gt=0, description=f"minutes for {s.name}")) for s in STAGES})
+    **{s.name: (float, Field(s.timeout_minutes, gt=0, le=MAX_TIMEOUT_MINUTES, description=f"minutes for {s.name}"))
+       for s in STAGES})
 
 
 class RunConfig(BaseModel):
@@ -44,9 +50,9 @@ class RunConfig(BaseModel):
 
     model_config = SETTINGS_CONFIG
 
-    source: str = Field(description="raw images: a folder of class subfolders, or a CSV/JSONL manifest of "
-                        "uri,label[,split]; a local path or an fsspec URI (s3://, gs://)")
-    root: str = Field(description="artifact ROOT: a local path or an fsspec URI (s3://, gs://)")
+    source: SourceLocation = Field(description="raw images: a folder of class subfolders, or a CSV/JSONL manifest "
+                                   "of uri,label[,split]; a local path, file://, s3://, gs:// or http(s)://")
+    root: RootLocation = Field(description="artifact ROOT: a local path, file://, s3:// or gs://")
     model_name: ServedModelName = Field("stoke", description="model in ROOT/models that the run gates against "
                                         "and pushes to (TF Serving's model name)")
     preset: presets.PresetName = Field(
@@ -55,6 +61,7 @@ class RunConfig(BaseModel):
         "minutes: small_cnn from scratch at 64 px, flips, at least 600 steps) or demo (the digits of `make run`: "
         "small_cnn at 32 px, no flips, 8 epochs, batch 32)")
     shard_cache: ShardCacheConfig = ShardCacheConfig()
+    runs: RunsConfig = RunsConfig()
     beam_args: BeamArgs = Field([], description="Beam options of the run's ingest, --NAME=VALUE, among those that "
                                 "size its runner (the runner itself belongs to the deployment)")
     timeouts: Timeouts = Timeouts()
@@ -79,7 +86,7 @@ RUN_FACTS = {
                                    "run (default: a new one)")),
     "arrived": (str | None, Field(None, description="a file of URIs in SOURCE, one a line, that bucket "
                                   "notifications announced: only these are read, instead of listing all of SOURCE")),
-    "span": (int | None, Field(None, gt=0, description="span to check (default: the newest published)")),
+    "span": (int | None, Field(None, gt=0, le=MAX_SPAN, description="span to check (default: the newest published)")),
 }
 
 

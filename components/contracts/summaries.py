@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from pydantic import ConfigDict
+from pydantic import ConfigDict, Field
 
 from components.contracts.label_check import LabelCheck, SuspectedLabel
 from components.contracts.results import (
@@ -66,6 +66,7 @@ class NearDuplicates(Result):
     moved: int = 0  # of them, records that joined their original's split instead of their own
     set_aside: int = 0  # of them, records set aside (ingest.near_copies set_aside)
     across: int = 0  # of them, records left in the other split: a manifest gave both splits, or report
+    crowded: int = 0  # new records in crowds of pictures alike at 9x8 (near_lookup.CROWD): judged by block colours
     warning: str | None = None  # following them moved the eval share far from ingest.eval_fraction
 
 
@@ -147,6 +148,15 @@ class ServingLabels(Result):
     canary: int
 
 
+class SetAside(Result):
+    """A child of the model repository that TF Serving would take for a version and Stoke does not,
+    renamed out of TF Serving's sight (components/common/model_folders.py)."""
+
+    name: str
+    moved_to: str
+    reason: str
+
+
 class PushSummary(Summary):
     """Push: a new version (`pushed`); a run pushed before (`already_pushed`, `message`); or a refusal (`error`)."""
 
@@ -165,6 +175,7 @@ class PushSummary(Summary):
     versions: list[int] | None = None
     retired: list[int] | None = None
     cleaned_partial: list[str] | None = None
+    set_aside: list[SetAside] | None = None
     serving_image: str | None = None
     trained_tensorflow: str | None = None
     labels: ServingLabels | None = None
@@ -178,8 +189,8 @@ class DataAnomaly(Result):
     """One finding of the data check, as data: the issue (`kind`), how bad, and either the file it is about
     (`file`, with the facts of its issue) or, for a finding about the span as a whole, how many records and a few."""
 
-    kind: Literal["label_conflict", "label_drift", "same_image_flood", "image_size", "rare_class", "no_statistics",
-                  "image_quality", "label_error"]
+    kind: Literal["label_conflict", "label_drift", "new_label", "absent_class", "vanished_class", "same_image_flood",
+                  "image_size", "rare_class", "no_statistics", "span_changed", "image_quality", "label_error"]
     severity: Literal["error", "warning"]
     message: str
     count: int | None = None  # records concerned (None: a property of the whole span)
@@ -188,18 +199,20 @@ class DataAnomaly(Result):
     folders: dict[str, int] = {}  # image_quality: the folders most of them came from, with their records
     file: str | None = None  # the one record (its source URI) this finding is about; None: the span
     label: SuspectedLabel | None = None  # label_error about one file: what it was given, what the model says
+    class_name: str | None = None  # new_label, absent_class, vanished_class: the class it is about
 
 
 # Which data check judged a span, in its record: raise it when the checks change, so records made by
 # an earlier check can be told from today's.
-DATACHECK_VERSION = 2
+DATACHECK_VERSION = 3
 
 
 class DataCheckRecord(Result):
     """ROOT/data/spans/span-N/_DATACHECK.json: the data check's verdict on the span, and the only thing
     that lets training and the gate read it (ok, warning or released; quarantined holds it back, and a
     span without a valid record is not read at all). Rewritten whole, never removed: a release keeps
-    the reasons and anomalies it let in, beside who and when."""
+    the reasons and anomalies it let in, beside who and when. Valid for the manifest it names, with the
+    status its anomalies give (contracts/trust.py)."""
 
     span: int
     check_version: int
@@ -210,6 +223,7 @@ class DataCheckRecord(Result):
     released_by: str | None = None
     released_at: str | None = None
     label_check: LabelCheck | None = None  # None: a record made before the label check
+    manifest_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")  # of the manifest judged; None: made before
 
     def suspected_label_errors(self) -> list[DataAnomaly]:
         """The files the label check flagged (what train.drop_suspected_label_errors leaves out)."""
@@ -249,7 +263,7 @@ class SpanStatus(Result):
     """A row of `stoke spans`."""
 
     span: int
-    status: Literal["ok", "warning", "quarantined", "released", "unchecked"]  # unchecked: not read by training
+    status: Literal["ok", "warning", "quarantined", "released", "unchecked", "changed"]  # the last two: not read
     train: int
     eval: int
     dead_letter: int
@@ -338,6 +352,7 @@ class RunReport(Summary):
     push: PushSummary | None = None  # the summary's keys a report shows, null when the push has none
     datacheck: DataCheckSummary | None = None
     unserved_spans: list[str] = []  # published spans the served model was not trained on, with their status
+    run_folders: str | None = None  # what the retention rule did to ROOT/runs as the run ended (retention.py)
     plots: dict[str, str]  # curves, gpus, confusion_matrix, throughput: PNG URIs
     config: dict | None = None  # the run configuration as config.json records it; None: not recorded
     config_json: str | None = None

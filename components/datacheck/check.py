@@ -4,8 +4,8 @@
 DatasetFeatureStatisticsList of one dataset per split (what ingest writes as
 statistics/Split-<split>/FeatureStats.pb, as TFX's StatisticsGen does); `decide` compares a span's profile with the
 history's and returns the anomalies, each an error (the span is quarantined) or a warning (reported).
-The label-drift measure is TFDV's for categorical features: the L-infinity distance between the
-two distributions, the largest difference of any one class's share.
+The class mix is judged as arrivals come (mix.py): a change of mix warns, a new label or a class gone for
+good quarantines.
 """
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ from components.contracts import schema
 from components.contracts.config import DataCheckConfig
 from components.contracts.results import Anomaly, QualityFinding
 from components.contracts.summaries import DataAnomaly
+from components.datacheck import mix
 
-EXAMPLES = 5  # URIs named per anomaly; the count covers them all
+EXAMPLES = mix.EXAMPLES  # URIs named per anomaly; the count covers them all
 SIZES = {"image/width": "width", "image/height": "height"}
 
 
@@ -68,23 +69,28 @@ def profile(statistics: dict[str, statistics_pb2.DatasetFeatureStatisticsList]) 
     return Profile(labels, ranges, buckets)
 
 
-def decide(span: int, new: Profile, history: list[Profile], config: DataCheckConfig, *, classes: list[str],
+def decide(span: int, new: Profile, history: dict[int, Profile], config: DataCheckConfig, *, classes: list[str],
            conflicts: list[Anomaly] = (), dhashes: dict[str, list[str]] | None = None,
-           quality: list[QualityFinding] = ()) -> Verdict:
-    """Every check of span `span`; without history only those that need none (conflicts, floods,
-    rare classes within the span, image quality). `conflicts` are the manifest's anomalies; `dhashes`
-    maps each dHash of the span to its records' URIs; `quality` are the manifest's quality findings."""
+           quality: list[QualityFinding] = (), examples: dict[str, list[str]] | None = None,
+           gone: dict[int, set[str]] | None = None) -> Verdict:
+    """Every check of span `span` against `history` (span -> profile: the spans the check let in); without
+    history only those that need none (conflicts, floods, rare classes within the span, image quality).
+    `conflicts` are the manifest's anomalies; `dhashes` maps each dHash of the span to its records' URIs;
+    `quality` are the manifest's quality findings; `examples` maps a label to a few of its records' URIs;
+    `gone` maps a released span to the classes its release accepted as gone (mix.released_gone)."""
+    counts = {n: history[n].label_counts() for n in sorted(history)}
     mine = new.label_counts()
-    theirs = sum((h.label_counts() for h in history), Counter())
+    theirs = sum(counts.values(), Counter())
     anomalies = label_conflicts(conflicts)
     drift = None
     if history and sum(mine.values()) and sum(theirs.values()):
-        drift, found = label_drift(span, mine, theirs, config.max_label_drift)
-        anomalies += found
+        drift, shifted = mix.label_drift(span, mine, theirs, config.max_label_drift, mix.past_drifts(counts))
+        anomalies += mix.new_labels(span, mine, theirs, examples or {})
+        anomalies += mix.absent_classes(span, mine, counts, config.vanished_after, gone or {}) + shifted
     anomalies += same_image_flood(dhashes or {}, config.max_same_image_share)
     if history:
-        anomalies += image_sizes(new, history)
-    train = sum((p.label_counts("train") for p in [new, *history]), Counter())
+        anomalies += image_sizes(new, list(history.values()))
+    train = sum((p.label_counts("train") for p in [new, *history.values()]), Counter())
     anomalies += rare_classes(train, classes or sorted(train), config.min_class_examples, bool(history))
     anomalies += image_quality(quality)
     return Verdict(anomalies, dict(sorted(mine.items())), dict(sorted(theirs.items())), drift)
@@ -97,22 +103,6 @@ def label_conflicts(found: list[Anomaly]) -> list[DataAnomaly]:
         message=f"{a.count} new images are copies of images labelled otherwise (e.g. {a.examples[0].uri} labelled "
                 f"{a.examples[0].label!r} is {a.examples[0].duplicate_of} labelled {a.examples[0].other_label!r})")
         for a in found if a.kind == "label_conflict" and a.count and a.examples]
-
-
-def label_drift(span: int, mine: Counter, theirs: Counter, limit: float) -> tuple[float, list[DataAnomaly]]:
-    """The L-infinity distance of the class shares, and an error above `limit` or a warning above half."""
-    total, past = sum(mine.values()), sum(theirs.values())
-    shares = {name: (mine[name] / total, theirs[name] / past) for name in set(mine) | set(theirs)}
-    name, (now, before) = max(sorted(shares.items()), key=lambda item: abs(item[1][0] - item[1][1]))
-    distance = abs(now - before)
-    if distance <= limit / 2:
-        return distance, []
-    severity = "error" if distance > limit else "warning"
-    bound = limit if severity == "error" else limit / 2
-    return distance, [DataAnomaly(
-        kind="label_drift", severity=severity, count=mine[name],
-        message=f"label mix shifted by {distance:.2f} (L-infinity, over {bound:g}): class {name!r} is "
-                f"{now:.0%} of span {span}'s {total} records against {before:.0%} of the history's {past}")]
 
 
 def same_image_flood(dhashes: dict[str, list[str]], limit: float) -> list[DataAnomaly]:

@@ -29,7 +29,7 @@ from components.common.content_index import parse
 from components.common.files import filesystem
 from components.common.store_errors import on_root
 from components.common.trusted_index import verified
-from components.contracts import program, schema
+from components.contracts import program, schema, trust
 from components.contracts.label_check import LabelCheck
 from components.contracts.layout import Root
 from components.contracts.results import ResultError, SpanManifest
@@ -42,8 +42,9 @@ from components.contracts.summaries import (
     SpanCheck,
 )
 from components.datacheck import predictions
-from components.datacheck.check import Verdict, decide, profile
+from components.datacheck.check import EXAMPLES, Verdict, decide, profile
 from components.datacheck.label_errors import judge
+from components.datacheck.mix import released_gone
 
 SHEET = 32  # suspected label errors drawn on the span's sheet, most confident first
 
@@ -71,7 +72,8 @@ def check_spans(config: DataCheckSettings) -> DataCheckSummary:
         return DataCheckSummary(message=f"no published span under {root.spans} to check")
     if config.span is not None and config.span not in published:
         raise DataCheckError(f"span {config.span} is not published under {root.spans}")
-    numbers = [config.span] if config.span is not None else root.unchecked()
+    numbers = [config.span] if config.span is not None else \
+        [n for n, manifest in published.items() if root.check_record(n, manifest.sha256).record is None]
     if not numbers:
         return DataCheckSummary(message=f"every published span under {root.spans} is checked already")
     return DataCheckSummary(spans=[check_span(root, published, n, config) for n in numbers])
@@ -81,20 +83,23 @@ def check_span(root: Root, published: dict[int, SpanManifest], number: int, conf
     """One span against the spans the check lets in now; its record written. Statistics that do not
     describe the span quarantine it; a history span's stop the check, for no span is judged against less."""
     manifest = published[number]
-    let_in = {n: read.record for n in published if n != number and (read := root.check_record(n)).trusted}
+    let_in = {n: read.record for n, m in published.items()
+              if n != number and (read := root.check_record(n, m.sha256)).trusted}
     history = list(let_in)
-    past = [profile(read_statistics(root, published[n])) for n in history]
+    past = {n: profile(read_statistics(root, published[n])) for n in history}
     try:
+        hashes, examples = content(root, number)
         verdict = decide(number, profile(read_statistics(root, manifest)), past, config, classes=manifest.labels,
-                         conflicts=manifest.anomalies or [], dhashes=dhashes(root, number),
-                         quality=manifest.quality)
+                         conflicts=manifest.anomalies or [], dhashes=hashes, quality=manifest.quality,
+                         examples=examples, gone=released_gone(let_in))
     except DataCheckError as error:
         missing = DataAnomaly(kind="no_statistics", severity="error", message=f"{error}; or release the span after a look")
         verdict = Verdict([missing], {}, {}, None)
+    verdict.anomalies += changed_manifest(manifest)
     found, labels = check_labels(root, manifest, config.model_name,
                                  [r.label_check for r in let_in.values() if r.label_check])
     verdict.anomalies += found
-    status = record(root, number, verdict, labels)
+    status = record(root, manifest, verdict, labels)
     return SpanCheck(span=number, status=status, anomalies=verdict.anomalies, history_spans=history,
                      label_counts=verdict.label_counts, history_label_counts=verdict.history_label_counts or None,
                      label_drift=None if verdict.label_drift is None else round(verdict.label_drift, 4),
@@ -123,21 +128,40 @@ def check_labels(root: Root, manifest: SpanManifest, model_name: str, past: list
     return findings, check
 
 
-def record(root: Root, number: int, verdict: Verdict, labels: LabelCheck) -> str:
-    """Writes the span's record; errors quarantine it, unless a valid record says someone released it.
-    Its reasons are the errors about the span as a whole (a finding about one file is among the anomalies)."""
+def record(root: Root, manifest: SpanManifest, verdict: Verdict, labels: LabelCheck) -> str:
+    """Writes the span's record, naming the manifest judged; errors quarantine it, unless a valid record of the
+    same manifest says someone released it. Its reasons are the errors about the span as a whole (a finding
+    about one file is among the anomalies)."""
+    number = manifest.span
     errors = [a for a in verdict.anomalies if a.severity == "error" and a.file is None]
-    earlier = root.check_record(number).record
-    status = "quarantined" if errors else "warning" if verdict.anomalies else "ok"
+    earlier = root.check_record(number, manifest.sha256).record
+    status = trust.verdict(verdict.anomalies)
     kept = {}
     if earlier is not None and earlier.status == "released":
         status, kept = "released", {"released_by": earlier.released_by, "released_at": earlier.released_at,
                                     "reasons": earlier.reasons}
     DataCheckRecord.model_validate({
         "span": number, "check_version": DATACHECK_VERSION, "status": status, "checked_at": clock.now(),
-        "reasons": [e.message for e in errors], "anomalies": verdict.anomalies, "label_check": labels, **kept,
+        "reasons": [e.message for e in errors], "anomalies": verdict.anomalies, "label_check": labels,
+        "manifest_sha256": manifest.sha256, **kept,
     }).write(root.datacheck(number))
     return status
+
+
+def changed_manifest(manifest: SpanManifest) -> list[DataAnomaly]:
+    """An error when the manifest's shards do not hold what it counts, or name a file twice: ingest writes
+    them together, so the manifest was edited after the span was published (a shard dropped from it, say)."""
+    files = [entry.file for entry in manifest.shards]
+    problems = [f"names {name} twice" for name in sorted({f for f in files if files.count(f) > 1})]
+    for split in schema.SPLITS:
+        held, counted = sum(e.records for e in manifest.shards if e.split == split), getattr(manifest.counts, split)
+        if held != counted:
+            problems.append(f"lists {split} shards of {held} records where it counts {counted} {split} records")
+    if not problems:
+        return []
+    return [DataAnomaly(kind="span_changed", severity="error",
+                        message=f"span {manifest.span}'s manifest {'; '.join(problems)}: it was changed after the span "
+                                "was published; restore the span's folder from a backup, or release it after a look")]
 
 
 def read_statistics(root: Root, manifest: SpanManifest) -> dict[str, statistics_pb2.DatasetFeatureStatisticsList]:
@@ -161,15 +185,18 @@ def read_statistics(root: Root, manifest: SpanManifest) -> dict[str, statistics_
     return found
 
 
-def dhashes(root: Root, number: int) -> dict[str, list[str]]:
-    """dHash -> URIs of the span's records, from its content index: checked as it streams, rebuilt
-    from the span's shards where missing or broken (components/common/trusted_index.py)."""
-    def scan(lines) -> dict[str, list[str]]:
-        found = defaultdict(list)
+def content(root: Root, number: int) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """dHash -> URIs of the span's records, and label -> the first URIs of its records, from its content
+    index: checked as it streams, rebuilt from the span's shards where missing or broken
+    (components/common/trusted_index.py)."""
+    def scan(lines) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+        hashes, labels = defaultdict(list), defaultdict(list)
         for line in lines(number):
-            _, dhash, _, _, uri = parse(line)
-            found[dhash].append(uri)
-        return dict(found)
+            _, dhash, _, label, uri = parse(line)
+            hashes[dhash].append(uri)
+            if len(labels[label]) < EXAMPLES:
+                labels[label].append(uri)
+        return dict(hashes), dict(labels)
 
     return verified(root, scan)
 

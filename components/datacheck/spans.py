@@ -1,6 +1,9 @@
 """`stoke spans --root ROOT`: every published span with its data-check status (ok, warning,
-quarantined, released, or unchecked: not read by training), counts, and the files its label check
-flagged as suspected label errors (`labels?`; `-` where the label check did not run).
+quarantined, released, or unchecked: not read by training; or changed: its shards are not the files its
+manifest names, which training and the gate refuse), counts, and the files its label check flagged as
+suspected label errors (`labels?`; `-` where the label check did not run). Shards TensorFlow reads in
+place (a local ROOT) are checked as training checks them: their size, and their SHA-256 once for each
+file as it is (components/common/shard_digests.py); a bucket's are checked as they are copied.
 `stoke spans release N --root ROOT`: lets a quarantined span in, after someone looked at it.
 
 A release rewrites the span's record in one write: status released, who and when, and the reasons and
@@ -12,12 +15,17 @@ from __future__ import annotations
 import getpass
 import socket
 import sys
+from collections import defaultdict
 
-from components.common import clock
+from components.common import clock, shard_digests
+from components.common.cache_folder import CacheError
 from components.common.files import exists
+from components.common.shard_digests import Mismatch, changed_spans
+from components.common.tf_files import tf_reads
 from components.contracts import program
 from components.contracts.layout import Root
 from components.contracts.results import ResultError, SpanManifest
+from components.contracts.schema import SPLITS
 from components.contracts.summaries import SpansSummary, SpanStatus
 
 
@@ -25,10 +33,11 @@ class SpansError(Exception):
     pass
 
 
-def status(root: Root, manifest: SpanManifest) -> SpanStatus:
-    """The span's row: its record's status, or unchecked (with why, when a record is there but is no valid one)."""
+def status(root: Root, manifest: SpanManifest, mismatched: list[Mismatch] = ()) -> SpanStatus:
+    """The span's row: its record's status, or unchecked (with why, when a record is there but is no valid one),
+    or changed when some of its shards (`mismatched`) are not the files its manifest names."""
     number, counts = manifest.span, manifest.counts
-    found = root.check_record(number)
+    found = root.check_record(number, manifest.sha256)
     row = SpanStatus(span=number, status=found.record.status if found.record else "unchecked", train=counts.train,
                      eval=counts.eval, dead_letter=counts.dead_letter)
     if found.record is not None:
@@ -38,11 +47,19 @@ def status(root: Root, manifest: SpanManifest) -> SpanStatus:
         row.label_errors = len(found.record.suspected_label_errors()) if labels and labels.status == "done" else None
     else:
         row.reason = found.problem or "not checked yet: training leaves it out until `stoke datacheck` has"
+    if mismatched:
+        row.status, row.reason = "changed", changed_spans(list(mismatched))
     return row
 
 
 def list_spans(root: Root) -> SpansSummary:
-    return SpansSummary(spans=[status(root, m) for m in root.manifests(checked=False)])
+    manifests = root.manifests(checked=False)
+    mismatched = defaultdict(list)
+    if manifests and tf_reads(root.uri):
+        shards = [s for split in SPLITS for s in root.shards(split, checked=False)]
+        for found in shard_digests.check(shards).mismatched:
+            mismatched[found.shard.span].append(found)
+    return SpansSummary(spans=[status(root, m, mismatched[m.span]) for m in manifests])
 
 
 def release(root: Root, number: int, by: str | None = None) -> SpansSummary:
@@ -59,7 +76,7 @@ def release(root: Root, number: int, by: str | None = None) -> SpansSummary:
     found.record.model_copy(update={
         "status": "released", "released_by": by or f"{getpass.getuser()}@{socket.gethostname()}",
         "released_at": clock.now()}).write(root.datacheck(number))
-    return SpansSummary(released=status(root, SpanManifest.read(root.manifest(number))))
+    return SpansSummary(released=status(root, root.read_manifest(number)))
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -73,7 +90,7 @@ def run(argv: list[str] | None = None) -> int:
         parser.error("release needs the span's number: stoke spans release N --root ROOT")
     root = Root(args.root)
     work = (lambda: release(root, args.span, args.by)) if args.action else (lambda: list_spans(root))
-    return program.main("stoke spans", args.json, work, describe, errors=(SpansError, ResultError, OSError))
+    return program.main("stoke spans", args.json, work, describe, errors=(SpansError, ResultError, CacheError, OSError))
 
 
 def describe(summary: dict) -> str:

@@ -15,6 +15,8 @@ counts and correctness lists: no TensorFlow, no files.
   (the Wald interval does exactly that, and a paired bootstrap has nothing to resample there).
 - detectable difference: Connor's (1987, Biometrics 43:207) sample size for McNemar's test, solved
   for the difference: what n records can detect at the chosen level with 80% power.
+- per class (forgetting.py): McNemar's exact test one-sided, and Holm's (1979, Scand. J. Statist.
+  6:65) step-down procedure over the classes.
 """
 from __future__ import annotations
 
@@ -39,6 +41,31 @@ def mcnemar_exact(b: int, c: int) -> float:
     from scipy.stats import binomtest
 
     return 1.0 if b + c == 0 else float(binomtest(b, b + c, 0.5).pvalue)
+
+
+def mcnemar_exact_worse(b: int, c: int) -> float:
+    """One-sided exact p-value of McNemar's test against "the candidate is worse": at least c successes of
+    b + c trials at 1/2 (the exact conditional test; Fagerland, Lydersen and Laake 2013, BMC Medical
+    Research Methodology 13:91, give its one-sided form as the binomial tail, the two-sided as twice it)."""
+    from scipy.stats import binomtest
+
+    return 1.0 if b + c == 0 else float(binomtest(c, b + c, 0.5, alternative="greater").pvalue)
+
+
+def holm(p_values: Sequence[float], level: float) -> list[tuple[bool, float]]:
+    """Holm's step-down procedure (Holm 1979, "A simple sequentially rejective multiple test procedure"):
+    (rejected, threshold) for each p-value, in the order given. The i-th smallest of m is held to
+    level / (m - i + 1); the hypotheses are rejected in that order until the first that misses its
+    threshold, and none after it. The chance of rejecting any true hypothesis stays at most `level`
+    whatever the tests' dependence, and it rejects everything Bonferroni's level / m does, and more."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])  # stable: ties keep their order
+    out: list[tuple[bool, float]] = [(False, level)] * len(p_values)
+    rejecting = True
+    for rank, i in enumerate(order):
+        threshold = level / (len(p_values) - rank)
+        rejecting = rejecting and p_values[i] <= threshold
+        out[i] = (rejecting, threshold)
+    return out
 
 
 def wilson(successes: int, n: int, z: float) -> tuple[float, float]:

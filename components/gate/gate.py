@@ -1,7 +1,7 @@
 """`python -m components.gate --root ROOT --run-id ID`: the gate between training and serving.
 
-TensorFlow Model Analysis evaluates the candidate on the eval split of the spans it trained on,
-through its tf.Example signature: accuracy, top-k accuracy, accuracy per class (a slice per label)
+TensorFlow Model Analysis evaluates the candidate on the eval split of every span the data check lets in
+(evalset.py), through its tf.Example signature: accuracy, top-k accuracy, accuracy per class (a slice per label)
 and the confusion matrix. The newest version in ROOT/models/<name>/ is evaluated on the same
 records as the baseline. A floor on accuracy (default: beat the share of the most common class, so a
 model that learned nothing is never blessed) is given to TFMA. The comparison with the served
@@ -10,7 +10,8 @@ version is paired: both models answer the same records, one by one (records.py),
 the difference lies below -max_regression, against the newest served version or the retained version
 most accurate on these records; --decision point compares the two accuracies as they are (TFMA then
 holds the same change threshold). When the candidate knows classes the served version does not
-(labels are append-only, so they come last), the two are compared on the classes both know.
+(labels are append-only, so they come last), the two are compared on the classes both know. Class by
+class, a fall below the served version with evidence refuses (forgetting.py), under either decision.
 A candidate that lacks a class the served version answers, or holds them in another order, is
 refused whatever its accuracy (labelset.py: its own labels against the served version's lineage).
 A fresh process then checks the serving contract with the warm-up requests the push will ship.
@@ -29,10 +30,11 @@ import subprocess
 import sys
 import tempfile
 
-from components.common import clock, plots, processes
+from components.common import clock, plots, processes, shard_digests
 from components.common.files import check_writable, exists, filesystem, join, remove, write_text
 from components.common.local_copies import UnsafeKey
-from components.common.repository import SAVED_MODEL, Repository, RepositoryError
+from components.common.model_folders import SAVED_MODEL
+from components.common.repository import Repository, RepositoryError
 from components.common.shard_cache import CacheError, ShardCache
 from components.common.store_errors import on_root
 from components.common.tf_files import local_copy, push, tf_reads
@@ -42,12 +44,15 @@ from components.contracts.results import GateResult, ResultError, TrainMetrics
 from components.contracts.run_config import GateSettings
 from components.gate import records, rule
 from components.gate.decision import Decision, Floor, collapse, decide
+from components.gate.evalset import eval_spans
 from components.gate.labelset import known_classes, label_set_reasons
+from components.gate.loading import named_unloadable
 from components.gate.shards import named_corruption
 from components.gate.tfma import eval_config_for, label_name, read_tfma, run_tfma
 
 # Loading the model, replaying the warm-up and, when there is one, starting the real server.
 SERVING_CHECK_SECONDS = 15 * 60
+DAMAGED_VERSION = "restore it, or take it out of serving (`stoke rollback` takes the newest), then gate again"
 
 
 class GateError(Exception):
@@ -104,7 +109,8 @@ def gate(config: GateSettings) -> dict:
                    eval_label_counts={label_name(inputs.labels, k): v for k, v in sorted(inputs.counts.items())})
     decision = decide(metrics, results.get("baseline"), inputs.served.version, inputs.served.shared, inputs.floor,
                       config.max_regression, serving, results["validation_ok"], results["validation_failures"],
-                      rule.Evidence(config.decision, config.confidence, results["pairs"]),
+                      rule.Evidence(config.decision, config.confidence, results["pairs"],
+                                    inputs.labels if config.per_class else None),
                       label_reasons=inputs.served.refusals)
     return write(config, inputs, metrics, results, serving, decision)
 
@@ -120,14 +126,16 @@ def gather(config: GateSettings) -> GateInputs:
     candidate = run.candidate
     if not exists(join(candidate, SAVED_MODEL)):
         raise GateError(f"run {config.run_id} has no candidate SavedModel at {candidate}")
-    labels, spans = trained.labels, trained.spans
-    try:
+    labels = trained.labels
+    try:  # every checked span's eval records, not only those training read (evalset.py)
+        spans, left_out = eval_spans(root, trained.spans, labels)
         shards = root.shards("eval", spans)
     except SpanNotChecked as exc:  # held back since the run trained on it: its records are no evidence
         raise GateError(f"run {config.run_id} trained on a span the data check does not let in now: {exc}; "
                         "or train again without it") from None
     if not sum(s.records for s in shards):
-        raise GateError(f"spans {spans} of run {config.run_id} have no eval records to gate on")
+        raise GateError(f"spans {spans}, those the data check lets in, have no eval records to gate "
+                        f"run {config.run_id} on")
     shards, staged = _staged(config, shards)
 
     with named_corruption(shards, GateError):
@@ -139,20 +147,29 @@ def gather(config: GateSettings) -> GateInputs:
                       warm_images=warm_images, majority_rate=majority_rate,
                       floor=_floor(config.min_accuracy, majority_count, sum(counts.values()),
                                    label_name(labels, majority_id)),
-                      served=dataclasses.replace(served, notes=served.notes + staged),
+                      served=dataclasses.replace(served, notes=served.notes + left_out + staged),
                       top_k=min(config.top_k, len(labels)))
 
 
 def _staged(config: GateSettings, shards: list[Shard]) -> tuple[list[Shard], list[str]]:
-    """The eval shards where TensorFlow and TFMA read them, and a note when that is the shard cache."""
-    if tf_reads(shards[0].uri):
-        return shards, []
+    """The eval shards where TensorFlow and TFMA read them, each the file its manifest names (checked in place,
+    or copied into the shard cache, which checks its copies), and a note when that is the shard cache."""
     try:
-        staged = ShardCache(config.shard_cache.dir, config.shard_cache.max_gb).stage(shards)
+        if tf_reads(shards[0].uri):
+            mismatched, staged = shard_digests.check(shards, config.shard_cache.dir).mismatched, None
+        else:
+            staged = ShardCache(config.shard_cache.dir, config.shard_cache.max_gb).stage(shards)
+            mismatched = staged.mismatched
     except CacheError as exc:
         raise GateError(str(exc)) from None
-    if staged.corrupt:
-        raise GateError(f"corrupt eval shard: {', '.join(staged.corrupt)}")
+    changed = [m for m in mismatched if not m.damaged]
+    if changed:
+        raise GateError(shard_digests.changed_spans(changed))
+    if mismatched:
+        raise GateError(f"corrupt eval shard: {'; '.join(map(str, mismatched))}; restore or re-ingest the span, "
+                        "then gate again")
+    if staged is None:
+        return shards, []
     return staged.shards, [f"eval shards read through local copies in {staged.folder}: {staged.fetched} copied, "
                            f"{staged.reused} reused"]
 
@@ -167,19 +184,24 @@ def _floor(min_accuracy: float | None, majority_count: int, total: int, majority
 
 
 def _served(repo: Repository, labels: list[str]) -> Served:
-    """The served version to compare with: on every class, on the classes both know, or refused."""
-    version = repo.newest()
+    """The served version to compare with: on every class, on the classes both know, or refused. It is
+    the newest version TF Serving serves once the next push has set strangers aside (repository.py)."""
+    found = repo.survey()
+    version = found.versions[-1] if found.versions else None
+    ignored = [f"{join(repo.uri, name)} is not compared with ({why}); the next push sets it aside"
+               for name, why in found.strangers.items()]
     if version is None:
-        return Served(None, None, None, ["no served version yet: only the accuracy floor applies"])
-    lineages = {v: repo.lineage(v) for v in repo.versions()}
+        return Served(None, None, None, ignored + ["no served version yet: only the accuracy floor applies"])
+    lineages = {v: repo.lineage(v) for v in found.versions}
     known = {v: known_classes(lineage.labels if lineage else None, labels) for v, lineage in lineages.items()}
     retained = {v: (repo.version_uri(v), len(classes)) for v, classes in known.items() if classes is not None}
     served_labels = known[version]
     if served_labels is None:
-        return Served(version, None, None, [], refusals=label_set_reasons(lineages[version].labels, labels, version))
+        return Served(version, None, None, ignored,
+                      refusals=label_set_reasons(lineages[version].labels, labels, version))
     if served_labels == list(labels):
-        return Served(version, repo.version_uri(version), None, [], retained)
-    return Served(version, repo.version_uri(version), served_labels, [
+        return Served(version, repo.version_uri(version), None, ignored, retained)
+    return Served(version, repo.version_uri(version), served_labels, ignored + [
         f"the label set grew (served version {version} knows {len(served_labels)} classes, the "
         f"candidate added {', '.join(labels[len(served_labels):])}): compared on the {len(served_labels)} "
         "classes both know"], retained)
@@ -197,16 +219,20 @@ def evaluate(config: GateSettings, inputs: GateInputs) -> tuple[dict, dict]:
         models = {"candidate": local_copy(inputs.candidate, scratch, "candidate")}
         if served.uri:
             models["baseline"] = local_copy(served.uri, scratch, "baseline")
+        versions = {version: (models["baseline"] if version == served.version else
+                              local_copy(uri, scratch, f"version-{version}"), known)
+                    for version, (uri, known) in served.retained.items()} if served.uri else {}
+        suspects = {f"the candidate ({inputs.candidate})": (models["candidate"], "train again")}
+        for version, (path, _) in versions.items():
+            which = "served" if version == served.version else "retained"
+            suspects[f"the {which} version {version} ({served.retained[version][0]})"] = (path, DAMAGED_VERSION)
         # TFMA writes and reads its output through TensorFlow's file systems too.
         output = run.tfma if tf_reads(run.tfma) else os.path.join(scratch, "tfma")
-        with named_corruption(inputs.shards, GateError):
+        with named_unloadable(suspects, GateError), named_corruption(inputs.shards, GateError):
             run_tfma(eval_config, models, inputs.shards, output)
             results = read_tfma(output, inputs.labels, inputs.top_k)
             if output != run.tfma:
                 push(output, run.tfma)
-            versions = {version: (models["baseline"] if version == served.version else
-                                  local_copy(uri, scratch, f"version-{version}"), known)
-                        for version, (uri, known) in served.retained.items()} if served.uri else {}
             results["pairs"] = records.pairs(models["candidate"], versions, inputs.shards) if versions else {}
 
         _write_warmup(run.warmup, inputs.warm_images, config.model_name)

@@ -17,9 +17,10 @@ EPSILON = 1e-12
 @dataclasses.dataclass(frozen=True)
 class Evidence:
     """Per-record correctness for the paired comparison, and the rule that weighs it."""
-    decision: str  # "evidence" or "point" (the comparison is then recorded, not used)
+    decision: str  # "evidence" or "point" (the overall comparison is then recorded, not used; the per-class rule holds)
     confidence: float
-    pairs: dict  # served version -> (candidate right, version right), on the records both know
+    pairs: dict  # served version -> (candidate right, version right, class id) lists, on the records both know
+    classes: list[str] | None = None  # class names by id: the per-class rule's (forgetting.py); None: off
 
 
 def comparison(evidence: Evidence | None, served_version: int | None) -> dict | None:
@@ -27,7 +28,7 @@ def comparison(evidence: Evidence | None, served_version: int | None) -> dict | 
     when another retained version is more accurate on these records. None without per-record data."""
     if evidence is None or served_version not in evidence.pairs:
         return None
-    against = {version: {"version": version, **stats.compare(*pair, evidence.confidence)}
+    against = {version: {"version": version, **stats.compare(pair[0], pair[1], evidence.confidence)}
                for version, pair in evidence.pairs.items()}
     newest = against.pop(served_version)
     best = max(against.values(), key=lambda c: (c["baseline_accuracy"], c["version"]), default=None)

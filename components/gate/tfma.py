@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import json
 
+from components.common.quiet_beam import quiet_unless_debugging
 from components.contracts import schema
 
 
@@ -55,7 +56,8 @@ def run_tfma(eval_config, models: dict[str, str], shards, output_uri: str) -> No
     to_arrow = tf_example_record.TFExampleBeamRecord(
         physical_format="tfrecord", raw_record_column_name=tfma.ARROW_INPUT_COLUMN,
         telemetry_descriptors=["stoke"])
-    with beam.Pipeline(runner="DirectRunner") as pipeline:
+    # A model that fails to load fails in every worker: each logs its traceback, the gate says it in one line.
+    with quiet_unless_debugging(), beam.Pipeline(runner="DirectRunner") as pipeline:
         reads = [pipeline | f"Read{i}" >> beam.io.ReadFromTFRecord(
                     shard.uri, compression_type=codecs[shard.compression], validate=False)
                  for i, shard in enumerate(shards)]

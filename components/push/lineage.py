@@ -6,8 +6,10 @@ survives deleted runs and retired versions. Without VERSION: the newest served v
 """
 from __future__ import annotations
 
+import argparse
 import sys
 
+from components.common.model_folders import MAX_VERSION, version_number
 from components.common.repository import Repository, RepositoryError
 from components.contracts import program
 from components.contracts.results import ResultError
@@ -47,9 +49,17 @@ def render_text(record: dict) -> str:
     return "\n".join(lines)
 
 
+def _version(text: str) -> int:
+    """A version as Stoke writes them: int() would also take '٣' or '０１' for 3 and 1."""
+    number = version_number(text)
+    if number is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is no version number (ASCII digits, at most {MAX_VERSION})")
+    return number
+
+
 def run(argv: list[str] | None = None) -> int:
     parser = program.arguments("stoke lineage", __doc__)
-    parser.add_argument("version", nargs="?", type=int, default=None, help="version (default: newest served)")
+    parser.add_argument("version", nargs="?", type=_version, default=None, help="version (default: newest served)")
     parser.add_argument("--root", required=True, help="artifact ROOT: local path or fsspec URI")
     parser.add_argument("--model-name", default="stoke", help="model in ROOT/models (default: stoke)")
     args = parser.parse_args(argv)

@@ -14,6 +14,7 @@ import tempfile
 from components.common.files import filesystem
 from components.common.image_header import ImageRefused, open_image
 from components.common.local_copies import UnsafeKey
+from components.common.model_folders import loadable, survey
 from components.common.serving import PredictError, rest_predict
 from components.common.tf_files import local_copy
 from components.contracts import program
@@ -33,14 +34,13 @@ def check_image(name: str, data: bytes) -> None:
 
 
 def resolve_model_dir(target: str) -> str:
-    """A SavedModel folder as given, or the newest integer version inside a model repository folder."""
+    """A SavedModel folder as given, or the newest version inside a model repository folder (a
+    version as push and the gate read it: components/common/model_folders.py)."""
     fs, path = filesystem(target)
-    if fs.exists(posixpath.join(path, "saved_model.pb")):
-        return target
     if fs.isdir(path):
-        versions = sorted(int(posixpath.basename(p.rstrip("/"))) for p in fs.ls(path, detail=False)
-                          if posixpath.basename(p.rstrip("/")).isdigit()
-                          and fs.exists(posixpath.join(p, "saved_model.pb")))
+        if loadable(posixpath.basename(p.rstrip("/")) for p in fs.ls(path, detail=False)):
+            return target
+        versions = survey(fs, path).versions
         if versions:
             return posixpath.join(target.rstrip("/"), str(versions[-1]))
     raise PredictError(f"{target} is neither a SavedModel folder nor a model repository with versions")

@@ -28,6 +28,7 @@ from components.contracts.layout import WARMUP_FILE, Root, RunDir
 from components.contracts.lineage import Blessing, Lineage, LineageSpan, Pushed, PushIntent, Training
 from components.contracts.results import GateResult, ResultError, SpanManifest, TrainMetrics
 from components.contracts.run_config import PushSettings
+from components.contracts.secrets import without_secrets
 from components.contracts.summaries import PushSummary
 from components.push.serving_image import ServingError
 
@@ -48,7 +49,9 @@ def _describe(summary: dict) -> str:
         return summary["message"]
     return (f"pushed {summary['run_id']} as version {summary['version']} of {summary['model_name']}: "
             f"{summary['model_uri']}\n  build: {summary['commands']['docker_build']}\n"
-            f"  run:   {summary['commands']['docker_run']}")
+            f"  run:   {summary['commands']['docker_run']}"
+            + "".join(f"\n  set aside {aside['name']!r} as {aside['moved_to']}: {aside['reason']}"
+                      for aside in summary.get("set_aside") or []))
 
 
 def push(config: PushSettings) -> PushSummary:
@@ -102,7 +105,7 @@ def _publish(config: PushSettings, root: Root, run: RunDir, repo: Repository, va
     """The part of a push that changes the repository; the caller holds its lock."""
     from components.push import serving_image as serving
 
-    cleaned = repo.remove_partial()
+    tidied = repo.tidy()
     newest = repo.newest()
     if newest != validation.served_version:
         raise PushError(f"run {config.run_id} was validated while version {validation.served_version} "
@@ -135,7 +138,8 @@ def _publish(config: PushSettings, root: Root, run: RunDir, repo: Repository, va
         previous_version=newest,
         versions=rendered["versions"],
         retired=retired,
-        cleaned_partial=cleaned,
+        cleaned_partial=tidied.removed,
+        set_aside=tidied.set_aside,
         serving_uri=rendered["serving_uri"],
         serving_image=rendered["serving_image"],
         trained_tensorflow=trained_tf,
@@ -176,7 +180,8 @@ def build_lineage(root: Root, config: PushSettings, validation: GateResult, vers
         raw = fs.cat_file(path)
         manifest = SpanManifest.check(json.loads(raw), manifest_uri)
         spans.append(LineageSpan(span=manifest.span, manifest_uri=manifest_uri,
-                                 manifest_sha256=hashlib.sha256(raw).hexdigest(), source=manifest.source,
+                                 manifest_sha256=hashlib.sha256(raw).hexdigest(),
+                                 source=without_secrets(manifest.source),  # a span published before names kept it
                                  created=manifest.created, counts=manifest.counts, sources=len(manifest.sources)))
     return Lineage(
         model_name=config.model_name,

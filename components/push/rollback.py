@@ -3,7 +3,9 @@
 The version folder is renamed to `rolled-back-<version>` (never deleted), so TF Serving, which
 only loads integer names, falls back to the previous version; the reason and time go into the
 version's lineage, and ROOT/serving is rendered again without it, all under the repository's
-lock (Repository.lock()). The only version is never removed: a server with nothing to serve is worse than the model it had.
+lock (Repository.lock()). The newest version is the one TF Serving serves: what the server would
+take for a version and Stoke does not is set aside first (Repository.tidy()). The only version is
+never removed: a server with nothing to serve is worse than the model it had.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ def rollback(root: str, model_name: str = "stoke", reason: str | None = None) ->
     base = Root(root)
     repo = Repository(base, model_name)
     with repo.lock("rollback"):
-        repo.remove_partial()
+        tidied = repo.tidy()
         versions = repo.versions()
         if not versions:
             raise RepositoryError(f"{repo.uri} holds no version to roll back")
@@ -31,7 +33,7 @@ def rollback(root: str, model_name: str = "stoke", reason: str | None = None) ->
                                   "refusing to leave TF Serving with nothing to serve")
         newest = versions[-1]
         when = clock.now()
-        aside = repo.set_aside(newest)
+        aside = repo.take_out(newest)
         rolled_back = RolledBack(at=when, reason=reason or "no reason given", moved_to=aside, serving_now=versions[-2])
         lineage = repo.lineage(newest)
         if lineage is None:  # a version Stoke did not push: record the rollback alone
@@ -42,7 +44,8 @@ def rollback(root: str, model_name: str = "stoke", reason: str | None = None) ->
         rendered = render(base, model_name)
     return {"rolled_back": newest, "moved_to": aside, "serving_version": versions[-2], "reason": reason,
             "at": when, "versions": rendered["versions"], "serving_uri": rendered["serving_uri"],
-            "commands": rendered["commands"], "model_name": model_name}
+            "commands": rendered["commands"], "model_name": model_name,
+            "set_aside": [aside.to_json() for aside in tidied.set_aside]}
 
 
 def run(argv: list[str] | None = None) -> int:

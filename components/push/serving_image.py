@@ -17,9 +17,11 @@ from importlib import resources
 
 from components.common import processes
 from components.common.files import filesystem, is_local, join, write_json
-from components.common.repository import SAVED_MODEL, Repository
+from components.common.model_folders import SAVED_MODEL, SAVED_MODEL_TEXT, SERVING_FILES
+from components.common.repository import ASSETS_EXTRA, LINEAGE_FILE, Repository
 from components.common.serving import SERVING_IMAGE, SERVING_VERSION, docker_engine
 from components.contracts.layout import Root
+from components.contracts.secrets import without_secrets
 
 METRICS_PATH = "/monitoring/prometheus/metrics"
 GRPC_PORT = 8500
@@ -52,10 +54,20 @@ def check_server_version(trained_tf: str, serving_version: str = SERVING_VERSION
 
 
 def saved_model_tf_version(model_uri: str) -> str:
-    """The TensorFlow version recorded in a SavedModel's MetaGraphDef."""
+    """The TensorFlow version recorded in a SavedModel's MetaGraphDef, from either form TF Serving loads."""
+    from google.protobuf import message, text_format
+
     fs, path = filesystem(model_uri)
     proto = _saved_model_view()()
-    proto.ParseFromString(fs.cat_file(posixpath.join(path, SAVED_MODEL)))
+    binary = posixpath.join(path, SAVED_MODEL)
+    try:
+        if fs.exists(binary):
+            proto.ParseFromString(fs.cat_file(binary))
+        else:  # the view knows three fields: the text form's others are skipped, as the binary's are
+            text_format.Parse(fs.cat_file(posixpath.join(path, SAVED_MODEL_TEXT)).decode("utf-8", "replace"), proto,
+                              allow_unknown_field=True, allow_unknown_extension=True)
+    except (message.DecodeError, text_format.ParseError) as error:
+        raise ServingError(f"{model_uri} holds no SavedModel TensorFlow can read ({str(error)[:200]})") from None
     return proto.meta_graphs[0].meta_info_def.tensorflow_version if proto.meta_graphs else ""
 
 
@@ -172,7 +184,8 @@ def render(root: Root | str, model_name: str) -> dict:
 
 def _mirror_versions(repo: Repository, versions: list[int], fs, target: str) -> None:
     """Makes target/<v> match the kept versions: hard links on one local disk (no second copy of
-    the weights), copies elsewhere; saved_model.pb last, as in the repository."""
+    the weights), copies elsewhere; saved_model.pb (or .pbtxt) last, as in the repository. Each lineage is
+    written without credentials (`_lineage_copy`): the image holds what the context holds."""
     import os
 
     fs.makedirs(target, exist_ok=True)
@@ -182,13 +195,17 @@ def _mirror_versions(repo: Repository, versions: list[int], fs, target: str) -> 
         fs.rm(posixpath.join(target, name), recursive=True)
     for version in versions:
         dest = posixpath.join(target, str(version))
-        if fs.exists(posixpath.join(dest, SAVED_MODEL)):
+        if any(fs.exists(posixpath.join(dest, name)) for name in SERVING_FILES):
+            _lineage_copy(fs, posixpath.join(repo.path, str(version)), dest)  # mirrored by an older push
             continue
         source = posixpath.join(repo.path, str(version))
-        files = sorted(fs.find(source), key=lambda p: p.endswith("/" + SAVED_MODEL))
+        files = sorted(fs.find(source), key=lambda p: posixpath.relpath(p, source) in SERVING_FILES)
         for path in files:
             out = posixpath.join(dest, posixpath.relpath(path, source))
             fs.makedirs(posixpath.dirname(out), exist_ok=True)
+            if out.endswith(LINEAGE):
+                _lineage_copy(fs, source, dest)
+                continue
             if is_local(fs):
                 try:
                     os.link(path, out)
@@ -196,6 +213,23 @@ def _mirror_versions(repo: Repository, versions: list[int], fs, target: str) -> 
                 except OSError:
                     pass
             fs.copy(path, out)
+
+
+LINEAGE = f"/{ASSETS_EXTRA}/{LINEAGE_FILE}"
+
+
+def _lineage_copy(fs, version: str, dest: str) -> None:
+    """The version's lineage in the context, written (never linked) without the credentials a version
+    pushed before Stoke kept them out may hold in its spans' SOURCE."""
+    source, out = version + LINEAGE, dest + LINEAGE
+    if not fs.exists(source):
+        return
+    text = fs.cat_file(source).decode()
+    if fs.exists(out):
+        if fs.cat_file(out).decode() == without_secrets(text):
+            return
+        fs.rm(out)  # a hard link to the version's own file: writing through it would change the version
+    fs.pipe_file(out, without_secrets(text).encode())
 
 
 def build_image(serving_uri: str, command: str) -> dict:

@@ -50,6 +50,9 @@ def section(data: DataCheckSummary | None, ingest: IngestSummary | None, root: s
             lines += [f"**Held back**: span {check.span} is quarantined and this run trained without it. After a "
                       f"look at the examples below, let it in with `stoke spans release {check.span} --root {root}`.",
                       ""]
+        elif check.status == "warning":
+            lines += [f"Let in with its warnings: span {check.span} is trained on (a warning, such as a change of "
+                      "class mix, never holds a span back).", ""]
         newest = plots if check is data.spans[-1] else {}
         lines += anomalies(check) + label_errors(check, newest) + labels(check, newest)
     if data is not None and not data.spans:
@@ -132,4 +135,7 @@ def kept_out(ingest: IngestSummary | None) -> list[str]:
                      f"{near.moved} joined their original's split, {near.set_aside} set aside, {near.across} left in "
                      f"the other split; e.g. `{pair.uri}` ({pair.split}) and `{pair.other_uri}` ({pair.other_split}), "
                      f"{pair.distance} bits apart{' as mirror images' if pair.mirrored else ''}.")
+    if near and near.crowded:
+        lines.append(f"Images among pictures alike at dHash's 9x8 (a fixed camera, scans, products on white): "
+                     f"{near.crowded}; judged by their block colours, the distinct ones kept their own split.")
     return lines + [""]

@@ -14,8 +14,9 @@ from components.common import plots as draw
 from components.common.files import exists, read_json, write_text
 from components.contracts import stages
 from components.contracts.layout import Root, RunDir
-from components.contracts.program import printable
+from components.contracts.program import printable, scrubbed
 from components.contracts.results import Comparison, GateMetrics, GateResult, TrainMetrics
+from components.contracts.retention import RetentionSummary
 from components.contracts.summaries import PushSummary, RunReport
 from components.report import datacheck as datacheck_section
 from components.report.alerts import alerts
@@ -29,7 +30,7 @@ INGEST_KEYS = {"published", "span", "span_uri", "counts", "new_sources", "images
                "dead_letters", "dead_letter_uri", "message", "error", "duplicates", "near_duplicates", "set_aside",
                "quality"}
 PUSH_KEYS = {"pushed", "already_pushed", "version", "previous_version", "model_uri", "serving_uri", "commands",
-             "image", "retired", "message"}
+             "image", "retired", "set_aside", "message"}
 
 
 def build_report(run: RunDir, skipped: str | None = None, failed: str | None = None) -> RunReport:
@@ -84,6 +85,7 @@ def build_report(run: RunDir, skipped: str | None = None, failed: str | None = N
         report.push = push.model_dump(include=PUSH_KEYS)
     report.datacheck = datacheck
     report.unserved_spans = _unserved(run, config)
+    report.run_folders = _run_folders(run, report.alerts)
     report.plots = {**_plots(run, report, train, gate), **datacheck_section.plot(run, datacheck)}
     return report
 
@@ -92,7 +94,8 @@ def write_report(run: RunDir, skipped: str | None = None, failed: str | None = N
     """Builds the report and writes report.json, report.md and plots into the run folder.
 
     Returns {"summary": the report as JSON, "markdown": report.md's text, "report_md": its URI}."""
-    report = build_report(run, skipped, failed)
+    # Without credentials: a span or version published before Stoke kept them out may still hold SOURCE's.
+    report = RunReport.model_validate(scrubbed(build_report(run, skipped, failed).to_json()))
     # Names in the markdown cannot carry escapes.
     markdown = render_markdown(RunReport.model_validate(printable(report.to_json())))
     write_text(run.report_md, markdown)
@@ -148,7 +151,7 @@ def render_markdown(report: RunReport) -> str:
             if report.plots.get("comparison"):
                 lines += [f"![paired difference]({os.path.basename(report.plots['comparison'])})", ""]
         lines += _metrics_table(v.metrics, len(v.labels))
-        lines += _per_class_table(v.metrics)
+        lines += _per_class_table(v.metrics, v.comparison)
         if report.plots.get("confusion_matrix"):
             lines += [f"![confusion matrix]({os.path.basename(report.plots['confusion_matrix'])})", ""]
     if report.push is not None:
@@ -157,8 +160,11 @@ def render_markdown(report: RunReport) -> str:
                   f"; serving image build context `{p.serving_uri}`"
                   + ("; image built." if p.image and p.image.built else
                      f"; image not built ({p.image.reason or 'no container engine'})." if p.image else "."), ""]
+        lines += [f"Set aside `{a.name}` as `{a.moved_to}`: {a.reason}." for a in p.set_aside or []]
+        lines += [""] if p.set_aside else []
         if p.commands:
             lines += ["```sh"] + [f"# {name}\n{cmd}" for name, cmd in p.commands.to_json().items()] + ["```", ""]
+    lines += ["## Run folders", "", report.run_folders, ""] if report.run_folders else []
     if report.config is not None:
         lines += ["## Configuration", "", f"What the run was asked to do, resolved: [`config.json`]({report.config_json}) "
                   "(`stoke run ... --config` it to run the same elsewhere).", "",
@@ -267,12 +273,37 @@ def _metrics_table(metrics: GateMetrics, classes: int) -> list[str]:
     return ["| metric | value |", "| --- | --- |"] + [f"| {k} | {figure(v, 4)} |" for k, v in sorted(scalars.items())] + [""]
 
 
-def _per_class_table(metrics: GateMetrics) -> list[str]:
+# The guard against forgetting's verdicts (components/gate/forgetting.py), as the table says them.
+CLASS_VERDICTS = {"worse": "**worse**: a reason to refuse", "within noise": "fell, within noise", "held": "held"}
+
+
+def _per_class_table(metrics: GateMetrics, comparison: Comparison | None) -> list[str]:
+    """Accuracy per class and, when the gate compared class by class, the served version's beside it
+    with the figures of the guard against forgetting and its verdict."""
     accuracy, examples = metrics.per_class_accuracy, metrics.per_class_examples
     if not accuracy:
         return []
-    lines = ["| class | eval examples | accuracy |", "| --- | --- | --- |"]
-    lines += [f"| {name} | {examples.get(name, '-')} | {figure(value, 4)} |" for name, value in sorted(accuracy.items())]
+    table = comparison.per_class if comparison is not None else None
+    if table is None:
+        lines = ["| class | eval examples | accuracy |", "| --- | --- | --- |"]
+        lines += [f"| {name} | {examples.get(name, '-')} | {figure(value, 4)} |" for name, value in sorted(accuracy.items())]
+        return lines + [""]
+    rows = {row.label: row for row in table.classes}
+    lines = [f"Class by class against served version {table.version}: McNemar's exact one-sided test on each class's "
+             f"records, Holm's step-down over the {len(rows)} classes at {table.level:g}; a class is worse when its fall "
+             f"is significant and beyond the allowed regression {table.max_regression:g}.", "",
+             "| class | eval examples | accuracy | served | only candidate right / only served right | p, one-sided "
+             "| Holm threshold | verdict |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, value in sorted(accuracy.items()):
+        row = rows.get(name)
+        if row is None:  # a class the served version does not know
+            lines.append(f"| {name} | {examples.get(name, '-')} | {figure(value, 4)} | - | - | - | - | new: not compared |")
+            continue
+        n, (b, c) = row.example_count, row.discordant
+        lines.append(f"| {name} | {n} | {figure(value, 4)} ({row.right}/{n}) | {figure(row.baseline_right / n, 4)} "
+                     f"({row.baseline_right}/{n}) | {b} / {c} | {row.p_value:.2g} | {row.threshold:.2g} "
+                     f"| {CLASS_VERDICTS[row.verdict]} |")
     return lines + [""]
 
 
@@ -335,6 +366,17 @@ def _unserved(run: RunDir, config: dict | None) -> list[str]:
         return [f"{n} ({record.status if record else 'unchecked'})" for n, record in records.items()]
     except (OSError, ValueError):
         return []
+
+
+def _run_folders(run: RunDir, alerts: list[str]) -> str | None:
+    """What the retention rule did as the run ended, in words; a prune that failed is also an alert."""
+    try:
+        summary = RetentionSummary.read(run.retention) if exists(run.retention) else None
+    except (OSError, ValueError):
+        summary = None  # a record of the prune, not of the run: the report stands without it
+    if summary is not None and summary.error:
+        alerts.append(summary.in_words())
+    return summary.in_words() if summary is not None else None
 
 
 def _train_records(run: RunDir, train: TrainMetrics | None) -> int | None:

@@ -186,7 +186,9 @@ class PipelineOptions:
     image_size: int
     batch_size: int  # per input pipeline (per replica under a strategy)
     training: bool
-    cache: str | None = None  # None: no cache; "memory"; or a file path prefix
+    # None: no cache; "memory"; or the name of tf.data's file cache, used as given: one bound to what it holds
+    # (components/train/image_cache.py names it for the shards, these options and the input pipeline)
+    cache: str | None = None
     skip_corrupt: bool = False
     flip: bool = True  # random horizontal flips when training
     shuffle_buffer: int = 2048
@@ -211,8 +213,6 @@ def make_dataset(shards: list[Shard], options: PipelineOptions,
     pipeline_id = input_context.input_pipeline_id if input_context else 0
     records = _records(shards, options, pipelines, pipeline_id)
     cache = options.cache
-    if cache not in (None, "memory") and pipelines > 1:
-        cache = f"{cache}-{pipeline_id}"  # workers sharing a folder must not share cache files
     if options.training:
         dataset = _decoded(records, options) if cache is None else _decoded_cached(records, options, cache)
         dataset = dataset.repeat() if options.repeat else dataset

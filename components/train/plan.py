@@ -12,9 +12,11 @@ import sys
 import tensorflow as tf
 import tf_keras as keras
 
+from components.common import shard_digests
 from components.common.files import check_writable, exists
 from components.common.shard_cache import CacheError
 from components.common.shard_scan import scan_shards
+from components.common.tf_files import tf_reads
 from components.contracts.config import DEFAULT_BATCH, MIN_STEPS_PER_EPOCH, SMALL_BATCH
 from components.contracts.layout import Root, RunDir, Shard, SpanNotChecked, new_run_id, parse_spans
 from components.contracts.run_config import TrainSettings
@@ -67,17 +69,18 @@ class RunPlan:
 
 def resolve(config: TrainSettings) -> RunPlan:
     """The plan of the run `config` asks for, or a TrainError saying why it cannot run."""
-    from components.train import eval_batches, phases, remote_root
+    from components.train import eval_batches, image_cache, phases, remote_root
     from components.train.weights import initial_weights
 
+    if image_cache.refusal(config.image_cache):
+        raise TrainError(image_cache.refusal(config.image_cache))
     placement = place(config)
     service = data_service(config)
     run, train_shards, eval_shards, labels = find_data(config)
     # Before staging a shard or building a dataset: a run that cannot have its weights stops in seconds.
     start = initial_weights(config.weights, config.network)
     try:
-        train_shards, eval_shards, staging = remote_root.stage(config, train_shards, eval_shards,
-                                                               placement.workers, placement.pipeline)
+        train_shards, eval_shards, staging = as_published(config, train_shards, eval_shards, placement)
         work = remote_root.work_dir(config, run)
     except CacheError as exc:
         raise TrainError(str(exc)) from None
@@ -173,12 +176,15 @@ def find_data(config: TrainSettings) -> tuple[RunDir, list[Shard], list[Shard], 
         eval_shards = root.shards("eval", spans)
     except SpanNotChecked as exc:
         raise TrainError(str(exc)) from None
+    # Spans without a valid record (never checked, or their manifest changed since) are left out, and said so.
+    unchecked = [read.refusal(root.uri) for n in root.published() if (spans is None or n in spans)
+                 and (read := root.check_record(n)).record is None]
     if not train_shards:
-        unchecked = [n for n in root.published() if (spans is None or n in spans) and root.check_record(n).record is None]
         raise TrainError(f"no published span the data check let in with training records under {root.spans}"
                          + (f" among spans {config.spans}" if spans else "")
-                         + (f"; spans {', '.join(map(str, unchecked))} are not checked yet: run `stoke datacheck "
-                            f"--root {root.uri}`" if unchecked else "; run `stoke ingest` first"))
+                         + (f"; {'; '.join(unchecked[:3])}" if unchecked else "; run `stoke ingest` first"))
+    for why in unchecked:
+        print(f"stoke train: warning: left out: {why}", file=sys.stderr, flush=True)
     labels = root.label_names(spans)
     stored = min((m.max_side for m in root.manifests(spans) if m.max_side), default=None)
     if stored and config.image_size > stored:
@@ -189,6 +195,34 @@ def find_data(config: TrainSettings) -> tuple[RunDir, list[Shard], list[Shard], 
         raise TrainError(f"run {run.run_id} already finished ({run.metrics}); choose a new --run-id")
     check_writable(run.uri)  # a read-only or full ROOT fails here, not after training
     return run, train_shards, eval_shards, labels
+
+
+def as_published(config: TrainSettings, train_shards: list[Shard], eval_shards: list[Shard],
+                 placement: Placement) -> tuple[list[Shard], list[Shard], dict | None]:
+    """The train and eval shards where TensorFlow reads them, once those this worker reads are the files their
+    manifests name: checked in place (components/common/shard_digests.py), or staged into the shard cache, which
+    checks its copies; and the staging's report (None: read in place). A shard changed since it was published
+    stops the run; a damaged one too, unless --skip-corrupt reads around it."""
+    from components.train import remote_root
+
+    checked = None
+    if tf_reads(train_shards[0].uri):
+        checked = shard_digests.check(remote_root.shards_read(train_shards, eval_shards, placement.workers,
+                                                              placement.pipeline), config.shard_cache.dir)
+        staging, mismatched = None, checked.mismatched
+    else:
+        train_shards, eval_shards, staging, mismatched = remote_root.stage(
+            config, train_shards, eval_shards, placement.workers, placement.pipeline)
+    changed = [m for m in mismatched if not m.damaged]
+    if changed:
+        raise TrainError(shard_digests.changed_spans(changed))
+    damaged = [m for m in mismatched if m.damaged]
+    if damaged and not config.skip_corrupt:
+        raise TrainError(f"corrupt shard: {'; '.join(map(str, damaged))}; rerun with --skip-corrupt to skip its "
+                         "unreadable records")
+    if checked and (checked.hashed or checked.unrecorded):
+        print(f"stoke train: {checked.describe()}", file=sys.stderr, flush=True)
+    return train_shards, eval_shards, staging
 
 
 def suspected_label_errors(config: TrainSettings, train_shards: list[Shard]) -> tuple[str, ...]:

@@ -19,6 +19,7 @@ import tf_keras as keras
 from components.common.files import exists, remove
 from components.common.repository import SAVED_MODEL
 from components.common.shard_cache import ShardCache, shards_of_worker
+from components.common.shard_digests import Mismatch
 from components.common.tf_files import pull, push, tf_reads
 from components.contracts.layout import RunDir, Shard
 from components.contracts.run_config import TrainSettings
@@ -30,19 +31,23 @@ def is_remote(run: RunDir) -> bool:
     return not tf_reads(run.uri)
 
 
-def stage(config: TrainSettings, train: list[Shard], eval_: list[Shard], workers: int,
-          pipeline: int) -> tuple[list[Shard], list[Shard], dict | None]:
-    """The local copies of the train and eval shards, and what staging did (None: read directly).
-    Raises CacheError when the cache cannot hold them."""
+def shards_read(train: list[Shard], eval_: list[Shard], workers: int, pipeline: int) -> list[Shard]:
+    """The train and eval shards this worker's input pipelines read (components/common/shard_cache.py)."""
     from components.train.eval_batches import by_file
 
-    if tf_reads(train[0].uri):
-        return train, eval_, None
-    cache = ShardCache(config.shard_cache.dir, config.shard_cache.max_gb)
     mine = shards_of_worker(train, workers, pipeline, by_file(len(train), workers))
     mine += shards_of_worker(eval_, workers, pipeline, by_file(len(eval_), workers)) if eval_ else []
     if train[0] not in mine:
         mine.insert(0, train[0])  # the input probe samples the first training shard on every worker
+    return mine
+
+
+def stage(config: TrainSettings, train: list[Shard], eval_: list[Shard], workers: int,
+          pipeline: int) -> tuple[list[Shard], list[Shard], dict, list[Mismatch]]:
+    """The local copies of the train and eval shards, what staging did, and the shards of this worker whose
+    copy is not the file their manifest names. Raises CacheError when the cache cannot hold them."""
+    cache = ShardCache(config.shard_cache.dir, config.shard_cache.max_gb)
+    mine = shards_read(train, eval_, workers, pipeline)
     staged = cache.stage(mine)
     report = staged.to_json()
     report["selection"] = ("all shards" if len(mine) == len(train) + len(eval_) else
@@ -52,7 +57,7 @@ def stage(config: TrainSettings, train: list[Shard], eval_: list[Shard], workers
           f"({report['mb_fetched']} MB in {report['seconds']} s), {staged.reused} reused"
           + (f", {len(staged.refetched)} copied again after failing their check" if staged.refetched else ""),
           file=sys.stderr, flush=True)
-    return cache.local(train), cache.local(eval_), report
+    return cache.local(train), cache.local(eval_), report, staged.mismatched
 
 
 def work_dir(config: TrainSettings, run: RunDir) -> RunDir:

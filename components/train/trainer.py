@@ -28,6 +28,7 @@ from components.common.local_copies import UnsafeKey
 from components.common.shard_scan import scan_shards
 from components.common.store_errors import on_root
 from components.contracts import presets, program
+from components.contracts.config import trace_range
 from components.contracts.layout import RunDir, Shard
 from components.contracts.results import ResultError, TrainMetrics
 from components.contracts.run_config import TrainSettings
@@ -115,12 +116,9 @@ def build(config: TrainSettings, plan: RunPlan):
 def _dataset_fn(config: TrainSettings, plan: RunPlan, shards: list[Shard], training: bool):
     """The per-input-pipeline dataset function tf.distribute calls once per worker; evaluation's
     batches hold every eval record once, weighted, then blanks (components/train/eval_batches.py)."""
-    from components.train import eval_batches
+    from components.train import eval_batches, image_cache
     from components.train import input_pipeline as pipeline
 
-    cache = config.image_cache
-    if cache and cache != "memory":
-        cache = f"{cache}-{'train' if training else 'eval'}"
     service = plan.data_service if training else None
 
     def make(context: tf.distribute.InputContext):
@@ -128,13 +126,16 @@ def _dataset_fn(config: TrainSettings, plan: RunPlan, shards: list[Shard], train
         replicas = context.num_replicas_in_sync // context.num_input_pipelines
         options = pipeline.PipelineOptions(
             image_size=config.image_size, batch_size=context.get_per_replica_batch_size(plan.global_batch),
-            training=training, cache=cache, skip_corrupt=config.skip_corrupt, flip=config.flip,
+            training=training, cache=config.image_cache, skip_corrupt=config.skip_corrupt, flip=config.flip,
             shuffle_buffer=config.shuffle_buffer,
             seed=None if config.seed is None else config.seed + context.input_pipeline_id,
             eval_batches=None if training else plan.validation_steps * replicas,
             eval_weight=1.0 if training else eval_batches.record_weight(
                 plan.eval_records, plan.validation_steps, plan.global_batch),
             exclude=plan.excluded if training else ())
+        if options.cache not in (None, "memory"):
+            options = dataclasses.replace(options, cache=image_cache.claim(options.cache, "train" if training else "eval",
+                                                                           image_cache.key(shards, options, context)))
         if service:  # trainers of one multi-worker run share one job of the service: one dataset, one seed
             job = f"stoke-{plan.run.run_id}" if plan.placement.workers > 1 else None
             return _through_service(shards, dataclasses.replace(options, seed=config.seed), service["address"], job)
@@ -349,13 +350,8 @@ class KillAtStep(keras.callbacks.Callback):
 
 
 def _profile_range(text: str):
-    if text.strip().lower() in ("", "none", "0", "off"):
-        return 0
-    try:
-        first, last = (int(part) for part in text.split(","))
-    except ValueError:
-        raise TrainError(f"--trace-steps takes two step numbers such as 10,20 (or none), not {text!r}") from None
-    return (first, last)
+    """Keras' profile_batch: the steps the settings name (checked there), or 0 for none."""
+    return trace_range(text) or 0
 
 
 def _best_epoch(history: dict, first: int) -> dict | None:

@@ -18,7 +18,7 @@ from components.contracts import schema
 from components.contracts.layout import Root
 from components.contracts.results import ResultError, SpanManifest
 from components.contracts.run_config import IngestSettings
-from components.datacheck.datacheck import dhashes
+from components.datacheck.datacheck import content
 from tests.beam_jobs import images
 from tests.beam_jobs.test_content import photos
 from tests.beam_jobs.test_ingest import IN_MEMORY
@@ -122,7 +122,7 @@ def test_the_index_ingest_wrote_passes_and_the_rebuilt_one_is_byte_for_byte_the_
     good = lines_of(published["index"])
     assert len(list(read_index(root.content_index(1), 1, len(good)))) == len(good)
     os.remove(root.content_index(1))
-    dhashes(root, 1)
+    content(root, 1)
     assert open(root.content_index(1), "rb").read() == published["index"]
     warning = capsys.readouterr().err
     assert warning == (f"stoke: warning: {root.content_index(1)}: missing; rebuilt from the {len(good)} records of "
@@ -144,9 +144,9 @@ def test_exact_copies_are_refused_whatever_the_damage_and_the_index_is_rebuilt(p
 
 def test_the_data_check_reads_its_dhashes_through_the_same_check(published, tmp_path, capsys):
     root = copy_of(published, tmp_path)
-    good = dhashes(root, 1)
+    good = content(root, 1)
     damage(root.content_index(1), "reversed", published["index"])
-    assert dhashes(root, 1) == good and sum(map(len, good.values())) == len(lines_of(published["index"]))
+    assert content(root, 1) == good and sum(map(len, good[0].values())) == len(lines_of(published["index"]))
     assert "rebuilt" in capsys.readouterr().err
 
 
@@ -161,7 +161,7 @@ def test_a_reencoded_record_whose_source_is_gone_is_indexed_by_its_stored_bytes_
     changed.write_bytes(changed.read_bytes() + b"\0")  # another version of the same picture
     try:
         os.remove(root.content_index(1))
-        dhashes(root, 1)
+        content(root, 1)
     finally:
         shutil.move(tmp_path / "cmyk.jpg", gone)
         shutil.copy2(tmp_path / "alpha.png", changed)

@@ -178,16 +178,43 @@ def test_a_killed_job_publishes_nothing_and_the_rerun_cleans_up(tmp_path):
 
 
 def test_a_second_ingest_into_the_same_root_waits_its_turn(tmp_path, capsys):
+    """A nightly run and one a notification started meet: the second waits for the first, then ingests."""
+    import fcntl
+    import threading
+
+    source, root = tmp_path / "source", tmp_path / "root"
+    (source / "cat").mkdir(parents=True)
+    (source / "cat" / "a.jpg").write_bytes(images.rgb_jpeg())
+    (root / "data").mkdir(parents=True)
+    said, done = [], []
+    with open(root / "data" / ".ingest.lock", "a") as held:  # as a running job holds it
+        fcntl.flock(held, fcntl.LOCK_EX)
+        second = threading.Thread(target=lambda: done.append(ingest(source, root, *IN_MEMORY)))
+        second.start()
+        wait_for(lambda: said.append(capsys.readouterr().err) or "waiting up to 60 min" in "".join(said),
+                 "the second ingest to say it waits", 120, every=0.1)
+        assert not done  # still waiting while the lock is held
+    second.join(300)
+    assert done == [(0, None)]
+    assert f"stoke ingest: another ingest is writing into {root} (another process holds {root}/data/.ingest.lock); " \
+           "waiting up to 60 min for it to finish" in "".join(said)
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["span"] == 1
+
+
+def test_an_ingest_that_waited_its_time_or_would_not_wait_says_so(tmp_path, capsys):
     import fcntl
 
     source, root = tmp_path / "source", tmp_path / "root"
     (source / "cat").mkdir(parents=True)
     (source / "cat" / "a.jpg").write_bytes(images.rgb_jpeg())
     (root / "data").mkdir(parents=True)
-    with open(root / "data" / ".ingest.lock", "a") as held:  # as a running job holds it
+    with open(root / "data" / ".ingest.lock", "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
-        code, summary = ingest(source, root, *IN_MEMORY, capsys=capsys)
-    assert code == 1 and summary["error"] == f"another ingest is writing into {root}; run again when it has finished"
+        code, summary = ingest(source, root, "--wait-minutes", "0.01", *IN_MEMORY, capsys=capsys)
+        assert code == 1 and summary["error"] == (f"another ingest is still writing into {root} after 0.01 min "
+                                                  "(ingest.wait_minutes); run again when it has finished")
+        code, summary = ingest(source, root, "--wait-minutes", "0", *IN_MEMORY, capsys=capsys)
+        assert code == 1 and summary["error"] == f"another ingest is writing into {root}; run again when it has finished"
     assert ingest(source, root, *IN_MEMORY, capsys=capsys)[1]["span"] == 1
 
 

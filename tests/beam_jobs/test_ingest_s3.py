@@ -69,7 +69,7 @@ def test_a_bucket_manifest_reads_only_its_own_folder(s3_bucket, capsys):
         (f"s3://{s3_bucket}/private/key.jpg", outside), ("/etc/hostname", outside)}
 
 
-def test_a_second_ingest_into_a_bucket_is_refused_while_the_first_runs(s3_bucket, tmp_path):
+def test_a_second_ingest_into_a_bucket_waits_its_time_then_is_refused_while_the_first_runs(s3_bucket, tmp_path):
     source, root = tmp_path / "source", f"s3://{s3_bucket}/root"
     (source / "cat").mkdir(parents=True)
     for i in range(3):
@@ -85,11 +85,14 @@ def test_a_second_ingest_into_a_bucket_is_refused_while_the_first_runs(s3_bucket
         assert len(staging) == 1, "the first job never staged its list"
 
         # In a child with a timeout, should an ingest that is not refused hang too.
-        second = subprocess.run([sys.executable, "-m", "beam_jobs.ingest", str(source), "--root", root, "--json"],
-                                capture_output=True, text=True, timeout=60)
+        second = subprocess.run([sys.executable, "-m", "beam_jobs.ingest", str(source), "--root", root, "--json",
+                                 "--wait-minutes", "0.05"], capture_output=True, text=True, timeout=120)
         assert second.returncode == 1
+        assert f"stoke ingest: another ingest is writing into {root} (ingest (pid {first.pid} on " in second.stderr
+        assert "waiting up to 0.05 min for it to finish" in second.stderr
         error = json.loads(second.stdout.strip().splitlines()[-1])["error"]
-        assert error.startswith(f"another ingest is writing into {root}; run again when it has finished (")
+        assert error.startswith(f"another ingest is still writing into {root} after 0.05 min (ingest.wait_minutes); "
+                                "run again when it has finished (")
         assert re.search(rf"ingest \(pid {first.pid} on [^)]+\) holds {root}/data/\.ingest\.lock", error), error
         fs.invalidate_cache()
         assert fs.glob(f"{root}/data/spans/_staging-*") == staging  # the first job's staging is untouched

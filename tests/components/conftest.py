@@ -73,8 +73,26 @@ def let_in(root: str, number: int) -> None:
     """Records that the data check found span `number` fine, as `stoke datacheck` would."""
     from components.contracts.summaries import DATACHECK_VERSION, DataCheckRecord
 
+    base = layout.Root(root)
     DataCheckRecord(span=number, check_version=DATACHECK_VERSION, status="ok", checked_at="2025-01-01T00:00:00Z",
-                    reasons=[], anomalies=[]).write(layout.Root(root).datacheck(number))
+                    reasons=[], anomalies=[], manifest_sha256=base.manifest_sha256(number)).write(base.datacheck(number))
+
+
+def relabel(path: str, label: int) -> None:
+    """Rewrites a GZIP shard with each of its records labelled `label`: records that read, not those published."""
+    import gzip
+
+    import tensorflow as tf
+
+    from components.common.tfrecord import frame, shard_records
+
+    records = []
+    for record in shard_records(path, "gzip"):
+        example = tf.train.Example.FromString(record)
+        example.features.feature[schema.LABEL].int64_list.value[:] = [label]
+        records.append(frame(example.SerializeToString()))
+    with open(path, "wb") as f:
+        f.write(gzip.compress(b"".join(records)))
 
 
 def tiny_records(count: int, offset: int = 0, size: int = 32) -> list[tuple[bytes, str, int]]:

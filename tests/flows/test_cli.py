@@ -159,6 +159,63 @@ def test_up_killed_outright_takes_its_server_down(tmp_path):
             up.kill()
 
 
+@pytest.fixture(scope="module")
+def prefect_home(tmp_path_factory):
+    """One PREFECT_HOME for the temporary servers of this module's `stoke run`s: its database is made once."""
+    return str(tmp_path_factory.mktemp("prefect-home"))
+
+
+def _alive_now(process) -> bool:
+    import psutil
+
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT", "SIGKILL", "Ctrl-C"])
+def test_stoke_run_stopped_or_killed_mid_stage_leaves_no_process_behind(how, tmp_path, prefect_home):
+    """`stoke run` stopped (SIGTERM or SIGINT sent to it alone, or a terminal's Ctrl-C: SIGINT to its process
+    group) or killed (SIGKILL) during a stage: its temporary Prefect server, the stage program and what the
+    stage started all end with it, and a stopped run says so in one line."""
+    import psutil
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env.update(PREFECT_HOME=prefect_home, STOKE_TEST_PIDS=str(tmp_path / "pids"))
+    (tmp_path / "photos" / "cat").mkdir(parents=True)
+    with open(tmp_path / "stderr", "wb") as stderr:
+        run = subprocess.Popen([sys.executable, "-m", "tests.flows.run_with_held_stage", "run", str(tmp_path / "photos"),
+                                "--root", str(tmp_path / "root"), "--run-id", "held"],
+                               stdout=subprocess.DEVNULL, stderr=stderr, env=env, start_new_session=True)
+    family = []
+    try:
+        wait_for(lambda: (tmp_path / "pids").exists(), "the stage to start", 300, process=run)
+        stage, child = map(int, (tmp_path / "pids").read_text().split())
+        family = psutil.Process(run.pid).children(recursive=True)
+        commands = {p.pid: " ".join(p.cmdline()) for p in family}
+        assert stage in commands and child in commands
+        assert any("uvicorn" in command and "prefect.server" in command for command in commands.values()), commands
+        if how == "Ctrl-C":
+            os.killpg(run.pid, signal.SIGINT)
+        else:
+            os.kill(run.pid, signal.Signals[how])
+        code = run.wait(timeout=120)
+        wait_for(lambda: not any(map(_alive_now, family)), "every process `stoke run` started to end", 60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+        for process in filter(_alive_now, family):
+            process.kill()
+    if how == "SIGKILL":
+        assert code == -signal.SIGKILL
+    else:
+        said = (tmp_path / "stderr").read_text()
+        assert code == 130 and "Traceback" not in said, said[-3000:]
+        assert said.strip().splitlines()[-1] == "stoke run: stopped; run it again with --run-id held to resume"
+
+
 def test_up_refuses_a_port_in_use(tmp_path):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

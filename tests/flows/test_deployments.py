@@ -20,9 +20,11 @@ from components.common.files import read_json
 from components.common.repository import Repository
 from components.contracts.layout import Root
 from components.contracts.run_config import RunConfig
+from components.contracts.secrets import without_secrets
 from flows.demo import write_digits
 from flows.deployments import ARRIVED, build_deployments
 from flows.watch_bucket import EVENT, source_resource
+from tests.credentials import PASSWORD, TOKEN, USER, shows
 from tests.flows.conftest import TINY_BEAM, TINY_MODEL, copy_of
 from tests.waiting import wait_for
 
@@ -67,6 +69,15 @@ def test_schedule_trigger_and_queue_are_registered(client, tmp_path):
     (schedule,) = poll.schedules
     assert schedule.schedule.interval.total_seconds() == 90
     assert poll.parameters == {"source": source, "root": root, "settle_seconds": 22.5}
+
+
+def test_the_deployments_record_source_without_its_password(tmp_path):
+    """Prefect keeps and shows a deployment's parameters: SOURCE's password stays in the environment of
+    the process that serves them (`stoke up`) or of the workers (STOKE_SOURCE)."""
+    source = f"https://{USER}:{PASSWORD}@127.0.0.1:9/photos/manifest.csv?code={TOKEN}"
+    nightly, poll = build_deployments(RunConfig(source=source, root=str(tmp_path)), notifications="sqs://q")
+    assert nightly.parameters["source"] == poll.parameters["source"] == without_secrets(source)
+    assert not shows(json.dumps([nightly.parameters, poll.parameters]))
 
 
 def test_with_notifications_the_watcher_reads_the_queue_and_events_name_what_ingest_reads(client, tmp_path):

@@ -15,9 +15,12 @@ from prefect.states import Cancelled, Running
 from beam_jobs.sources import list_source
 from components.common import files
 from components.contracts import layout
+from components.contracts.secrets import SOURCE_ENV, without_secrets
 from flows.demo import write_digits
 from flows.pipeline import pipeline
 from flows.watch_bucket import EVENT, source_resource, watch_bucket
+from tests.beam_jobs import images
+from tests.credentials import PASSWORD, USER, basic_auth_server, shows
 from tests.waiting import wait_for
 
 
@@ -120,3 +123,24 @@ def test_an_event_prefect_could_not_emit_fails_the_poll_instead_of_saying_emitte
     monkeypatch.undo()
     result = watch_bucket(source=digits, root=str(tmp_path / "root"), settle_seconds=0.2)
     assert result["emitted"] and len(events_for(digits)) == 1
+
+
+def test_a_source_behind_a_password_is_listed_with_it_and_announced_without_it(tmp_path, monkeypatch):
+    """The deployment's SOURCE holds *** for the password; the poll lists SOURCE with the one STOKE_SOURCE
+    gives, and its event (what the train run it asks for gets as `source`) never holds it."""
+    photos = tmp_path / "site" / "photos"
+    for index, label in enumerate(["cat", "cat", "dog"]):
+        (photos / label).mkdir(parents=True, exist_ok=True)
+        (photos / label / f"{index}.jpg").write_bytes(images.rgb_jpeg(index))
+    (photos / "manifest.csv").write_text("uri,label\ncat/0.jpg,cat\ncat/1.jpg,cat\ndog/2.jpg,dog\n")
+    monkeypatch.delenv(SOURCE_ENV, raising=False)
+    with basic_auth_server(str(tmp_path / "site")) as port:
+        real = f"http://{USER}:{PASSWORD}@127.0.0.1:{port}/photos/manifest.csv"
+        shown = without_secrets(real)
+        state = watch_bucket(source=shown, root=str(tmp_path / "root"), settle_seconds=0.2, return_state=True)
+        assert state.is_failed() and SOURCE_ENV in state.message and state.message.count("\n") == 0
+        monkeypatch.setenv(SOURCE_ENV, real)
+        result = watch_bucket(source=shown, root=str(tmp_path / "root"), settle_seconds=0.2)
+    assert result["emitted"] and result["new_files"] == 3, result
+    assert [e.payload for e in events_for(shown)] == [{"source": shown, "new_files": 3}]
+    assert not shows(str(result))

@@ -42,6 +42,33 @@ def test_a_writer_waits_for_the_holder_up_to_its_deadline(tmp_path):
     thread.join()
 
 
+def test_a_writer_that_has_to_wait_is_told_once_why(tmp_path):
+    path, told = str(tmp_path / ".lock"), []
+    with exclusive(path, "first"):
+        with pytest.raises(LeaseHeld, match="first"):
+            with exclusive(path, "second", wait=1.0, waiting=told.append):
+                pass
+    assert len(told) == 1 and isinstance(told[0], LeaseHeld) and str(told[0]).startswith("first (pid ")
+    with exclusive(path, "third", wait=30, waiting=told.append):  # free: no wait, nothing to tell
+        pass
+    assert len(told) == 1
+
+
+def test_a_writer_waits_for_a_bucket_lease_until_its_holder_lets_go(s3_bucket):
+    uri, told, released = f"s3://{s3_bucket}/data/.lock", [], threading.Event()
+
+    def release_when_told(held):
+        told.append(held)
+        threading.Timer(0.5, released.set).start()
+
+    holder = exclusive(uri, "nightly", ttl=60)
+    holder.__enter__()
+    threading.Thread(target=lambda: (released.wait(30), holder.__exit__(None, None, None)), daemon=True).start()
+    with exclusive(uri, "data-triggered", ttl=60, wait=60, waiting=release_when_told):
+        assert released.is_set()
+    assert len(told) == 1 and "nightly" in str(told[0])
+
+
 def test_two_writers_racing_for_a_bucket_lease_get_one_lease(s3_bucket):
     uri = f"s3://{s3_bucket}/root/data/.lock"
     start, inside, outcomes = threading.Barrier(2), threading.Event(), []

@@ -61,7 +61,7 @@ def test_spans_and_records_written_by_another_process_are_seen_on_a_bucket(s3_bu
     other.put_object(Bucket=s3_bucket, Key="root/data/spans/span-00002/_MANIFEST.json",
                      Body=manifest.model_copy(update={"span": 2}).model_dump_json().encode())
     record = {"span": 1, "check_version": 2, "status": "ok", "checked_at": "2026-01-01T00:00:00Z",
-              "reasons": [], "anomalies": []}
+              "reasons": [], "anomalies": [], "manifest_sha256": root.manifest_sha256(1)}
     other.put_object(Bucket=s3_bucket, Key="root/data/spans/span-00001/_DATACHECK.json",
                      Body=json.dumps(record).encode())
     assert root.published() == [1, 2] and root.unchecked() == [2] and root.check_record(1).trusted

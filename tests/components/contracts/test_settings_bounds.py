@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import json
 import math
+import typing
 
+import annotated_types
 import pytest
 from pydantic import ValidationError
 
 from beam_jobs import ingest
+from components.contracts import config
 from components.contracts.config import GateConfig, IngestConfig, PushConfig, ShardCacheConfig, TrainConfig
+from components.contracts.layout import parse_spans
+from components.contracts.program import stage_arguments
+from components.contracts.program import stage_settings as program_stage_settings
 from components.contracts.run_config import RunConfig, Timeouts, program_model
 from components.contracts.stages import STAGES
 from flows import cli
@@ -66,3 +72,181 @@ def test_the_flow_refuses_a_model_name_that_leaves_models(tmp_path, prefect_api)
                      return_state=True)
     assert state.is_failed() and "bad model name '../../evil'" in str(state.result(raise_on_failure=False))
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def numbers(model, prefix=()):
+    """(dotted path, field) of every int or float setting of `model`, groups walked into."""
+    from components.contracts.options import leaves
+
+    for path, field in leaves(model, prefix):
+        kinds = {kind for kind in (field.annotation, *typing.get_args(field.annotation)) if kind in (int, float)}
+        if kinds:
+            yield ".".join(path), field
+
+
+def test_every_number_of_every_settings_model_has_an_upper_bound():
+    unbounded = [path for model in (RunConfig, *(program_model(s) for s in STAGES))
+                 for path, field in numbers(model, (model.__name__,))
+                 if not any(isinstance(rule, annotated_types.Le | annotated_types.Lt) for rule in field.metadata)]
+    assert unbounded == []
+
+
+ABSURD = [
+    ("train.spans=1-999999999999", "train.spans: Value error, span 999999999999 in '1-999999999999' is past the "
+                                   "highest span number, 999,999,999"),
+    ("train.spans=1-999999999", "train.spans: Value error, span list '1-999999999' names 999,999,999 spans"),
+    ("train.spans=1-100001", "train.spans: Value error, span list '1-100001' names 100,001 spans: at most 100,000"),
+    ("train.spans=1-60000,60001-120000", "names 120,000 spans"),
+    ("train.spans=0", "train.spans: Value error, bad span range '0'"),
+    ("train.spans=5-3", "train.spans: Value error, bad span range '5-3'"),
+    ("train.spans=1,,2", "train.spans: Value error, bad span list '1,,2'"),
+    ("train.spans=" + "9" * 5000, "train.spans: Value error, span list of 5000 characters: at most 1000"),
+    ("train.spans=" + "9" * 30, "train.spans: Value error, bad span list '999999999999999999999999999999'"),
+    ("train.spans=" + ",".join(["1"] * 600), "train.spans: Value error, span list of 1199 characters"),
+    ("train.epochs=100000000000000000000000000", "train.epochs: Input should be less than or equal to 100000"),
+    ("train.epochs=1e26", "train.epochs: Unable to parse input string as an integer, exceeded maximum size"),
+    ("train.image_size=100000", "train.image_size: Input should be less than or equal to 2048"),
+    ("train.batch_size=1000000", "train.batch_size: Input should be less than or equal to 16384"),
+    ("train.min_steps=1000000000000", "train.min_steps: Input should be less than or equal to 100000000"),
+    ("train.steps_per_epoch=1000000000000", "train.steps_per_epoch: Input should be less than or equal to"),
+    ("train.shuffle_buffer=10000000000", "train.shuffle_buffer: Input should be less than or equal to 1000000"),
+    ("train.seed=18446744073709551616", "train.seed: Input should be less than or equal to 4294967295"),
+    ("train.cpu_devices=100000", "train.cpu_devices: Input should be less than or equal to 256"),
+    ("train.learning_rate=1e300", "train.learning_rate: Input should be less than or equal to 10"),
+    ("train.trace_steps=20,10", "train.trace_steps: Value error, bad trace steps '20,10'"),
+    ("train.trace_steps=1,1000000000000", "train.trace_steps: Value error, bad trace steps"),
+    ("gate.top_k=10000000", "gate.top_k: Input should be less than or equal to 100000"),
+    ("push.keep=10000000", "push.keep: Input should be less than or equal to 10000"),
+    ("preflight.sample_mb=100000000", "preflight.sample_mb: Input should be less than or equal to 16384"),
+    ("datacheck.min_class_examples=1000000000000", "datacheck.min_class_examples: Input should be less than or equal"),
+    ("timeouts.train=1e300", "timeouts.train: Input should be less than or equal to 43200"),
+]
+
+
+@pytest.mark.parametrize("override, line", ABSURD)
+def test_stoke_run_refuses_absurd_numbers_and_span_lists_when_it_reads_them(tmp_path, capsys, override, line):
+    (tmp_path / "images").mkdir()
+    code = cli.main(["run", str(tmp_path / "images"), "--root", str(tmp_path / "root"), "--set", override, "--json"])
+    captured = capsys.readouterr()
+    assert code == 2, captured.err
+    (shown,) = captured.err.strip().splitlines()
+    assert shown.startswith(f"stoke run: error: {line}") or line in shown, shown
+    assert len(shown) < 600 and "Traceback" not in captured.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["images"]
+
+
+@pytest.mark.parametrize("settings", [{"spans": "1-999999999999"}, {"epochs": 10**26}, {"image_size": 100000},
+                                      {"trace_steps": "0,5"}])
+def test_the_train_program_refuses_them_from_its_settings_file_and_its_flags(tmp_path, settings):
+    (tmp_path / "train.json").write_text(json.dumps({"root": str(tmp_path), **settings}))
+    args = stage_arguments("train", ["--config", str(tmp_path / "train.json")])
+    with pytest.raises(ValidationError, match=next(iter(settings))):
+        program_stage_settings("train", args)
+    flag, value = next(iter(settings.items()))
+    args = stage_arguments("train", ["--root", str(tmp_path), f"--{flag.replace('_', '-')}={value}"])
+    with pytest.raises(ValidationError, match=flag):
+        program_stage_settings("train", args)
+
+
+def test_a_span_list_is_bounded_before_any_span_is_counted():
+    assert parse_spans("1-3,7, 5") == [1, 2, 3, 5, 7]
+    assert parse_spans("all") is None and parse_spans(None) is None
+    assert len(parse_spans("1-100000")) == config.MAX_SPANS_NAMED == 100_000
+    with pytest.raises(ValueError, match="names 999,999,999 spans"):
+        parse_spans("1-999999999")
+
+
+def test_the_flow_refuses_an_unbounded_span_range_given_as_a_run_parameter(tmp_path, prefect_api):
+    from flows.pipeline import pipeline
+
+    state = pipeline(source=str(tmp_path), root=str(tmp_path / "root"), train={"spans": "1-999999999"},
+                     preflight=None, return_state=True)
+    assert state.is_failed() and "names 999,999,999 spans" in str(state.result(raise_on_failure=False))
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+ROOTS = ["memory://x", "MEMORY://x", "simplecache::s3://bucket/root", "filecache::/tmp/x", "a/b::c",
+         "tar://root::file:///tmp/x.tar", "zip://root::file:///tmp/x.zip", "http://127.0.0.1:9/root",
+         "https://example.com/root", "github://org/repo", "ftp://host/root", "  s3://bucket/root", ""]
+
+
+@pytest.mark.parametrize("root", ROOTS)
+def test_a_root_no_other_process_can_write_is_refused_when_the_configuration_is_read(root, tmp_path, capsys):
+    (tmp_path / "images").mkdir()
+    code = cli.main(["run", str(tmp_path / "images"), "--root", root, "--json"])
+    captured = capsys.readouterr()
+    assert code == 2, captured.err
+    (line,) = captured.err.strip().splitlines()
+    assert line.startswith("stoke run: error: root: Value error, ") and "Traceback" not in captured.err
+    assert line.endswith(f"name a local path, file://, s3:// or gs:// (got {root!r})"), line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["images"]
+
+
+@pytest.mark.parametrize("source", ["memory://x", "simplecache::file:///tmp/x", "ftp://host/photos", "zip://x::/y.zip"])
+def test_a_source_ingest_cannot_read_from_its_own_process_is_refused_alike(source, tmp_path, capsys):
+    code = cli.main(["run", source, "--root", str(tmp_path / "root")])
+    assert code == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("stoke run: error: source: Value error, ") and "is not taken for SOURCE" in line
+    assert "name a local path, file://, s3://, gs://, http:// or https://" in line and not (tmp_path / "root").exists()
+
+
+def test_the_stage_programs_and_the_flow_refuse_them_alike(tmp_path, capsys, prefect_api):
+    from flows.pipeline import pipeline
+
+    (tmp_path / "images").mkdir()
+    assert ingest.run([str(tmp_path / "images"), "--root", "memory://x", "--json"]) == 2
+    assert "--root: Value error, 'memory://x': memory:// is not taken for ROOT" in capsys.readouterr().err
+    for name in ("preflight", "train", "gate", "push", "datacheck"):
+        with pytest.raises(ValidationError, match="memory:// is not taken for ROOT"):
+            program_stage_settings(name, stage_arguments(name, ["--root", "memory://x", "--run-id", "r"]
+                                                         if name in ("gate", "push") else ["--root", "memory://x"]))
+    state = pipeline(source=str(tmp_path / "images"), root="memory://x", preflight=None, return_state=True)
+    assert state.is_failed() and "memory:// is not taken for ROOT" in str(state.result(raise_on_failure=False))
+
+
+def test_the_roots_and_sources_it_takes(tmp_path):
+    for root in (str(tmp_path), "relative/root", f"file://{tmp_path}", "s3://bucket/root", "gs://bucket/root"):
+        assert RunConfig(source=str(tmp_path), root=root).root == root
+    for source in ("http://127.0.0.1:9/m.csv", "https://example.com/photos/", "s3://b/photos", "gs://b/m.csv"):
+        assert RunConfig(source=source, root=str(tmp_path)).source == source
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--port", "70000"], "argument --port: 70000 is not from 1 to 65535"),
+    (["--port", "-1"], "argument --port: -1 is not from 1 to 65535"),
+    (["--port", "http"], "argument --port: 'http' is not a whole number"),
+    (["--poll-seconds", "nan"], "argument --poll-seconds: nan is not from 1 to 86400"),
+    (["--poll-seconds", "inf"], "argument --poll-seconds: inf is not from 1 to 86400"),
+    (["--poll-seconds", "0"], "argument --poll-seconds: 0 is not from 1 to 86400"),
+])
+def test_stoke_up_and_deploy_refuse_a_port_or_a_poll_out_of_bounds_before_anything_starts(argv, says, tmp_path,
+                                                                                          capsys):
+    from flows import work_pools
+
+    for main, command in ((cli.main, ["up"]), (work_pools.main, [])):
+        if argv[0] == "--port" and main is work_pools.main:
+            continue
+        with pytest.raises(SystemExit) as exited:
+            main([*command, "--source", str(tmp_path), "--root", str(tmp_path / "root"), *argv])
+        assert exited.value.code == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f"error: {says}")
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--timezone", "Mars/Phobos"], "--cron '0 2 * * *' --timezone 'Mars/Phobos': Value error, Invalid timezone"),
+    (["--cron", "every night"], "--cron 'every night' --timezone 'UTC': Value error, Invalid cron string"),
+])
+def test_stoke_up_refuses_a_schedule_prefect_cannot_read_before_its_server_starts(argv, says, tmp_path, capsys,
+                                                                                 monkeypatch):
+    from tests.waiting import free_port
+
+    for name in ("PREFECT_HOME", "PREFECT_API_URL", "PREFECT_SERVER_API_HOST", "PREFECT_SERVER_API_PORT"):
+        monkeypatch.delenv(name, raising=False)  # set by `stoke up` for its server: undone after the test
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "home"))
+    port = free_port()
+    code = cli.main(["up", "--source", str(tmp_path), "--root", str(tmp_path / "root"), "--port", str(port),
+                     "--timezone", "UTC", *argv])
+    assert code == 2
+    assert capsys.readouterr().err.strip().startswith(f"stoke up: error: {says}")
+    assert not (tmp_path / "home" / "stoke-server.log").exists()

@@ -96,3 +96,16 @@ def test_a_clean_span_has_no_finding_and_says_what_it_judged():
     assert judge(predictions(given, probabilities), [], None, "m/stoke/7") == (
         [], LabelCheck(status="done", model="m/stoke/7", checked=15, unknown=2, flagged=0, expected_rate=MIN_RATE,
                        expected_from="the floor, above nothing to go by (0.0%)"))
+
+
+def test_a_class_that_arrives_wholly_in_another_folder_is_an_error_about_the_span():
+    """Every owl in the dog folder (as every "three" arriving in the "eight" folder): no record is labelled
+    owl, so t_owl is the absent class's 0.5, and half the dog folder is confidently owls."""
+    given = np.repeat([0, 1, 1], 20)  # 20 cats; 20 dogs and 20 owls, all in the dog folder
+    probabilities = np.tile([0.02, 0.02, 0.02], (60, 1))
+    probabilities[np.arange(60), np.repeat([0, 1, 2], 20)] = 0.96
+    findings, check = judge(predictions(given, probabilities), [], model_error=0.0, model="m/stoke/7")
+    span, *files = findings
+    assert span.severity == "error" and {f.label.given for f in files} == {"dog"}
+    assert [(p.given, p.predicted, p.count) for p in check.pairs] == [("dog", "owl", 20)]
+    assert "far above the expected 3.0%" in span.message and "20 'dog' -> 'owl'" in span.message

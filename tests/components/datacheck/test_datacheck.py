@@ -1,6 +1,6 @@
-"""The data check on spans the real Beam ingest published from real digit images: a mild shift of
-the label mix warns, a large one quarantines the span, training and the gate leave it out, and
-`stoke spans release N` lets it in."""
+"""The data check on spans the real Beam ingest published from real digit images: a shift of the label
+mix warns, however large; a label no span let in had quarantines the span, training and the gate leave it
+out, and `stoke spans release N` lets it in."""
 import json
 import os
 import shutil
@@ -28,19 +28,21 @@ def last_json(code, capsys, expected=0) -> dict:
     return json.loads(out[-1])
 
 
-def add_digits(pool, source, name: str, count: int, start: int):
-    """Copies `count` digits of class `name`, from digit number `start` on, into the source folder."""
+def add_digits(pool, source, name: str, count: int, start: int, folder: str | None = None):
+    """Copies `count` digits of class `name`, from digit number `start` on, into the source folder (into
+    `folder`, a label of its own, if given)."""
     files = sorted(p for p in (pool / name).iterdir() if int(p.stem.split("-")[1]) >= start)[:count]
-    (source / name).mkdir(parents=True, exist_ok=True)
+    (source / (folder or name)).mkdir(parents=True, exist_ok=True)
     for path in files:
-        shutil.copy(path, source / name / path.name)
+        shutil.copy(path, source / (folder or name) / path.name)
 
 
 # Span 1: the first 100 digits (every class about 10%); span 2: 4 each of four classes (a mild shift:
-# 25% against about 10%); span 3: 12 ones and 4 twos (a large one: 75% ones).
+# 25% against about 10%); span 3: 12 ones and 4 twos (a large one: 60% ones), and 4 pictures of eights
+# in a folder "ten", a label no span had.
 ARRIVALS = {1: [(name, 100, 0) for name in NAMES],
             2: [(name, 4, 100) for name in ("zero", "two", "four", "six")],
-            3: [("one", 12, 200), ("two", 4, 300)]}
+            3: [("one", 12, 200), ("two", 4, 300), ("eight", 4, 400, "ten")]}
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +53,8 @@ def spans_root(tmp_path_factory):
     write_digits(str(pool), limit=500)
     checked = {}
     for number, arrival in ARRIVALS.items():
-        for name, count, start in arrival:
-            add_digits(pool, source, name, count, start)
+        for digits in arrival:
+            add_digits(pool, source, *digits)
         if number == 1:  # the first 100 digits only
             for path in source.rglob("*.png"):
                 if int(path.stem.split("-")[1]) >= 100:
@@ -79,13 +81,17 @@ def test_a_mild_shift_only_warns(spans_root):
     assert checked[1].status in ("ok", "warning") and checked[1].label_drift is None
 
 
-def test_a_large_shift_quarantines_the_span_and_training_leaves_it_out(spans_root, capsys):
+def test_a_new_label_quarantines_the_span_and_training_leaves_it_out(spans_root, capsys):
     root, checked = spans_root
     summary = checked[3]
-    assert summary.status == "quarantined" and summary.label_drift > 0.5 and summary.history_spans == [1, 2]
-    assert summary.label_counts == {"one": 12, "two": 4}
+    assert summary.status == "quarantined" and summary.label_drift > 0.45 and summary.history_spans == [1, 2]
+    assert summary.label_counts == {"one": 12, "two": 4, "ten": 4}
+    found = {a.kind: a for a in summary.anomalies}
+    assert found["label_drift"].severity == "warning"  # 60% ones against about 10%: a skew alone trains
+    assert (found["new_label"].severity, found["new_label"].count, found["new_label"].class_name) == ("error", 4, "ten")
+    assert len(found["new_label"].examples) == 4 and all("/ten/" in uri for uri in found["new_label"].examples)
     record = DataCheckRecord.read(Root(root).datacheck(3))
-    assert record.status == "quarantined" and "'one'" in record.reasons[0] and record.anomalies[0].kind == "label_drift"
+    assert record.status == "quarantined" and record.reasons == [found["new_label"].message]
     assert {s.span for s in Root(root).shards("train")} == {1, 2}
     assert {m.span for m in Root(root).manifests(checked=False)} == {1, 2, 3}
     with pytest.raises(SpanNotChecked, match="stoke spans release 3"):
@@ -105,13 +111,13 @@ def test_release_lets_the_span_in_and_keeps_the_evidence(spans_root, capsys):
     root, _ = spans_root
     listed = last_json(spans.run(["--root", root, "--json"]), capsys)["spans"]
     assert [(s["span"], s["status"]) for s in listed] == [(1, "ok"), (2, "warning"), (3, "quarantined")]
-    assert "label mix" in listed[2]["reason"]
+    assert "label 'ten' is new" in listed[2]["reason"]
 
     released = last_json(spans.run(["release", "3", "--root", root, "--by", "ana", "--json"]), capsys)["released"]
     assert (released["status"], released["released_by"]) == ("released", "ana")
     record = DataCheckRecord.read(Root(root).datacheck(3))
     assert (record.status, record.released_by) == ("released", "ana")
-    assert record.anomalies and "label mix" in record.reasons[0]  # the evidence stays beside the release
+    assert record.anomalies and "label 'ten' is new" in record.reasons[0]  # the evidence stays beside the release
     assert {s.span for s in Root(root).shards("train")} == {1, 2, 3}
     again = last_json(spans.run(["release", "3", "--root", root, "--json"]), capsys, 1)
     assert "released already, by ana" in again["error"]

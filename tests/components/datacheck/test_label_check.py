@@ -80,13 +80,15 @@ MOVED = {3: 1, 10: 2, 20: 0, 49: 2}  # record -> the folder it was sorted into: 
 
 def test_files_in_the_wrong_folder_are_flagged_and_named_and_nothing_else_is(trained_runs, tmp_path, capsys):
     root = copy_root(trained_runs, tmp_path)
+    # Span 2, let in: yellow, a label of the history the served model (trained on span 1) does not know.
+    write_span(root, 2, {"train": [(tiny_image(0, 8000 + i), "jpeg", 3) for i in range(3)]}, LABELS, {"train": 1})
     rows = [(colour, MOVED.get(i, label)) for i, (colour, label) in enumerate(CLEAN)] + [(0, 3)] * 3
-    uris = publish(root, 2, rows)
+    uris = publish(root, 3, rows)
     code, summary = check("--root", root)
     assert code == 0
     (span,) = summary["spans"]
     labels = span["label_check"]
-    assert (span["span"], span["status"]) == (2, "warning")
+    assert (span["span"], span["status"]) == (3, "warning")
     assert (labels["status"], labels["checked"], labels["unknown"], labels["flagged"]) == ("done", 60, 3, 4)
     newest = os.path.basename(trained_runs["push"]["mixed"][1]["model_uri"])
     assert labels["model"] == os.path.join(root, "models", "stoke", newest)  # the newest version judged
@@ -100,12 +102,12 @@ def test_files_in_the_wrong_folder_are_flagged_and_named_and_nothing_else_is(tra
     (about_span,) = [a for a in span["anomalies"] if a["kind"] == "label_error" and not a.get("file")]
     assert about_span["severity"] == "warning" and about_span["count"] == 4 and "within chance" in about_span["message"]
 
-    record = DataCheckRecord.read(Root(root).datacheck(2))  # the record holds the same findings
+    record = DataCheckRecord.read(Root(root).datacheck(3))  # the record holds the same findings
     assert record.label_check.flagged == 4 and {a.file for a in record.suspected_label_errors()} == set(flagged)
     assert record.reasons == [] and open(labels["sheet"], "rb").read(4) == b"\x89PNG"
     assert spans.run(["--root", root, "--json"]) == 0
     rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["spans"]
-    assert [(r["span"], r["label_errors"]) for r in rows] == [(1, None), (2, 4)]
+    assert [(r["span"], r["label_errors"]) for r in rows] == [(1, None), (2, None), (3, 4)]
 
     settings = TrainSettings(root=root, drop_suspected_label_errors=True)
     shards = Root(root).shards("train")
@@ -133,6 +135,27 @@ def test_a_folder_filled_with_another_class_quarantines_the_span(trained_runs, t
     assert "far above the expected 3.0%" in record.reasons[0] and "10 'green' -> 'blue'" in record.reasons[0]
     assert "10 of 30 records of class 'green'" in record.reasons[0]  # the test that decided: on the folder
     assert {s.span for s in Root(root).shards("train")} == {1}  # held back from training
+
+
+def test_a_skewed_arrival_trains_beside_a_relabelled_one_that_is_quarantined(trained_runs, tmp_path):
+    """Two arrivals checked side by side: span 2 brings red and green and no blue (a skewed night, every file
+    in its folder); span 3 brings all three, every blue picture in the green folder (a relabelled class)."""
+    root = copy_root(trained_runs, tmp_path)
+    publish(root, 2, [(0, 0), (1, 1)] * 30)
+    relabelled = publish(root, 3, [(c, 1 if c == 2 else c) for c, _ in CLEAN])
+    code, summary = check("--root", root)
+    skewed, broken = summary["spans"]
+    assert code == 0 and (skewed["span"], skewed["status"], broken["span"], broken["status"]) == (
+        2, "warning", 3, "quarantined")
+    found = {a["kind"]: a for a in skewed["anomalies"]}
+    assert {a["severity"] for a in found.values()} == {"warning"} and skewed["label_check"]["flagged"] == 0
+    assert found["absent_class"]["class_name"] == "blue" and "fewer 'blue' (0 where " in found["label_drift"]["message"]
+    (reason,) = DataCheckRecord.read(Root(root).datacheck(3)).reasons
+    assert "far above the expected" in reason and "'green' -> 'blue'" in reason
+    flagged = {a["file"] for a in broken["anomalies"] if a.get("file")}
+    assert flagged <= {relabelled[i] for i, (c, _) in enumerate(CLEAN) if c == 2} and len(flagged) >= 19
+    assert {s.span for s in Root(root).shards("train")} == {1, 2}  # the skewed night trains, the relabel waits
+    assert "held back from training" in datacheck.describe(summary)
 
 
 @pytest.mark.parametrize("case", ["other model name", "no lineage", "trained on it"])

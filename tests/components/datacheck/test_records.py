@@ -30,9 +30,9 @@ BAD = {  # what a record may hold instead of itself
 }
 
 
-def quarantined(span: int) -> DataCheckRecord:
+def quarantined(root: Root, span: int) -> DataCheckRecord:
     return DataCheckRecord(span=span, check_version=DATACHECK_VERSION, status="quarantined", checked_at="2026-01-01T00:00:00Z",
-                           reasons=["the label mix moved"], anomalies=ERRORS)
+                           reasons=["the label mix moved"], anomalies=ERRORS, manifest_sha256=root.manifest_sha256(span))
 
 
 def plant(path: str, kind: str) -> None:
@@ -49,7 +49,7 @@ def root(tmp_path):
     """Three published spans: 1 let in, 2 let in, 3 quarantined."""
     for number in (1, 2, 3):
         write_span(str(tmp_path), number, {"train": tiny_records(4, offset=10 * number)}, TRAIN_LABELS, {"train": 1})
-    quarantined(3).write(Root(str(tmp_path)).datacheck(3))
+    quarantined(Root(str(tmp_path)), 3).write(Root(str(tmp_path)).datacheck(3))
     return Root(str(tmp_path))
 
 
@@ -109,3 +109,92 @@ def test_a_span_without_statistics_is_quarantined_not_trusted(tmp_path):
     (check,) = datacheck.check_spans(DataCheckSettings(root=str(tmp_path))).spans
     assert check.status == "quarantined" and [a.kind for a in check.anomalies] == ["no_statistics"]
     assert Root(str(tmp_path)).shards("train") == []
+
+
+def _edit_json(path: str, change) -> None:
+    data = json.loads(open(path).read())
+    change(data)
+    with open(path, "w") as f:
+        json.dump(data, f)
+
+
+@pytest.mark.parametrize("edit", ["a shard dropped", "a count changed", "one byte"])
+def test_a_record_binds_the_manifest_it_judged(root, edit, capsys):
+    """The record names its manifest's SHA-256: a manifest edited since (a shard dropped from it, say) makes
+    the record no valid one, so training and the gate leave the span out and the next data check judges it."""
+    manifest = root.manifest(2)
+    if edit == "a shard dropped":
+        _edit_json(manifest, lambda m: m.update(shards=[]))
+    elif edit == "a count changed":
+        _edit_json(manifest, lambda m: m["counts"].update(train=3))
+    else:
+        with open(manifest, "ab") as f:
+            f.write(b" ")
+    assert {s.span for s in root.shards("train")} == {1}
+    with pytest.raises(SpanNotChecked, match=r"span 2 has no valid data-check record \(.*made for another "
+                                             r"_MANIFEST.json than the span's.*restore the manifest"):
+        root.shards("train", [2])
+    rows = listed(root, capsys)
+    assert rows[2]["status"] == "unchecked" and "made for another _MANIFEST.json" in rows[2]["reason"]
+    assert root.unchecked() == [2]
+
+
+def test_a_manifest_that_dropped_a_shard_is_quarantined_when_checked_again(root):
+    """Checked again, a manifest whose shards no longer hold what it counts is a span changed after publishing:
+    quarantined, not let in on half its data."""
+    _edit_json(root.manifest(2), lambda m: m.update(shards=[]))
+    (check,) = datacheck.check_spans(DataCheckSettings(root=root.uri)).spans
+    assert check.span == 2 and check.status == "quarantined"
+    assert [a.kind for a in check.anomalies if a.severity == "error"] == ["span_changed"]
+    assert "lists train shards of 0 records where it counts 4" in check.anomalies[-1].message
+    assert {s.span for s in root.shards("train")} == {1}
+
+
+@pytest.mark.parametrize("status", ["ok", "warning", "released"])
+def test_a_status_edited_by_hand_lets_nothing_in(root, status, capsys):
+    """A quarantined span whose record was edited to let it in: its status no longer follows from its own
+    anomalies (or names no one who released it), so it is no valid record at all."""
+    _edit_json(root.datacheck(3), lambda r: r.update(status=status))
+    assert {s.span for s in root.shards("train")} == {1, 2}
+    with pytest.raises(SpanNotChecked, match="span 3 has no valid data-check record"):
+        root.shards("train", [3])
+    row = listed(root, capsys)[3]
+    assert row["status"] == "unchecked"
+    assert ("who released" if status == "released" else f"status '{status}' where its anomalies make it "
+            "'quarantined'") in row["reason"]
+
+
+def test_a_record_moved_to_another_span_is_not_that_spans(root):
+    """Span 1's record given span 2's number: it names span 1's manifest, not span 2's."""
+    record = json.loads(open(root.datacheck(1)).read())
+    with open(root.datacheck(2), "w") as f:
+        json.dump({**record, "span": 2}, f)
+    assert {s.span for s in root.shards("train")} == {1}
+    assert "made for another _MANIFEST.json" in root.check_record(2).problem
+
+
+def test_a_record_made_before_records_named_their_manifest_is_checked_again_by_the_next_check(root):
+    """Records of before read as unchecked, and the next data check (the flow runs it before training) judges
+    those spans again on their statistics and content index, oldest first, and records the manifests."""
+    for number in (1, 2, 3):
+        _edit_json(root.datacheck(number), lambda r: r.pop("manifest_sha256"))
+    assert root.shards("train") == [] and root.unchecked() == [1, 2, 3]
+    assert "made before check records named the manifest" in root.check_record(1).problem
+    summary = datacheck.check_spans(DataCheckSettings(root=root.uri))
+    assert [(c.span, c.history_spans) for c in summary.spans] == [(1, []), (2, [1]), (3, [1, 2])]
+    assert all(c.label_check.status == "skipped" for c in summary.spans)  # no served model: no predictions
+    assert root.unchecked() == [] and {s.span for s in root.shards("train")} == {1, 2, 3}
+    assert DataCheckRecord.read(root.datacheck(2)).manifest_sha256 == root.manifest_sha256(2)
+
+
+def test_the_listing_says_which_spans_changed_after_publishing(root, capsys):
+    """`stoke spans` checks shards as training does: a span whose shard was rewritten is listed as changed, with
+    the shard and what to do, whatever its record says."""
+    from tests.components.conftest import relabel
+
+    shard = root.shards("train", [2])[0].uri
+    relabel(shard, 0)
+    rows = listed(root, capsys)
+    assert [(n, r["status"]) for n, r in rows.items()] == [(1, "ok"), (2, "changed"), (3, "quarantined")]
+    assert rows[2]["reason"].startswith(f"span 2 changed after it was published: {shard} ")
+    assert "  changed  " in spans.describe({"spans": list(rows.values())}).splitlines()[2]

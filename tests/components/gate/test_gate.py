@@ -75,6 +75,32 @@ def test_a_clearly_worse_model_is_refused_with_evidence(trained_runs):
     assert json.load(open(summary["gate_uri"]))["comparison"] == comparison
 
 
+def test_a_class_the_candidate_lost_is_named_with_its_figures(trained_runs):
+    """The flat model scores 8 of 24 where the served one scored 24 of 24, so one class at least keeps
+    at most 2 of its 8: at least 6 of 6 discordant records against it, p <= 1/64, within Holm's 0.05/3."""
+    _, summary = trained_runs["validate"]["flat"]
+    comparison, metrics, served = summary["comparison"], summary["metrics"], summary["baseline"]
+    table = comparison["per_class"]
+    assert table["version"] == summary["baseline_version"] and table["level"] == pytest.approx(0.05)
+    rows = {row["label"]: row for row in table["classes"]}
+    assert sorted(rows) == sorted(TRAIN_LABELS)
+    for name, row in rows.items():  # the counts, record by record, are TFMA's per-class figures
+        n = row["example_count"]
+        assert n == metrics["per_class_examples"][name] == 8
+        assert row["right"] / n == pytest.approx(metrics["per_class_accuracy"][name], abs=1e-6)
+        assert row["baseline_right"] / n == pytest.approx(served["per_class_accuracy"][name], abs=1e-6)
+    assert [sum(row["discordant"][i] for row in rows.values()) for i in (0, 1)] == comparison["discordant"]
+    worst = min(rows.values(), key=lambda row: row["right"])
+    assert worst["verdict"] == "worse" and worst["p_value"] <= 1 / 64
+    assert any(reason.startswith(f"class {worst['label']} fell from {worst['baseline_right']}/8 right under the served "
+                                 f"version {summary['baseline_version']} to {worst['right']}/8")
+               for reason in summary["reasons"]), summary["reasons"]
+    # A candidate about as good as the served one loses no class.
+    _, mixed = trained_runs["validate"]["mixed"]
+    assert mixed["blessed"] and len(mixed["comparison"]["per_class"]["classes"]) == 3
+    assert "worse" not in {row["verdict"] for row in mixed["comparison"]["per_class"]["classes"]}
+
+
 def test_point_decision_keeps_the_point_rule_and_its_wording(trained_runs, tmp_path):
     root = copy_root(trained_runs, tmp_path)
     code, summary = validate_run(root, "flat", "--decision", "point")

@@ -41,13 +41,29 @@ def test_a_truncated_eval_shard_is_named_in_one_line(trained_runs, tmp_path, cap
     assert "Traceback" not in err and shard in summary["error"]
 
 
+def test_an_eval_shard_changed_after_publishing_is_no_evidence(trained_runs, tmp_path, capsys):
+    """Its records read, but they are not those published (every label 0): the gate refuses in one line,
+    before TFMA, rather than blessing on them."""
+    from tests.components.conftest import relabel
+
+    root = copy_root(trained_runs, tmp_path)
+    shard = Root(root).shards("eval", [1])[0].uri
+    relabel(shard, 0)
+    code, err, summary = _gate(root, capsys)
+    assert code == 1 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert summary["error"].startswith(f"span 1 changed after it was published: {shard} "), summary["error"]
+    assert "restore the span's folder" in summary["error"]
+
+
 def test_a_shard_that_breaks_inside_tfma_is_named_too(trained_runs, tmp_path, capsys, monkeypatch):
-    """The label scan passes (it read the shard before the damage), so TFMA, inside Beam, hits it."""
+    """The shard check and the label scan pass (they read the shard before the damage), so TFMA, inside Beam,
+    hits it."""
     from components.gate import gate as validate
 
     root = copy_root(trained_runs, tmp_path)
     shards = Root(root).shards("eval", [1])
     scanned = validate._scan_eval(shards, 4)
+    monkeypatch.setattr(validate, "_staged", lambda _config, found: (found, []))
     monkeypatch.setattr(validate, "_scan_eval", lambda _shards, _keep: scanned)
     _truncate(shards[0].uri)
     code, err, _ = _gate(root, capsys)
@@ -67,10 +83,12 @@ def test_a_read_only_root_is_one_line_naming_the_path(trained_runs, tmp_path, ca
 
 
 def quarantine(root: str, span: int) -> None:
-    from components.contracts.summaries import DataCheckRecord
+    from components.contracts.summaries import DataAnomaly, DataCheckRecord
 
+    drift = DataAnomaly(kind="label_drift", severity="error", message="label drift 0.6")
     DataCheckRecord(span=span, check_version=1, status="quarantined", checked_at="2026-12-01T02:00:00Z",
-                    reasons=["label drift 0.6"], anomalies=[]).write(Root(root).datacheck(span))
+                    reasons=[drift.message], anomalies=[drift], manifest_sha256=Root(root).manifest_sha256(span),
+                    ).write(Root(root).datacheck(span))
 
 
 @pytest.mark.parametrize("marker", ["the data check's", "not JSON"])
@@ -115,3 +133,31 @@ def test_a_quarantined_span_is_refused_without_a_trained_model_too(tmp_path, cap
     code, err, summary = _gate(root, capsys)
     assert code == 1 and err.count("\n") == 1 and "Traceback" not in err, err
     assert "does not let in now: span 1 is quarantined" in err and f"stoke spans release 1 --root {root}" in err
+
+
+def test_a_served_version_that_cannot_be_loaded_is_one_line_without_beams_tracebacks(trained_runs, tmp_path):
+    """Weights cut short: TFMA's workers fail loading the served version and Beam logs each failure
+    with its traceback. The gate's stderr, which a run's log shows, holds its own line naming the
+    version; Beam's log is for STOKE_DEBUG=1."""
+    import re
+    import subprocess
+    import sys
+
+    from components.common.repository import Repository
+
+    root = copy_root(trained_runs, tmp_path)
+    repo = Repository(root, "stoke")
+    served = repo.newest()
+    weights = os.path.join(repo.path, str(served), "variables", "variables.data-00000-of-00001")
+    os.truncate(weights, 100)
+    # As the flow starts it: TF_USE_LEGACY_KERAS is this test process's, set by the training package it imported.
+    env = {key: value for key, value in os.environ.items() if key not in ("STOKE_DEBUG", "TF_USE_LEGACY_KERAS")}
+    result = subprocess.run([sys.executable, "-m", "components.gate", "--root", root, "--run-id", "good"],
+                            env=env, capture_output=True, text=True, timeout=600)
+    # TensorFlow's own start-up lines (absl's, written by its C++ runtime) are not Beam's: the run log files them under DEBUG.
+    lines = [line for line in result.stderr.splitlines()
+             if line.strip() and not re.match(r"[IWEF]\d{4} |WARNING: All log messages before absl", line)]
+    assert result.returncode == 1 and len(lines) == 1, result.stderr[-3000:]
+    assert lines[0].startswith(f"stoke gate: error: the served version {served} ({repo.version_uri(served)}) cannot "
+                               "be loaded (IndexError: Read less bytes than requested); restore it"), lines
+    assert os.path.getsize(weights) == 100 and repo.versions()[-1] == served  # the gate changes nothing there

@@ -16,6 +16,7 @@ from components.common.repository import KILL_AFTER_FILES_ENV, KILL_AFTER_STEP_E
 from components.push import lineage, predict, rollback
 from tests.components.conftest import tiny_image
 from tests.components.gate_runs import copy_root, gate_scenario, listing, push_run, validate_run
+from tests.credentials import PASSWORD, USER, holding, shows
 
 
 @pytest.fixture(scope="session")
@@ -193,6 +194,62 @@ def test_a_push_stopped_before_recording_it_is_not_repeated(trained_runs, tmp_pa
     assert listing(root) == before
 
 
+def _before_third_push(trained_runs, tmp_path) -> str:
+    """A copy of ROOT where run `mixed` is blessed, validated against the first version, not pushed yet."""
+    root = copy_root(trained_runs, tmp_path)
+    shutil.rmtree(os.path.join(root, "models", "stoke", str(trained_runs["push"]["mixed"][1]["version"])))
+    os.remove(os.path.join(root, "runs", "mixed", "pushed.json"))
+    return root
+
+
+def test_a_served_version_in_text_form_survives_the_next_push(trained_runs, tmp_path):
+    """TF Serving loads saved_model.pbtxt too: such a version is served, so push neither deletes it
+    nor finds the repository changed since the gate compared the run with it."""
+    from google.protobuf import text_format
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    root = _before_third_push(trained_runs, tmp_path)
+    first = trained_runs["push"]["good"][1]["version"]
+    folder = os.path.join(root, "models", "stoke", str(first))
+    proto = saved_model_pb2.SavedModel.FromString(open(os.path.join(folder, "saved_model.pb"), "rb").read())
+    open(os.path.join(folder, "saved_model.pbtxt"), "w").write(text_format.MessageToString(proto))
+    os.remove(os.path.join(folder, "saved_model.pb"))
+    before = listing(root)
+    code, pushed = push_run(root, "mixed", "--no-build-image")
+    assert code == 0 and pushed["pushed"] and pushed["previous_version"] == first, pushed
+    assert pushed["cleaned_partial"] == [] and pushed["set_aside"] == []
+    assert Repository(root, "stoke").versions() == [first, pushed["version"]]
+    assert set(before) <= set(listing(root))  # nothing of the first version went
+    assert sorted(os.listdir(os.path.join(root, "serving", "models", "stoke"))) == [str(first), str(pushed["version"])]
+
+
+def test_a_push_refuses_a_version_number_past_int64_in_one_line(trained_runs, tmp_path, capsys):
+    """A number past 2**63-1 would fail TF Serving's parse of models.config: the server would not start."""
+    root = _before_third_push(trained_runs, tmp_path)
+    first = trained_runs["push"]["good"][1]["version"]
+    shutil.copytree(os.path.join(root, "models", "stoke", str(first)),
+                    os.path.join(root, "models", "stoke", f"rolled-back-{2**63 - 1}"))
+    before = listing(root)
+    code, refused = push_run(root, "mixed", "--no-build-image")
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert "has no version number left: 9223372036854775807 is taken" in refused["error"]
+    assert listing(root) == before and not os.path.exists(os.path.join(root, "runs", "mixed", "pushed.json"))
+
+
+def test_a_folder_named_by_other_digits_stops_nothing(trained_runs, tmp_path):
+    """str.isdigit() takes '²', and int() Arabic-Indic or fullwidth digits: TF Serving takes none of
+    them for a version, and neither does push; they are left where they are."""
+    root = _before_third_push(trained_runs, tmp_path)
+    first = trained_runs["push"]["good"][1]["version"]
+    for name in ("²", "٣", "０１"):
+        shutil.copytree(os.path.join(root, "models", "stoke", str(first)), os.path.join(root, "models", "stoke", name))
+    code, pushed = push_run(root, "mixed", "--no-build-image")
+    assert code == 0 and pushed["pushed"] and pushed["previous_version"] == first, pushed
+    assert pushed["versions"] == [first, pushed["version"]] and pushed["set_aside"] == []
+    assert {"²", "٣", "０１"} <= set(os.listdir(os.path.join(root, "models", "stoke")))
+
+
 def test_retention_keeps_the_newest_and_lineage_of_retired(trained_runs, tmp_path):
     root = copy_root(trained_runs, tmp_path)
     third = trained_runs["push"]["mixed"][1]["version"]
@@ -226,6 +283,43 @@ def test_lineage_of_the_served_version(trained_runs, capsys):
     assert f"version {trained_runs['push']['mixed'][1]['version']} (served)" in text and "run mixed" in text
     assert "span 1:" in text
     assert lineage.run(["--root", trained_runs["root"], "--model-name", "a/../b"]) == 1
+
+
+def test_a_password_older_spans_and_versions_kept_stays_out_of_the_push_its_image_and_every_answer(
+        trained_runs, tmp_path, capsys):
+    """A span and a version published before Stoke kept credentials out hold SOURCE's password: the push
+    writes none of it into the new version or ROOT/serving (the image's build context), whose copy of the
+    old version's lineage is written without it (never through the link to the version's own file, which
+    keeps what it has), and `stoke lineage` and `stoke spans` show none of it."""
+    from components.datacheck import spans
+
+    root = copy_root(trained_runs, tmp_path)
+    first, third = trained_runs["push"]["good"][1]["version"], trained_runs["push"]["mixed"][1]["version"]
+    old = f"http://{USER}:{PASSWORD}@127.0.0.1:9/photos/manifest.csv"
+    manifest = os.path.join(root, "data", "spans", "span-00001", "_MANIFEST.json")
+    json.dump({**json.load(open(manifest)), "source": old}, open(manifest + ".tmp", "w"))
+    os.replace(manifest + ".tmp", manifest)
+    kept = os.path.join(root, "models", "stoke", str(first), "assets.extra", "stoke_lineage.json")
+    record = json.load(open(kept))
+    record["spans"][0]["source"] = old
+    json.dump(record, open(kept, "w"))
+    copied = os.path.join(root, "serving", "models", "stoke", str(first), "assets.extra", "stoke_lineage.json")
+    os.remove(copied)
+    os.link(kept, copied)  # as a push on one disk mirrors a version
+    shutil.rmtree(os.path.join(root, "models", "stoke", str(third)))
+    os.remove(os.path.join(root, "runs", "mixed", "pushed.json"))
+
+    code, pushed = push_run(root, "mixed")
+    assert code == 0 and pushed["pushed"], pushed
+    assert holding(pushed["model_uri"]) == [] and holding(os.path.join(root, "serving")) == []
+    assert json.load(open(copied))["spans"][0]["source"] == "http://alice:***@127.0.0.1:9/photos/manifest.csv"
+    assert shows(open(kept).read())  # the old version itself is left as it was
+    capsys.readouterr()
+    for argv in ([str(first)], [str(first), "--json"], [str(pushed["version"]), "--json"]):
+        assert lineage.run(["--root", root, *argv]) == 0
+    assert spans.run(["--root", root]) == 0 and spans.run(["--root", root, "--json"]) == 0
+    printed = capsys.readouterr()
+    assert "alice:***@127.0.0.1:9" in printed.out and not shows(printed.out + printed.err)
 
 
 class FakeServing(http.server.BaseHTTPRequestHandler):
@@ -297,8 +391,10 @@ def test_object_store_push_copies_saved_model_last(trained_runs, s3_bucket):
     fs = fsspec.filesystem("s3")
     fs.pipe_file(f"{s3_bucket}/root/models/stoke/5/variables/variables.index", b"half a push")
     repo = Repository(root, "stoke")
-    with repo.lock("push"):
-        assert repo.versions() == [] and repo.remove_partial() == ["5"]
+    with repo.lock("push"):  # no mark of a push of Stoke's: set aside whole, not deleted
+        tidied = repo.tidy()
+        assert repo.versions() == [] and tidied.removed == [] and [a.name for a in tidied.set_aside] == ["5"]
+    assert fs.cat_file(f"{s3_bucket}/root/models/stoke/set-aside-5/variables/variables.index") == b"half a push"
 
     order = []
     original = repo.fs.pipe_file
@@ -312,5 +408,7 @@ def test_object_store_push_copies_saved_model_last(trained_runs, s3_bucket):
         repo.publish(trained_runs["push"]["good"][1]["model_uri"], 5000, {"assets.extra/note": b"x"})
     finally:
         repo.fs.pipe_file = original
+    assert order[0].endswith("/models/stoke/.push-5000")  # the mark, before anything of the version
     assert order[-1] == "saved_model.pb" and "variables/variables.index" in order
     assert repo.versions() == [5000] and repo.next_version() > 5000
+    assert not fs.exists(f"{s3_bucket}/root/models/stoke/.push-5000")  # and gone once it is complete

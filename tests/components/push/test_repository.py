@@ -139,7 +139,7 @@ def test_local_lock_names_its_holder_and_dies_with_it(tmp_path):
         holder.kill()
         holder.wait()
     with repo.lock("rollback", wait=0):  # the kernel dropped the dead holder's lock
-        assert repo.remove_partial() == [".push-200"]
+        assert repo.tidy().removed == [".push-200"]
 
 
 def test_rollback_waits_for_a_live_push_and_spares_its_temp_folder(tmp_path, monkeypatch):
@@ -166,7 +166,7 @@ def test_rollback_waits_for_a_live_push_and_spares_its_temp_folder(tmp_path, mon
 def test_changes_outside_the_lock_are_refused(tmp_path):
     repo = Repository(str(tmp_path / "root"), "stoke")
     with pytest.raises(RepositoryError, match="inside Repository.lock"):
-        repo.remove_partial()
+        repo.tidy()
     with pytest.raises(RepositoryError, match="inside Repository.lock"):
         repo.apply_retention(1, "now")
 
@@ -235,3 +235,184 @@ def test_bucket_push_that_lost_its_lease_publishes_nothing(s3_bucket, tmp_path):
     fs = fsspec.filesystem("s3")
     fs.invalidate_cache()
     assert repo.versions() == [] and not fs.exists(f"{s3_bucket}/root/models/stoke/7")
+
+
+# ---------------------------------------------------------------- what TF Serving would take for a version
+
+
+def repository_with(tmp_path, *versions: int) -> Repository:
+    source = fake_model(tmp_path / "model")
+    repo = Repository(str(tmp_path / "root"), "stoke")
+    for version in versions:
+        repo.publish(source, version, {"assets.extra/stoke_lineage.json": lineage_bytes(version)})
+    return repo
+
+
+def listing_of(folder) -> dict[str, bytes]:
+    """Every file under `folder` (links followed) and its bytes."""
+    return {os.path.relpath(os.path.join(d, f), folder): open(os.path.join(d, f), "rb").read()
+            for d, _, files in os.walk(folder, followlinks=True) for f in files}
+
+
+def test_a_version_in_text_form_is_a_version_and_never_deleted(tmp_path):
+    """TF Serving loads saved_model.pbtxt as well as saved_model.pb: such a folder is served, so it is
+    the newest version, and no change to the repository deletes it."""
+    repo = repository_with(tmp_path, 100)
+    text = os.path.join(repo.path, "200")
+    os.makedirs(os.path.join(text, "variables"))
+    open(os.path.join(text, "saved_model.pbtxt"), "w").write("saved_model_schema_version: 1\n")
+    before = listing_of(text)
+    assert repo.versions() == [100, 200] and repo.newest() == 200
+    with repo.lock("push"):
+        tidied = repo.tidy()
+        assert tidied.removed == [] and tidied.set_aside == []
+        assert repo.apply_retention(1, "2026-01-01T00:00:00Z") == [100]
+    assert repo.versions() == [200] and listing_of(text) == before
+    repo.publish(fake_model(tmp_path / "next"), 300, {})
+    with repo.lock("push"):
+        assert repo.apply_retention(1, "2026-01-02T00:00:00Z") == [200]  # retired like any version: lineage kept
+    assert not os.path.exists(text) and repo.retired() == [100, 200]
+
+
+def _file(path, name: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(name.encode())
+
+
+# What an accident or another tool leaves in the repository that TF Serving reads as a version
+# (strings::safe_strto64: spaces around, '-', leading zeros) and Stoke does not write.
+STRANGERS = {
+    "empty folder": ("300", lambda p: p.mkdir()),
+    "only variables/": ("300", lambda p: _file(p / "variables" / "variables.index", "index")),
+    "a file": ("300", lambda p: _file(p, "not a folder")),
+    "a session bundle": ("300", lambda p: (_file(p / "export.meta", "meta"), _file(p / "saved_model.pb", "g"))),
+    "a symbolic link": ("300", lambda p: (_file(p.parent.parent.parent / "elsewhere" / "saved_model.pb", "g"),
+                                          p.symlink_to(p.parent.parent.parent / "elsewhere"))),
+    "leading zeros": ("0300", lambda p: _file(p / "saved_model.pb", "g")),
+    "negative": ("-1", lambda p: _file(p / "saved_model.pb", "g")),
+    "a space before": (" 300", lambda p: _file(p / "saved_model.pb", "g")),
+    "a newline after": ("300\n", lambda p: _file(p / "saved_model.pb", "g")),
+}
+
+
+@pytest.mark.parametrize("kind", STRANGERS)
+def test_a_stranger_is_set_aside_out_of_tf_servings_sight_never_deleted(tmp_path, kind, caplog):
+    from components.common.model_folders import serving_reads
+
+    repo = repository_with(tmp_path, 100)
+    name, make = STRANGERS[kind]
+    make(tmp_path / "root" / "models" / "stoke" / name)
+    stranger = os.path.join(repo.path, name)
+    link_target = os.readlink(stranger) if os.path.islink(stranger) else None
+    before = listing_of(stranger) if os.path.isdir(stranger) else open(stranger, "rb").read()
+    assert serving_reads(name) is not None  # TF Serving would take it for a version
+    assert repo.versions() == [100] and list(repo.survey().strangers) == [name]
+
+    with repo.lock("push"):
+        tidied = repo.tidy()
+    assert tidied.removed == [] and [aside.name for aside in tidied.set_aside] == [name]
+    moved = tidied.set_aside[0].moved_to
+    assert os.path.dirname(moved) == repo.path and serving_reads(os.path.basename(moved)) is None
+    assert not os.path.lexists(stranger)
+    if link_target:  # the link moved; what it points at is as it was
+        assert os.readlink(moved) == link_target and os.path.exists(os.path.join(link_target, "saved_model.pb"))
+    assert (listing_of(moved) if os.path.isdir(moved) else open(moved, "rb").read()) == before
+    assert f"set aside {stranger} as {os.path.basename(moved)}" in caplog.text
+    assert repo.versions() == [100]
+    with repo.lock("push"):
+        assert repo.tidy().set_aside == []  # once is enough
+
+
+def test_a_second_stranger_of_one_name_is_set_aside_beside_the_first(tmp_path):
+    repo = repository_with(tmp_path, 100)
+    for _ in range(2):
+        os.mkdir(os.path.join(repo.path, "300"))
+        with repo.lock("push"):
+            repo.tidy()
+    assert sorted(n for n in os.listdir(repo.path) if n.startswith("set-aside-")) == ["set-aside-300",
+                                                                                      "set-aside-300-2"]
+
+
+# Names TF Serving skips (its parser takes ASCII digits only, within int64) and Stoke leaves alone;
+# str.isdigit() and int() take the Unicode digits.
+IGNORED = ["²", "٣", "١٢٣", "０１", "9223372036854775808", "99999999999999999999", "+5", "5a", "notes", "1.5"]
+
+
+def test_names_tf_serving_skips_are_no_versions_and_are_left_alone(tmp_path):
+    repo = repository_with(tmp_path, 100)
+    for name in IGNORED:
+        _file(tmp_path / "root" / "models" / "stoke" / name / "saved_model.pb", "g")
+    before = sorted(os.listdir(repo.path)) + [".lock"]
+    assert repo.versions() == [100] and repo.survey().strangers == {}
+    assert repo.every_number_used() == [100] and repo.next_version() > 100
+    with repo.lock("push"):
+        assert repo.tidy().set_aside == [] and repo.apply_retention(1, "2026-01-01T00:00:00Z") == []
+    assert sorted(os.listdir(repo.path)) == sorted(before)
+
+
+def test_version_numbers_end_where_tf_serving_int64_does(tmp_path):
+    """A version above 2**63-1 would make models.config fail to parse ("Value out of range"): the
+    server would not start. The last number is usable; after it, push refuses in one line."""
+    repo = repository_with(tmp_path, 2**63 - 1)
+    assert repo.versions() == [2**63 - 1]
+    with pytest.raises(RepositoryError, match=r"has no version number left: 9223372036854775807 is taken and TF "
+                                              r"Serving reads versions as int64") as refused:
+        repo.next_version()
+    assert "\n" not in str(refused.value)
+    with pytest.raises(RepositoryError, match="is no version number TF Serving reads"):
+        repo.publish(fake_model(tmp_path / "next"), 2**63, {})
+    assert repo.versions() == [2**63 - 1] and not any(n.startswith(".push-") for n in os.listdir(repo.path))
+
+
+@pytest.mark.parametrize("holder", ["rolled-back-9223372036854775807/saved_model.pb",
+                                    "_retired/9223372036854775807.json"])
+def test_a_number_rolled_back_or_retired_counts_up_to_the_end_too(tmp_path, holder):
+    repo = repository_with(tmp_path, 100)
+    _file(tmp_path / "root" / "models" / "stoke" / holder, "{}")
+    with pytest.raises(RepositoryError, match="has no version number left"):
+        repo.next_version()
+
+
+def test_retention_never_deletes_what_it_does_not_recognise(tmp_path):
+    """Older folders that hold a SavedModel but are no versions of Stoke's: int() reads '0050' as 50
+    and '٣' as 3, but the paths of versions 50 and 3 are elsewhere; none of them is retired."""
+    repo = repository_with(tmp_path, 100, 200)
+    for name in ("50", "0050", "-7", "٣"):
+        _file(tmp_path / "root" / "models" / "stoke" / name / ("saved_model.pb" if name != "50" else "x"), "g")
+    with repo.lock("retention"):
+        assert repo.apply_retention(1, "2026-01-01T00:00:00Z") == [100]
+    assert {"50", "0050", "-7", "٣", "200"} <= set(os.listdir(repo.path)) and repo.retired() == [100]
+
+
+PUBLISH = "import sys; from components.common.repository import Repository; " \
+          "Repository(sys.argv[1], 'stoke').publish(sys.argv[2], 7, {'assets.extra/stoke_lineage.json': b'{}'})"
+
+
+def test_on_a_bucket_only_a_push_marked_as_stokes_is_deleted(s3_bucket, tmp_path):
+    """No rename on a bucket: a push writes into the version folder itself, marked `.push-<version>`
+    until saved_model.pb is in. A push killed mid-copy leaves both, and only those are deleted; a
+    folder TF Serving cannot load without that mark (an upload by hand, a copy by another tool) is
+    set aside whole, and a version in text form is kept."""
+    import fsspec
+
+    from components.common.repository import KILL_AFTER_FILES_ENV
+
+    root, base = f"s3://{s3_bucket}/root", f"{s3_bucket}/root/models/stoke"
+    killed = subprocess.run([sys.executable, "-c", PUBLISH, root, fake_model(tmp_path / "model")],
+                            env=dict(os.environ, **{KILL_AFTER_FILES_ENV: "2"}), capture_output=True, text=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    fs = fsspec.filesystem("s3")
+    fs.invalidate_cache()
+    assert fs.exists(f"{base}/.push-7") and fs.exists(f"{base}/7") and not fs.exists(f"{base}/7/saved_model.pb")
+    fs.pipe_file(f"{base}/8/variables/variables.index", b"by hand")
+    fs.pipe_file(f"{base}/9/saved_model.pbtxt", b"saved_model_schema_version: 1\n")
+    repo = Repository(root, "stoke")
+    assert repo.versions() == [9] and repo.every_number_used() == [7, 9]
+    with repo.lock("push"):
+        tidied = repo.tidy()
+    assert tidied.removed == ["7", ".push-7"]
+    assert [(a.name, a.moved_to) for a in tidied.set_aside] == [("8", f"{root}/models/stoke/set-aside-8")]
+    fs.invalidate_cache()
+    assert fs.cat_file(f"{base}/set-aside-8/variables/variables.index") == b"by hand"
+    assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls(base)) == ["9", "set-aside-8"]
+    assert repo.versions() == [9] and repo.next_version() > 9

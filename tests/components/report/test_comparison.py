@@ -35,3 +35,45 @@ def test_the_report_shows_the_difference_with_its_interval(tmp_path):
     assert open(run.comparison_plot, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     assert written["summary"]["gate"]["comparison"]["interval"] == [-0.0586, 0.0044]
     assert os.path.basename(written["summary"]["plots"]["comparison"]) == "comparison.png"
+
+
+def per_class_row(label, n, right, baseline_right, b, c, p_value, threshold, verdict):
+    return {"label": label, "example_count": n, "right": right, "baseline_right": baseline_right,
+            "discordant": [b, c], "p_value": p_value, "threshold": threshold, "verdict": verdict}
+
+
+PER_CLASS = {"version": 1796136026, "method": "McNemar exact test, one-sided, per class; Holm step-down over the classes",
+             "level": 0.05, "max_regression": 0.01, "classes": [
+                 per_class_row("red", 20, 10, 20, 0, 10, 0.5 ** 10, 0.05 / 3, "worse"),
+                 per_class_row("green", 20, 19, 18, 1, 0, 1.0, 0.05, "held"),
+                 per_class_row("blue", 20, 15, 20, 0, 5, 0.5 ** 5, 0.05 / 2, "within noise")]}
+
+
+def test_the_per_class_table_shows_the_served_figures_and_the_verdict(tmp_path):
+    """red forgotten, green better, blue down within noise; white is new, so the served version has no figure."""
+    run = Root(str(tmp_path)).run("r1")
+    gate = read_json(str(WRITTEN))
+    gate["labels"] = ["red", "green", "blue", "white"]
+    gate["metrics"] |= {"per_class_accuracy": {"red": 0.5, "green": 0.95, "blue": 0.75, "white": 0.25},
+                        "per_class_examples": {"red": 20, "green": 20, "blue": 20, "white": 4}}
+    write_json(run.summary("gate"), gate | {"comparison": COMPARISON | {"per_class": PER_CLASS}})
+    written = write_report(run)
+    markdown = written["markdown"]
+    assert ("Class by class against served version 1796136026: McNemar's exact one-sided test on each class's records, "
+            "Holm's step-down over the 3 classes at 0.05; a class is worse when its fall is significant and beyond the "
+            "allowed regression 0.01.") in markdown
+    table = markdown[markdown.index("| class | eval examples | accuracy | served |"):].split("\n\n")[0].splitlines()
+    assert table[2:] == [
+        "| blue | 20 | 0.7500 (15/20) | 1.0000 (20/20) | 0 / 5 | 0.031 | 0.025 | fell, within noise |",
+        "| green | 20 | 0.9500 (19/20) | 0.9000 (18/20) | 1 / 0 | 1 | 0.05 | held |",
+        "| red | 20 | 0.5000 (10/20) | 1.0000 (20/20) | 0 / 10 | 0.00098 | 0.017 | **worse**: a reason to refuse |",
+        "| white | 4 | 0.2500 | - | - | - | - | new: not compared |"]
+    assert written["summary"]["gate"]["comparison"]["per_class"]["classes"][0]["verdict"] == "worse"
+
+
+def test_without_a_per_class_comparison_the_table_has_the_candidate_alone(tmp_path):
+    run = Root(str(tmp_path)).run("r1")
+    write_json(run.summary("gate"), read_json(str(WRITTEN)) | {"comparison": COMPARISON})
+    markdown = write_report(run)["markdown"]
+    assert "| class | eval examples | accuracy |\n| --- | --- | --- |\n| four | 1 | 0.0000 |" in markdown
+    assert "Class by class" not in markdown

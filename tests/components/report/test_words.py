@@ -36,11 +36,13 @@ def test_near_copies_say_what_became_of_them(tmp_path):
     def copied(ingest):
         pair = {"uri": "/in/a/1.png", "split": "eval", "other_uri": "/in/a/2.png", "other_split": "eval",
                 "distance": 3, "mirrored": True}
-        return {**ingest, "near_duplicates": {"count": 30, "moved": 12, "across": 1, "examples": [pair]}}
+        return {**ingest, "near_duplicates": {"count": 30, "moved": 12, "across": 1, "examples": [pair], "crowded": 400}}
     markdown = run_with(tmp_path, ingest=copied)["markdown"]
     assert "Near-copies of another image (re-encoded, resized, cropped or mirrored): 30; 12 joined their " \
            "original's split, 0 set aside, 1 left in the other split" in markdown
     assert "3 bits apart as mirror images" in markdown
+    assert "alike at dHash's 9x8 (a fixed camera, scans, products on white): 400; judged by their block " \
+           "colours, the distinct ones kept their own split." in markdown
 
 
 def test_a_profiler_that_disagrees_with_the_probe_is_explained(tmp_path):
@@ -65,3 +67,14 @@ def test_a_collapsed_model_and_training_warnings_come_first(tmp_path):
     head = markdown.split("## ")[0]
     assert "The model answers one class: `cats` for 14 of 15 eval images (6 of them are cats)" in head
     assert "Training: only 12 training steps" in head
+
+
+def test_the_report_names_what_a_push_set_aside_in_the_model_repository(tmp_path):
+    run = Root(str(tmp_path)).run("r1")
+    push = read_json(str(SAMPLES / "push-summary.json")) | {"set_aside": [
+        {"name": "0300", "moved_to": "/root/models/stoke/set-aside-0300",
+         "reason": "TF Serving reads its name as version 300; Stoke names versions by plain decimal numbers"}]}
+    write_json(run.summary("push"), push)
+    shown = run_with(tmp_path)["markdown"]
+    assert ("Set aside `0300` as `/root/models/stoke/set-aside-0300`: TF Serving reads its name as version 300; "
+            "Stoke names versions by plain decimal numbers.") in shown

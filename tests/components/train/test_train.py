@@ -21,7 +21,7 @@ from components.contracts.layout import Root
 from components.train import input_pipeline as pipeline
 from components.train import recipe
 from components.train import trainer as train
-from tests.components.conftest import TRAIN_LABELS, tiny_image, tiny_records, write_span
+from tests.components.conftest import TRAIN_LABELS, let_in, tiny_image, tiny_records, write_span
 from tests.components.train.test_input_pipeline import corrupt_record
 from tests.waiting import free_ports
 
@@ -157,6 +157,7 @@ def test_a_larger_image_size_than_the_spans_hold_is_warned_about(tmp_path, capsy
     write_span(root, 1, {"train": tiny_records(8)}, TRAIN_LABELS, {"train": 1})
     manifest = Root(root).manifests()[0]
     manifest.model_copy(update={"max_side": 24}).write(Root(root).manifest(1))
+    let_in(root, 1)  # the check judges the manifest as ingest wrote it
     assert train.run(["--root", root, *TINY, "--run-id", "upsampled", "--epochs", "1", "--input-probe-steps", "0"]) == 0
     assert "--image-size 32 is larger than the spans hold (ingested with --max-side 24)" in capsys.readouterr().err
 
@@ -264,6 +265,26 @@ def test_skip_corrupt_trains_on_the_rest_and_counts_it(train_corrupt_root, capsy
     assert summary["steps_per_epoch"] == (48 - 13) // 8
 
 
+@pytest.mark.parametrize("split", ["train", "eval"])
+def test_a_span_whose_shards_changed_after_publishing_is_not_trained_on(small_spans_root, tmp_path, capsys, split):
+    """Every shard of one split rewritten with label 0 (records that read, not those published): the run
+    stops before training, in one line naming the span, a shard and what to do."""
+    from tests.components.conftest import relabel
+
+    root = str(tmp_path / "root")
+    shutil.copytree(small_spans_root, root, ignore=shutil.ignore_patterns("runs"))
+    changed = Root(root).shards(split)
+    for shard in changed:
+        relabel(shard.uri, 0)
+    code = train.run(["--root", root, *TINY, "--run-id", "changed", "--epochs", "1", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 1 and err.count("\n") == 1 and "Traceback" not in err, err
+    error = json.loads(out.strip().splitlines()[-1])["error"]
+    assert error.startswith("span 1 changed after it was published: ") and changed[0].uri in error, error
+    assert "restore the span's folder from a backup" in error
+    assert not os.path.exists(os.path.join(root, "runs", "changed", "metrics.json"))
+
+
 def test_refuses_a_root_without_spans_and_a_run_id_that_leaves_runs(tmp_path, small_spans_root, capsys):
     assert train.run(["--root", str(tmp_path), "--json"]) == 1
     assert "no published span" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
@@ -362,3 +383,19 @@ def test_a_broken_span_manifest_is_one_line_naming_it(small_spans_root, tmp_path
     error = json.loads(captured.out.strip().splitlines()[-1])["error"]
     assert error.startswith(f"{manifest} is not a valid SpanManifest: ")
     assert captured.err.strip() == f"stoke train: error: {error}"
+
+
+def test_a_span_whose_manifest_changed_after_its_check_is_left_out_and_said_so(small_spans_root, tmp_path, capsys):
+    """Training goes on with the spans the data check let in, and names the one it leaves out."""
+    from components.contracts.run_config import TrainSettings
+    from components.train.plan import find_data
+
+    root = str(tmp_path / "root")
+    shutil.copytree(small_spans_root, root, ignore=shutil.ignore_patterns("runs"))
+    write_span(root, 2, {"train": tiny_records(8, offset=2000)}, TRAIN_LABELS, {"train": 1})
+    with open(Root(root).manifest(2), "ab") as f:
+        f.write(b"\n")
+    _, train_shards, _, _ = find_data(TrainSettings(root=root, run_id="left-out"))
+    assert {s.span for s in train_shards} == {1}
+    err = capsys.readouterr().err
+    assert err.startswith("stoke train: warning: left out: span 2 has no valid data-check record (") and err.count("\n") == 1

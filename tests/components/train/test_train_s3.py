@@ -83,3 +83,22 @@ def test_a_backup_key_that_would_leave_the_local_folder_stops_the_run_in_one_lin
     assert code == 1 and escaping in summary["error"] and "\n" not in summary["error"]
     assert not (tmp_path / "outside").exists()
     assert not fs.exists("train-root/root/runs/s3-escape/metrics.json")
+
+
+def test_a_shard_changed_in_the_bucket_after_publishing_is_not_trained_on(bucket_root, small_spans_root, tmp_path,
+                                                                          capsys):
+    """The copy is checked as it is fetched: records that read but are not those published stop the run, as
+    they do on a local ROOT, rather than being read as if the shard were only damaged."""
+    from tests.components.conftest import relabel
+
+    fs = fsspec.filesystem("s3")
+    fs.copy("train-root/root/data", "train-root/changed/data", recursive=True)
+    local = str(tmp_path / "shard.tfrecord.gz")
+    fs.get("train-root/changed/data/spans/span-00001/train-00001-of-00003.tfrecord.gz", local)
+    relabel(local, 0)
+    fs.put(local, "train-root/changed/data/spans/span-00001/train-00001-of-00003.tfrecord.gz")
+    code, summary = _run(capsys, "s3://train-root/changed", tmp_path / "cache", "--run-id", "s3-changed")
+    assert code == 1 and "\n" not in summary["error"], summary
+    assert summary["error"].startswith("span 1 changed after it was published: s3://train-root/changed/data/spans/"
+                                       "span-00001/train-00001-of-00003.tfrecord.gz "), summary["error"]
+    assert not fs.exists("train-root/changed/runs/s3-changed/metrics.json")

@@ -1,0 +1,32 @@
+"""The records the gate judges a candidate on: the eval split of every span the data check lets in.
+
+A blessed candidate answers for everything the served model answers for, so it is judged on the eval
+records of every checked span, whichever of them its training read: a run that trains on the new
+spans and a replay sample of the old ones must still show that it kept the old ones' classes. Two
+limits, both about what a candidate can be held to:
+- a span the run trained on must still be let in: if the data check quarantined it since, the
+  candidate learned from records no longer trusted, and the gate refuses (with how to release it);
+- a span whose labels list a class the candidate does not know (published after its training read
+  labels.json) is left out, with a note: no model is judged on a class it was never given, and the
+  next run trains and gates on it.
+"""
+from __future__ import annotations
+
+from components.contracts.layout import Root
+
+
+def eval_spans(root: Root, trained: list[int], labels: list[str]) -> tuple[list[int], list[str]]:
+    """The spans whose eval records judge a candidate trained on `trained` with `labels`, and a note for
+    each checked span left out. Raises SpanNotChecked when a span of `trained` is not let in now."""
+    for _ in root.each_manifest(trained, sources=False):
+        pass  # each trained span is checked as it is read
+    spans, notes = [], []
+    for manifest in root.each_manifest(sources=False):
+        if list(labels[:len(manifest.labels)]) == list(manifest.labels):
+            spans.append(manifest.span)
+            continue
+        unknown = [name for name in manifest.labels if name not in labels]
+        why = (f"it brings classes the candidate was not trained on ({', '.join(unknown)})" if unknown else
+               "its class ids are not the candidate's")
+        notes.append(f"span {manifest.span} is left out of the eval records: {why}; the next run trains and gates on it")
+    return spans, notes

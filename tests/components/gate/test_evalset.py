@@ -1,0 +1,72 @@
+"""Which eval records the gate judges a candidate on: every span the data check lets in, whichever of
+them training read. A stand-in run (metrics.json and an empty SavedModel file) is enough: the gate
+chooses its records before it loads any model."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+
+import pytest
+
+from components.common.files import write_json
+from components.contracts.layout import Root, SpanNotChecked
+from components.contracts.run_config import GateSettings
+from components.gate import gate
+from components.gate.evalset import eval_spans
+from tests.components.conftest import TRAIN_LABELS, tiny_records, write_span
+from tests.components.gate.test_gate_faults import quarantine
+
+SAMPLE = pathlib.Path(__file__).parents[1] / "contracts" / "samples" / "metrics.json"
+
+
+@pytest.fixture(scope="module")
+def checked_root(tmp_path_factory) -> str:
+    """Spans 1-3 checked (3, 4 and 5 eval records), 4 quarantined, 5 checked with a class added since, 6
+    checked with two class ids swapped (by hand: ingest never reorders labels)."""
+    root = str(tmp_path_factory.mktemp("evalset") / "root")
+    for number, evals in ((1, 3), (2, 4), (3, 5), (4, 6)):
+        write_span(root, number, {"train": tiny_records(3, offset=100 * number),
+                                  "eval": tiny_records(evals, offset=100 * number + 50)},
+                   TRAIN_LABELS, {"train": 1, "eval": 1})
+    quarantine(root, 4)
+    write_span(root, 5, {"train": tiny_records(3, offset=500), "eval": tiny_records(2, offset=550)},
+               TRAIN_LABELS + ["violet"], {"train": 1, "eval": 1})
+    write_span(root, 6, {"eval": tiny_records(2, offset=650)}, ["green", "red", "blue", "violet"], {"eval": 1})
+    return root
+
+
+def stand_in_run(root: str, run_id: str, spans: list[int]) -> None:
+    run = Root(root).run(run_id)
+    metrics = json.loads(SAMPLE.read_text())
+    write_json(run.metrics, {**metrics, "run_id": run_id, "spans": spans, "labels": TRAIN_LABELS})
+    os.makedirs(run.candidate)
+    open(os.path.join(run.candidate, "saved_model.pb"), "wb").close()
+
+
+def test_every_checked_span_is_gated_on_whichever_training_read(checked_root):
+    assert eval_spans(Root(checked_root), [3], TRAIN_LABELS) == ([1, 2, 3], [
+        "span 5 is left out of the eval records: it brings classes the candidate was not trained on (violet); "
+        "the next run trains and gates on it",
+        "span 6 is left out of the eval records: it brings classes the candidate was not trained on (violet); "
+        "the next run trains and gates on it"])
+    # A candidate that knows violet is judged on span 5 too; the quarantined span 4 is never read, and
+    # span 6, whose ids say green is 0, is no evidence for a candidate whose 0 is red.
+    assert eval_spans(Root(checked_root), [5], TRAIN_LABELS + ["violet"]) == ([1, 2, 3, 5], [
+        "span 6 is left out of the eval records: its class ids are not the candidate's; the next run trains and "
+        "gates on it"])
+
+
+def test_a_trained_span_quarantined_since_still_refuses(checked_root):
+    with pytest.raises(SpanNotChecked, match="span 4 is quarantined"):
+        eval_spans(Root(checked_root), [3, 4], TRAIN_LABELS)
+
+
+def test_a_candidate_that_names_only_the_newest_span_is_gated_on_all_checked_spans(checked_root):
+    """A warm-started run trains on the newest span and a replay sample: its metrics.json names span 3
+    alone, and the gate still reads the eval records of spans 1, 2 and 3."""
+    stand_in_run(checked_root, "warm", [3])
+    inputs = gate.gather(GateSettings.model_validate({"root": checked_root, "run_id": "warm"}))
+    assert inputs.spans == [1, 2, 3] and sorted({s.span for s in inputs.shards}) == [1, 2, 3]
+    assert sum(inputs.counts.values()) == 3 + 4 + 5 and inputs.floor.total == 12
+    assert any(note.startswith("span 5 is left out of the eval records") for note in inputs.served.notes)
