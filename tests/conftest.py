@@ -32,6 +32,14 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session", autouse=True)
+def cache_of_this_session(tmp_path_factory):
+    """The shard cache's folder (also the shard digests', the GPU slot's and `stoke run`'s Prefect homes)
+    in the session's temporary folder, whatever the environment says: a test never writes the user's
+    ~/.cache/stoke nor finds what an earlier session, or another worker's test, left there."""
+    os.environ["STOKE_CACHE_DIR"] = str(tmp_path_factory.getbasetemp() / "stoke-cache")
+
+
+@pytest.fixture(scope="session", autouse=True)
 def gpu_slot_of_this_session(tmp_path_factory):
     """Each pytest process its own GPU slot (flows/gpus.py), in its own temporary folder: the tests
     train on the CPU, and a worker queueing behind another worker's slot, or behind another test

@@ -65,6 +65,11 @@ def _files(folder) -> set[str]:
 # ---------------------------------------------------------------- whose folder
 
 
+def test_the_tests_keep_the_cache_in_their_own_temporary_folder(tmp_path_factory):
+    folder = cache_folder.default_folder()
+    assert folder.startswith(str(tmp_path_factory.getbasetemp()) + os.sep), folder
+
+
 def test_the_default_folder_is_the_users_own(monkeypatch, tmp_path):
     monkeypatch.delenv(cache_folder.CACHE_DIR_ENV, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
