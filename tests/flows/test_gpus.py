@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 
-from components.contracts.layout import Root
 from flows.gpus import gpu_slot
 from tests.flows.conftest import TINY_BEAM
 from tests.waiting import wait_for
@@ -77,25 +76,28 @@ def test_a_run_killed_during_training_leaves_the_next_one_free_to_train(digits, 
                PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="180")
     common = [os.path.join(BIN, "stoke"), "run", digits, "--root", root, "--no-preflight", "--preset", "demo",
               "--set", f"beam_args={json.dumps(TINY_BEAM)}", "--set", "train.input_probe_steps=0",
-              "--set", "train.trace_steps=none", "--set", "gate.min_accuracy=0", "--set", "push.build_image=false"]
+              "--set", "train.trace_steps=none", "--set", "train.epochs=500"]
+    _kill_once_training(common, "killed", env)
+    # The next run on the same ROOT and Prefect home takes the slot: its trainer starts only inside it.
+    # That is all it has to show; what a whole run does after training, other tests show.
+    _kill_once_training(common, "next", env)
+
+
+def _kill_once_training(command: list[str], run_id: str, env: dict) -> None:
+    """Starts `command` as run `run_id`, waits for its trainer, kills the run outright (SIGKILL, no
+    cleanup of its own) and waits for the trainer to stop with it."""
     # Its own process group, so the test can end whatever the kill leaves behind (Prefect's temporary
     # server, started by `stoke run` itself, has no way to learn that its parent died).
-    first = subprocess.Popen([*common, "--run-id", "killed", "--set", "train.epochs=500"],
-                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    run = subprocess.Popen([*command, "--run-id", run_id], env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        trainer = wait_for(lambda: _trainer_of(first.pid), "the first run to start training", 300, process=first)
-        first.kill()  # SIGKILL: no cleanup of its own
-        first.wait()
+        trainer = wait_for(lambda: _trainer_of(run.pid), f"run {run_id} to start training", 300, process=run)
+        run.kill()
+        run.wait()
         wait_for(lambda: not os.path.exists(f"/proc/{trainer}") or _zombie(trainer), "its trainer to stop with it", 60)
     finally:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(first.pid, signal.SIGKILL)
-
-    done = subprocess.run([*common, "--run-id", "next", "--set", "train.epochs=1", "--set", "train.steps_per_epoch=2",
-                           "--json"], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    summary = json.loads(done.stdout.strip().splitlines()[-1])
-    assert summary["status"] in ("pushed", "refused") and os.path.exists(Root(root).run("next").metrics)
+            os.killpg(run.pid, signal.SIGKILL)
 
 
 def _zombie(pid: int) -> bool:
