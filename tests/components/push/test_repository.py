@@ -9,11 +9,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
 from components.common.repository import Repository, RepositoryError
+from tests.waiting import wait_for
 
 _REMOVALS: list = []  # the audit hook below is installed once per process and records only when a test asks
 
@@ -73,6 +73,7 @@ RACER = textwrap.dedent("""
     from components.common.repository import Repository, RepositoryError
     root, go, action, extra, hold, ttl = sys.argv[1:7]
     repo = Repository(root, "stoke")
+    open(f"{go}.ready-{os.getpid()}", "w").close()  # imported: polling from here on
     while not os.path.exists(go):
         time.sleep(0.001)
     try:
@@ -103,7 +104,7 @@ def start(tmp_path, root: str, action: str, extra: str = "", hold: float = 1.5, 
 
 def race(tmp_path, root: str, action: str, extra: str = "") -> list[tuple[int, str]]:
     racers = [start(tmp_path, root, action, extra) for _ in range(2)]
-    time.sleep(1.0)  # both imported and polling
+    wait_for(lambda: all((tmp_path / f"go.ready-{p.pid}").exists() for p in racers), "both racers to poll", 120)
     (tmp_path / "go").write_text("go")
     outputs = [p.communicate(timeout=120)[0] for p in racers]
     return sorted((p.returncode, out) for p, out in zip(racers, outputs))
