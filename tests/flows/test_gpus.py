@@ -13,7 +13,7 @@ import threading
 
 from flows.gpus import gpu_slot
 from tests.flows.conftest import TINY_BEAM
-from tests.waiting import wait_for
+from tests.waiting import first_line, wait_for
 
 BIN = os.path.dirname(sys.executable)
 HOLD = ("import logging, sys, time\nfrom flows.gpus import gpu_slot\n"
@@ -34,7 +34,7 @@ def taken_within(seconds: float) -> bool:
 def test_a_holder_killed_outright_frees_the_slot_at_once(tmp_path, monkeypatch):
     monkeypatch.setenv("STOKE_GPU_LOCK", str(tmp_path / "gpus.lock"))
     holder = subprocess.Popen([sys.executable, "-c", HOLD], stdout=subprocess.PIPE, text=True)
-    assert holder.stdout.readline().strip() == "held"
+    assert first_line(holder, "the holder to take the slot") == "held"
     assert not taken_within(2.0)  # held: the next waits
     assert json.load(open(tmp_path / "gpus.lock"))["holder"] == "holder"
     holder.kill()

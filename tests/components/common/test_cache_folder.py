@@ -17,7 +17,7 @@ from components.common.shard_cache import CacheError, ShardCache
 from components.contracts.layout import Root
 from tests.components.common.cache_holder import shards_json
 from tests.components.conftest import TRAIN_LABELS, tiny_records, write_span
-from tests.waiting import wait_for
+from tests.waiting import first_line, wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -38,7 +38,7 @@ def _holder(folder, max_gb, shards, *extra) -> subprocess.Popen:
 
 
 def _staged(holder: subprocess.Popen) -> None:
-    line = holder.stdout.readline().strip()
+    line = first_line(holder, "the other run to stage its copies")
     assert line == "staged", line + holder.stderr.read()
 
 
@@ -184,7 +184,7 @@ def test_a_live_pin_that_cannot_be_read_pins_everything(shards, tmp_path):
         "os.write(fd, b'{not json')\nfcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\nsys.stdin.read()")],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        assert holder.stdout.readline().strip() == "held"
+        assert first_line(holder, "the holder to lock its pin") == "held"
         with pytest.raises(CacheError, match="running processes read"):
             ShardCache(str(tmp_path), max_gb=one).stage([b])
         assert os.path.exists(cache.path(a))

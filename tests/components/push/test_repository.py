@@ -13,7 +13,7 @@ import textwrap
 import pytest
 
 from components.common.repository import Repository, RepositoryError
-from tests.waiting import wait_for
+from tests.waiting import first_line, wait_for
 
 _REMOVALS: list = []  # the audit hook below is installed once per process and records only when a test asks
 
@@ -128,7 +128,7 @@ def test_local_lock_names_its_holder_and_dies_with_it(tmp_path):
     root = str(tmp_path / "root")
     (tmp_path / "go").write_text("go")
     holder = start(tmp_path, root, "push", ".push-200", hold=60)  # a live push with its temp folder
-    assert holder.stdout.readline().strip() == "held"
+    assert first_line(holder, "the holder to take the lock") == "held"
     repo = Repository(root, "stoke")
     try:
         with pytest.raises(RepositoryError, match=rf"^rollback of stoke: push \(pid {holder.pid} on [^)]+\) holds "
@@ -153,7 +153,7 @@ def test_rollback_waits_for_a_live_push_and_spares_its_temp_folder(tmp_path, mon
         repo.publish(source, version, {"assets.extra/stoke_lineage.json": lineage_bytes(version)})
     (tmp_path / "go").write_text("go")
     holder = start(tmp_path, root, "push", ".push-200", hold=60)
-    assert holder.stdout.readline().strip() == "held"
+    assert first_line(holder, "the holder to take the lock") == "held"
     monkeypatch.setenv("STOKE_LOCK_WAIT_SECONDS", "0.5")
     try:
         with pytest.raises(RepositoryError, match=r"push \(pid .*waited 0\.5 s"):
@@ -192,7 +192,7 @@ def test_bucket_lease_of_a_live_holder_is_named_and_a_killed_ones_taken_over(s3_
     (tmp_path / "go").write_text("go")
     holder = start(tmp_path, root, "push", hold=60, ttl=2)
     try:
-        assert holder.stdout.readline().strip() == "held"
+        assert first_line(holder, "the holder to take the lock") == "held"
         repo = Repository(root, "stoke")
         with pytest.raises(RepositoryError, match=rf"^rollback of stoke: push \(pid {holder.pid} on [^)]+\) holds "
                                                   rf"{root}/models/stoke/\.lock, renewed \d+ s ago; it lapses 2 s "
@@ -219,7 +219,7 @@ def test_bucket_push_that_lost_its_lease_publishes_nothing(s3_bucket, tmp_path):
     (tmp_path / "go").write_text("go")
     frozen = start(tmp_path, root, "push-then-publish", source, ttl=1)
     try:
-        assert frozen.stdout.readline().strip() == "held"
+        assert first_line(frozen, "the push to take the lock") == "held"
         os.kill(frozen.pid, signal.SIGSTOP)
         repo = Repository(root, "stoke")
         with repo.lock("push", wait=30):  # taken over once the frozen holder's lease lapsed
