@@ -292,6 +292,7 @@ def publish(root, number, shards, dead, labels, fresh, refused, config, findings
         max_side=config.max_side or None,
         anomalies=anomalies,
         quality=quality.findings(findings.kept),
+        same_picture=findings.same_picture,
     )
     manifest.write(root.manifest(number))
     return manifest

@@ -1,4 +1,5 @@
 import os
+import re
 import sys
 
 import pytest
@@ -111,7 +112,7 @@ def s3_bucket(s3_endpoint, request):
     """A fresh bucket, named after the test."""
     import boto3
 
-    name = "t-" + request.node.name.lower().replace("_", "-")[:50]
+    name = "t-" + re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower())[:50].strip("-")  # as S3 names buckets
     boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=name)
     return name
 
