@@ -18,7 +18,7 @@ from components.contracts.layout import Root
 from tests.components.common.cache_holder import shards_json
 from tests.components.conftest import TRAIN_LABELS, tiny_records, write_span
 from tests.hints import assert_runnable
-from tests.waiting import wait_for
+from tests.waiting import first_line, wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -39,7 +39,7 @@ def _holder(folder, max_gb, shards, *extra) -> subprocess.Popen:
 
 
 def _staged(holder: subprocess.Popen) -> None:
-    line = holder.stdout.readline().strip()
+    line = first_line(holder, "the other run to stage its copies")
     assert line == "staged", line + holder.stderr.read()
 
 
@@ -64,6 +64,11 @@ def _files(folder) -> set[str]:
 
 
 # ---------------------------------------------------------------- whose folder
+
+
+def test_the_tests_keep_the_cache_in_their_own_temporary_folder(tmp_path_factory):
+    folder = cache_folder.default_folder()
+    assert folder.startswith(str(tmp_path_factory.getbasetemp()) + os.sep), folder
 
 
 def test_the_default_folder_is_the_users_own(monkeypatch, tmp_path):
@@ -181,7 +186,7 @@ def test_a_live_pin_that_cannot_be_read_pins_everything(shards, tmp_path):
         "os.write(fd, b'{not json')\nfcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\nsys.stdin.read()")],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        assert holder.stdout.readline().strip() == "held"
+        assert first_line(holder, "the holder to lock its pin") == "held"
         with pytest.raises(CacheError, match="running processes read"):
             ShardCache(str(tmp_path), max_gb=one).stage([b])
         assert os.path.exists(cache.path(a))
