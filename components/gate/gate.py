@@ -26,6 +26,7 @@ import dataclasses
 import json
 import os
 import posixpath
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -53,7 +54,6 @@ from components.gate.tfma import eval_config_for, label_name, read_tfma, run_tfm
 
 # Loading the model, replaying the warm-up and, when there is one, starting the real server.
 SERVING_CHECK_SECONDS = 15 * 60
-DAMAGED_VERSION = "restore it, or take it out of serving (`stoke rollback` takes the newest), then gate again"
 
 
 class GateError(Exception):
@@ -209,6 +209,15 @@ def _served(repo: Repository, labels: list[str]) -> Served:
         "classes both know"], retained)
 
 
+def _damaged(which: str, config: GateSettings) -> str:
+    """What to do about a version TensorFlow cannot load, as a command the user can run as printed:
+    rollback takes out the newest version only, so a retained one is restored or moved by hand."""
+    if which != "served":
+        return "restore it, or move its folder out of the repository, then gate again"
+    rollback = shlex.join(["stoke", "rollback", "--root", config.root, "--model-name", config.model_name])
+    return f"restore it, or take it out of serving (`{rollback}`), then gate again"
+
+
 def evaluate(config: GateSettings, inputs: GateInputs) -> tuple[dict, dict]:
     """TFMA's results (candidate, and baseline when compared) and the serving check's report."""
     floor, served, run = inputs.floor, inputs.served, inputs.run
@@ -227,7 +236,7 @@ def evaluate(config: GateSettings, inputs: GateInputs) -> tuple[dict, dict]:
         suspects = {f"the candidate ({inputs.candidate})": (models["candidate"], "train again")}
         for version, (path, _) in versions.items():
             which = "served" if version == served.version else "retained"
-            suspects[f"the {which} version {version} ({served.retained[version][0]})"] = (path, DAMAGED_VERSION)
+            suspects[f"the {which} version {version} ({served.retained[version][0]})"] = (path, _damaged(which, config))
         # TFMA writes and reads its output through TensorFlow's file systems too.
         output = run.tfma if tf_reads(run.tfma) else os.path.join(scratch, "tfma")
         with named_unloadable(suspects, GateError), named_corruption(inputs.shards, GateError):
