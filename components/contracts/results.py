@@ -172,7 +172,7 @@ class InputProbe(Result):
 
 
 class DataServiceUse(Result):
-    """The tf.data service the training input ran on (components/train/service_input.py)."""
+    """The tf.data service the training input ran on (components/train/data.py)."""
     address: str
     processing_mode: str
     workers: int  # registered (a lost worker stays on the list) when training started
@@ -215,7 +215,7 @@ class Schedule(Result):
 
 
 class TrainPhase(Result):
-    """One phase of a run (components/train/phases.py): `all` trains everything (from scratch, say); from a
+    """One phase of a run (components/train/recipe.py): `all` trains everything (from scratch, say); from a
     pretrained backbone, `head` trains the new head with the backbone frozen, then `fine_tune` all of it."""
 
     name: Literal["all", "head", "fine_tune"]
@@ -261,7 +261,7 @@ class TrainMetrics(Result):
     eval: LossAccuracy
     history: dict[str, list[float]]
     input: InputProbe
-    gpu: dict  # the GPU sampler's record (components/train/gpu_sampler.py)
+    gpu: dict  # the GPU sampler's record (components/train/measure.py)
     corrupt: Corrupt
     exported_weights: Literal["ema", "final"] | None = None  # ema: the weights' moving average; final: the last step's
     schedule: Schedule | None = None

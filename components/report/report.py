@@ -207,7 +207,7 @@ def _training_lines(t, plots: dict) -> list[str]:
 
 
 def _phases_in_words(t) -> str:
-    """A fine-tuned run's phases (components/train/phases.py), one clause each."""
+    """A fine-tuned run's phases (components/train/recipe.py), one clause each."""
     said = {"head": "trained the new head alone, the backbone frozen", "fine_tune": "fine-tuned the backbone too"}
     clauses = [f"epochs {p.first_epoch}-{p.first_epoch + p.epochs - 1} {said[p.name]} ({p.steps:,} steps, "
                f"{p.trainable_parameters:,} trainable parameters, peak learning rate {p.peak_learning_rate:g})"
