@@ -368,6 +368,16 @@ class TrainConfig(BaseModel):
     fine_tune_learning_rate: float = Field(
         1e-4, ge=0, le=MAX_LEARNING_RATE, description="with pretrained weights: peak learning rate once the backbone is "
         "unfrozen, far below the head's so the pretrained features change little")
+    warm_start: bool = Field(True, description="start from the served model's weights when it has this run's network, "
+                             "image size and labels, and train on the spans it has not learnt from plus a replay "
+                             "sample of those it has (docs/train.md, Warm start); false: a full retrain")
+    replay: float = Field(1.0, ge=0, le=1000, description="a warm run's replay sample: history records per new record, "
+                          "stratified by class, each class at least 16 (or all it has)")
+    full_every: int = Field(7, gt=0, le=MAX_EPOCHS, description="after this many warm runs in a row, a full retrain "
+                            "(warm-started networks drift from what a fresh run would learn)")
+    warm_learning_rate: float | None = Field(
+        None, ge=0, le=MAX_LEARNING_RATE, description="a warm run's peak learning rate (default: a tenth of "
+        "train.learning_rate; with pretrained weights, train.fine_tune_learning_rate)")
     schedule: Literal["cosine", "constant"] = Field(
         "cosine", description="cosine: linear warm-up, then cosine decay to a hundredth of the peak at the last step")
     lr_warmup_epochs: float = Field(1.0, ge=0, le=MAX_EPOCHS, description="epochs of the learning rate's linear warm-up "

@@ -204,6 +204,19 @@ class Corrupt(Result):
     shards: list[CorruptShard] = []
 
 
+class TrainStart(Result):
+    """Where a run started (components/train/warm.py): the served model's weights (warm) or afresh (full)."""
+
+    kind: Literal["warm", "full"]
+    reason: str  # in words: why warm, or why a full retrain
+    from_version: int | None  # the served version a warm run restored
+    new_spans: list[int]  # spans the served model had not learnt from (a full run: every span it read)
+    replay_spans: list[int]  # spans a warm run replayed a sample of
+    new_records: int
+    replay_records: int
+    warm_runs_since_full: int  # 0 for a full run; counts on with each warm run (train.full_every)
+
+
 class Schedule(Result):
     kind: Literal["cosine", "constant"]
     peak_learning_rate: float
@@ -275,6 +288,7 @@ class TrainMetrics(Result):
     data_service: DataServiceUse | None = None  # None: the input ran in the trainer
     staging: dict | None = None  # the shard cache's record (common/shard_cache.py); None: TensorFlow read ROOT
     dropped_label_errors: int | None = None  # train records left out as suspected label errors; None: not asked to
+    start: TrainStart | None = None  # None: a run from before warm starts
 
 
 # ---------------------------------------------------------------- a run: the gate

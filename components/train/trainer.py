@@ -44,7 +44,7 @@ from components.contracts.layout import Root, RunDir, Shard, SpanNotChecked, new
 from components.contracts.results import ResultError, TrainMetrics
 from components.contracts.run_config import RunConfig, TrainSettings
 from components.contracts.summaries import Progress
-from components.train import TrainError, data, measure, recipe
+from components.train import TrainError, data, measure, recipe, warm
 from components.train.models import backbone, build_model, export_candidate, initial_weights
 from components.train.placement import Placement, place
 from components.train.recipe import Phase
@@ -90,6 +90,9 @@ def train(config: RunConfig, *, run_id: str | None = None,
     writes to metrics.json; the chief hands `progress` an event at the end of each epoch."""
     plan = make_plan(config, run_id)
     chief = plan.placement.is_chief
+    if chief:  # once the plan holds: a refusal stays one line
+        print(f"stoke train: {'warm start' if plan.start.warm else 'full retrain'}: {plan.start.reason}",
+              file=sys.stderr, flush=True)
     # Other workers write their copies into a scratch folder of the same layout, deleted at the end.
     mine = plan.work if chief else RunDir(tempfile.mkdtemp(prefix="stoke-worker-"))
     try:
@@ -140,9 +143,14 @@ class RunPlan:
     epochs: int  # train.epochs, or the fewest that make train.min_steps
     phases: list[Phase]  # one from scratch, head then fine_tune from pretrained weights
     staging: dict | None  # the shard cache's report, when ROOT is read through local copies
+    start: warm.Start  # from the served model's weights (warm) or afresh (full), and why
+    new_records: int  # train records of the spans new to the served model (a full run: all of them)
+    replay_records: int = 0  # history records a warm run replays
     data_service: dict | None = None  # the tf.data service training reads from: address, mode, workers
-    start: str | None = None  # the weights file the network starts from (models.initial_weights); None: scratch
-    excluded: tuple[str, ...] = ()  # source URIs of train records left out as suspected label errors
+    weights_file: str | None = None  # the file the network starts from (models.initial_weights); None: scratch
+    # source URIs of train records left out: suspected label errors, and the history a warm run does not replay
+    excluded: tuple[str, ...] = ()
+    label_errors: int = 0  # of them, the suspected label errors
 
     @property
     def total(self) -> int:
@@ -155,16 +163,28 @@ def make_plan(config: RunConfig, run_id: str | None) -> RunPlan:
     placement = place(settings, run_id)
     service = connect_service(settings)
     run, train_shards, eval_shards, labels = find_data(config, run_id)
+    start = warm.decide(config, labels, sorted({s.span for s in train_shards}))
     # Before staging a shard or building a dataset: a run that cannot have its weights stops in seconds.
-    start = initial_weights(settings.weights, settings.network)
+    weights_file = None if start.warm else initial_weights(settings.weights, settings.network)
     try:
         train_shards, eval_shards, staging = as_published(config, train_shards, eval_shards, placement)
         work = work_dir(config, run)
     except CacheError as exc:
         raise TrainError(str(exc)) from None
     corrupt, train_records, eval_counts = readable_records(settings, train_shards, eval_shards)
-    excluded = suspected_label_errors(config, train_shards)
-    train_records -= len(excluded)
+    label_errors = suspected_label_errors(config, train_shards)
+    train_records -= len(label_errors)
+    all_records, new_records, replay, excluded = train_records, train_records, None, label_errors
+    if start.warm:
+        left_out = set(label_errors)
+        history = [(label, source) for label, source in warm.labelled_sources(
+            [s for s in train_shards if s.span in start.replay_spans], settings.skip_corrupt)
+            if source not in left_out]
+        new_records = train_records - len(history)
+        replay = warm.replay_sample(history, new_records, settings.replay,
+                                    key=f"{settings.seed or 0}:{max(start.new_spans)}")
+        excluded += replay.left_out
+        train_records = new_records + replay.records
     batch_size = settings.batch_size or default_batch(train_records, placement.replicas)
     global_batch = batch_size * placement.replicas
     steps_per_epoch = train_records // global_batch
@@ -173,14 +193,17 @@ def make_plan(config: RunConfig, run_id: str | None) -> RunPlan:
                          f"({batch_size} x {placement.replicas} replicas); lower train.batch_size")
     if settings.steps_per_epoch:
         steps_per_epoch = min(steps_per_epoch, settings.steps_per_epoch)
-    epochs = run_epochs(settings, steps_per_epoch)
+    # A warm run makes the epochs a full one would (train.min_steps counts a full run's steps), over the
+    # new records and the replay sample alone: its steps follow the new data, not the total.
+    epochs = run_epochs(settings, max(1, all_records // global_batch) if start.warm else steps_per_epoch)
     return RunPlan(
         placement=placement, run=run, work=work, labels=labels, train_shards=train_shards, eval_shards=eval_shards,
         corrupt=corrupt, batch_size=batch_size, global_batch=global_batch, steps_per_epoch=steps_per_epoch,
         validation_steps=data.eval_steps(eval_counts, placement.workers, global_batch),
         eval_records=sum(eval_counts), train_records=train_records, epochs=epochs,
-        phases=recipe.plan_phases(settings, epochs, steps_per_epoch), staging=staging, data_service=service,
-        start=start, excluded=excluded)
+        phases=recipe.plan_phases(settings, epochs, steps_per_epoch, warm=start.warm), staging=staging,
+        start=start, new_records=new_records, replay_records=replay.records if replay else 0, data_service=service,
+        weights_file=weights_file, excluded=excluded, label_errors=len(label_errors))
 
 
 def run_epochs(settings: TrainConfig, steps_per_epoch: int) -> int:
@@ -308,10 +331,12 @@ def build(settings: TrainConfig, plan: RunPlan):
                  if plan.validation_steps else None)
     with strategy.scope():
         try:
-            model = build_model(settings.network, len(plan.labels), settings.image_size, plan.start,
+            model = build_model(settings.network, len(plan.labels), settings.image_size, plan.weights_file,
                                 fine_tuning=recipe.pretrained(settings))
         except ValueError as exc:
             raise TrainError(str(exc)) from None
+        if plan.start.warm:  # a backup, when there is one, restores over these as fit() begins
+            warm.restore(model, plan.start)
     return model, train_data, eval_data
 
 
@@ -615,7 +640,7 @@ def summarize(settings: TrainConfig, plan: RunPlan, fitted: Fitted, probe: dict,
         "eval": {"loss": _last(epochs, "val_loss"), "accuracy": _last(epochs, "val_accuracy")},
         "history": {key: [float(v) for v in values] for key, values in epochs.items()},
         "exported_weights": "ema" if settings.ema else "final",
-        "schedule": {"kind": settings.schedule, "peak_learning_rate": settings.learning_rate,
+        "schedule": {"kind": settings.schedule, "peak_learning_rate": first.learning_rate,
                      "warmup_steps": first.warmup, "decay_steps": first.steps - first.warmup,
                      "weight_decay": settings.weight_decay, "label_smoothing": settings.label_smoothing,
                      "ema_momentum": settings.ema_momentum if settings.ema else None},
@@ -623,18 +648,29 @@ def summarize(settings: TrainConfig, plan: RunPlan, fitted: Fitted, probe: dict,
         "best_epoch": _best_epoch(epochs, first=fitted.resumed_from_step // plan.steps_per_epoch + 1),
         "warnings": warnings(settings, plan, epochs),
         "weights": settings.weights,
-        "weights_file": plan.start,
+        "weights_file": plan.weights_file,
+        "start": start_record(plan),
         "phases": fitted.phases,
         "input": probe,
         "data_service": data_service,
         "gpu": fitted.gpu,
         "profiler": fitted.profiler,
         "staging": plan.staging,
-        "dropped_label_errors": len(plan.excluded) if settings.drop_suspected_label_errors else None,
+        "dropped_label_errors": plan.label_errors if settings.drop_suspected_label_errors else None,
         "corrupt": {"skipped_records": sum(s.lost for s in plan.corrupt),
                     "shards": [{"uri": s.uri, "error": s.error, "readable": s.readable,
                                 "expected": s.expected} for s in plan.corrupt]},
     })
+
+
+def start_record(plan: RunPlan) -> dict:
+    """metrics.json's `start` (results.TrainStart): warm or full, from which version, on which records."""
+    start = plan.start
+    read = sorted({s.span for s in plan.train_shards})
+    return {"kind": start.kind, "reason": start.reason, "from_version": start.from_version,
+            "new_spans": list(start.new_spans) if start.warm else read, "replay_spans": list(start.replay_spans),
+            "new_records": plan.new_records, "replay_records": plan.replay_records,
+            "warm_runs_since_full": start.warm_runs_since_full}
 
 
 def warnings(settings: TrainConfig, plan: RunPlan, history: dict) -> list[str]:
@@ -642,7 +678,7 @@ def warnings(settings: TrainConfig, plan: RunPlan, history: dict) -> list[str]:
     nothing, whose eval accuracy stayed at the eval split's majority share while train accuracy rose (the
     model memorised the training images: on 150 photos, efficientnet_b0 from scratch scores 1.00 on
     them and the majority's 0.33 on the eval split, epoch after epoch)."""
-    found = short_run_warnings(plan.total, settings.weights)
+    found = [] if plan.start.warm else short_run_warnings(plan.total, settings.weights)
     flat = learned_nothing(history, plan.eval_records, lambda: eval_labels(plan.eval_shards, settings.skip_corrupt))
     if flat:
         per_class = round(plan.train_records / len(plan.labels)) if plan.labels else None
