@@ -376,7 +376,7 @@ class TrainConfig(BaseModel):
     full_every: int = Field(7, gt=0, le=MAX_EPOCHS, description="after this many warm runs in a row, a full retrain "
                             "(warm-started networks drift from what a fresh run would learn)")
     warm_learning_rate: float | None = Field(
-        None, ge=0, le=MAX_LEARNING_RATE, description="a warm run's peak learning rate (default: a tenth of "
+        None, ge=0, le=MAX_LEARNING_RATE, description="a warm run's peak learning rate (default: a third of "
         "train.learning_rate; with pretrained weights, train.fine_tune_learning_rate)")
     schedule: Literal["cosine", "constant"] = Field(
         "cosine", description="cosine: linear warm-up, then cosine decay to a hundredth of the peak at the last step")
