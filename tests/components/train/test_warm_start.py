@@ -140,6 +140,10 @@ def test_every_full_every_warm_runs_in_a_row_a_full_retrain(trained_runs, tmp_pa
 
 def test_no_new_span_and_a_released_span_retrain_fully(trained_runs, tmp_path):
     root = copy_root(trained_runs, tmp_path)
+    # The scenario's second version was trained on the span the first had learnt: a full retrain, which
+    # the push recorded in its lineage.
+    lineage = Repository(root, "stoke").lineage(served(root))
+    assert lineage.training.start.kind == "full" and "no checked span is new" in lineage.training.start.reason
     assert "no checked span is new" in warm.decide(config(root), TRAIN_LABELS, [1]).reason
     write_span(root, 2, {"train": tiny_records(8, offset=7000)}, TRAIN_LABELS, {"train": 1})
     base = Root(root)
