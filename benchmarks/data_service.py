@@ -31,9 +31,9 @@ from pathlib import Path
 import psutil
 
 from benchmarks.jpeg_spans import write_span
+from components.contracts.config import TrainConfig
 from components.contracts.layout import Root
-from components.train import input_pipeline as pipeline
-from components.train import service_input
+from components.train import data as pipeline
 from flows.demo import write_digits
 
 SERVER = [sys.executable, "-m", "components.train.data_service"]
@@ -103,9 +103,9 @@ def _measure(shards, configs: dict, args) -> dict:
 
 
 def _dataset(shards, address: str | None, **changes):
-    options = pipeline.PipelineOptions(**{"image_size": 32, "batch_size": 32, "training": True, "flip": False, **changes})
-    dataset = pipeline.make_dataset(shards, options)
-    return dataset if address is None else service_input.through_service(dataset, address)
+    options = pipeline.PipelineOptions(**{"batch_size": 32, "training": True, **changes})
+    dataset = pipeline.make_dataset(shards, TrainConfig(image_size=32, flip=False), options)
+    return dataset if address is None else pipeline.through_service(dataset, address)
 
 
 def _one_pass(shards, address: str | None) -> dict:

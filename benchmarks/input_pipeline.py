@@ -2,7 +2,7 @@
 
 Five rates in one run, in images per second to the end of each pipeline, at the same output size
 and batch size, each timed after a warm-up batch:
-  stoke                 components/train/input_pipeline.py over ROOT's spans (what training reads)
+  stoke                 components/train/data.py over ROOT's spans (what training reads)
   stoke_cached          the same with `--image-cache memory`, timed after one epoch has filled the cache
                         (measured when the training split has at most CACHED_RECORDS records)
   keras_from_directory  keras.utils.image_dataset_from_directory(SOURCE): what users use instead
@@ -24,8 +24,9 @@ import time
 import tensorflow as tf
 
 from components.common.files import filesystem
+from components.contracts.config import TrainConfig
 from components.contracts.layout import Root, parse_spans
-from components.train import input_pipeline as pipeline
+from components.train import data as pipeline
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 CACHED_RECORDS = 20_000  # beyond this, filling the cache takes longer than the rest of the benchmark
@@ -66,11 +67,12 @@ def measure(source: str, root: str, *, image_size: int, batch_size: int, batches
     if not shards:
         raise ValueError(f"no published span under {Root(root).spans}; run `stoke ingest {source} --root {root}`")
     records = sum(s.records for s in shards)
+    settings = TrainConfig(image_size=image_size, flip=True)  # what a training run reads; flips as the presets for photos
     pipelines = {
-        "stoke": lambda: pipeline.make_dataset(shards, pipeline.PipelineOptions(
-            image_size=image_size, batch_size=batch_size, training=True)),
-        "stoke_cached": lambda: pipeline.make_dataset(shards, pipeline.PipelineOptions(
-            image_size=image_size, batch_size=batch_size, training=True, cache="memory")),
+        "stoke": lambda: pipeline.make_dataset(shards, settings, pipeline.PipelineOptions(
+            batch_size=batch_size, training=True)),
+        "stoke_cached": lambda: pipeline.make_dataset(shards, settings, pipeline.PipelineOptions(
+            batch_size=batch_size, training=True, cache="memory")),
         "keras_from_directory": lambda: keras_from_directory(source, image_size, batch_size),
         "naive": lambda: naive_dataset(shards, image_size, batch_size),
         "limit": lambda: single_thread_decode(source, image_size, batch_size),

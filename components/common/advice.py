@@ -1,5 +1,5 @@
 """What to change when a run learned nothing: the likely causes this run's settings point to and the
-fixes to try first. Training's warnings (components/train/run_warnings.py) and the report's alerts
+fixes to try first. Training's warnings (components/train/trainer.py) and the report's alerts
 (components/report/alerts.py) say the same, from the same settings."""
 from __future__ import annotations
 

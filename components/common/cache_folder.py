@@ -28,7 +28,7 @@ from components.contracts.options import setting_hint
 
 CACHE_DIR_ENV = "STOKE_CACHE_DIR"
 PINS = ".pins"
-RUNS = "runs"  # training's local run folders (components/train/remote_root.py), beside the copies
+RUNS = "runs"  # training's local run folders (components/train/trainer.py), beside the copies
 PART = re.compile(r"\.part-([0-9A-Za-z-]+)$")  # a partial copy, by its writer's pin
 
 

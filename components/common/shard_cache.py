@@ -199,7 +199,7 @@ class ShardCache:
 
 def shards_of_worker(shards: list[Shard], workers: int, pipeline: int, by_file: bool) -> list[Shard]:
     """The shards one worker's input pipeline reads: every `workers`-th file from its own when the
-    pipelines share out the files (components/train/input_pipeline.py), else all of them."""
+    pipelines share out the files (components/train/data.py), else all of them."""
     return shards[pipeline::workers] if by_file and workers > 1 else list(shards)
 
 

@@ -314,6 +314,29 @@ class DataCheckConfig(BaseModel):
         5, ge=0, le=10**9, description="warn about a class with fewer training records than this in the span and its history")
 
 
+def check_weights(weights: str) -> str:
+    """train.weights: none, imagenet or the path of a local Keras .h5 file (whether it exists is the run's
+    to say: the machine that trains is not always the one that reads the setting)."""
+    if weights in ("none", "imagenet"):
+        return weights
+    if "://" in weights or not weights.endswith(".h5"):
+        raise ValueError(f"{without_secrets(repr(weights))}: none, imagenet or the path of a local Keras .h5 "
+                         "weights file")
+    return weights
+
+
+def check_image_cache(cache: str) -> str:
+    """train.image_cache: memory, or a local path prefix (the file cache is bound to its data by a lock on a
+    local disk)."""
+    if cache != "memory" and "://" in cache:
+        raise ValueError(f"{without_secrets(repr(cache))} is not a local path: the file cache is bound to its data "
+                         "by a lock on a local disk; give a local path prefix, or memory")
+    return cache
+
+
+Weights = Annotated[str, AfterValidator(check_weights)]
+ImageCache = Annotated[str, AfterValidator(check_image_cache)]
+
 # Small data: the default batch shrinks until an epoch has this many steps, down to SMALL_BATCH.
 DEFAULT_BATCH = 64
 SMALL_BATCH = 16
@@ -326,7 +349,7 @@ class TrainConfig(BaseModel):
     model_config = SETTINGS_CONFIG
 
     network: Network | None = Field(None, description="network to train (default: the preset's)")
-    weights: str | None = Field(
+    weights: Weights | None = Field(
         None, description="initial weights: none (from scratch), imagenet (keras.applications' ImageNet weights, from "
         "the Keras cache ~/.keras/models or downloaded) or the path of a local Keras .h5 weights file, e.g. the "
         "*_notop.h5 keras.applications downloads, for offline fine-tuning (default: the preset's)")
@@ -349,6 +372,16 @@ class TrainConfig(BaseModel):
     fine_tune_learning_rate: float = Field(
         1e-4, ge=0, le=MAX_LEARNING_RATE, description="with pretrained weights: peak learning rate once the backbone is "
         "unfrozen, far below the head's so the pretrained features change little")
+    warm_start: bool = Field(True, description="start from the served model's weights when it has this run's network, "
+                             "image size and labels, and train on the spans it has not learnt from plus a replay "
+                             "sample of those it has (docs/train.md, Warm start); false: a full retrain")
+    replay: float = Field(1.0, ge=0, le=1000, description="a warm run's replay sample: history records per new record, "
+                          "stratified by class, each class at least 16 (or all it has)")
+    full_every: int = Field(7, gt=0, le=MAX_EPOCHS, description="after this many warm runs in a row, a full retrain "
+                            "(warm-started networks drift from what a fresh run would learn)")
+    warm_learning_rate: float | None = Field(
+        None, ge=0, le=MAX_LEARNING_RATE, description="a warm run's peak learning rate (default: a third of "
+        "train.learning_rate; with pretrained weights, train.fine_tune_learning_rate)")
     schedule: Literal["cosine", "constant"] = Field(
         "cosine", description="cosine: linear warm-up, then cosine decay to a hundredth of the peak at the last step")
     lr_warmup_epochs: float = Field(1.0, ge=0, le=MAX_EPOCHS, description="epochs of the learning rate's linear warm-up "
@@ -376,7 +409,7 @@ class TrainConfig(BaseModel):
         "errors (the served model confidently contradicts their label); the gate's eval records stay as they are")
     flip: bool | None = Field(None, description="random horizontal flips; off for digits, text, anything handed "
                               "(default: the preset's)")
-    image_cache: str | None = Field(None, description="keep the decoded images after the first epoch: 'memory' "
+    image_cache: ImageCache | None = Field(None, description="keep the decoded images after the first epoch: 'memory' "
                                     "or a local path prefix (one cache per split, named for the data it holds)")
     shuffle_buffer: int = Field(2048, gt=0, le=MAX_RECORDS_HELD, description="records in the shuffle buffer")
     backup_every: int | None = Field(None, gt=0, le=MAX_STEPS, description="back up for resume every N steps "
@@ -390,6 +423,13 @@ class TrainConfig(BaseModel):
     data_service: ServiceAddress | None = Field(
         None, description="grpc://HOST:PORT of a tf.data service dispatcher (`stoke data-service`): the training "
         "input pipeline up to the batch runs on its workers, evaluation stays here")
+
+    @model_validator(mode="after")
+    def _cache_or_service(self):
+        if self.image_cache and self.data_service:
+            raise ValueError("train.image_cache and train.data_service do not go together: a service worker's files "
+                             "change from pass to pass, so its cache would hold part of the split")
+        return self
 
 
 class GateConfig(BaseModel):

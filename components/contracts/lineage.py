@@ -2,7 +2,7 @@
 served version (assets.extra/stoke_lineage.json): served version -> run -> spans -> metrics, blessing."""
 from __future__ import annotations
 
-from components.contracts.results import GateMetrics, LossAccuracy, Result, SpanCounts, Thresholds
+from components.contracts.results import GateMetrics, LossAccuracy, Result, SpanCounts, Thresholds, TrainStart
 
 
 class Pushed(Result):
@@ -41,6 +41,7 @@ class Training(Result):
     global_batch_size: int
     train: LossAccuracy
     eval: LossAccuracy
+    start: TrainStart | None = None  # warm or full, from which version (None: pushed before warm starts)
 
 
 class Blessing(Result):

@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 # production: real photos on an accelerator, fine-tuned from ImageNet weights, since a few hundred or
-# thousand photos are far too few to train efficientnet_b0 from scratch (components/train/phases.py:
+# thousand photos are far too few to train efficientnet_b0 from scratch (components/train/recipe.py:
 # the head first, then the backbone at a lower rate). cpu: photos on a CPU, in minutes, from scratch:
 # a small network at a small size, and enough optimizer steps however few the photos (docs/train.md).
 # demo: the 1,797 digits of `make run` at 32 px, seconds per epoch on a CPU (400 steps at batch 32:

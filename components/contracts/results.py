@@ -183,7 +183,7 @@ class InputProbe(Result):
 
 
 class DataServiceUse(Result):
-    """The tf.data service the training input ran on (components/train/service_input.py)."""
+    """The tf.data service the training input ran on (components/train/data.py)."""
     address: str
     processing_mode: str
     workers: int  # registered (a lost worker stays on the list) when training started
@@ -215,6 +215,19 @@ class Corrupt(Result):
     shards: list[CorruptShard] = []
 
 
+class TrainStart(Result):
+    """Where a run started (components/train/warm.py): the served model's weights (warm) or afresh (full)."""
+
+    kind: Literal["warm", "full"]
+    reason: str  # in words: why warm, or why a full retrain
+    from_version: int | None  # the served version a warm run restored
+    new_spans: list[int]  # spans the served model had not learnt from (a full run: every span it read)
+    replay_spans: list[int]  # spans a warm run replayed a sample of
+    new_records: int
+    replay_records: int
+    warm_runs_since_full: int  # 0 for a full run; counts on with each warm run (train.full_every)
+
+
 class Schedule(Result):
     kind: Literal["cosine", "constant"]
     peak_learning_rate: float
@@ -226,7 +239,7 @@ class Schedule(Result):
 
 
 class TrainPhase(Result):
-    """One phase of a run (components/train/phases.py): `all` trains everything (from scratch, say); from a
+    """One phase of a run (components/train/recipe.py): `all` trains everything (from scratch, say); from a
     pretrained backbone, `head` trains the new head with the backbone frozen, then `fine_tune` all of it."""
 
     name: Literal["all", "head", "fine_tune"]
@@ -272,7 +285,7 @@ class TrainMetrics(Result):
     eval: LossAccuracy
     history: dict[str, list[float]]
     input: InputProbe
-    gpu: dict  # the GPU sampler's record (components/train/gpu_sampler.py)
+    gpu: dict  # the GPU sampler's record (components/train/measure.py)
     corrupt: Corrupt
     exported_weights: Literal["ema", "final"] | None = None  # ema: the weights' moving average; final: the last step's
     schedule: Schedule | None = None
@@ -286,6 +299,7 @@ class TrainMetrics(Result):
     data_service: DataServiceUse | None = None  # None: the input ran in the trainer
     staging: dict | None = None  # the shard cache's record (common/shard_cache.py); None: TensorFlow read ROOT
     dropped_label_errors: int | None = None  # train records left out as suspected label errors; None: not asked to
+    start: TrainStart | None = None  # None: a run from before warm starts
 
 
 # ---------------------------------------------------------------- a run: the gate

@@ -46,7 +46,7 @@ STAGES: tuple[Stage, ...] = (
           inputs=("root", "span", "model_name")),
     Stage("train", "components.train", "published spans to a candidate SavedModel",
           config.TrainConfig, results.TrainMetrics, 24 * 60,
-          inputs=("root", "run_id", "preset", "shard_cache")),
+          inputs=("root", "run_id", "preset", "shard_cache", "model_name")),
     Stage("gate", "components.gate", "TFMA against thresholds and the served model: blessed or not, with reasons",
           config.GateConfig, results.GateResult, 120,
           inputs=("root", "run_id", "model_name", "shard_cache"), required=("root", "run_id")),

@@ -22,6 +22,7 @@ from components.contracts.results import (
     SpanCounts,
     Thresholds,
     TrainPhase,
+    TrainStart,
 )
 
 
@@ -314,6 +315,7 @@ class TrainSection(Result):
     shards: str | None = None  # how the shards reached training when ROOT is in a bucket (the shard cache)
     weights: str | None = None  # train.weights
     phases: list[TrainPhase] = []
+    start: TrainStart | None = None  # warm or full (None: a run from before warm starts)
 
 
 class GateSection(Result):

@@ -67,7 +67,7 @@ def build_report(run: RunDir, skipped: str | None = None, failed: str | None = N
             **train.model_dump(include={
                 "network", "spans", "epochs", "total_steps", "strategy", "precision", "xla", "replicas",
                 "global_batch_size", "images_per_sec", "train", "eval", "model_dir", "resumed_from_step", "weights",
-                "phases"}),
+                "phases", "start"}),
             "input_bound": probe.input_bound,
             "input_images_per_sec": probe.input_images_per_sec,
             "model_images_per_sec": probe.model_images_per_sec_synthetic,
@@ -185,6 +185,7 @@ def _training_lines(t, plots: dict) -> list[str]:
              f"x{t.replicas} | {t.precision} | {figure(t.images_per_sec)} | "
              f"{figure(t.eval.accuracy, 4)} | {figure(t.eval.loss, 4)} |",
              ""]
+    lines += [_start_in_words(t.start), ""] if t.start else []
     lines += [_phases_in_words(t), ""] if t.phases and t.phases[0].name != "all" else []
     lines += [f"Input: {t.verdict}", ""]
     lines += [f"Shards: {t.shards}", ""] if t.shards else []
@@ -206,8 +207,16 @@ def _training_lines(t, plots: dict) -> list[str]:
                     if name in ("curves", "throughput", "gpus")] + [""]
 
 
+def _start_in_words(start) -> str:
+    """Where the run started (components/train/warm.py), one line."""
+    if start.kind == "warm":
+        return (f"Warm start from version {start.from_version}: {start.new_records:,} new records + "
+                f"{start.replay_records:,} replayed (spans {start.new_spans} new; a sample of {start.replay_spans}).")
+    return f"Full retrain: {start.reason}."
+
+
 def _phases_in_words(t) -> str:
-    """A fine-tuned run's phases (components/train/phases.py), one clause each."""
+    """A fine-tuned run's phases (components/train/recipe.py), one clause each."""
     said = {"head": "trained the new head alone, the backbone frozen", "fine_tune": "fine-tuned the backbone too"}
     clauses = [f"epochs {p.first_epoch}-{p.first_epoch + p.epochs - 1} {said[p.name]} ({p.steps:,} steps, "
                f"{p.trainable_parameters:,} trainable parameters, peak learning rate {p.peak_learning_rate:g})"

@@ -9,7 +9,7 @@ pipelines it is given and serves their batches to the trainers. Both log their a
 run until SIGTERM or Ctrl-C, then stop and print a summary (with --json, one JSON line).
 
 What a peer can do: tf.data service's gRPC has no authentication, and TensorFlow's servers listen on
-every interface of the machine, IPv4 and IPv6, whatever --host says (exposure.py). Any peer that
+every interface of the machine, IPv4 and IPv6, whatever --host says (below: who can reach it). Any peer that
 reaches the dispatcher's or a worker's port can have the workers run a dataset graph of its own, and
 so any TensorFlow op: read and write every file the worker's user can (ReadFile, WriteFile), and
 have a server write profiler traces into a folder the peer names.
@@ -26,21 +26,27 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import fcntl
+import ipaddress
 import os
 import signal
 import socket
+import struct
 import sys
 import threading
 
+import grpc
+
 from components.contracts import program
 from components.contracts.config import DISPATCHER_PORT, WORKER_PORT, check_service_address
-from components.train import exposure
 
 HEARTBEAT_MS = 2000  # how often a worker tells the dispatcher it is alive
 WORKER_TIMEOUT_SECONDS = 30.0  # a worker silent this long is gone: its tasks leave the jobs
 # How often the dispatcher looks for silent workers and finished jobs (TensorFlow's default, 10
 # minutes, would keep a lost worker on the books that long).
 CHECK_MS = 1000
+ANSWER_SECONDS = 10.0  # how long the dispatcher has to answer GetWorkers
+_GET_WORKERS = "/tensorflow.data.DispatcherService/GetWorkers"
 _LEFT_RUNNING: list = []
 PEERS_CAN = "run TensorFlow ops on the workers, reading and writing their files, with no authentication"
 EXPOSED = ("TensorFlow's server listens on every interface of this machine whatever --host, where any peer "
@@ -52,6 +58,10 @@ TRUSTED_HELP = (f"serve on a network: {EXPOSED}. Give it only where the network 
 
 class ServeError(RuntimeError):
     """A server that cannot start here; the message says why."""
+
+
+class ServiceError(RuntimeError):
+    """A dispatcher that does not answer, or has no workers; the message says which."""
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -86,19 +96,19 @@ def _parser() -> argparse.ArgumentParser:
 
 def serve(args: argparse.Namespace, prog: str, stop: threading.Event) -> dict:
     """Starts the server, logs its address, and serves until SIGTERM or SIGINT; then stops it."""
-    from components.train import service_input
-
     dispatcher = _address("--dispatcher", args.dispatcher) if args.role == "worker" else None
     host = _checked_host(args.host, args.port, args.trusted_network)
     if dispatcher:
         try:  # a worker registers with its dispatcher before it serves: a wrong address would hang there
-            service_input.workers(dispatcher)
-        except service_input.ServiceError as error:
+            workers(dispatcher)
+        except ServiceError as error:
             if not stop.is_set():
                 raise ServeError(str(error)) from None
     if stop.is_set():  # stopped while starting: nothing was served
         return _unserved(args.role)
-    from tensorflow.data.experimental import service  # after the checks: a typo answers in a moment
+    # Here, after the checks, not at the top: TensorFlow takes about 4 s to import (3.9 s measured on
+    # this project's 2-core machines), and a typo in --host answers in a moment.
+    from tensorflow.data.experimental import service
 
     if stop.is_set():  # while TensorFlow loaded
         return _unserved(args.role)
@@ -158,7 +168,7 @@ def _serve_until_stopped(stop: threading.Event, trusted: bool) -> list[str]:
     """Waits for SIGTERM or SIGINT; or, serving this machine alone, for an interface to come up
     (returned: TensorFlow's server listens on it too)."""
     while not stop.wait(1.0):  # a timed wait: the handler runs between waits
-        if not trusted and (opened := exposure.open_interfaces()):
+        if not trusted and (opened := open_interfaces()):
             return opened
     return []
 
@@ -170,10 +180,10 @@ def _checked_host(host: str, port: int, trusted: bool) -> str:
         raise ServeError(f"--port {port}: a port from 0 (any free) to 65535 is needed")
     bare = host.strip("[]")
     try:
-        addresses = exposure.resolve(bare, port)
+        addresses = resolve(bare, port)
     except (socket.gaierror, UnicodeError) as error:
         raise ServeError(f"--host {host}: not an address this machine can resolve ({error})") from None
-    if any(exposure.ip(sockaddr).is_unspecified for _, sockaddr in addresses):
+    if any(ip(sockaddr).is_unspecified for _, sockaddr in addresses):
         raise ServeError(f"--host {host}: a wildcard is no address to reach a server at; give the address of this "
                          "machine the trainers and workers reach it at (the server listens on every interface anyway)")
     _probe(host, port, *addresses[0])  # the address a client of the name tries first
@@ -194,12 +204,12 @@ def _probe(host: str, port: int, family: int, sockaddr: tuple) -> None:
 
 def _check_alone(host: str, addresses: list[tuple]) -> None:
     """Without --trusted-network: no other host may reach the server."""
-    foreign = sorted({str(exposure.ip(sockaddr)) for _, sockaddr in addresses if not exposure.ip(sockaddr).is_loopback})
+    foreign = sorted({str(ip(sockaddr)) for _, sockaddr in addresses if not ip(sockaddr).is_loopback})
     if foreign:
         named = host if foreign == [host.strip("[]")] else f"{host} ({', '.join(foreign)})"
         raise ServeError(f"--host {named} is not loopback: there any peer could {PEERS_CAN}; give --trusted-network "
                          "to serve on a network that admits only the trainers and workers")
-    opened = exposure.open_interfaces()
+    opened = open_interfaces()
     if opened:
         raise ServeError(f"interfaces besides loopback are up ({', '.join(opened)}), and {EXPOSED}: give "
                          "--trusted-network where the network admits only the trainers and workers (a firewall, a "
@@ -221,6 +231,94 @@ def _describe(summary: dict) -> str:
     if summary["address"] is None:
         return f"{summary['role']} stopped before serving"
     return f"{summary['role']} at {summary['address']} stopped"
+
+
+# ---------------------------------------------------------------- asking the dispatcher (its own gRPC API)
+
+def workers(address: str, timeout: float = ANSWER_SECONDS) -> list[str]:
+    """The addresses of the workers registered with the dispatcher at `address` (grpc://HOST:PORT),
+    asked over the dispatcher's own gRPC API."""
+    with grpc.insecure_channel(address.removeprefix("grpc://")) as channel:
+        ask = channel.unary_unary(_GET_WORKERS, request_serializer=bytes, response_deserializer=_worker_addresses)
+        try:
+            return ask(b"", timeout=timeout)  # GetWorkersRequest has no fields: its encoding is empty
+        except grpc.RpcError as error:
+            raise ServiceError(f"no tf.data service dispatcher answers at {address}: "
+                               f"{error.details() or error.code().name}") from None
+
+
+def _worker_addresses(response: bytes) -> list[str]:
+    """GetWorkersResponse: `repeated WorkerInfo workers = 1`, each with `string address = 1`."""
+    return [address.decode() for number, worker in _fields(response) if number == 1
+            for field, address in _fields(worker) if field == 1]
+
+
+def _fields(message: bytes):
+    """(field number, bytes) of each length-delimited field of a protobuf message; others skipped."""
+    at = 0
+    while at < len(message):
+        key, at = _varint(message, at)
+        kind = key & 7
+        if kind == 2:
+            length, at = _varint(message, at)
+            yield key >> 3, message[at:at + length]
+            at += length
+        elif kind == 0:
+            _, at = _varint(message, at)
+        else:
+            at += {1: 8, 5: 4}[kind]
+
+
+def _varint(message: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = message[at]
+        value |= (byte & 0x7F) << shift
+        at, shift = at + 1, shift + 7
+        if byte < 0x80:
+            return value, at
+
+
+# ---------------------------------------------------------------- who can reach a server
+# Who can reach a server of this machine that listens on every interface, as tf.data service's
+# servers do: TensorFlow 2.21 has them listen on "0.0.0.0:PORT", which gRPC widens to [::]:PORT (IPv4
+# and IPv6, every address of every interface), and neither its configs nor gRPC's environment take
+# another bind address. So such a server is for this machine alone exactly when no interface but
+# loopback is up, and its --host says only where it is reached, not where it listens.
+
+_SIOCGIFFLAGS = 0x8913  # linux/sockios.h
+_IFF_UP, _IFF_LOOPBACK = 0x1, 0x8
+_IFREQ = "16sH22x"  # struct ifreq: the name, then ifr_flags in its 24-byte union
+
+
+def resolve(host: str, port: int) -> list[tuple]:
+    """(family, sockaddr) of every address `host` stands for: a name can stand for several, and a
+    number for one in a form that does not look like it ("0", "3221225986", "::ffff:10.0.0.1")."""
+    return [(family, sockaddr) for family, _, _, _, sockaddr in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)]
+
+
+def ip(sockaddr: tuple) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """The address of `sockaddr`, an IPv4-mapped IPv6 address as the IPv4 address it carries."""
+    address = ipaddress.ip_address(sockaddr[0].split("%")[0])
+    return getattr(address, "ipv4_mapped", None) or address
+
+
+def open_interfaces() -> list[str]:
+    """The network interfaces other than loopback that are up: each takes connections from other
+    hosts to every port this machine listens on. One that is down carries nothing until it comes up."""
+    found = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _, name in socket.if_nameindex():
+            try:
+                request = struct.pack(_IFREQ, name.encode(), 0)
+                flags = struct.unpack(_IFREQ, fcntl.ioctl(probe, _SIOCGIFFLAGS, request))[1]
+            except OSError as error:
+                if error.errno == errno.ENODEV:  # gone since it was listed
+                    continue
+                raise
+            if flags & _IFF_UP and not flags & _IFF_LOOPBACK:
+                found.append(name)
+    return found
 
 
 if __name__ == "__main__":

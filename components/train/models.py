@@ -1,17 +1,25 @@
-"""The networks `stoke train` can fit, all taking uint8 [N, S, S, 3] images and returning logits.
+"""The networks `stoke train` can fit, the weights they start from, and the candidate SavedModel.
 
-Each model starts with the rescaling its architecture expects, so the input pipeline and the serving
-signature hand over raw pixels and never need to know which network is behind them. Augmentation
-(random crop, flip) happens in the input pipeline on the CPU, where it is nearly free.
-
-The logits layer computes in float32 under mixed precision: a float16 softmax over many classes
-underflows, and the loss must see float32 values.
+Every network takes uint8 [N, S, S, 3] images and returns logits. Each starts with the rescaling its
+architecture expects, so the input pipeline and the serving signature hand over raw pixels and never
+need to know which network is behind them. Augmentation (random crop, flip) happens in the input
+pipeline on the CPU, where it is nearly free. The logits layer computes in float32 under mixed
+precision: a float16 softmax over many classes underflows, and the loss must see float32 values.
 """
 from __future__ import annotations
 
+import os
+import socket
+
+import tensorflow as tf
 import tf_keras as keras
 
+from components.common import pretrained
+from components.common.files import is_uri
+from components.contracts import schema
 from components.contracts.config import NETWORKS
+from components.train import TrainError
+from components.train.data import decode_eval
 
 # Caffe-style ImageNet means (BGR) that keras.applications' ResNet50 weights were trained with.
 RESNET_MEANS_BGR = (103.939, 116.779, 123.68)
@@ -20,8 +28,8 @@ RESNET_MEANS_BGR = (103.939, 116.779, 123.68)
 def build_model(name: str, num_classes: int, image_size: int, weights: str | None = None,
                 fine_tuning: bool = False) -> keras.Model:
     """A Keras model under the current global mixed-precision policy, from `weights` (a local .h5
-    file, components/train/weights.py) or from scratch. `fine_tuning` runs the backbone's batch
-    normalization in inference mode for good (components/train/phases.py says why)."""
+    file, initial_weights) or from scratch. `fine_tuning` runs the backbone's batch normalization in
+    inference mode for good (recipe.py says why)."""
     if name not in NETWORKS:
         raise ValueError(f"unknown network {name!r}; choose one of {', '.join(NETWORKS)}")
     inputs = keras.Input((image_size, image_size, 3), dtype="uint8", name="image")
@@ -67,7 +75,7 @@ def _load(load, path: str | None):
     try:
         return load()
     except (ValueError, OSError) as exc:
-        raise ValueError(f"--weights {path} does not fit this model: {str(exc).splitlines()[0]}") from None
+        raise ValueError(f"train.weights {path} does not fit this model: {str(exc).splitlines()[0]}") from None
 
 
 def _small_cnn(x):
@@ -82,15 +90,13 @@ def _small_cnn(x):
 
 
 def _caffe_preprocess(x):
-    import tensorflow as tf
-
     return x[..., ::-1] - tf.constant(RESNET_MEANS_BGR, dtype=x.dtype)
 
 
 def compile_model(model: keras.Model, optimizer, loss, jit_compile: bool, steps_per_execution: int):
-    """The recipe's optimizer and loss (components/train/recipe.py); tf_keras wraps the optimizer in
-    a LossScaleOptimizer by itself when the policy is mixed_float16. Accuracy is a weighted metric:
-    tf_keras hands plain `metrics` no sample weights, and evaluation's blanks weigh 0."""
+    """The recipe's optimizer and loss (recipe.py); tf_keras wraps the optimizer in a LossScaleOptimizer
+    by itself when the policy is mixed_float16. Accuracy is a weighted metric: tf_keras hands plain
+    `metrics` no sample weights, and evaluation's blanks weigh 0."""
     model.compile(
         optimizer=optimizer,
         loss=loss,
@@ -99,3 +105,117 @@ def compile_model(model: keras.Model, optimizer, loss, jit_compile: bool, steps_
         steps_per_execution=steps_per_execution,
     )
     return model
+
+
+# ---------------------------------------------------------------- the weights a run starts from
+# None, a local Keras .h5 file, or keras.applications' ImageNet weights. Settled with the plan, once the
+# spans are found and before any shard is staged or dataset built: a run that cannot have its weights
+# stops in seconds with one line naming the ways out, instead of after staging shards or, worse,
+# training from scratch a network that needs millions of images. ImageNet weights come from the Keras
+# cache when a copy there matches keras.applications' hash (components/common/pretrained.py, which
+# preflight reads too), else from keras.applications' own address, with a socket timeout: a machine
+# behind a firewall that drops packets waits seconds, not the minutes of the system's default.
+
+# Seconds any one connect or read of the download may block.
+FETCH_TIMEOUT_SECONDS = 5.0
+WAYS_OUT = ("train offline: set train.weights to a local Keras .h5 such as {file} (the file keras.applications "
+            "downloads into ~/.keras/models) or to none (from scratch), or use the cpu preset (a small network from "
+            "scratch, minutes on a CPU)")
+
+
+def initial_weights(weights: str | None, network: str, timeout: float = FETCH_TIMEOUT_SECONDS) -> str | None:
+    """None (from scratch) or the local .h5 file `network` starts from; a TrainError saying why not.
+    The shape of train.weights (none, imagenet or the path of an .h5 file) is checked by its setting."""
+    if weights is None:
+        raise TrainError("train.weights is unset: none, imagenet or the path of a Keras .h5 file (a preset fills it)")
+    if weights == "none":
+        return None
+    if weights == "imagenet":
+        if network not in pretrained.IMAGENET:
+            raise TrainError(f"train.network {network} has no ImageNet weights; set train.weights to none or a "
+                             "weights file")
+        return imagenet_file(network, timeout)
+    if is_uri(weights) or not os.path.isfile(weights):
+        raise TrainError(f"train.weights {weights}: no such local file (use none, imagenet or the path of a Keras "
+                         ".h5 weights file)")
+    return weights
+
+
+def imagenet_file(network: str, timeout: float = FETCH_TIMEOUT_SECONDS, origin: str | None = None) -> str:
+    """The cached copy of `network`'s ImageNet weights that matches their hash, else a fresh download."""
+    cached = pretrained.cached_file(network)
+    if cached:
+        return cached
+    name, base, md5 = pretrained.IMAGENET[network]
+    origin = origin or base + name
+    previous = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(timeout)
+    try:
+        return keras.utils.get_file(name, origin, cache_dir=pretrained.keras_homes()[0], cache_subdir="models",
+                                    file_hash=md5)
+    except Exception as exc:  # urllib's and get_file's errors, all of them: one line for the user either way
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise TrainError(f"train.weights imagenet: {network}'s ImageNet weights are not in the Keras cache "
+                         f"({pretrained.cache_path(network)}) and could not be fetched from {origin} "
+                         f"({reason}); " + WAYS_OUT.format(file=name)) from None
+    finally:
+        socket.setdefaulttimeout(previous)
+
+
+# ---------------------------------------------------------------- the candidate SavedModel
+# float32, no XLA, the serving signature of DESIGN.md plus one for TFMA.
+#
+# `serving_default`: `image_bytes` (string [N], encoded JPEG/PNG) -> `probabilities` (float32 [N, C]),
+# `class_ids` (int64 [N]), `labels` (string [N]).
+# `examples`: `examples` (string [N], serialized tf.Examples of the span schema) -> the same outputs,
+# so TensorFlow Model Analysis can feed eval records as they are stored.
+#
+# The network is rebuilt under the float32 policy and given the trained weights (mixed-precision
+# models keep float32 variables), so TF Serving on any CPU or GPU runs it without float16 kernels,
+# and the functions are traced without jit_compile. The module tracks the network as `model`, which
+# is how a later run restores a served version's weights.
+
+class ServingModule(tf.Module):
+    def __init__(self, model: keras.Model, labels: list[str], image_size: int):
+        super().__init__()
+        self.model = model
+        self.image_size = image_size
+        self.label_table = tf.constant(labels, dtype=tf.string)
+
+    def _predict(self, image_bytes):
+        size = self.image_size
+        max_pixels = int(schema.MAX_MEGAPIXELS * 1e6)
+        images = tf.map_fn(lambda b: decode_eval(b, size, max_pixels), image_bytes,
+                           fn_output_signature=tf.TensorSpec([size, size, 3], tf.uint8))
+        probabilities = tf.nn.softmax(tf.cast(self.model(images, training=False), tf.float32), axis=-1)
+        class_ids = tf.argmax(probabilities, axis=-1, output_type=tf.int64)
+        return {"probabilities": probabilities, "class_ids": class_ids,
+                "labels": tf.gather(self.label_table, class_ids)}
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=schema.SERVING_INPUT)])
+    def serve_images(self, image_bytes):
+        return self._predict(image_bytes)
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=schema.EXAMPLES_INPUT)])
+    def serve_examples(self, examples):
+        parsed = tf.io.parse_example(examples, {schema.ENCODED: schema.feature_spec()[schema.ENCODED]})
+        return self._predict(parsed[schema.ENCODED])
+
+
+def export_candidate(*, network: str, weights: list, labels: list[str], image_size: int, path: str) -> str:
+    """Writes the SavedModel to `path` (a local path or a URI TensorFlow writes, e.g. gs://)."""
+    if tf.distribute.has_strategy():
+        raise RuntimeError("export the candidate outside strategy.scope(): it is a single-device model")
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("float32")
+    try:
+        model = build_model(network, len(labels), image_size)
+        model.set_weights(weights)
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+    module = ServingModule(model, labels, image_size)
+    tf.saved_model.save(module, path, signatures={
+        schema.SERVING_SIGNATURE: module.serve_images.get_concrete_function(),
+        schema.EXAMPLES_SIGNATURE: module.serve_examples.get_concrete_function(),
+    })
+    return path

@@ -16,7 +16,7 @@ import pytest
 from components.contracts import program
 from components.contracts.layout import Root
 from components.push import serving_image as serving
-from components.train import strategy
+from components.train import placement
 from flows import work_pools
 from flows.commands import PREFECT_PORT
 from tests.infra.conftest import find, infra, kustomization, pod_specs, read_env_file
@@ -201,9 +201,9 @@ def test_each_pod_builds_the_tf_config_multi_worker_training_expects(objects, fa
     chiefs = []
     for index in range(workers):
         started = start_pod(job, index, objects, fake_stoke)
-        cluster = strategy.parse_tf_config(started["tf_config"])
-        assert cluster == strategy.Cluster(workers, "worker", index, _has_chief=False)
-        assert strategy.choose_strategy("auto", cluster, gpu_count=1) == "multi_worker"
+        cluster = placement.parse_tf_config(started["tf_config"])
+        assert cluster == placement.Cluster(workers, "worker", index, _has_chief=False)
+        assert placement.choose_strategy("auto", cluster, gpu_count=1) == "multi_worker"
         chiefs.append(cluster.is_chief)
         # Indexed Job pods are named <job>-<index>; with the Service as subdomain that is their DNS name.
         hosts = json.loads(started["tf_config"])["cluster"]["worker"]
@@ -221,7 +221,7 @@ def test_a_broken_tf_config_would_be_refused(objects, fake_stoke):
     job = json.loads(json.dumps(find(objects, "Job", "stoke-train")))
     started = start_pod(job, job["spec"]["completions"], objects, fake_stoke)
     with pytest.raises(ValueError, match="out of range"):
-        strategy.parse_tf_config(started["tf_config"])
+        placement.parse_tf_config(started["tf_config"])
 
 
 def test_only_the_training_pods_reach_each_others_worker_port(objects):

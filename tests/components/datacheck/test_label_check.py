@@ -18,12 +18,13 @@ from PIL import Image
 from beam_jobs.statistics import write_statistics
 from components.common.files import write_json
 from components.common.repository import Repository
+from components.contracts.config import TrainConfig
 from components.contracts.layout import Root
-from components.contracts.run_config import TrainSettings
+from components.contracts.run_config import RunConfig
 from components.contracts.summaries import DataCheckRecord
 from components.datacheck import datacheck, spans
 from components.report.report import write_report
-from components.train.plan import suspected_label_errors
+from components.train.trainer import suspected_label_errors
 from tests.components.conftest import TRAIN_LABELS, tiny_image, write_span
 from tests.components.gate_runs import copy_root, gate_scenario
 
@@ -109,10 +110,10 @@ def test_files_in_the_wrong_folder_are_flagged_and_named_and_nothing_else_is(tra
     rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["spans"]
     assert [(r["span"], r["label_errors"]) for r in rows] == [(1, None), (2, None), (3, 4)]
 
-    settings = TrainSettings(root=root, drop_suspected_label_errors=True)
+    config = RunConfig(source=root, root=root, train=TrainConfig(drop_suspected_label_errors=True))
     shards = Root(root).shards("train")
-    assert suspected_label_errors(settings, shards) == tuple(sorted(uris[i] for i in (3, 10, 20)))
-    assert suspected_label_errors(TrainSettings(root=root), shards) == ()  # the default trains on them
+    assert suspected_label_errors(config, shards) == tuple(sorted(uris[i] for i in (3, 10, 20)))
+    assert suspected_label_errors(RunConfig(source=root, root=root), shards) == ()  # the default trains on them
 
     run = Root(root).run("r1")
     write_json(run.summary("datacheck"), summary)

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from components.contracts.results import TrainPhase
+from components.contracts.results import TrainPhase, TrainStart
 from components.report.report import _training_lines
 
 PHASE = {"warmup_steps": 8, "batch_norm": "inference", "resumed_from_step": 0}
 
 
-def _section(phases, weights="imagenet"):
+def _section(phases, weights="imagenet", start=None):
     probe = {"input_bound": False}
     return SimpleNamespace(network="efficientnet_b0", spans=[1], epochs=30, total_steps=240, strategy="one_device",
                            replicas=1, precision="float32", images_per_sec=50.0, verdict="not measured",
                            eval=SimpleNamespace(accuracy=0.9, loss=0.3), shards=None, data_service=None, profiler=None,
-                           weights=weights, phases=[TrainPhase(**PHASE, **p) for p in phases], **probe)
+                           weights=weights, phases=[TrainPhase(**PHASE, **p) for p in phases], start=start, **probe)
 
 
 def test_a_fine_tuned_run_lists_its_phases():
@@ -34,3 +34,21 @@ def test_a_run_of_one_phase_says_nothing_more():
     lines = _training_lines(_section([{"name": "all", "epochs": 30, "first_epoch": 1, "steps": 240,
                                        "peak_learning_rate": 0.003, "trainable_parameters": 94083}], "none"), {})
     assert not [line for line in lines if "Fine-tuned" in line]
+
+
+ALL = [{"name": "all", "epochs": 3, "first_epoch": 1, "steps": 30, "peak_learning_rate": 0.0003,
+        "trainable_parameters": 94083}]
+
+
+def test_a_warm_run_says_from_which_version_and_on_how_many_records():
+    start = TrainStart(kind="warm", reason="same network", from_version=7, new_spans=[3], replay_spans=[1, 2],
+                       new_records=120, replay_records=130, warm_runs_since_full=2)
+    lines = _training_lines(_section(ALL, "none", start), {})
+    assert ("Warm start from version 7: 120 new records + 130 replayed (spans [3] new; a sample of [1, 2]).") in lines
+
+
+def test_a_full_retrain_says_why():
+    start = TrainStart(kind="full", reason="new class grey since served version 7", from_version=None,
+                       new_spans=[1, 2], replay_spans=[], new_records=80, replay_records=0, warm_runs_since_full=0)
+    lines = _training_lines(_section(ALL, "none", start), {})
+    assert "Full retrain: new class grey since served version 7." in lines

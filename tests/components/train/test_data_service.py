@@ -18,7 +18,7 @@ from components.contracts.config import TrainConfig
 from components.contracts.layout import Root
 from components.contracts.results import TrainMetrics
 from components.report.report import write_report
-from components.train import service_input
+from components.train import data, data_service
 from flows import cli
 from tests.components.conftest import TRAIN_LABELS, tiny_image, tiny_records, write_span
 from tests.components.gate_runs import TINY, validate_run
@@ -43,7 +43,7 @@ class Server:
 def add_worker(address: str) -> Server:
     """One more worker, once the dispatcher lists it (a killed worker stays on the list: count by name)."""
     worker = start("worker", "--dispatcher", address)
-    wait_for(lambda: worker.address in service_input.workers(address), "the new worker to register")
+    wait_for(lambda: worker.address in data_service.workers(address), "the new worker to register")
     return worker
 
 
@@ -67,7 +67,7 @@ def start(*argv: str) -> Server:
 def service(tmp_path_factory):
     dispatcher = start("dispatcher", "--work-dir", str(tmp_path_factory.mktemp("dispatcher")), "--worker-timeout", "5")
     workers = [start("worker", "--dispatcher", dispatcher.address) for _ in range(2)]
-    wait_for(lambda: len(service_input.workers(dispatcher.address)) == 2, "two workers")
+    wait_for(lambda: len(data_service.workers(dispatcher.address)) == 2, "two workers")
     yield {"dispatcher": dispatcher, "workers": workers, "address": dispatcher.address}
     for server in [*workers, dispatcher]:
         if server.process.poll() is None:
@@ -85,11 +85,17 @@ def numbered_root(tmp_path_factory) -> str:
     return root
 
 
-def records(root: str, **changes):
-    from components.train import input_pipeline as pipeline
+SETTINGS = TrainConfig(image_size=16, flip=False, seed=7)
 
-    options = pipeline.PipelineOptions(image_size=16, batch_size=4, training=True, flip=False, seed=7)
-    return Root(root).shards("train", None), dataclasses.replace(options, **changes)
+
+def records(root: str, **changes):
+    options = data.PipelineOptions(batch_size=4, training=True, seed=7)
+    return Root(root).shards("train", None), SETTINGS, dataclasses.replace(options, **changes)
+
+
+def through_service(shards, settings, options, address):
+    """The training batches as the trainer reads them with train.data_service."""
+    return data.through_service(data.make_dataset(shards, settings, options), address)
 
 
 def labels_of(batches) -> list[int]:
@@ -97,18 +103,13 @@ def labels_of(batches) -> list[int]:
 
 
 def test_one_pass_through_two_workers_holds_every_record_once(service, numbered_root):
-    from components.train import input_pipeline as pipeline
-
-    shards, options = records(numbered_root, repeat=False, batch_size=1)
-    one_pass = service_input.through_service(pipeline.make_dataset(shards, options), service["address"])
+    one_pass = through_service(*records(numbered_root, repeat=False, batch_size=1), service["address"])
     assert sorted(labels_of(one_pass)) == list(range(RECORDS))
 
 
 def test_a_worker_killed_mid_pass_does_not_stop_the_stream(service, numbered_root):
-    from components.train.trainer import _through_service
-
     extra = add_worker(service["address"])
-    batches = iter(_through_service(*records(numbered_root), service["address"], None))
+    batches = iter(through_service(*records(numbered_root), service["address"]))
     labels_of([next(batches)])
     extra.stop(signal.SIGKILL)
     # The rest of the killed worker's file is lost for that pass; the stream goes on from the other
@@ -121,7 +122,7 @@ def test_training_through_the_service_survives_a_lost_worker_and_is_blessed(serv
     root = str(tmp_path_factory.mktemp("served"))
     write_span(root, 1, {"train": tiny_records(64), "eval": tiny_records(24, offset=5000)},
                TRAIN_LABELS, {"train": 4, "eval": 2})
-    registered = len(service_input.workers(service["address"]))
+    registered = len(data_service.workers(service["address"]))
     extra = add_worker(service["address"])
     trainer = subprocess.Popen(
         [sys.executable, "-m", "components.train", "--root", root, "--run-id", "svc", *TINY, "--epochs", "3",
@@ -190,13 +191,13 @@ def test_no_dispatcher_there_is_one_line(small_spans_root, capfd):
 def test_cache_and_the_service_are_refused_together(service, small_spans_root, capfd):
     from components.train import trainer
 
-    assert trainer.run(["--root", small_spans_root, "--data-service", service["address"], "--image-cache", "memory"]) == 1
+    assert trainer.run(["--root", small_spans_root, "--data-service", service["address"], "--image-cache", "memory"]) == 2
     assert "train.image_cache and train.data_service do not go together" in capfd.readouterr().err
 
 
 def test_servers_serve_only_where_told(service, capfd):
     """Workers register under the host given; a host of another machine, or a port in use, is refused."""
-    assert all(w.startswith("127.0.0.1:") for w in service_input.workers(service["address"]))
+    assert all(w.startswith("127.0.0.1:") for w in data_service.workers(service["address"]))
     port = service["address"].rsplit(":", 1)[1]
     for argv, why in ((["--host", "192.0.2.1"], "not an address of this machine"),
                       (["--host", "no-such-host.invalid"], "not an address this machine can resolve"),
@@ -207,9 +208,7 @@ def test_servers_serve_only_where_told(service, capfd):
 
 
 def test_servers_stop_cleanly_on_sigterm_even_with_the_dispatcher_gone_first(service, numbered_root):
-    from components.train.trainer import _through_service
-
-    reading = iter(_through_service(*records(numbered_root), service["address"], None))
+    reading = iter(through_service(*records(numbered_root), service["address"]))
     next(reading)  # a trainer still holds a job when everything is stopped at once, dispatcher first
     for server in [service["dispatcher"], *service["workers"]]:
         code, out = server.stop()

@@ -196,7 +196,7 @@ def test_alone_on_loopback_the_servers_run_and_stop_once_an_interface_comes_up()
         dispatcher = launch("dispatcher", "--port", "0", prefix=prefix)
         assert "to this machine alone (no interface but loopback is up; one coming up stops it)" in dispatcher.serving()
         worker = launch("worker", "--dispatcher", dispatcher.address(), "--port", "0", prefix=prefix)
-        ask = f"from components.train import service_input; print(service_input.workers({dispatcher.address()!r}))"
+        ask = f"from components.train import data_service; print(data_service.workers({dispatcher.address()!r}))"
         assert worker.address() in namespaces.run(sys.executable, "-c", ask, ns=ns).stdout
         link = namespaces.join(ns, "a", index=1, route=False)
         for server in (dispatcher, worker):

@@ -5,10 +5,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from components.contracts.config import TrainConfig
 from components.contracts.layout import Root
-from components.train import eval_batches
-from components.train import input_pipeline as pipeline
+from components.train import data
 from tests.components.conftest import TRAIN_LABELS, tiny_records, write_span
+
+SIXTEEN = TrainConfig(image_size=16)
 
 
 @pytest.mark.parametrize("counts, pipelines, expected", [
@@ -18,15 +20,15 @@ from tests.components.conftest import TRAIN_LABELS, tiny_records, write_span
     ([5, 5, 5, 5], 3, [10, 5, 5]),
 ])
 def test_each_pipeline_reads_its_share_of_the_records(counts, pipelines, expected):
-    assert eval_batches.pipeline_records(counts, pipelines) == expected
+    assert data.pipeline_records(counts, pipelines) == expected
 
 
 def test_steps_cover_the_longest_share_on_every_worker():
-    assert eval_batches.steps([19], 1, 8) == 3
-    assert eval_batches.steps([7, 6, 6], 2, 16) == 2  # 13 records in batches of 8 on worker 0
-    assert eval_batches.steps([16], 1, 8) == 2
-    assert eval_batches.steps([], 1, 8) == eval_batches.steps([0], 2, 8) == 0
-    assert eval_batches.record_weight(19, 3, 8) == 24 / 19
+    assert data.eval_steps([19], 1, 8) == 3
+    assert data.eval_steps([7, 6, 6], 2, 16) == 2  # 13 records in batches of 8 on worker 0
+    assert data.eval_steps([16], 1, 8) == 2
+    assert data.eval_steps([], 1, 8) == data.eval_steps([0], 2, 8) == 0
+    assert data.record_weight(19, 3, 8) == 24 / 19
 
 
 @pytest.fixture(scope="module")
@@ -39,19 +41,18 @@ def uneven_eval_shards(tmp_path_factory):
 
 
 def _batches(shards, pipelines: int, pipeline_id: int, cache=None):
-    steps = eval_batches.steps([s.records for s in shards], pipelines, 8 * pipelines)
-    options = pipeline.PipelineOptions(
-        image_size=16, batch_size=8, training=False, cache=cache, eval_batches=steps,
-        eval_weight=eval_batches.record_weight(19, steps, 8 * pipelines))
-    dataset = pipeline.make_dataset(shards, options, tf.distribute.InputContext(pipelines, pipeline_id, pipelines))
+    steps = data.eval_steps([s.records for s in shards], pipelines, 8 * pipelines)
+    options = data.PipelineOptions(batch_size=8, training=False, cache=cache, eval_batches=steps,
+                                   eval_weight=data.record_weight(19, steps, 8 * pipelines))
+    dataset = data.make_dataset(shards, SIXTEEN, options, tf.distribute.InputContext(pipelines, pipeline_id, pipelines))
     assert [spec.shape.as_list() for spec in dataset.element_spec] == [[8, 16, 16, 3], [8], [8]]
     return steps, [tuple(part.numpy() for part in batch) for batch in dataset]
 
 
 @pytest.mark.parametrize("cache", [None, "memory"])
 def test_every_record_weighs_once_and_blanks_fill_whole_batches(uneven_eval_shards, cache):
-    unpadded = pipeline.PipelineOptions(image_size=16, batch_size=1, training=False)
-    every = sorted(image.tobytes() for batch, _ in pipeline.make_dataset(uneven_eval_shards, unpadded).as_numpy_iterator()
+    unpadded = data.PipelineOptions(batch_size=1, training=False)
+    every = sorted(image.tobytes() for batch, _ in data.make_dataset(uneven_eval_shards, SIXTEEN, unpadded).as_numpy_iterator()
                    for image in batch)
     seen = []
     for worker, records in ((0, 13), (1, 6)):

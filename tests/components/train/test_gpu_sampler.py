@@ -8,7 +8,7 @@ import pytest
 
 from components.common.nvml import nvml_session
 from components.common.plots import gpu_use as plot
-from components.train.gpu_sampler import GpuSampler
+from components.train.measure import GpuSampler
 from tests.components import fake_nvml
 from tests.waiting import wait_for
 
@@ -19,7 +19,7 @@ def _sampler_threads():
 
 def test_without_a_gpu_the_sampler_says_so_and_records_nothing(caplog):
     # This machine has no NVIDIA driver: the real nvidia-ml-py fails to load NVML.
-    with caplog.at_level(logging.INFO, logger="components.train.gpu_sampler"):
+    with caplog.at_level(logging.INFO, logger="components.train.measure"):
         with GpuSampler(interval=0.01) as gpus:
             time.sleep(0.05)
     assert not gpus.available
@@ -100,10 +100,10 @@ def test_nvml_session_reports_why(monkeypatch, missing):
 
 
 def test_a_gpu_tensorflow_trains_on_that_nvml_cannot_watch_is_a_warning(caplog, monkeypatch):
-    from components.train import gpu_sampler
+    from components.train import measure
 
-    monkeypatch.setattr(gpu_sampler, "tensorflow_gpus", lambda: 1)
-    with caplog.at_level(logging.INFO, logger="components.train.gpu_sampler"):
+    monkeypatch.setattr(measure, "tensorflow_gpus", lambda: 1)
+    with caplog.at_level(logging.INFO, logger="components.train.measure"):
         with GpuSampler(interval=0.01) as gpus:
             pass
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [

@@ -14,19 +14,18 @@ import types
 import numpy as np
 import pytest
 import tensorflow as tf
+from pydantic import ValidationError
 
+from components.contracts.config import TrainConfig
 from components.contracts.layout import Root
-from components.train import image_cache, trainer
-from components.train import input_pipeline as pipeline
+from components.train import data, trainer
 from tests.components.conftest import TRAIN_LABELS, tiny_records, write_span
 
 BATCH = 8
 
 
-def _settings(cache: str, image_size: int = 32, **changes):
-    """What the trainer's dataset function reads of the run's settings."""
-    return types.SimpleNamespace(**{"image_size": image_size, "image_cache": cache, "skip_corrupt": False,
-                                    "flip": False, "shuffle_buffer": 2048, "seed": 1, **changes})
+def _settings(cache: str, image_size: int = 32, **changes) -> TrainConfig:
+    return TrainConfig(**{"image_size": image_size, "image_cache": cache, "flip": False, "seed": 1, **changes})
 
 
 def _plan(eval_records: int = 0):
@@ -36,7 +35,7 @@ def _plan(eval_records: int = 0):
 
 def _labels(root: str, cache: str, records: int) -> list[int]:
     """The labels of one pass over the training split, as the trainer's input reads it with `cache`."""
-    make = trainer._dataset_fn(_settings(cache), _plan(), Root(root).shards("train"), True)
+    make = trainer.dataset_fn(_settings(cache), _plan(), Root(root).shards("train"), True)
     dataset = make(tf.distribute.InputContext())
     return [int(v) for _, labels in dataset.take(records // BATCH) for v in labels.numpy()]
 
@@ -72,7 +71,7 @@ def test_another_image_size_is_another_cache(small_spans_root, tmp_path):
     cache = str(tmp_path / "images")
 
     def images(size: int):
-        make = trainer._dataset_fn(_settings(cache, size), _plan(19), Root(small_spans_root).shards("eval"), False)
+        make = trainer.dataset_fn(_settings(cache, size), _plan(19), Root(small_spans_root).shards("eval"), False)
         return [batch[0].numpy() for batch in make(tf.distribute.InputContext()).take(3)]
 
     assert images(16)[0].shape == (BATCH, 16, 16, 3)
@@ -85,10 +84,10 @@ import os, sys, types
 import tensorflow as tf
 from components.contracts.layout import Root
 from components.train import trainer
-settings = types.SimpleNamespace(image_size=32, image_cache=sys.argv[2], skip_corrupt=False, flip=False,
-                                 shuffle_buffer=1, seed=1)
+from components.contracts.config import TrainConfig
+settings = TrainConfig(image_size=32, image_cache=sys.argv[2], flip=False, shuffle_buffer=1, seed=1)
 plan = types.SimpleNamespace(data_service=None, global_batch=8, excluded=(), eval_records=0, validation_steps=0)
-dataset = trainer._dataset_fn(settings, plan, Root(sys.argv[1]).shards("train"), True)(tf.distribute.InputContext())
+dataset = trainer.dataset_fn(settings, plan, Root(sys.argv[1]).shards("train"), True)(tf.distribute.InputContext())
 records = iter(dataset)  # kept: an iterator dropped before the end discards what it cached
 next(records)  # a few records into the cache, which tf.data has not finished
 print(sorted(os.listdir(os.path.dirname(sys.argv[2]))), flush=True)
@@ -112,24 +111,27 @@ def test_a_cache_half_written_by_a_killed_run_is_made_again(small_spans_root, tm
 
 # ---------------------------------------------------------------- the key and the lock, without TensorFlow's pipeline
 
-def _options(**changes) -> pipeline.PipelineOptions:
-    return pipeline.PipelineOptions(**{"image_size": 32, "batch_size": BATCH, "training": True, **changes})
+def _options(**changes) -> data.PipelineOptions:
+    return data.PipelineOptions(**{"batch_size": BATCH, "training": True, **changes})
+
+
+def _key(shards, settings: dict | None = None, context=None, **changes) -> str:
+    return data.cache_key(shards, TrainConfig(**{"image_size": 32, **(settings or {})}), _options(**changes), context)
 
 
 def test_the_key_changes_with_everything_that_changes_what_is_cached(small_spans_root):
     shards = Root(small_spans_root).shards("train")
-    base = image_cache.key(shards, _options())
-    assert image_cache.key(list(shards), _options(flip=False, seed=7, shuffle_buffer=1, cache="x")) == base
+    base = _key(shards)
+    assert _key(list(shards), {"flip": False, "seed": 7, "shuffle_buffer": 1}, seed=7, cache="x") == base
     variants = {
-        "another ROOT's shards": image_cache.key([dataclasses.replace(shards[0], sha256="0" * 64), *shards[1:]],
-                                                 _options()),
-        "a span added": image_cache.key([*shards, dataclasses.replace(shards[0], span=2, sha256="1" * 64)], _options()),
-        "a shard fewer": image_cache.key(shards[:2], _options()),
-        "another image size": image_cache.key(shards, _options(image_size=24)),
-        "evaluation's preprocessing": image_cache.key(shards, _options(training=False)),
-        "records left out": image_cache.key(shards, _options(exclude=("mem://train/0/0",))),
-        "corrupt records skipped": image_cache.key(shards, _options(skip_corrupt=True)),
-        "another input pipeline": image_cache.key(shards, _options(), tf.distribute.InputContext(2, 1, 1)),
+        "another ROOT's shards": _key([dataclasses.replace(shards[0], sha256="0" * 64), *shards[1:]]),
+        "a span added": _key([*shards, dataclasses.replace(shards[0], span=2, sha256="1" * 64)]),
+        "a shard fewer": _key(shards[:2]),
+        "another image size": _key(shards, {"image_size": 24}),
+        "evaluation's preprocessing": _key(shards, training=False),
+        "records left out": _key(shards, exclude=("mem://train/0/0",)),
+        "corrupt records skipped": _key(shards, {"skip_corrupt": True}),
+        "another input pipeline": _key(shards, context=tf.distribute.InputContext(2, 1, 1)),
     }
     assert base not in variants.values() and len(set(variants.values())) == len(variants), variants
 
@@ -151,7 +153,7 @@ def test_claiming_a_cache_removes_the_splits_others_no_run_uses(tmp_path):
     held = os.open(in_use + ".lock", os.O_RDWR | os.O_CREAT)  # another run reads it now
     fcntl.flock(held, fcntl.LOCK_EX)
     try:
-        name = image_cache.claim(prefix, "train", "d" * 16)
+        name = data.claim_cache(prefix, "train", "d" * 16)
     finally:
         os.close(held)
     assert name == f"{prefix}-train-{'d' * 16}" and os.path.exists(name + ".lock")
@@ -165,32 +167,34 @@ def test_a_cache_another_run_holds_is_not_written_twice(tmp_path, capsys):
     held = os.open(name + ".lock", os.O_RDWR | os.O_CREAT)
     fcntl.flock(held, fcntl.LOCK_EX)
     try:
-        assert image_cache.claim(prefix, "train", "e" * 16) is None
+        assert data.claim_cache(prefix, "train", "e" * 16) is None
     finally:
         os.close(held)
     assert "another run is using the image cache" in capsys.readouterr().err
-    assert image_cache.claim(prefix, "train", "e" * 16) == name  # free again: this run's, for its life
+    assert data.claim_cache(prefix, "train", "e" * 16) == name  # free again: this run's, for its life
 
 
 def test_a_complete_cache_is_kept_and_a_half_written_one_removed(tmp_path):
     prefix = str(tmp_path / "images")
     done = f"{prefix}-train-{'1' * 16}"
     kept = [_plant(done + ".index"), _plant(done + ".data-00000-of-00001")]
-    assert image_cache.claim(prefix, "train", "1" * 16) == done and all(map(os.path.exists, kept))
+    assert data.claim_cache(prefix, "train", "1" * 16) == done and all(map(os.path.exists, kept))
     half = f"{prefix}-eval-{'2' * 16}"
     left = [_plant(half + "_0.lockfile"), _plant(half + "_0.data-00000-of-00001.tempstate123")]
-    assert image_cache.claim(prefix, "eval", "2" * 16) == half and not any(map(os.path.exists, left))
+    assert data.claim_cache(prefix, "eval", "2" * 16) == half and not any(map(os.path.exists, left))
     elsewhere = str(tmp_path / "new" / "images")  # tf.data makes no folder: the claim does
-    assert image_cache.claim(elsewhere, "eval", "2" * 16) and os.path.isdir(tmp_path / "new")
+    assert data.claim_cache(elsewhere, "eval", "2" * 16) and os.path.isdir(tmp_path / "new")
 
 
 @pytest.mark.parametrize("prefix", ["s3://bucket/images", "gs://bucket/images", "file:///tmp/images"])
-def test_a_cache_prefix_that_is_not_a_local_path_is_refused(prefix):
-    assert "not a local path" in image_cache.refusal(prefix)
-    assert image_cache.refusal("memory") is None and image_cache.refusal("/tmp/images") is None
+def test_a_cache_prefix_that_is_not_a_local_path_is_refused_as_a_setting(prefix):
+    with pytest.raises(ValidationError, match="not a local path"):
+        TrainConfig(image_cache=prefix)
+    assert TrainConfig(image_cache="memory").image_cache == "memory"
+    assert TrainConfig(image_cache="/tmp/images").image_cache == "/tmp/images"
 
 
 def test_memory_and_no_cache_are_as_before(small_spans_root):
-    make = trainer._dataset_fn(_settings("memory"), _plan(), Root(small_spans_root).shards("train"), True)
+    make = trainer.dataset_fn(_settings("memory"), _plan(), Root(small_spans_root).shards("train"), True)
     labels = [v for _, batch in make(tf.distribute.InputContext()).take(6) for v in batch.numpy()]
     assert sorted(labels) == sorted(np.array([r[2] for r in tiny_records(48)]))

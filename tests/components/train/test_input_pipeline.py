@@ -12,8 +12,9 @@ import tensorflow as tf
 from PIL import Image
 
 from components.common.shard_scan import scan_shards
+from components.contracts.config import TrainConfig
 from components.contracts.layout import Root
-from components.train import input_pipeline as pipeline
+from components.train import data as pipeline
 
 
 def _jpeg(height: int, width: int, seed: int = 0) -> bytes:
@@ -113,13 +114,17 @@ def _collect(dataset) -> tuple[list[bytes], list[int]]:
 
 
 def _eval_options(batch_size=4, **kw):
-    return pipeline.PipelineOptions(image_size=16, batch_size=batch_size, training=False, repeat=False, **kw)
+    return pipeline.PipelineOptions(batch_size=batch_size, training=False, repeat=False, **kw)
+
+
+def _settings(image_size=16, **kw) -> TrainConfig:
+    return TrainConfig(image_size=image_size, flip=True, **kw)
 
 
 def test_training_batches_have_static_shapes(small_spans_root):
     shards = Root(small_spans_root).shards("train")
-    options = pipeline.PipelineOptions(image_size=24, batch_size=5, training=True, shuffle_buffer=16, seed=1)
-    dataset = pipeline.make_dataset(shards, options)
+    options = pipeline.PipelineOptions(batch_size=5, training=True, seed=1)
+    dataset = pipeline.make_dataset(shards, _settings(24, shuffle_buffer=16), options)
     assert dataset.element_spec[0].shape.as_list() == [5, 24, 24, 3]
     assert dataset.element_spec[0].dtype == tf.uint8
     images, labels = next(iter(dataset.take(20).skip(19)))  # repeats past one pass of 48
@@ -139,28 +144,28 @@ def test_no_flip_keeps_the_orientation():
 
 def test_eval_pipeline_is_deterministic_and_complete(small_spans_root):
     shards = Root(small_spans_root).shards("train")
-    first = _collect(pipeline.make_dataset(shards, _eval_options()))
-    second = _collect(pipeline.make_dataset(shards, _eval_options()))
+    first = _collect(pipeline.make_dataset(shards, _settings(), _eval_options()))
+    second = _collect(pipeline.make_dataset(shards, _settings(), _eval_options()))
     assert first == second
     assert len(first[0]) == 48 and sorted(first[1]) == sorted([i % 3 for i in range(48)])
 
 
 def test_memory_cache_keeps_every_record(small_spans_root):
     shards = Root(small_spans_root).shards("train")
-    cached = pipeline.make_dataset(shards, _eval_options(cache="memory"))
-    assert _collect(cached) == _collect(pipeline.make_dataset(shards, _eval_options()))
-    training = pipeline.PipelineOptions(image_size=16, batch_size=8, training=True, cache="memory")
-    images, _ = next(iter(pipeline.make_dataset(shards, training)))
+    cached = pipeline.make_dataset(shards, _settings(), _eval_options(cache="memory"))
+    assert _collect(cached) == _collect(pipeline.make_dataset(shards, _settings(), _eval_options()))
+    training = pipeline.PipelineOptions(batch_size=8, training=True, cache="memory")
+    images, _ = next(iter(pipeline.make_dataset(shards, _settings(), training)))
     assert images.shape == (8, 16, 16, 3)
 
 
 @pytest.mark.parametrize("split", ["train", "eval"])  # 3 shards: by file; 1 shard: by record
 def test_two_workers_read_disjoint_halves_that_cover_the_split(small_spans_root, split):
     shards = Root(small_spans_root).shards(split)
-    parts = [_collect(pipeline.make_dataset(shards, _eval_options(batch_size=1),
+    parts = [_collect(pipeline.make_dataset(shards, _settings(), _eval_options(batch_size=1),
                                             tf.distribute.InputContext(2, worker, 1)))[0]
              for worker in (0, 1)]
-    whole = _collect(pipeline.make_dataset(shards, _eval_options(batch_size=1)))[0]
+    whole = _collect(pipeline.make_dataset(shards, _settings(), _eval_options(batch_size=1)))[0]
     assert parts[0] and parts[1]
     assert not set(parts[0]) & set(parts[1])
     assert sorted(parts[0] + parts[1]) == sorted(whole)
@@ -200,8 +205,8 @@ def test_scan_names_the_corrupt_shard_and_counts_lost_records(corrupt_spans_root
 def test_corrupt_shard_fails_reading_unless_skipped(corrupt_spans_root):
     shards = Root(corrupt_spans_root).shards("train")
     with pytest.raises(tf.errors.DataLossError):
-        _collect(pipeline.make_dataset(shards, _eval_options()))
-    images, _ = _collect(pipeline.make_dataset(shards, _eval_options(batch_size=1, skip_corrupt=True)))
+        _collect(pipeline.make_dataset(shards, _settings(), _eval_options()))
+    images, _ = _collect(pipeline.make_dataset(shards, _settings(skip_corrupt=True), _eval_options(batch_size=1)))
     assert len(images) == 48 - 11
 
 
@@ -274,8 +279,9 @@ def test_records_left_out_by_source_are_missing_from_training_and_only_they(smal
     training pipeline, and a name no record has takes nothing with it."""
     shards = Root(small_spans_root).shards("train")  # shard s holds the 16 records of label s
     gone = ("mem://train/0/0", "mem://train/0/15", "mem://train/2/5", "mem://train/9/9")
-    options = pipeline.PipelineOptions(image_size=16, batch_size=1, training=True, repeat=False, seed=3, exclude=gone)
-    labels = sorted(int(label) for _, batch in pipeline.make_dataset(shards, options) for label in batch.numpy())
+    options = pipeline.PipelineOptions(batch_size=1, training=True, repeat=False, seed=3, exclude=gone)
+    labels = sorted(int(label) for _, batch in pipeline.make_dataset(shards, _settings(), options)
+                    for label in batch.numpy())
     assert labels == [0] * 14 + [1] * 16 + [2] * 15
-    everything = pipeline.PipelineOptions(image_size=16, batch_size=1, training=True, repeat=False, seed=3)
-    assert sum(1 for _ in pipeline.make_dataset(shards, everything)) == 48
+    everything = pipeline.PipelineOptions(batch_size=1, training=True, repeat=False, seed=3)
+    assert sum(1 for _ in pipeline.make_dataset(shards, _settings(), everything)) == 48

@@ -19,7 +19,7 @@ from components.common.files import write_json
 from components.contracts.layout import Root
 from components.contracts.results import TrainMetrics
 from components.report.report import write_report
-from components.train import profile
+from components.train import measure as profile
 from tests.components.conftest import TRAIN_LABELS, tiny_image, tiny_records, write_span
 from tests.waiting import free_port, wait_for
 
@@ -104,7 +104,7 @@ def test_tensorboard_shows_the_same_analysis_in_its_profile_tab(runs, tmp_path):
         page = get(f"{base}/plugin/profile/data?run={session}&tag=input_pipeline_analyzer&host={host['hostname']}")
     finally:
         processes.stop(server)
-    assert profile.parse(page, profiler.trace) == profiler
+    assert profile.parse_analysis(page, profiler.trace) == profiler
 
 
 def get(url: str) -> bytes:

@@ -7,8 +7,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from components.train import recipe
-from components.train.plan import default_batch
-from components.train.run_warnings import short_run_warnings
+from components.train.trainer import default_batch, short_run_warnings
 
 
 def test_warmup_rises_linearly_then_cosine_decays_to_near_zero():

@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from components.train import run_warnings
-from components.train import trainer as train
+from components.train import trainer
 from tests.components.conftest import TRAIN_LABELS, tiny_records, write_span
 from tests.components.train.test_train import TINY
 
@@ -31,7 +30,7 @@ def history(val, train):
 ])
 def test_flat_at_the_majority_while_train_rises(val, train, flat):
     read = []
-    found = run_warnings.learned_nothing(history(val, train), 19, lambda: read.append(1) or EVAL_LABELS)
+    found = trainer.learned_nothing(history(val, train), 19, lambda: read.append(1) or EVAL_LABELS)
     assert found == ((0, 7) if flat else None)
     assert read == ([1] if len(val) > 1 and max(val) - min(val) <= 2 / 19 else [])  # read only when eval is flat
 
@@ -49,7 +48,7 @@ def test_a_run_that_learned_nothing_says_so_with_the_fix(tmp_path, capsys):
     grey = _constant_image()
     write_span(root, 1, {"train": tiny_records(48), "eval": [(grey, "png", label) for label in EVAL_LABELS]},
                TRAIN_LABELS, {"train": 2, "eval": 1})
-    code = train.run(["--root", root, *TINY, "--run-id", "flat", "--epochs", "4", "--seed", "1",
+    code = trainer.run(["--root", root, *TINY, "--run-id", "flat", "--epochs", "4", "--seed", "1",
                       "--input-probe-steps", "0", "--json"])
     out = capsys.readouterr().out
     assert code == 0

@@ -18,8 +18,7 @@ import tensorflow as tf
 
 from components.contracts import summaries
 from components.contracts.layout import Root
-from components.train import input_pipeline as pipeline
-from components.train import recipe
+from components.train import data, recipe
 from components.train import trainer as train
 from tests.components.conftest import TRAIN_LABELS, let_in, tiny_image, tiny_records, write_span
 from tests.components.train.test_input_pipeline import corrupt_record
@@ -100,7 +99,7 @@ def _assert_evaluated_once(summary: dict, root: str) -> None:
     loaded = tf.saved_model.load(summary["model_dir"])
     records = [r.numpy() for shard in Root(root).shards("eval") for r in tf.data.TFRecordDataset(shard.uri, "GZIP")]
     assert len(records) % 8 and len(records) % 16  # the last batch is partial
-    labels = np.array([int(pipeline.parse(r)[1]) for r in records])
+    labels = np.array([int(data.parse(r)[1]) for r in records])
     probabilities = loaded.signatures["examples"](examples=tf.constant(records))["probabilities"].numpy()
     loss = -np.log(probabilities[np.arange(len(labels)), labels]).mean()
     assert summary["eval"]["accuracy"] == pytest.approx((probabilities.argmax(1) == labels).mean(), abs=1e-6)
@@ -132,7 +131,7 @@ def test_candidate_serves_image_bytes_and_examples(float32_run, small_spans_root
     shard = Root(small_spans_root).shards("eval")[0]
     records = [r.numpy() for r in tf.data.TFRecordDataset(shard.uri, "GZIP").take(4)]
     by_example = loaded.signatures["examples"](examples=tf.constant(records))
-    encoded = [pipeline.parse(r)[0].numpy() for r in records]
+    encoded = [data.parse(r)[0].numpy() for r in records]
     by_bytes = serve(image_bytes=tf.constant(encoded))
     np.testing.assert_allclose(by_example["probabilities"], by_bytes["probabilities"], rtol=1e-5)
     assert "XlaLaunch" not in str(loaded.signatures["serving_default"].graph.as_graph_def())
@@ -404,15 +403,15 @@ def test_a_broken_span_manifest_is_one_line_naming_it(small_spans_root, tmp_path
 
 def test_a_span_whose_manifest_changed_after_its_check_is_left_out_and_said_so(small_spans_root, tmp_path, capsys):
     """Training goes on with the spans the data check let in, and names the one it leaves out."""
-    from components.contracts.run_config import TrainSettings
-    from components.train.plan import find_data
+    from components.contracts.run_config import RunConfig
+    from components.train.trainer import find_data
 
     root = str(tmp_path / "root")
     shutil.copytree(small_spans_root, root, ignore=shutil.ignore_patterns("runs"))
     write_span(root, 2, {"train": tiny_records(8, offset=2000)}, TRAIN_LABELS, {"train": 1})
     with open(Root(root).manifest(2), "ab") as f:
         f.write(b"\n")
-    _, train_shards, _, _ = find_data(TrainSettings(root=root, run_id="left-out"))
+    _, train_shards, _, _ = find_data(RunConfig(source=root, root=root).resolved(), "left-out")
     assert {s.span for s in train_shards} == {1}
     err = capsys.readouterr().err
     assert err.startswith("stoke train: warning: left out: span 2 has no valid data-check record (") and err.count("\n") == 1

@@ -1,4 +1,4 @@
-"""Fine-tuning a pretrained backbone (components/train/phases.py) from a local weights file, as
+"""Fine-tuning a pretrained backbone (components/train/recipe.py) from a local weights file, as
 keras.applications writes one: the head alone first, then the backbone, batch norm kept as loaded; and
 ImageNet weights that cannot be had stop a run in seconds, before anything is built or written."""
 from __future__ import annotations
@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from components.common import pretrained
+from components.train import TrainError, models
 from components.train import trainer as train
-from components.train import weights as weights_module
 from tests.components.train.test_train import _env
 
 # mobilenet_v3_small at 32 px: the smallest keras.applications backbone, quick on a CPU.
@@ -124,11 +125,10 @@ def test_a_run_killed_while_fine_tuning_resumes_fine_tuning(resumed):
     ("/small_cnn.h5", "small_cnn", None, [("all", 0, 30, 3e-3)]),  # a whole small_cnn: no backbone to freeze
 ])
 def test_the_phases_follow_the_weights_and_head_epochs(weights, network, head_epochs, phases):
-    from components.contracts.run_config import TrainSettings
-    from components.train.phases import plan_phases
+    from components.contracts.config import TrainConfig
+    from components.train.recipe import plan_phases
 
-    config = TrainSettings(root="/r", network=network, weights=weights, head_epochs=head_epochs)
-    planned = plan_phases(config, 30, 8)
+    planned = plan_phases(TrainConfig(network=network, weights=weights, head_epochs=head_epochs), 30, 8)
     assert [(p.name, p.first_epoch, p.epochs, p.learning_rate) for p in planned] == phases
     assert all(p.steps == 8 * p.epochs and p.warmup == min(8, p.steps // 5) for p in planned)
 
@@ -145,8 +145,9 @@ def test_imagenet_weights_that_cannot_be_had_stop_the_run_in_one_line_before_any
     assert code == 1 and "\n" not in error and "Traceback" not in err
     assert error.startswith("train.weights imagenet: efficientnet_b0's ImageNet weights are not in the Keras cache "
                             f"({tmp_path / 'keras' / 'models' / 'efficientnetb0_notop.h5'})")
-    for way_out in ("--weights PATH", "--weights none", "--set train.weights=PATH", "--preset cpu"):
-        assert way_out in error
+    assert "set train.weights to a local Keras .h5 such as efficientnetb0_notop.h5" in error
+    ways_out = error.split("; train offline: ")[1]
+    assert "or to none (from scratch), or use the cpu preset" in ways_out and "--" not in ways_out  # settings, no flags
     assert os.listdir(os.path.join(small_spans_root, "runs", "no-weights")) == []  # nothing built or written
     assert not os.listdir(tmp_path / "keras" / "models")  # no half-downloaded file left
 
@@ -155,15 +156,16 @@ def test_a_cached_copy_is_used_only_when_its_hash_matches(tmp_path, monkeypatch)
     """A file of the right name in the cache is not trusted on its name: a wrong one is fetched again."""
     monkeypatch.setenv("KERAS_HOME", str(tmp_path))
     (tmp_path / "models").mkdir()
-    name = weights_module.IMAGENET["mobilenet_v3_small"][0]
+    name = pretrained.IMAGENET["mobilenet_v3_small"][0]
     cached = tmp_path / "models" / name
     cached.write_bytes(b"not the weights")
-    with pytest.raises(train.TrainError, match="could not be fetched"):
-        weights_module.initial_weights("imagenet", "mobilenet_v3_small")
+    with pytest.raises(TrainError, match="could not be fetched"):
+        models.initial_weights("imagenet", "mobilenet_v3_small")
     assert not cached.exists()  # Keras' download replaces it, and a failed one leaves nothing
     cached.write_bytes(b"the weights, as far as this test knows")
-    monkeypatch.setitem(weights_module.IMAGENET, "mobilenet_v3_small", (name, "unused", weights_module._md5(str(cached))))
-    assert weights_module.initial_weights("imagenet", "mobilenet_v3_small") == str(cached)
+    monkeypatch.setitem(pretrained.IMAGENET, "mobilenet_v3_small", (name, "unused", pretrained.file_md5(str(cached))))
+    assert models.initial_weights("imagenet", "mobilenet_v3_small") == str(cached)
+    assert pretrained.cached_file("mobilenet_v3_small") == str(cached)  # what preflight asks, without a download
 
 
 def test_a_download_that_never_answers_gives_up_after_the_timeout(tmp_path, monkeypatch):
@@ -173,15 +175,20 @@ def test_a_download_that_never_answers_gives_up_after_the_timeout(tmp_path, monk
     monkeypatch.setenv("KERAS_HOME", str(tmp_path))
     with socket.create_server(("127.0.0.1", 0)) as server:
         origin = f"http://127.0.0.1:{server.getsockname()[1]}/efficientnetb0_notop.h5"
-        with pytest.raises(train.TrainError, match="timed out"):
-            weights_module.imagenet_file("efficientnet_b0", timeout=0.5, origin=origin)
+        with pytest.raises(TrainError, match="timed out"):
+            models.imagenet_file("efficientnet_b0", timeout=0.5, origin=origin)
     assert not os.path.exists(tmp_path / "models" / "efficientnetb0_notop.h5")
 
 
-@pytest.mark.parametrize("weights, error", [
-    ("imagenet", "small_cnn has no ImageNet weights"),
-    ("s3://bucket/w.h5", "no such local file"),
+@pytest.mark.parametrize("weights, code, error", [
+    ("imagenet", 1, "train.network small_cnn has no ImageNet weights"),
+    ("/nowhere/w.h5", 1, "train.weights /nowhere/w.h5: no such local file"),
+    # The setting's shape is checked where it is read (exit 2): a URI, or a file that is no .h5.
+    ("s3://bucket/w.h5", 2, "none, imagenet or the path of a local Keras .h5 weights file"),
+    ("file:///w.h5", 2, "none, imagenet or the path of a local Keras .h5 weights file"),
+    ("/w.keras", 2, "none, imagenet or the path of a local Keras .h5 weights file"),
+    ("ImageNet", 2, "none, imagenet or the path of a local Keras .h5 weights file"),
 ])
-def test_weights_a_network_cannot_start_from_are_refused_first(small_spans_root, weights, error, capsys):
-    assert train.run(["--root", small_spans_root, "--network", "small_cnn", "--weights", weights, "--json"]) == 1
+def test_weights_a_network_cannot_start_from_are_refused_first(small_spans_root, weights, code, error, capsys):
+    assert train.run(["--root", small_spans_root, "--network", "small_cnn", "--weights", weights, "--json"]) == code
     assert error in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]

@@ -1,4 +1,4 @@
-"""Which tf.distribute strategy, precision and compiler a training process uses.
+"""Where a training process trains: the tf.distribute strategy, this worker's role, precision and XLA.
 
 The choice is made from what the process sees: TF_CONFIG (a cluster of workers), the GPUs and their
 compute capability. `auto` is what a user wants on the machine at hand; every explicit value is
@@ -15,6 +15,10 @@ import json
 import os
 
 import tensorflow as tf
+import tf_keras as keras
+
+from components.contracts.config import TrainConfig
+from components.train import TrainError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,4 +136,49 @@ def split_cpu(count: int) -> None:
         have = len(tf.config.list_logical_devices("CPU"))
         if have != count:
             raise RuntimeError(f"TensorFlow already runs with {have} logical CPU devices; "
-                               f"--cpu-devices {count} must be set before it starts") from None
+                               f"train.cpu_devices {count} must be set before it starts") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where the run trains: the tf.distribute strategy, this worker's role, precision and XLA."""
+    strategy: tf.distribute.Strategy
+    strategy_name: str
+    workers: int
+    pipeline: int  # this worker's input pipeline id
+    is_chief: bool
+    precision: str
+    xla: bool
+
+    @property
+    def replicas(self) -> int:
+        return self.strategy.num_replicas_in_sync
+
+
+def place(train: TrainConfig, run_id: str | None) -> Placement:
+    """Sets up the devices, the strategy and the global Keras policy (precision, seed)."""
+    # Devices and the strategy come first: MultiWorkerMirroredStrategy and logical devices must be
+    # set up before TensorFlow runs any op.
+    try:
+        if train.cpu_devices:
+            split_cpu(train.cpu_devices)
+        cluster = parse_tf_config()
+    except (RuntimeError, ValueError) as exc:
+        raise TrainError(str(exc)) from None
+    found = gpus()
+    strategy_name = choose_strategy(train.strategy, cluster, len(found))
+    if strategy_name == "multi_worker" and cluster is None:
+        raise TrainError("train.strategy multi_worker needs TF_CONFIG naming the cluster and this task")
+    if strategy_name == "multi_worker" and not run_id:
+        raise TrainError("multi-worker training needs a run id: every worker must resume the same run")
+    multi = strategy_name == "multi_worker"
+    placement = Placement(
+        strategy=make_strategy(strategy_name, len(found)), strategy_name=strategy_name,
+        workers=cluster.workers if multi else 1, pipeline=cluster.pipeline if multi else 0,
+        is_chief=not multi or cluster.is_chief,
+        precision=choose_precision(train.precision, compute_capabilities(found)),
+        xla=choose_xla(train.xla, len(found)))
+    keras.mixed_precision.set_global_policy(placement.precision)
+    if train.seed is not None:
+        keras.utils.set_random_seed(train.seed)  # Python, NumPy and TensorFlow: initialisation, dropout
+    return placement

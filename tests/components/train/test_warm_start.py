@@ -1,0 +1,154 @@
+"""Warm start: a run starts from the served model when it has the run's network, image size and labels,
+trains on the new spans plus a replay sample of the history, and retrains fully when that changes.
+
+The served model is the gate scenario's (tests/components/gate_runs.py: span 1 of red, green and
+blue, two versions pushed), on a copy of its ROOT."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from components.common.repository import Repository
+from components.contracts.layout import Root
+from components.contracts.run_config import RunConfig
+from components.contracts.summaries import DataCheckRecord
+from components.train import warm
+from tests.components.conftest import TRAIN_LABELS, tiny_image, tiny_records, write_span
+from tests.components.gate_runs import copy_root, gate_scenario, train_run
+
+
+@pytest.fixture(scope="session")
+def trained_runs(tmp_path_factory):
+    return gate_scenario(tmp_path_factory)
+
+
+def config(root: str, **train) -> RunConfig:
+    return RunConfig(source=root, root=root, preset="cpu",
+                     train={"network": "small_cnn", "image_size": 32, "weights": "none", **train}).resolved()
+
+
+def served(root: str) -> int:
+    return Repository(root, "stoke").newest()
+
+
+def test_a_run_with_the_served_labels_starts_from_its_weights_on_new_and_replayed_records(trained_runs, tmp_path):
+    root = copy_root(trained_runs, tmp_path)
+    write_span(root, 2, {"train": tiny_records(24, offset=7000)}, TRAIN_LABELS, {"train": 1})
+    # A learning rate of 0: whatever the steps do, the trained weights are those the run started from.
+    summary = train_run(root, "warm", "--epochs", "1", "--warm-learning-rate", "0")
+
+    start = summary["start"]
+    assert start["kind"] == "warm" and start["from_version"] == served(root)
+    assert (start["new_spans"], start["replay_spans"], start["new_records"]) == ([2], [1], 24)
+    # Each of the three classes of span 1's 64 records keeps the floor of 16 (more than its share of 24).
+    assert start["replay_records"] == 3 * warm.MIN_REPLAY_PER_CLASS
+    assert summary["steps_per_epoch"] == (24 + 48) // 8
+    assert summary["phases"][0]["peak_learning_rate"] == 0
+    assert sorted(summary["spans"]) == [1, 2]  # what the model has learnt from, for the lineage
+
+    def kernels(path):
+        reader = tf.train.load_checkpoint(f"{path}/variables/variables")
+        return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+                if name.startswith("model/") and "kernel" in name}
+
+    before = kernels(Repository(root, "stoke").version_uri(served(root)))
+    after = kernels(summary["model_dir"])
+    assert before.keys() == after.keys() and before
+    for name in before:
+        np.testing.assert_array_equal(before[name], after[name], err_msg=name)
+
+
+def test_a_new_class_retrains_fully_and_says_so(trained_runs, tmp_path):
+    root = copy_root(trained_runs, tmp_path)
+    labels = TRAIN_LABELS + ["grey"]
+    records = [(tiny_image(0, 8000 + i), "jpeg", 3) for i in range(16)]
+    write_span(root, 2, {"train": records}, labels, {"train": 1})
+    summary = train_run(root, "new-class", "--epochs", "1")
+    start = summary["start"]
+    assert start["kind"] == "full" and start["from_version"] is None and start["replay_records"] == 0
+    assert "new class grey" in start["reason"]
+    assert start["new_spans"] == [1, 2] and start["new_records"] == 64 + 16
+
+
+def test_replay_keeps_a_class_that_no_longer_arrives(trained_runs, tmp_path):
+    root = copy_root(trained_runs, tmp_path)
+    reds = [(tiny_image(0, 9000 + i), "jpeg", 0) for i in range(48)]
+    write_span(root, 2, {"train": reds}, TRAIN_LABELS, {"train": 2})
+    summary = train_run(root, "reds", "--epochs", "2")
+    assert summary["start"]["kind"] == "warm"
+    assert summary["start"]["replay_records"] >= 2 * warm.MIN_REPLAY_PER_CLASS
+
+    # The candidate still tells green and blue apart from red, on eval records it never trained on.
+    module = tf.saved_model.load(summary["model_dir"])
+    colours = [1, 2] * 12
+    images = tf.constant([tiny_image(c, 9500 + i) for i, c in enumerate(colours)])
+    answered = module.signatures["serving_default"](image_bytes=images)["class_ids"].numpy()
+    assert np.mean(answered == np.array(colours)) >= 0.8, answered
+
+
+def test_the_replay_sample_is_stratified_with_a_floor_for_every_class():
+    history = [(0, f"mem://a/{i}") for i in range(900)] + [(1, f"mem://b/{i}") for i in range(50)] + \
+              [(2, f"mem://c/{i}") for i in range(5)]
+    sample = warm.replay_sample(history, new_records=200, share=1.0, key="0:3")
+    # 200 in the history's shares (900:50:5 gives 189, 11 and 2), each class at least the floor or all it has.
+    assert sample.per_class == {0: 189, 1: warm.MIN_REPLAY_PER_CLASS, 2: 5}
+    assert sample.records == 189 + 16 + 5 == len(history) - len(sample.left_out)
+    assert not set(sample.left_out) & {s for _, s in history if s.startswith("mem://c/")}
+    # The same on a rerun; another night draws another sample.
+    assert warm.replay_sample(history, 200, 1.0, "0:3") == sample
+    assert set(warm.replay_sample(history, 200, 1.0, "0:4").left_out) != set(sample.left_out)
+
+
+def _served_lineage(root: str, **training) -> None:
+    """Rewrites the served version's lineage as if its run had been `training` (a warm run, say)."""
+    repository = Repository(root, "stoke")
+    uri = repository.lineage_uri(repository.newest())
+    with open(uri) as f:
+        lineage = json.load(f)
+    lineage["training"].update(training)
+    with open(uri, "w") as f:
+        json.dump(lineage, f)
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"warm_start": False}, "train.warm_start is off"),
+    ({"image_size": 48}, "train.image_size changed from 32 to 48"),
+    ({"network": "mobilenet_v3_small"}, "train.network changed from small_cnn to mobilenet_v3_small"),
+])
+def test_a_changed_setting_retrains_fully(trained_runs, tmp_path, change, says):
+    root = copy_root(trained_runs, tmp_path)
+    write_span(root, 2, {"train": tiny_records(8, offset=7000)}, TRAIN_LABELS, {"train": 1})
+    assert warm.decide(config(root), TRAIN_LABELS, [1, 2]).kind == "warm"
+    start = warm.decide(config(root, **change), TRAIN_LABELS, [1, 2])
+    assert start.kind == "full" and start.reason.startswith(says), start.reason
+
+
+def test_every_full_every_warm_runs_in_a_row_a_full_retrain(trained_runs, tmp_path):
+    root = copy_root(trained_runs, tmp_path)
+    write_span(root, 2, {"train": tiny_records(8, offset=7000)}, TRAIN_LABELS, {"train": 1})
+    start = {"kind": "warm", "reason": "", "from_version": 1, "new_spans": [1], "replay_spans": [],
+             "new_records": 1, "replay_records": 0}
+    _served_lineage(root, start=start | {"warm_runs_since_full": 2})
+    assert warm.decide(config(root, full_every=3), TRAIN_LABELS, [1, 2]).warm_runs_since_full == 3
+    _served_lineage(root, start=start | {"warm_runs_since_full": 3})
+    decided = warm.decide(config(root, full_every=3), TRAIN_LABELS, [1, 2])
+    assert decided.kind == "full" and "train.full_every 3" in decided.reason
+
+
+def test_no_new_span_and_a_released_span_retrain_fully(trained_runs, tmp_path):
+    root = copy_root(trained_runs, tmp_path)
+    # The scenario's second version was trained on the span the first had learnt: a full retrain, which
+    # the push recorded in its lineage.
+    lineage = Repository(root, "stoke").lineage(served(root))
+    assert lineage.training.start.kind == "full" and "no checked span is new" in lineage.training.start.reason
+    assert "no checked span is new" in warm.decide(config(root), TRAIN_LABELS, [1]).reason
+    write_span(root, 2, {"train": tiny_records(8, offset=7000)}, TRAIN_LABELS, {"train": 1})
+    base = Root(root)
+    record = DataCheckRecord.read(base.datacheck(2)).model_copy(update={
+        "status": "released", "released_by": "ops", "released_at": "2025-01-02T00:00:00Z"})
+    record.write(base.datacheck(2))
+    decided = warm.decide(config(root), TRAIN_LABELS, [1, 2])
+    assert decided.kind == "full" and "released by hand" in decided.reason
