@@ -32,8 +32,11 @@ from __future__ import annotations
 from prefect import flow, get_run_logger, task
 from prefect.runtime import flow_run
 
+from components.common import config_files
 from components.common.files import exists, read_json, write_json, write_text
-from components.contracts import overrides, results, secrets, summaries
+from components.common.program import scrubbed
+from components.common.spans import Spans
+from components.contracts import results, secrets, summaries
 from components.contracts.config import (
     DataCheckConfig,
     GateConfig,
@@ -46,7 +49,6 @@ from components.contracts.config import (
 )
 from components.contracts.layout import Root, RunDir, new_run_id
 from components.contracts.presets import PresetName
-from components.contracts.program import scrubbed
 from components.contracts.run_config import RunConfig, Timeouts, stage_settings
 from components.contracts.secrets import without_secrets
 from components.contracts.stages import Stage, stage
@@ -107,7 +109,7 @@ def pipeline(
         if config.preflight is not None:
             check_machine(config, run)                                                      # 1
         ingest_span(config, run, arrived)                                                   # 2
-        held = check_spans(config, run) if Root(config.root).unchecked() else []             # 2b
+        held = check_spans(config, run) if Spans(config.root).unchecked() else []             # 2b
         skipped = nothing_to_train(config, held, skip_unchanged)
         if skipped:
             return write_report(run, skipped=skipped)
@@ -128,9 +130,9 @@ def configure(given: dict) -> RunConfig:
               for name, value in given.items()}
     try:
         registered = {name: value for name, value in registered_parameters().items() if name in RunConfig.model_fields}
-        config = overrides.build(RunConfig, overrides.deep_merge(registered, values)).resolved()
+        config = config_files.build(RunConfig, config_files.deep_merge(registered, values)).resolved()
         return config.model_copy(update={"source": secrets.given(config.source)})
-    except (overrides.ConfigError, ValueError) as error:
+    except (config_files.ConfigError, ValueError) as error:
         raise ConfigurationError(str(error)) from None
 
 
@@ -194,7 +196,7 @@ def nothing_to_train(config: RunConfig, held: list[int], skip_unchanged: bool) -
     """Why the run trains nothing (its report says "skipped"), or None: no span the data check let in;
     or, for a scheduled or data-triggered run, a served model trained on every span it let in."""
     root = Root(config.root)
-    checked = [n for n in root.published() if root.check_record(n).trusted]
+    checked = [n for n in Spans(root).published() if Spans(root).check_record(n).trusted]
     aside = "".join(f"; {held_back(config.root, span)}" for span in held)
     if not checked:
         return f"no span the data check let in to train on{aside}"
@@ -297,7 +299,7 @@ def keep_summary(of: Stage, summary: dict, run: RunDir):
     """The summary as the stage's result model (a renamed key fails here, naming the program), kept
     in the run folder for the report."""
     result = of.result.check(summary, f"the summary of {of.program}")
-    result.write(run.summary(of.name))
+    write_json(run.summary(of.name), result.to_json())
     return result
 
 

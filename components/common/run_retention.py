@@ -34,12 +34,12 @@ import re
 import time
 
 from components.common import clock
-from components.common.files import filesystem, read_json
+from components.common.files import filesystem, join, read_json, read_result, write_json
 from components.common.lease import LeaseError, exclusive
+from components.common.program import os_error_line
 from components.common.repository import Repository
-from components.contracts.config import RUN_ID_PATTERN, RunsConfig
+from components.contracts.config import MODEL_NAME_PATTERN, RUN_ID_PATTERN, RunsConfig
 from components.contracts.layout import Root, RunDir
-from components.contracts.program import os_error_line
 from components.contracts.results import ResultError
 from components.contracts.retention import Pruned, RetentionSummary, RunFate
 from components.contracts.run_config import Timeouts
@@ -116,17 +116,26 @@ def survey(root: Root) -> list[Folder]:
         marked, config = folder.time("pruned.json"), folder.time("config.json")
         if marked is not None and (config is None or marked >= config):
             try:
-                folder.marker = Pruned.read(folder.run.pruned)
+                folder.marker = read_result(folder.run.pruned, Pruned)
             except (ResultError, OSError):
                 pass  # unread, the marker only asks for less: the rule decides afresh and writes a new one
     return folders
+
+
+def model_names(root: Root) -> list[str]:
+    """The model repositories under ROOT/models: its folders named as a model may be."""
+    fs, path = filesystem(join(root.uri, "models"))
+    if not fs.isdir(path):
+        return []
+    names = (posixpath.basename(e["name"].rstrip("/")) for e in fs.ls(path, detail=True) if e["type"] == "directory")
+    return sorted(name for name in names if re.fullmatch(MODEL_NAME_PATTERN, name))
 
 
 def held_by_repository(root: Root) -> dict[str, str]:
     """Run id -> the version of a model repository under ROOT that it trained (served, or rolled back and
     still there to put back). Raises RetentionError when a lineage cannot be read: it could name any run."""
     held = {}
-    for name in root.model_names():
+    for name in model_names(root):
         repository = Repository(root, name)
         for version, how in [(v, "") for v in repository.versions()] + [(v, ", rolled back")
                                                                       for v in repository.rolled_back()]:
@@ -198,8 +207,8 @@ def _apply(folder: Folder, action: str) -> None:
     """Reduces the folder to its record, or deletes it, in the order the module's docstring gives."""
     run = folder.run
     if folder.marker is None or folder.marker.kept != ("record" if action == "record" else "nothing"):
-        Pruned(run_id=run.run_id, pruned_at=clock.now(), kept="record" if action == "record" else "nothing").write(
-            run.pruned)
+        marker = Pruned(run_id=run.run_id, pruned_at=clock.now(), kept="record" if action == "record" else "nothing")
+        write_json(run.pruned, marker.to_json())
     fs, _ = filesystem(run.uri)
     first = [run.metrics, posixpath.join(run.candidate, SAVED_MODEL)]
     for uri in first + run.heavy[1:]:
@@ -233,7 +242,7 @@ def after_run(run: RunDir) -> RetentionSummary:
         summary = RetentionSummary(runs_uri=Root(run.root).runs, keep=settings.keep,
                                    keep_records=settings.keep_records, dry_run=False, error=message)
     try:
-        summary.write(run.retention)
+        write_json(run.retention, summary.to_json())
     except OSError:
         pass  # the store is away: the report says nothing of the prune, the log still does
     return summary

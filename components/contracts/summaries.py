@@ -211,7 +211,7 @@ class DataCheckRecord(Result):
     that lets training and the gate read it (ok, warning or released; quarantined holds it back, and a
     span without a valid record is not read at all). Rewritten whole, never removed: a release keeps
     the reasons and anomalies it let in, beside who and when. Valid for the manifest it names, with the
-    status its anomalies give (contracts/trust.py)."""
+    status its anomalies give (`verdict`; components/common/spans.py says which record lets a span in)."""
 
     span: int
     check_version: int
@@ -230,6 +230,13 @@ class DataCheckRecord(Result):
 
 
 TRUSTED = ("ok", "warning", "released")  # the statuses training and the gate read
+
+
+def verdict(anomalies: list[DataAnomaly]) -> str:
+    """The status anomalies give a span: an error about it as a whole quarantines it (one about a file is for
+    a person to look at), any other finding warns."""
+    errors = any(a.severity == "error" and a.file is None for a in anomalies)
+    return "quarantined" if errors else "warning" if anomalies else "ok"
 
 
 class SpanCheck(Result):

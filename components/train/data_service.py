@@ -32,7 +32,7 @@ import socket
 import sys
 import threading
 
-from components.contracts import program
+from components.common import program
 from components.contracts.config import DISPATCHER_PORT, WORKER_PORT, check_service_address
 from components.train import exposure
 

@@ -16,9 +16,10 @@ from components.common import shard_digests
 from components.common.files import check_writable, exists
 from components.common.shard_cache import CacheError
 from components.common.shard_scan import scan_shards
+from components.common.spans import SpanNotChecked, Spans
 from components.common.tf_files import tf_reads
 from components.contracts.config import DEFAULT_BATCH, MIN_STEPS_PER_EPOCH, SMALL_BATCH
-from components.contracts.layout import Root, RunDir, Shard, SpanNotChecked, new_run_id, parse_spans
+from components.contracts.layout import Root, RunDir, Shard, new_run_id, parse_spans
 from components.contracts.run_config import TrainSettings
 
 
@@ -172,21 +173,21 @@ def find_data(config: TrainSettings) -> tuple[RunDir, list[Shard], list[Shard], 
     except ValueError as exc:
         raise TrainError(str(exc)) from None
     try:
-        train_shards = root.shards("train", spans)
-        eval_shards = root.shards("eval", spans)
+        train_shards = Spans(root).shards("train", spans)
+        eval_shards = Spans(root).shards("eval", spans)
     except SpanNotChecked as exc:
         raise TrainError(str(exc)) from None
     # Spans without a valid record (never checked, or their manifest changed since) are left out, and said so.
-    unchecked = [read.refusal(root.uri) for n in root.published() if (spans is None or n in spans)
-                 and (read := root.check_record(n)).record is None]
+    unchecked = [read.refusal(root.uri) for n in Spans(root).published() if (spans is None or n in spans)
+                 and (read := Spans(root).check_record(n)).record is None]
     if not train_shards:
         raise TrainError(f"no published span the data check let in with training records under {root.spans}"
                          + (f" among spans {config.spans}" if spans else "")
                          + (f"; {'; '.join(unchecked[:3])}" if unchecked else "; run `stoke ingest` first"))
     for why in unchecked:
         print(f"stoke train: warning: left out: {why}", file=sys.stderr, flush=True)
-    labels = root.label_names(spans)
-    stored = min((m.max_side for m in root.manifests(spans) if m.max_side), default=None)
+    labels = Spans(root).label_names(spans)
+    stored = min((m.max_side for m in Spans(root).manifests(spans) if m.max_side), default=None)
     if stored and config.image_size > stored:
         print(f"stoke train: warning: --image-size {config.image_size} is larger than the spans hold (ingested "
               f"with --max-side {stored}), so images are upsampled; for sharper inputs, ingest the source into "
@@ -232,7 +233,7 @@ def suspected_label_errors(config: TrainSettings, train_shards: list[Shard]) -> 
         return ()
     root = Root(config.root)
     found = sorted({a.file for span in sorted({s.span for s in train_shards})
-                    for a in root.check_record(span).record.suspected_label_errors() if a.label.split == "train"})
+                    for a in Spans(root).check_record(span).record.suspected_label_errors() if a.label.split == "train"})
     if found:
         print(f"stoke train: leaving out {len(found)} training records the data check flagged as suspected label "
               "errors (train.drop_suspected_label_errors)", file=sys.stderr, flush=True)

@@ -24,10 +24,12 @@ from collections.abc import Callable
 import tensorflow as tf
 import tf_keras as keras
 
+from components.common import program
+from components.common.files import write_json
 from components.common.local_copies import UnsafeKey
 from components.common.shard_scan import scan_shards
 from components.common.store_errors import on_root
-from components.contracts import presets, program
+from components.contracts import presets
 from components.contracts.config import trace_range
 from components.contracts.layout import RunDir, Shard
 from components.contracts.results import ResultError, TrainMetrics
@@ -89,7 +91,7 @@ def train(config: TrainSettings, progress: Callable[[Progress], None] | None = N
     if plan.placement.is_chief:
         remote_root.upload_candidate(plan.work, plan.run)
         _plot_curves(fitted.history, plan.run.curves)
-        metrics.write(plan.run.metrics)  # last: its presence marks the run finished
+        write_json(plan.run.metrics, metrics.to_json())  # last: its presence marks the run finished
     for folder in scratch:
         shutil.rmtree(folder, ignore_errors=True)
     return metrics.to_json()

@@ -11,6 +11,7 @@ from sklearn.datasets import load_digits
 from beam_jobs.near_copies import NearRules, arrange, binomial_p
 from beam_jobs.sources import split_of
 from components.common.signatures import pixels_of
+from components.common.spans import Spans
 from components.contracts import schema
 from flows.demo import write_digits
 from tests.beam_jobs import images
@@ -25,8 +26,7 @@ def other_name(stem: str, label: str, avoid: str) -> str:
 
 
 def splits_of(root, span) -> dict[str, str]:
-    from components.contracts.layout import Root
-    manifest = Root(str(root)).manifests([span], checked=False)[0].model_dump()
+    manifest = Spans(str(root)).manifests([span], checked=False)[0].model_dump()
     return {r[schema.SOURCE]: r["split"] for r in records(root, manifest)}
 
 

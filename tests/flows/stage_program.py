@@ -29,7 +29,7 @@ if mode == "hang":
 if mode == "fail":
     print(json.dumps({"error": "the source is empty"}), flush=True)
     sys.exit(3)
-if mode == "transient":  # components/contracts/program.py TRANSIENT
+if mode == "transient":  # components/common/program.py TRANSIENT
     print(json.dumps({"error": "cannot reach S3 for bucket b (Connection reset by peer)"}), flush=True)
     sys.exit(75)
 if mode == "killed":  # as the OOM killer ends a process

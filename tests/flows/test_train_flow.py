@@ -9,6 +9,7 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
 from components.common.files import read_json
 from components.common.repository import Repository
+from components.common.spans import Spans
 from components.contracts.config import PreflightConfig
 from components.contracts.layout import Root
 from components.contracts.run_config import Timeouts
@@ -80,7 +81,7 @@ def test_a_failed_preflight_check_stops_the_run_before_ingest(digits, tmp_path):
     assert sorted(os.listdir(os.path.dirname(run.summary("ingest")))) == ["preflight.json"]
     report = json.load(open(run.report_json))
     assert report["status"] == "failed" and "read throughput failed" in report["message"]
-    assert not Root(root).manifests()
+    assert not Spans(root).manifests()
 
 
 def test_a_stage_that_times_out_is_stopped_and_not_retried(digits, tmp_path):

@@ -7,6 +7,7 @@ import shutil
 
 from beam_jobs.ingest import run as ingest
 from components.common.files import read_json
+from components.common.spans import Spans
 from components.contracts.config import GateConfig, PushConfig, TrainConfig
 from components.contracts.layout import Root
 from components.contracts.run_config import RunConfig
@@ -30,7 +31,7 @@ def test_a_checked_span_the_served_model_has_not_seen_means_train(pushed_run, tm
     assert "trained on every span the data check let in (1)" in nothing_to_train(config, [], skip_unchanged=True)
     write_digits(source, limit=60)  # 20 more land; a run published and checked them, then was stopped
     assert ingest([source, "--root", root, *TINY_BEAM]) == 0
-    assert Root(root).unchecked() == [2]  # not checked yet: not counted, and not read by training (the flow checks first)
+    assert Spans(root).unchecked() == [2]  # not checked yet: not counted, and not read by training (the flow checks first)
     assert "every span the data check let in (1)" in nothing_to_train(config, [], skip_unchanged=True)
     let_in(root, 2)
     assert nothing_to_train(config, [], skip_unchanged=True) is None  # checked, not served: train
@@ -41,7 +42,7 @@ def test_a_span_published_by_hand_is_checked_and_trained_on_by_the_next_schedule
     source, root = copy_of(pushed_run, tmp_path)
     write_digits(source, limit=60)
     assert ingest([source, "--root", root, *TINY_BEAM]) == 0  # by hand: published, never checked
-    assert {s.span for s in Root(root).shards("train")} == {1}  # training would not read it yet
+    assert {s.span for s in Spans(root).shards("train")} == {1}  # training would not read it yet
     state = pipeline(source=source, root=root, preflight=None, preset="demo", train=TrainConfig(**TINY_MODEL),
                      gate=GateConfig(min_accuracy=0.0), push=PushConfig(build_image=False), beam_args=TINY_BEAM,
                      skip_unchanged=True, run_id="caught-up", return_state=True)

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from components.common import run_retention
-from components.common.files import filesystem, join, write_bytes
+from components.common.files import filesystem, join, write_bytes, write_json
 from components.common.lease import exclusive
 from components.common.repository import Repository
 from components.common.run_retention import RetentionError, after_run, prune
@@ -201,7 +201,7 @@ def test_a_prune_stopped_halfway_reads_as_such_and_the_next_finishes_it(tmp_path
     assert found["lighter"] == ("record", "record") and found["doomed"] == ("whole", "delete")
 
     doomed_marker = run_retention.Pruned(run_id="doomed", pruned_at="2026-01-01T00:00:00Z", kept="nothing")
-    doomed_marker.write(doomed.pruned)  # a deletion stopped after its marker and the report
+    write_json(doomed.pruned, doomed_marker.to_json())  # a deletion stopped after its marker and the report
     os.remove(doomed.report_json)
     found = fates(prune(Root(root), RunsConfig(keep=1, keep_records=100), dry_run=True))
     assert found["doomed"] == ("deleting", "delete")  # not a run in progress, though its report is gone
@@ -214,7 +214,8 @@ def test_a_run_that_ran_again_after_it_was_pruned_is_whole_again(tmp_path):
     root = str(tmp_path / "root")
     make_run(root, "older", age_days=3)
     again = make_run(root, "again", age_days=2)
-    run_retention.Pruned(run_id="again", pruned_at="2026-01-01T00:00:00Z", kept="nothing").write(again.pruned)
+    marker = run_retention.Pruned(run_id="again", pruned_at="2026-01-01T00:00:00Z", kept="nothing")
+    write_json(again.pruned, marker.to_json())
     set_age(again, 2, only="pruned.json")
     set_age(again, 1, only="config.json")  # the same run id ran again since: its config.json is newer
     set_age(again, 0.9, only="report.json")

@@ -5,8 +5,8 @@ import json
 import pytest
 from pydantic import ValidationError
 
+from components.common import program
 from components.common.files import write_json
-from components.contracts import program
 from components.contracts.layout import Root
 from components.report.report import write_report
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from components.common.files import read_json, write_json
+from components.common.files import read_json, read_result, write_json
 from components.contracts.layout import Root
 from components.contracts.results import GateResult
 from components.report.report import write_report
@@ -19,7 +19,7 @@ COMPARISON = {"version": 1796136026, "example_count": 175, "accuracy": 169 / 175
 
 
 def test_a_gate_without_a_served_version_has_no_comparison():
-    assert GateResult.read(str(WRITTEN)).comparison is None
+    assert read_result(str(WRITTEN), GateResult).comparison is None
 
 
 def test_the_report_shows_the_difference_with_its_interval(tmp_path):

@@ -7,6 +7,7 @@ import pathlib
 import subprocess
 import sys
 
+from components.common.files import write_json
 from components.common.run_retention import after_run
 from components.contracts.layout import Root
 from components.contracts.retention import Pruned
@@ -77,7 +78,7 @@ def write_settings(run, **runs) -> None:
 def test_no_report_is_rebuilt_for_a_run_the_rule_deleted_or_is_deleting(tmp_path):
     root = str(tmp_path / "root")
     doomed = make_run(root, "doomed")
-    Pruned(run_id="doomed", pruned_at="2026-01-01T00:00:00Z", kept="nothing").write(doomed.pruned)
+    write_json(doomed.pruned, Pruned(run_id="doomed", pruned_at="2026-01-01T00:00:00Z", kept="nothing").to_json())
     os.remove(doomed.report_json)  # a deletion stopped halfway
 
     done = stoke("report", "--root", root, "--run-id", "doomed")

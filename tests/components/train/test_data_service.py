@@ -13,7 +13,8 @@ import threading
 
 import pytest
 
-from components.common.files import write_json
+from components.common.files import read_result, write_json
+from components.common.spans import Spans
 from components.contracts.config import TrainConfig
 from components.contracts.layout import Root
 from components.contracts.results import TrainMetrics
@@ -89,7 +90,7 @@ def records(root: str, **changes):
     from components.train import input_pipeline as pipeline
 
     options = pipeline.PipelineOptions(image_size=16, batch_size=4, training=True, flip=False, seed=7)
-    return Root(root).shards("train", None), dataclasses.replace(options, **changes)
+    return Spans(root).shards("train", None), dataclasses.replace(options, **changes)
 
 
 def labels_of(batches) -> list[int]:
@@ -143,7 +144,7 @@ def test_training_through_the_service_survives_a_lost_worker_and_is_blessed(serv
     code, validation = validate_run(root, "svc")
     assert code == 0 and validation["blessed"], validation["reasons"]
     run = Root(root).run("svc")
-    assert TrainMetrics.read(run.metrics).data_service.address == service["address"]
+    assert read_result(run.metrics, TrainMetrics).data_service.address == service["address"]
     write_json(run.summary("train"), summary)  # what the train flow keeps of the stage for its report
     markdown = write_report(run)["markdown"]
     assert f"Input pipeline on the tf.data service at `{service['address']}` (distributed_epoch): " \

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from components.common.spans import Spans
 from components.contracts.layout import Root
 from components.train import image_cache, trainer
 from components.train import input_pipeline as pipeline
@@ -36,7 +37,7 @@ def _plan(eval_records: int = 0):
 
 def _labels(root: str, cache: str, records: int) -> list[int]:
     """The labels of one pass over the training split, as the trainer's input reads it with `cache`."""
-    make = trainer._dataset_fn(_settings(cache), _plan(), Root(root).shards("train"), True)
+    make = trainer._dataset_fn(_settings(cache), _plan(), Spans(root).shards("train"), True)
     dataset = make(tf.distribute.InputContext())
     return [int(v) for _, labels in dataset.take(records // BATCH) for v in labels.numpy()]
 
@@ -72,7 +73,7 @@ def test_another_image_size_is_another_cache(small_spans_root, tmp_path):
     cache = str(tmp_path / "images")
 
     def images(size: int):
-        make = trainer._dataset_fn(_settings(cache, size), _plan(19), Root(small_spans_root).shards("eval"), False)
+        make = trainer._dataset_fn(_settings(cache, size), _plan(19), Spans(small_spans_root).shards("eval"), False)
         return [batch[0].numpy() for batch in make(tf.distribute.InputContext()).take(3)]
 
     assert images(16)[0].shape == (BATCH, 16, 16, 3)
@@ -83,12 +84,12 @@ def test_another_image_size_is_another_cache(small_spans_root, tmp_path):
 KILLED_WRITER = """
 import os, sys, types
 import tensorflow as tf
-from components.contracts.layout import Root
+from components.common.spans import Spans
 from components.train import trainer
 settings = types.SimpleNamespace(image_size=32, image_cache=sys.argv[2], skip_corrupt=False, flip=False,
                                  shuffle_buffer=1, seed=1)
 plan = types.SimpleNamespace(data_service=None, global_batch=8, excluded=(), eval_records=0, validation_steps=0)
-dataset = trainer._dataset_fn(settings, plan, Root(sys.argv[1]).shards("train"), True)(tf.distribute.InputContext())
+dataset = trainer._dataset_fn(settings, plan, Spans(sys.argv[1]).shards("train"), True)(tf.distribute.InputContext())
 records = iter(dataset)  # kept: an iterator dropped before the end discards what it cached
 next(records)  # a few records into the cache, which tf.data has not finished
 print(sorted(os.listdir(os.path.dirname(sys.argv[2]))), flush=True)
@@ -117,7 +118,7 @@ def _options(**changes) -> pipeline.PipelineOptions:
 
 
 def test_the_key_changes_with_everything_that_changes_what_is_cached(small_spans_root):
-    shards = Root(small_spans_root).shards("train")
+    shards = Spans(small_spans_root).shards("train")
     base = image_cache.key(shards, _options())
     assert image_cache.key(list(shards), _options(flip=False, seed=7, shuffle_buffer=1, cache="x")) == base
     variants = {
@@ -191,6 +192,6 @@ def test_a_cache_prefix_that_is_not_a_local_path_is_refused(prefix):
 
 
 def test_memory_and_no_cache_are_as_before(small_spans_root):
-    make = trainer._dataset_fn(_settings("memory"), _plan(), Root(small_spans_root).shards("train"), True)
+    make = trainer._dataset_fn(_settings("memory"), _plan(), Spans(small_spans_root).shards("train"), True)
     labels = [v for _, batch in make(tf.distribute.InputContext()).take(6) for v in batch.numpy()]
     assert sorted(labels) == sorted(np.array([r[2] for r in tiny_records(48)]))
