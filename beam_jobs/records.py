@@ -5,6 +5,7 @@ beam_jobs/pipeline.py runs it in Beam's workers or hands it to those processes.
 """
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass
 
 from beam_jobs import quality
@@ -71,10 +72,13 @@ def to_example(source: dict, conversion: Conversion, published: Published | None
         "uri": source["uri"], "sha256": sha256(data), "dhash": image.pixels.dhash, "mirror": image.pixels.mirror,
         "mean": image.pixels.mean, "std": image.pixels.std, "label": source["label"], "format": image.format,
         "width": image.width, "height": image.height, "bytes": len(image.encoded),
+        "blocks": base64.b64encode(image.pixels.blocks).decode("ascii"),  # for near-copies among alike pictures
     }
     match = published.match(image.pixels.dhash, image.pixels.mirror) if published and near.eligible(
         image.width, image.height) else None
-    if match:
+    if match and match.get("crowded"):
+        signature["crowded"] = True  # among pictures too alike for dHash to name the one it copies
+    elif match:
         match["moved"] = near.mode == "follow" and not fixed and match["split"] != split
         split = match["split"] if match["moved"] else split
         signature["near"] = match

@@ -36,32 +36,39 @@ from components.common.images import normalize
 from components.contracts import schema
 
 
-def peak_rss(process: subprocess.Popen) -> float:
-    """Polls the summed RSS of a process and its children until it exits; returns the peak in MB."""
+def peak_rss(process: subprocess.Popen, limit_mb: float | None = None) -> float:
+    """Polls the summed RSS of a process and its children until it exits; returns the peak in MB. Past
+    `limit_mb` it ends them (by their ids), so a run that would exhaust a shared machine stops there."""
     peak, parent = 0, psutil.Process(process.pid)
     while process.poll() is None:
         try:
             tree = [parent, *parent.children(recursive=True)]
             peak = max(peak, sum(p.memory_info().rss for p in tree if p.is_running()))
+            if limit_mb and peak > limit_mb * 1e6:
+                for member in reversed(tree):
+                    member.kill()
         except psutil.Error:
             pass
         time.sleep(0.05)
     return peak / 1e6
 
 
-def stoke_ingest(source: Path, root: Path, *beam_args: str, tree: str | None = None) -> dict:
+def stoke_ingest(source: Path, root: Path, *beam_args: str, tree: str | None = None,
+                 limit_mb: float | None = None) -> dict:
     """`python -m beam_jobs.ingest` of this checkout, or of `tree` (another checkout: its PYTHONPATH and
-    working directory, which `-m` puts ahead of PYTHONPATH)."""
+    working directory, which `-m` puts ahead of PYTHONPATH); ended past `limit_mb` of memory, if given."""
     started, cpu = time.perf_counter(), _children_cpu()
     env = dict(os.environ, PYTHONPATH=os.path.abspath(tree)) if tree else None
     job = subprocess.Popen([sys.executable, "-m", "beam_jobs.ingest", str(source), "--root", str(root), "--json",
                             *beam_args], stdout=subprocess.PIPE, text=True, env=env, cwd=tree)
     peak = {}
-    watcher = threading.Thread(target=lambda: peak.setdefault("mb", peak_rss(job)))
+    watcher = threading.Thread(target=lambda: peak.setdefault("mb", peak_rss(job, limit_mb)))
     watcher.start()
     out, _ = job.communicate()
     watcher.join()
     seconds = time.perf_counter() - started
+    if limit_mb and peak["mb"] > limit_mb:
+        return {"ended_above_mb": limit_mb, "wall_seconds": round(seconds, 2), "peak_rss_mb": round(peak["mb"])}
     summary = json.loads(out.strip().splitlines()[-1])
     images = summary["counts"]["train"] + summary["counts"]["eval"]
     # images_per_sec is the job's own clock (listing to manifest), as the loop below is timed;
@@ -69,7 +76,8 @@ def stoke_ingest(source: Path, root: Path, *beam_args: str, tree: str | None = N
     return {"images": images, "wall_seconds": round(seconds, 2), "seconds": summary["seconds"],
             "images_per_sec": summary["images_per_sec"],
             "wall_images_per_sec": round(images / seconds, 1), "peak_rss_mb": round(peak["mb"]),
-            "shards": summary["shards"], "cpu_seconds": round(_children_cpu() - cpu, 2)}
+            "shards": summary["shards"], "cpu_seconds": round(_children_cpu() - cpu, 2),
+            "eval": summary["counts"]["eval"], "near_duplicates": summary.get("near_duplicates")}
 
 
 def _children_cpu() -> float:

@@ -6,7 +6,7 @@
 
 `stages` times, in this process and on the same images, each step ingest takes for one image (read,
 open the header, decode and verify, normalise and re-encode, the SHA-256, the grey histogram, the
-dHashes, the quality scores, serialising the tf.Example, framing, compressing, writing; and, per image
+dHashes, the quality scores, the block colours, serialising the tf.Example, framing, compressing, writing; and, per image
 of the arrival, the driver's near-copy settling and statistics), then runs the whole job
 (`python -m beam_jobs.ingest`) on the same folder: its CPU per image less the stages' sum is what Beam's
 DirectRunner and the driver's bookkeeping cost. Printed as ms per image and shares of the job's CPU.
@@ -23,6 +23,7 @@ makes them from packaged photographs (e.g. `--size 2000x1500`).
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import io
 import json
@@ -71,7 +72,7 @@ def one_image(clock: Clock, path: Path, out, source: dict) -> dict:
     from beam_jobs import quality
     from components.common import images, signatures
     from components.common.image_header import open_image
-    from components.common.quality import moments, scores_of
+    from components.common.quality import moments, scores_of, thumbnail
     from components.contracts import schema
 
     data = clock("read", path.read_bytes)
@@ -88,7 +89,9 @@ def one_image(clock: Clock, path: Path, out, source: dict) -> dict:
     mean, variance = clock("grey + histogram", moments, counts)
     thumb = clock("dHash + mirror", lambda: np.asarray(grey.resize((9, 8), Image.BILINEAR)))
     dhash, mirror = clock("dHash + mirror", signatures.hashes, thumb)
-    scores = clock("quality scores", scores_of, image, grey, counts)
+    small = clock("quality scores", thumbnail, image)
+    scores = clock("quality scores", scores_of, image, grey, counts, small)
+    blocks = clock("block colours", signatures.blocks, small)
     found = clock("quality issues", quality.issues, scores.as_dict(), image.width, image.height,
                   quality.Rules.of(_defaults()))
     example = clock("serialise tf.Example", lambda: schema.encode_example(
@@ -101,6 +104,7 @@ def one_image(clock: Clock, path: Path, out, source: dict) -> dict:
     return {"uri": source["uri"], "sha256": sha, "dhash": dhash, "mirror": mirror, "mean": float(mean),
             "std": float(np.sqrt(variance)), "label": source["label"], "format": form, "width": image.width,
             "height": image.height, "bytes": len(encoded), "split": source["split"],
+            "blocks": base64.b64encode(blocks).decode(),
             **({"issues": sorted(found)} if found else {})}
 
 
@@ -173,7 +177,7 @@ def stages(args) -> dict:
 
 
 # The data checks added to ingest's read-verify-write: content signatures, near-copies, quality, statistics.
-CHECKS = ("sha256", "grey + histogram", "dHash + mirror", "quality scores", "quality issues",
+CHECKS = ("sha256", "grey + histogram", "dHash + mirror", "quality scores", "block colours", "quality issues",
           "driver: near-copies of the arrival", "driver: statistics")
 
 

@@ -32,6 +32,22 @@ def make_photos(folder: Path, count: int, width: int = 320, height: int = 240, c
     return made
 
 
+def make_alike_photos(folder: Path, count: int, width: int = 320, height: int = 240, classes: int = 10) -> list:
+    """JPEGs (quality 90) of what a fixed camera sees and dHash's 9x8 thumbnail cannot tell apart: the same
+    horizontal gradient, each in a random colour, with sensor noise; returns [(path, label)]."""
+    rng = np.random.default_rng(0)
+    ramp = np.linspace(0, 1, width, dtype=np.float32)[None, :, None]
+    made = []
+    for i in range(count):
+        pixels = np.clip(ramp * rng.uniform(40, 255, 3) + rng.normal(0, 8, (height, width, 3)), 0, 255)
+        label = i % classes
+        path = folder / f"class{label}" / f"{i:06d}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels.astype(np.uint8)).save(path, quality=90)
+        made.append((path, label))
+    return made
+
+
 def packaged_photos() -> list[np.ndarray]:
     """The photographs scikit-image and scikit-learn ship (nothing is downloaded), as RGB arrays."""
     from skimage import data

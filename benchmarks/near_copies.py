@@ -1,7 +1,15 @@
 """Near-copies: the lookup against published spans beside today's exact one, what moving a record
-between staged shards costs, and where dHash stops telling pictures apart.
+between staged shards costs, where dHash stops telling pictures apart, and whole ingests of pictures
+alike at 9x8 beside distinct ones, this tree beside an earlier commit.
 
     python benchmarks/near_copies.py [--records 300000] [--spans 10] [--arrival 30000] [--shard-mb 128]
+    python benchmarks/near_copies.py --ingest --before COMMIT [--sizes 6000,12000,24000] [--limit-mb 8000]
+
+- ingest (`--ingest`): for each size, JPEGs of 320x240 that are alike at 9x8 (one gradient in a random
+  colour each, with sensor noise: what a fixed camera sees) and distinct ones (benchmarks/jpeg_spans.py's
+  synthetic photos), each ingested by the commit and by this tree in turn (in alternating order), in a
+  process of its own: wall time, peak memory of its process tree, eval records and near-copies. A run
+  past `--limit-mb` is ended there (the earlier commit's grow with the square of an alike arrival).
 
 - lookup: over the published spans benchmarks/duplicates.py synthesizes (random dHashes), in a process
   of its own each: the exact lookup (beam_jobs.duplicates.find), staging the published dHashes
@@ -15,14 +23,17 @@ between staged shards costs, and where dHash stops telling pictures apart.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import random
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -32,6 +43,8 @@ from beam_jobs.near_copies import arrange, stage_published
 from beam_jobs.near_lookup import NearRules, Published
 from beam_jobs.shards import RecordFile, rearrange
 from benchmarks.duplicates import arrival, build_root
+from benchmarks.ingest import stoke_ingest
+from benchmarks.jpeg_spans import make_alike_photos, make_photos
 from components.contracts.layout import Root
 
 
@@ -39,7 +52,8 @@ def measure(step: str, root: str, arrival_file: str) -> dict:
     with open(arrival_file) as f:
         signatures = [json.loads(line) for line in f]
     for s in signatures:
-        s.update({"mirror": f"{random.getrandbits(64):016x}", "width": 320, "height": 240})
+        s.update({"mirror": f"{random.getrandbits(64):016x}", "width": 320, "height": 240,
+                  "blocks": base64.b64encode(random.randbytes(192)).decode()})
     before = psutil.Process().memory_info().rss
     started = time.perf_counter()
     if step == "exact":
@@ -105,6 +119,41 @@ def sizes() -> dict:
     return result
 
 
+def ingests(before: str, sizes: list[int], limit_mb: float) -> dict:
+    """Each size of alike and of distinct pictures through the ingest of `before` and of this tree."""
+    repo = Path(__file__).resolve().parents[1]
+    found: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="stoke-bench-near-") as tmp:
+        tmp = Path(tmp)
+        earlier = tmp / "before"
+        subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", str(earlier), before],
+                       check=True, capture_output=True)
+        try:
+            for kind, make in (("alike", make_alike_photos), ("distinct", make_photos)):
+                for size in sizes:
+                    source = tmp / f"{kind}-{size}"
+                    make(source, size, 320, 240, classes=2)
+                    runs = {}
+                    for name in ("before", "now") if len(found) % 2 == 0 else ("now", "before"):
+                        os.sync()  # what making the images wrote goes to disk now, not during a run
+                        tree = str(earlier if name == "before" else repo)
+                        runs[name] = stoke_ingest(source, tmp / f"root-{kind}-{size}-{name}", tree=tree,
+                                                  limit_mb=limit_mb)
+                        shutil.rmtree(tmp / f"root-{kind}-{size}-{name}", ignore_errors=True)
+                    shutil.rmtree(source)
+                    found[f"{kind} {size}"] = {name: _brief(run) for name, run in runs.items()}
+                    print(json.dumps({f"{kind} {size}": found[f"{kind} {size}"]}), file=sys.stderr, flush=True)
+        finally:
+            subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(earlier)], check=False)
+    return {"before": before, "limit_mb": limit_mb, "cores": os.cpu_count(), "runs": found}
+
+
+def _brief(run: dict) -> dict:
+    near = run.get("near_duplicates") or {}
+    return {key: run[key] for key in ("wall_seconds", "peak_rss_mb", "ended_above_mb", "images", "eval") if key in run} \
+        | ({"near_copies": near.get("count"), "moved": near.get("moved"), "crowded": near.get("crowded")} if near else {})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=300_000)
@@ -112,7 +161,14 @@ def main() -> None:
     parser.add_argument("--arrival", type=int, default=30_000)
     parser.add_argument("--shard-mb", type=int, default=128)
     parser.add_argument("--measure", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--ingest", action="store_true", help="whole ingests of alike and distinct pictures")
+    parser.add_argument("--before", default="HEAD~1", help="the earlier commit (--ingest)")
+    parser.add_argument("--sizes", default="6000,12000,24000", help="images per ingest (--ingest)")
+    parser.add_argument("--limit-mb", type=float, default=8000, help="end a run past this memory (--ingest)")
     args = parser.parse_args()
+    if args.ingest:
+        print(json.dumps(ingests(args.before, [int(v) for v in args.sizes.split(",")], args.limit_mb), indent=1))
+        return
     if args.measure:
         print(json.dumps(measure(*args.measure)))
         return

@@ -66,6 +66,7 @@ class NearDuplicates(Result):
     moved: int = 0  # of them, records that joined their original's split instead of their own
     set_aside: int = 0  # of them, records set aside (ingest.near_copies set_aside)
     across: int = 0  # of them, records left in the other split: a manifest gave both splits, or report
+    crowded: int = 0  # new records in crowds of pictures alike at 9x8 (near_lookup.CROWD): judged by block colours
     warning: str | None = None  # following them moved the eval share far from ingest.eval_fraction
 
 

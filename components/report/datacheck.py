@@ -135,4 +135,7 @@ def kept_out(ingest: IngestSummary | None) -> list[str]:
                      f"{near.moved} joined their original's split, {near.set_aside} set aside, {near.across} left in "
                      f"the other split; e.g. `{pair.uri}` ({pair.split}) and `{pair.other_uri}` ({pair.other_split}), "
                      f"{pair.distance} bits apart{' as mirror images' if pair.mirrored else ''}.")
+    if near and near.crowded:
+        lines.append(f"Images among pictures alike at dHash's 9x8 (a fixed camera, scans, products on white): "
+                     f"{near.crowded}; judged by their block colours, the distinct ones kept their own split.")
     return lines + [""]

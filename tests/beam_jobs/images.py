@@ -207,3 +207,32 @@ def near_copies(picture: Image.Image) -> dict[str, bytes]:
         "sideways": stored_sideways(picture),
         "mirror": encode(picture.transpose(Image.Transpose.FLIP_LEFT_RIGHT), "JPEG", quality=90),
     }
+
+
+def camera_frames(count: int, width: int = 320, height: int = 240) -> list[Image.Image]:
+    """A fixed camera's frames that dHash's 9x8 thumbnail cannot tell apart: the same horizontal gradient,
+    each frame in another colour (levels 60 apart or more in some channel), with sensor noise."""
+    rng = np.random.default_rng(0)
+    levels = np.array([40, 100, 160, 220, 255])
+    colours = np.stack(np.meshgrid(levels, levels, levels), -1).reshape(-1, 3)[rng.permutation(len(levels) ** 3)]
+    ramp = np.linspace(0, 1, width, dtype=np.float32)[None, :, None]
+    return [Image.fromarray(np.clip(ramp * colours[i % len(colours)] + rng.normal(0, 6, (height, width, 3)), 0, 255)
+                            .astype(np.uint8)) for i in range(count)]
+
+
+def conveyor_frames(count: int, width: int = 320, height: int = 240) -> list[Image.Image]:
+    """A camera over a conveyor: the same belt in every frame, and on it another product (a 100 px crop of
+    a packaged photo) at another place, with sensor noise."""
+    from benchmarks.jpeg_spans import packaged_photos
+
+    rng, photos = np.random.default_rng(1), packaged_photos()
+    belt = np.asarray(Image.fromarray(photos[1][:height, :width]).convert("L"), np.float32)[..., None] * 0.3 + 150
+    frames = []
+    for i in range(count):
+        photo, side = photos[i % len(photos)], 100
+        top, left = rng.integers(0, photo.shape[0] - side), rng.integers(0, photo.shape[1] - side)
+        frame = np.repeat(belt, 3, axis=2)
+        y, x = rng.integers(20, height - side - 20), rng.integers(20, width - side - 20)
+        frame[y:y + side, x:x + side] = photo[top:top + side, left:left + side]
+        frames.append(Image.fromarray(np.clip(frame + rng.normal(0, 4, frame.shape), 0, 255).astype(np.uint8)))
+    return frames

@@ -71,6 +71,7 @@ def reference(image: Image.Image) -> dict:
     """Each measure from its definition (components/common/signatures.py, quality.py)."""
     grey = np.asarray(image.convert("L")).astype(np.float64)
     nine = np.asarray(image.convert("L").resize((9, 8), Image.BILINEAR)).astype(np.int64)
+    size = image.size
     if max(image.size) > 64:
         ratio = 64 / max(image.size)
         image = image.resize((max(1, round(image.width * ratio)), max(1, round(image.height * ratio))),
@@ -80,12 +81,23 @@ def reference(image: Image.Image) -> dict:
     thumb = image.convert("L")
     _, counts = np.unique(grey, return_counts=True)
     shares = counts / counts.sum()
+    # a smaller picture's counts, as many as a 64 px thumbnail of a larger one of its shape would count
+    scale = round(size[0] * 64 / max(size)) * round(size[1] * 64 / max(size)) / (size[0] * size[1])
+    rgb_thumb = np.asarray(image.convert("RGB")).astype(np.float64)
     return {"dhash": dhash(nine), "mirror": dhash(nine[:, ::-1]), "mean": grey.mean(), "std": grey.std(),
             "sharpness": np.asarray(thumb.filter(ImageFilter.FIND_EDGES)).astype(np.float64).var(),
-            "spread": np.bincount(np.asarray(thumb).ravel(), minlength=256).std(),
+            "spread": np.bincount(np.asarray(thumb).ravel(), minlength=256).std() * (scale if max(size) < 64 else 1),
             "dark": brightness[int(0.99 * (len(brightness) - 1))], "light": brightness[int(0.05 * (len(brightness) - 1))],
             "entropy": float(-(shares * np.log2(shares)).sum()),
-            "colour": int((rgb.max(axis=1) - rgb.min(axis=1)).max())}
+            "colour": int((rgb.max(axis=1) - rgb.min(axis=1)).max()), "blocks": block_means(rgb_thumb)}
+
+
+def block_means(rgb: np.ndarray) -> np.ndarray:
+    """The mean colour of each block of an 8x8 grid over the picture: of the pixels whose centre lies in it,
+    a centre on an edge in the block before it (PIL's box filter: -0.5 < x <= 0.5)."""
+    height, width = rgb.shape[:2]
+    rows, cols = (np.ceil((np.arange(n) + 0.5) * 8 / n) - 1 for n in (height, width))  # the block of each centre
+    return np.array([[rgb[rows == b][:, cols == a].reshape(-1, 3).mean(axis=0) for a in range(8)] for b in range(8)])
 
 
 # Each measure is stored rounded: to this many places (the last can differ where the rounding ties).
@@ -95,7 +107,7 @@ PLACES = {"mean": 3, "std": 3, "sharpness": 2, "spread": 2, "dark": 4, "light": 
 def measured(data: bytes) -> dict:
     pixels = normalize(data, MAX_SIDE).pixels
     return {"dhash": pixels.dhash, "mirror": pixels.mirror, "mean": pixels.mean, "std": pixels.std,
-            **pixels.quality.as_dict()}
+            **pixels.quality.as_dict(), "blocks": np.frombuffer(pixels.blocks, np.uint8).reshape(8, 8, 3)}
 
 
 @pytest.mark.parametrize("name", sorted(pictures()))
@@ -105,6 +117,7 @@ def test_each_measure_is_the_plain_computation_of_its_definition(name):
     assert {k: found[k] for k in ("dhash", "mirror", "colour")} == {k: expected[k] for k in ("dhash", "mirror", "colour")}
     for key, places in PLACES.items():
         assert found[key] == pytest.approx(expected[key], abs=1.01 * 10 ** -places), key
+    assert np.abs(found["blocks"] - expected["blocks"]).max() <= 1  # PIL's box filter rounds in fixed point
     rules = quality.Rules.of(IngestConfig())
     image = normalize(data, MAX_SIDE)
     assert quality.issues(found, image.width, image.height, rules).keys() == \

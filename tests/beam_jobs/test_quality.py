@@ -105,3 +105,20 @@ def test_quality_issues_are_reported_by_folder_and_the_data_check_names_them(tmp
     assert reasons[str(source / "dog" / "strips" / "1.jpg")].startswith("odd aspect ratio: 320x40")
     assert summary["set_aside"] == {str(source / f): 3 for f in ("cat/night-cam", "cat/focus")} | {
         str(source / "dog" / "strips"): 2}
+
+
+def test_a_picture_smaller_than_the_thumbnail_is_judged_as_its_larger_self():
+    """The spread's threshold is on a 64 px thumbnail's counts: a 32x24 picture and the same picture with each
+    pixel doubled (64x48, the same histogram's shares) have one spread, so the demo's 32 px digits (black,
+    white strokes: a concentrated histogram) are no longer blurry, while a blurred photo shrunk to 48 px is."""
+    from sklearn.datasets import load_digits
+
+    small = images.photo_crops(1)[0].resize((32, 24), Image.BILINEAR)
+    doubled = small.resize((64, 48), Image.NEAREST)
+    spreads = [normalize(images.encode(p, "PNG")).pixels.quality.spread for p in (small, doubled)]
+    assert spreads[0] == spreads[1] > 0
+    for index in (1, 5, 6):
+        assert "blurry" in issues_of(blurred(images.photo_crops(12)[index]).resize((48, 36), Image.BILINEAR), "PNG")
+    digits = [Image.fromarray((d * 255 / 16).astype(np.uint8), "L").resize((32, 32), Image.BILINEAR).convert("RGB")
+              for d in load_digits().images]
+    assert collections.Counter(issue for d in digits for issue in issues_of(d, "PNG")) == {"grayscale": len(digits)}

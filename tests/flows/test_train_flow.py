@@ -74,7 +74,7 @@ def test_nothing_new_with_a_served_model_ends_early_without_training(pushed_run)
 
 def test_a_failed_preflight_check_stops_the_run_before_ingest(digits, tmp_path):
     root = str(tmp_path / "root")
-    state = pipeline(source=digits, root=root, preflight=PreflightConfig(min_read_mbps=1e9, sample_mb=16),
+    state = pipeline(source=digits, root=root, preflight=PreflightConfig(min_read_mbps=1_000_000, sample_mb=16),
                      run_id="slow-disk", return_state=True)
     assert state.is_failed()
     run = Root(root).run("slow-disk")

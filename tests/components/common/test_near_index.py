@@ -1,4 +1,5 @@
-"""The banded dHash index finds exactly what comparing with every hash finds, for any distance."""
+"""The banded dHash index finds exactly what comparing with every hash finds, for any distance; hot band
+values (a crowd of equal hashes) are left out of their band."""
 import numpy as np
 import pytest
 
@@ -18,30 +19,23 @@ def test_the_banded_lookup_finds_what_brute_force_finds(bits):
         expected = np.flatnonzero((apart <= bits) & usable)
         rows, distances = index.within(value)
         assert rows.tolist() == expected.tolist() and distances.tolist() == apart[expected].tolist()
-        nearest = index.nearest(value)
-        assert nearest == (None if not len(expected) else (int(expected[np.argmin(apart[expected])]), int(apart[expected].min())))
     assert sum(width for _, width in bands(bits)) == 64 and len(bands(bits)) == bits + 1
 
 
-@pytest.mark.parametrize("bits, budget", [(0, 1 << 21), (3, 50), (6, 1 << 21), (6, 1), (10, 500)])
-def test_all_pairs_at_once_are_what_each_lookup_finds_nearest_first(bits, budget):
-    """Clustered hashes (many share bands, as a set of alike pictures does), queries near them and far,
-    in chunks down to one query at a time."""
-    rng = np.random.default_rng(bits)
-    centres = rng.integers(0, 2**63, 40, dtype=np.uint64) * np.uint64(2)
-    flips = [sum(1 << int(b) for b in rng.choice(64, int(rng.integers(0, bits + 3)), replace=False)) for _ in range(1500)]
-    hashes = np.array([int(centres[i % 40]) ^ f for i, f in enumerate(flips)], dtype=np.uint64)
-    queries = np.concatenate([hashes[:300], rng.integers(0, 2**63, 100, dtype=np.uint64)])
-    usable = rng.random(1500) > 0.1
-    index = BandedIndex(hashes, bits, usable)
-    found = index.pairs(queries, budget)
-    for q, value in enumerate(queries.tolist()):
-        rows, distances = index.within(value)
-        order = np.lexsort((rows, distances))
-        assert list(found.of(q)) == list(zip(rows[order].tolist(), distances[order].tolist()))
-    assert list(BandedIndex(hashes[:0], bits).pairs(queries[:3]).of(2)) == []
-    assert index.pairs(queries[:0]).offsets == [0]
-    before = rng.integers(0, 1600, len(queries))  # each query's own bound: none, all and rows between
-    bounded = index.pairs(queries, budget, before)
-    for q in range(len(queries)):
-        assert list(bounded.of(q)) == [(row, apart) for row, apart in found.of(q) if row < before[q]]
+def test_hot_band_values_are_left_out_and_a_hash_is_still_found_through_another_band():
+    """A crowd of 3,000 equal hashes makes every one of its band values hot: a lookup no longer hands out its
+    rows (at most `hot` a band), says the crowd is there, and still finds a hash that shares a cold band."""
+    rng = np.random.default_rng(0)
+    crowd = np.full(3000, 0x0123_4567_89AB_CDEF, dtype=np.uint64)
+    others = rng.integers(0, 2**63, 500, dtype=np.uint64)
+    near = np.uint64(int(crowd[0]) ^ 0b111)  # 3 bits from the crowd: its first band differs, the others are hot
+    hashes = np.concatenate([crowd, others, [near]])
+    index = BandedIndex(hashes, 6, hot=100)
+    assert all(len(rows) <= 501 for _, _, _, rows in index.bands)  # the crowd's rows are gone from every band
+    assert index.all_hot(int(crowd[0])) and not index.all_hot(int(others[0]))
+    assert len(index.within(int(crowd[0]))[0]) == 0
+    rows, distances = index.within(int(near) ^ (1 << 20))  # shares the first band (cold) with `near` only
+    assert rows.tolist() == [len(hashes) - 1] and distances.tolist() == [1]
+    assert index.within(int(others[7]))[0].tolist() == [3007]
+    unbounded = BandedIndex(hashes, 6)
+    assert len(unbounded.within(int(crowd[0]))[0]) == 3001 and not unbounded.all_hot(int(crowd[0]))

@@ -36,11 +36,13 @@ def test_near_copies_say_what_became_of_them(tmp_path):
     def copied(ingest):
         pair = {"uri": "/in/a/1.png", "split": "eval", "other_uri": "/in/a/2.png", "other_split": "eval",
                 "distance": 3, "mirrored": True}
-        return {**ingest, "near_duplicates": {"count": 30, "moved": 12, "across": 1, "examples": [pair]}}
+        return {**ingest, "near_duplicates": {"count": 30, "moved": 12, "across": 1, "examples": [pair], "crowded": 400}}
     markdown = run_with(tmp_path, ingest=copied)["markdown"]
     assert "Near-copies of another image (re-encoded, resized, cropped or mirrored): 30; 12 joined their " \
            "original's split, 0 set aside, 1 left in the other split" in markdown
     assert "3 bits apart as mirror images" in markdown
+    assert "alike at dHash's 9x8 (a fixed camera, scans, products on white): 400; judged by their block " \
+           "colours, the distinct ones kept their own split." in markdown
 
 
 def test_a_profiler_that_disagrees_with_the_probe_is_explained(tmp_path):
