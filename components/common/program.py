@@ -126,7 +126,7 @@ def printable(value):
 
 def scrubbed(value):
     """`value` (a string, or the strings in a dict or list) without the credentials it holds: what a
-    program prints as JSON is kept (summaries in the run folder) and shown (`--json`)."""
+    program prints as JSON is kept (its result in the run folder) and shown (`--json`)."""
     if isinstance(value, str):
         return without_secrets(value)
     if isinstance(value, dict):

@@ -1,10 +1,10 @@
 """ROOT/runs kept bounded: the newest runs whole, older ones as their record, the oldest gone.
 
-A run folder's heavy parts (RunDir.heavy: the candidate and metrics.json, which vouches for it,
-TensorBoard's logs with the profiler trace, TFMA's output, the warm-up requests, and the backup of a run
-stopped mid-training; a finished run drops its backup itself) are most of it: 2.4 of 2.6 MB for small_cnn,
-and an efficientnet_b0 candidate alone is ~20 MB. Its record (configuration, summaries, report, gate
-verdict, plots) is what is read later. The rule, applied as each run ends (flows/pipeline.py) and by
+A run folder's heavy parts (RunDir.heavy: the candidate, TensorBoard's logs with the profiler trace,
+TFMA's output, the warm-up requests, and the backup of a run stopped mid-training; a finished run drops
+its backup itself) are most of it: 2.4 of 2.6 MB for small_cnn, and an efficientnet_b0 candidate alone
+is ~20 MB. Its record (configuration, the stages' results with metrics.json, report, gate verdict,
+plots) is what is read later. The rule, applied as each run ends (flows/pipeline.py) and by
 `stoke runs prune` (components/report/runs.py):
 
 - the newest `runs.keep` runs that hold heavy parts keep them; older ones are reduced to their record;
@@ -18,10 +18,10 @@ verdict, plots) is what is read later. The rule, applied as each run ends (flows
 
 "Newest" goes by config.json's time, which each attempt writes first: a run retried is new again.
 Nothing deletes a folder in one step, on an object store least of all, so the order says what a folder
-stopped halfway holds: pruned.json first (kept: record or nothing), then metrics.json (the flow trains
-again rather than trust a candidate half gone), then the candidate's saved_model.pb (nothing loads a
-candidate half gone), then the rest; a deleted folder loses its marker last. The next prune finishes a
-folder its marker names; a marker older than config.json is from before the run ran again, and is ignored.
+stopped halfway holds: pruned.json first (kept: record or nothing), then the candidate's saved_model.pb
+(nothing loads a candidate half gone, and the flow takes a run for trained only with it beside
+metrics.json), then the rest; a deleted folder loses its marker last. The next prune finishes a folder
+its marker names; a marker older than config.json is from before the run ran again, and is ignored.
 One prune at a time per ROOT: it holds the lease ROOT/runs/.prune.lock (components/common/lease.py).
 """
 from __future__ import annotations
@@ -46,7 +46,6 @@ from components.contracts.run_config import Timeouts
 
 ABANDONED = 7 * 24 * 3600.0  # seconds a run without its report may go unchanged and still be running
 LEASE_WAIT = 60.0  # seconds a prune waits for another to finish before it leaves the folders to it
-SAVED_MODEL = "saved_model.pb"
 
 
 class RetentionError(Exception):
@@ -210,8 +209,7 @@ def _apply(folder: Folder, action: str) -> None:
         marker = Pruned(run_id=run.run_id, pruned_at=clock.now(), kept="record" if action == "record" else "nothing")
         write_json(run.pruned, marker.to_json())
     fs, _ = filesystem(run.uri)
-    first = [run.metrics, posixpath.join(run.candidate, SAVED_MODEL)]
-    for uri in first + run.heavy[1:]:
+    for uri in [run.saved_model, *run.heavy]:
         _remove(fs, uri)
     if action == "delete":
         for entry in sorted({name.split("/")[0] for name in folder.files} - {"pruned.json"}):

@@ -141,6 +141,7 @@ class RunDir:
     backup = property(lambda self: self._file("backup"))
     tensorboard = property(lambda self: self._file("tensorboard"))
     candidate = property(lambda self: self._file("candidate"))
+    saved_model = property(lambda self: join(self.candidate, "saved_model.pb"))  # what makes the candidate load
     metrics = property(lambda self: self._file(METRICS))
     curves = property(lambda self: self._file("curves.png"))
     # the gate: TFMA output, the warm-up requests it replayed, its verdict; the marker last
@@ -168,18 +169,18 @@ class RunDir:
 
     @property
     def heavy(self) -> list[str]:
-        """The heavy parts of the run, which the retention rule removes first; the rest is the run's record.
-        metrics.json is among them: it says training finished and the candidate is whole (the flow trains
-        no more when it is there), so it goes with the candidate; its figures stay in summaries/train.json."""
-        return [self.metrics, self.candidate, self.backup, self.tensorboard, self.tfma, posixpath.dirname(self.warmup)]
+        """The heavy parts of the run, which the retention rule removes first; the rest is the run's record
+        (metrics.json, the train stage's result, among it)."""
+        return [self.candidate, self.backup, self.tensorboard, self.tfma, posixpath.dirname(self.warmup)]
 
     def stage_config(self, stage: str) -> str:
         """The settings file the flow hands a stage program (`--config`)."""
         return join(self.uri, "config", f"{stage}.json")
 
-    def summary(self, stage: str) -> str:
-        """Where the flow keeps a stage program's JSON summary."""
-        return join(self.uri, "summaries", f"{stage}.json")
+    def result(self, stage: str) -> str:
+        """The one file of a stage's result in the run: `<stage>.json`; train's is metrics.json, the name it
+        had before every stage had one."""
+        return self.metrics if stage == "train" else self._file(f"{stage}.json")
 
     def phase_backup(self, phase: str) -> str:
         """The backup of one phase of a run fine-tuned from pretrained weights (backup/head, backup/fine_tune);

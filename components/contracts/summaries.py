@@ -26,8 +26,8 @@ from components.contracts.results import (
 
 
 class Summary(Result):
-    """A stage program's summary: the JSON object on the last line of its stdout with --json, and
-    ROOT/runs/<id>/summaries/<stage>.json. Keys of one outcome only (a published span's counts, a
+    """A stage program's summary: the JSON object on the last line of its stdout with --json, and its
+    result in the run folder (RunDir.result). Keys of one outcome only (a published span's counts, a
     failure's error) have defaults; a summary holds the keys its stage set, and no others."""
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=(), validate_assignment=True)

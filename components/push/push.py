@@ -4,7 +4,8 @@ Refuses a run without BLESSED, a run validated against a served version that is 
 newest (gate it again), and pushes a run at most once (a second push reports the first). It holds
 the repository's lock from the first look at the repository to the rendered ROOT/serving, so
 concurrent pushes take turns. It writes its intent (push_intent.json) before the version and
-pushed.json after; a version whose lineage names the run counts as pushed, so a push stopped
+pushed.json after (the version's record, which makes a second push report the first), and its result,
+push.json, last; a version whose lineage names the run counts as pushed, so a push stopped
 between the two is finished by the next attempt instead of repeated. The
 version folder gets the candidate, `assets.extra/tf_serving_warmup_requests` (the requests
 validation replayed) and `assets.extra/stoke_lineage.json`; it appears atomically
@@ -75,6 +76,7 @@ def push(config: PushSettings) -> PushSummary:
                    else _publish(config, root, run, repo, validation))
     summary.image = (serving.build_image(summary.serving_uri, summary.commands.docker_build)
                      if config.build_image else {"built": False, "reason": "not asked (push.build_image false)"})
+    write_json(run.result("push"), summary.to_json())  # the run's record of the push, for its report
     return summary
 
 

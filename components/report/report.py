@@ -1,7 +1,7 @@
 """The run report: what one run did, built from its run folder alone.
 
-Reads ROOT/runs/<run-id>/summaries/<stage>.json (each stage's JSON summary, as its program printed
-it) and writes report.json, report.md and the confusion-matrix plot next to them; the training
+Reads each stage's result, ROOT/runs/<run-id>/<stage>.json (train's: metrics.json), through the stage
+registry, and writes report.json, report.md and the confusion-matrix plot next to them; the training
 curves (curves.png) are the trainer's. The orchestrator shows the same markdown; nothing here knows
 about it, so `write_report` can rebuild the report of any run, also one that failed halfway.
 """
@@ -391,5 +391,5 @@ def _train_records(run: RunDir, train: TrainMetrics | None) -> int | None:
 
 
 def _read(run: RunDir, stage: stages.Stage):
-    """A stage's summary, read through its result model: None when the stage did not run."""
-    return read_result(run.summary(stage.name), stage.result) if exists(run.summary(stage.name)) else None
+    """A stage's result, read through its model: None when the stage did not run."""
+    return read_result(run.result(stage.name), stage.result) if exists(run.result(stage.name)) else None

@@ -20,9 +20,9 @@ from components.contracts.layout import Root, RunDir
 
 DAY = 24 * 3600.0
 SAMPLE_LINEAGE = pathlib.Path(__file__).parents[1] / "contracts" / "samples" / "stoke_lineage.json"
-RECORD = ["config.json", "config/train.json", "summaries/train.json", "report.json", "report.md", "gate.json",
+RECORD = ["config.json", "config/train.json", "metrics.json", "report.json", "report.md", "gate.json",
           "BLESSED", "curves.png", "confusion_matrix.png"]
-HEAVY = ["metrics.json", "candidate/saved_model.pb", "candidate/variables/variables.index",
+HEAVY = ["candidate/saved_model.pb", "candidate/variables/variables.index",
          "candidate/variables/variables.data-00000-of-00001", "tensorboard/train/events.out.tfevents.1",
          "tensorboard/plugins/profile/2026_01_01/host.xplane.pb", "tfma/metrics-00000-of-00001.tfrecord",
          "warmup/tf_serving_warmup_requests"]
@@ -182,21 +182,22 @@ def test_a_prune_stopped_halfway_reads_as_such_and_the_next_finishes_it(tmp_path
     lighter, doomed = make_run(root, "lighter", age_days=2), make_run(root, "doomed", age_days=3)
     removals = []
 
-    def stop_at_the_third(fs, uri):
-        if len(removals) == 2:
+    def stop_at_the_second(fs, uri):
+        if len(removals) == 1:
             raise OSError(5, "Input/output error", uri)
         removals.append(uri)
         real_remove(fs, uri)
 
     real_remove = run_retention._remove
-    monkeypatch.setattr(run_retention, "_remove", stop_at_the_third)
+    monkeypatch.setattr(run_retention, "_remove", stop_at_the_second)
     with pytest.raises(OSError):
         prune(Root(root), RunsConfig(keep=1, keep_records=2))
     monkeypatch.setattr(run_retention, "_remove", real_remove)
 
-    # The seal on the candidate went first, then the file that makes it loadable, and the marker says what is going.
-    assert removals[:2] == [lighter.metrics, join(lighter.candidate, "saved_model.pb")]
-    assert "metrics.json" not in files(lighter) and "candidate/variables/variables.index" in files(lighter)
+    # The file that makes the candidate loadable went first, the record stays, and the marker says what is going.
+    assert removals == [lighter.saved_model]
+    assert "candidate/saved_model.pb" not in files(lighter) and "candidate/variables/variables.index" in files(lighter)
+    assert "metrics.json" in files(lighter)
     found = fates(prune(Root(root), RunsConfig(keep=1, keep_records=2), dry_run=True))
     assert found["lighter"] == ("record", "record") and found["doomed"] == ("whole", "delete")
 

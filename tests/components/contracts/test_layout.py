@@ -18,7 +18,8 @@ def test_a_run_folder_names_its_files():
     run = Root("s3://bucket/root").run("20260101-x")
     assert run.uri == "s3://bucket/root/runs/20260101-x" and run.run_id == "20260101-x"
     assert run.metrics == "s3://bucket/root/runs/20260101-x/metrics.json"
-    assert run.summary("train") == "s3://bucket/root/runs/20260101-x/summaries/train.json"
+    assert run.result("ingest") == "s3://bucket/root/runs/20260101-x/ingest.json"
+    assert run.result("train") == run.metrics and run.result("gate") == run.gate  # one file per stage's result
     assert len({run.metrics, run.gate, run.pushed, run.blessed, run.not_blessed, run.candidate,
                 run.report_md, run.report_json, run.warmup, run.tfma}) == 10
 

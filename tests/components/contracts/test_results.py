@@ -81,10 +81,10 @@ def test_a_renamed_key_fails_loudly_naming_the_file_and_both_keys(tmp_path):
 def test_a_report_over_a_renamed_key_fails_instead_of_showing_nothing(tmp_path):
     run = Root(str(tmp_path)).run("r1")
     validation = read_json(str(WRITTEN / "gate.json"))
-    write_json(run.summary("gate"), validation)
+    write_json(run.result("gate"), validation)
     assert build_report(run).metrics.accuracy == validation["metrics"]["accuracy"]
     validation["metrics"]["acc"] = validation["metrics"].pop("accuracy")
-    write_json(run.summary("gate"), validation)
+    write_json(run.result("gate"), validation)
     with pytest.raises(results.ResultError, match="accuracy"):
         build_report(run)
 
@@ -92,7 +92,7 @@ def test_a_report_over_a_renamed_key_fails_instead_of_showing_nothing(tmp_path):
 def test_the_report_of_the_sample_summaries_is_the_sample_report(tmp_path):
     run = Root(str(tmp_path)).run("first")
     for stage, name in SUMMARIES.items():
-        write_json(run.summary(stage), read_json(str(WRITTEN / name)))
+        write_json(run.result(stage), read_json(str(WRITTEN / name)))
     report, sample = build_report(run).to_json(), read_json(str(WRITTEN / "report.json"))
     for key in ("status", "message", "blessed", "pushed_version", "reasons", "metrics", "model_uri",
                 "preflight", "ingest", "gate", "push", "stages"):
@@ -105,14 +105,14 @@ def test_the_report_of_the_sample_summaries_is_the_sample_report(tmp_path):
 def test_the_report_refuses_a_summary_with_a_renamed_key(stage, tmp_path):
     run = Root(str(tmp_path)).run("r1")
     for other, name in SUMMARIES.items():
-        write_json(run.summary(other), read_json(str(WRITTEN / name)))
-    summary = read_json(run.summary(stage))
+        write_json(run.result(other), read_json(str(WRITTEN / name)))
+    summary = read_json(run.result(stage))
     key = sorted(summary)[0]
     summary[f"{key}_v2"] = summary.pop(key)
-    write_json(run.summary(stage), summary)
+    write_json(run.result(stage), summary)
     with pytest.raises(results.ResultError, match=f"{key}_v2") as error:
         build_report(run)
-    assert run.summary(stage) in str(error.value)
+    assert run.result(stage) in str(error.value)
 
 
 def test_a_progress_event_is_told_from_a_summary_and_from_text():

@@ -116,7 +116,7 @@ def test_files_in_the_wrong_folder_are_flagged_and_named_and_nothing_else_is(tra
     assert suspected_label_errors(TrainSettings(root=root), shards) == ()  # the default trains on them
 
     run = Root(root).run("r1")
-    write_json(run.summary("datacheck"), summary)
+    write_json(run.result("datacheck"), summary)
     markdown = write_report(run)["markdown"]
     assert f"| `{uris[10]}` | train | blue | green |" in markdown and "| blue | green | 2 |" in markdown
     assert "![suspected label errors](label_errors.png)" in markdown and os.path.exists(run.label_errors_plot)

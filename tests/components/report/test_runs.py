@@ -55,7 +55,8 @@ def test_the_report_says_what_the_rule_did_and_a_failed_prune_is_a_warning(tmp_p
     make_run(root, "older", age_days=4)
     current = make_run(root, "current", report=False)
     write_settings(current, keep=2)
-    os.remove(current.summary("train"))  # a stand-in, not a summary the report could read
+    for stand_in in (current.metrics, current.gate):  # not results the report could read
+        os.remove(stand_in)
 
     after_run(current)
     report = write_report(current)["summary"]

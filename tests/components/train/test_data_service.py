@@ -145,7 +145,7 @@ def test_training_through_the_service_survives_a_lost_worker_and_is_blessed(serv
     assert code == 0 and validation["blessed"], validation["reasons"]
     run = Root(root).run("svc")
     assert read_result(run.metrics, TrainMetrics).data_service.address == service["address"]
-    write_json(run.summary("train"), summary)  # what the train flow keeps of the stage for its report
+    write_json(run.result("train"), summary)  # the train stage's result, which the report reads
     markdown = write_report(run)["markdown"]
     assert f"Input pipeline on the tf.data service at `{service['address']}` (distributed_epoch): " \
            f"{registered + 1} workers when training started" in markdown

@@ -78,7 +78,7 @@ def test_the_profilers_verdict_agrees_with_the_probe(kind, runs):
     else:
         assert profiler.input_percent < 20
 
-    write_json(run.summary("train"), summary)  # what the train flow keeps of the stage for its report
+    write_json(run.result("train"), summary)  # the train stage's result, which the report reads
     report = write_report(run)
     assert report["summary"]["train"]["profiler"] == profiler.model_dump(mode="json")
     assert f"Profile tab): {profiler.conclusion}" in report["markdown"]
