@@ -32,16 +32,18 @@ run: install
 	$(STOKE) run $(DEMO) --root $(ROOT) --preset demo
 
 # A worker that dies ends the run with its test named (--max-worker-restart=0): a replacement worker
-# was seen to wait for the rest of the crashed worker's group until CI's limit.
+# was seen to wait for the rest of the crashed worker's file until CI's limit.
 # Lint first (ruff, configured in pyproject.toml), then the docs (a broken link fails); pytest exits 5
-# when it collects no tests, which is not a failure of the code. Tests run on TEST_WORKERS pytest-xdist workers, a test file's tests
-# on one worker (tests/conftest.py says why); TEST_WORKERS=0 runs them in this process.
+# when it collects no tests, which is not a failure of the code. Tests run on TEST_WORKERS pytest-xdist
+# workers, a test file's tests on one worker (--dist loadfile: a model a file's fixture trains is trained
+# once), the longest files first (tests/conftest.py; --no-loadscope-reorder keeps that order instead of
+# sorting files by how many tests they hold); TEST_WORKERS=0 runs them in this process.
 TEST_WORKERS ?= 2
 
 test: install-test
 	$(PY) -m ruff check .
 	$(PY) -m mkdocs build --strict --quiet --site-dir "$$(mktemp -d)"
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --max-worker-restart=0 || [ $$? -eq 5 ]
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --max-worker-restart=0 || [ $$? -eq 5 ]
 
 # Each prints one JSON object of figures measured side by side; compare the ratios, not the times.
 bench: install-test

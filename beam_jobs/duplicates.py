@@ -19,6 +19,7 @@ from its span's shards, and the lookup starts again.
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import groupby
@@ -35,8 +36,10 @@ from components.common.files import join, read_json
 from components.common.spans import Spans
 from components.common.trusted_index import verified
 from components.contracts.layout import Root
-from components.contracts.results import LabelConflict
+from components.contracts.results import LabelConflict, SamePicture
 from components.contracts.summaries import NearDuplicates
+
+EXAMPLES = 5  # URIs of the largest group of one picture that the manifest names
 
 
 @dataclass
@@ -45,6 +48,7 @@ class Findings:
     dropped: list[tuple[dict, str]]  # (signature, dead-letter reason): copies, near-copies set aside, odd sizes
     conflicts: list[LabelConflict] = field(default_factory=list)
     near: NearDuplicates | None = None
+    same_picture: SamePicture | None = None
     set_aside: list[tuple[dict, str]] = field(default_factory=list)  # (signature, reason): odd sizes set aside
 
 
@@ -104,6 +108,7 @@ def settle(staging: str, shards: list[dict], fresh: list, root: Root, config,
     each dead letter's size and version); `published` the staged dHashes of the published records."""
     findings = find(read_signatures(staging), root)
     arranged = arrange(findings.kept, NearRules.of(config), published)
+    findings.same_picture = same_picture(findings.kept, arranged.pictures, findings.dropped)
     findings.near, findings.dropped = arranged.report, findings.dropped + arranged.dropped
     findings.kept = _without(findings.kept, arranged.dropped)
     findings.set_aside = settle_odd_sizes(findings.kept, Rules.of(config))
@@ -115,6 +120,24 @@ def settle(staging: str, shards: list[dict], fresh: list, root: Root, config,
     dead = [{"uri": s["uri"], "reason": reason, "size": by_uri[s["uri"]].size, "version": by_uri[s["uri"]].version}
             for s, reason in out]
     return shards, dead, findings
+
+
+def same_picture(kept: list[dict], pictures: list[list[dict]], copies: list[tuple[dict, str]]) -> SamePicture:
+    """The largest group of the arrival's files that are one picture: a group of records near_copies.py judged
+    one picture (`pictures`), or a record alone, each with the exact copies of it kept out (`copies`). A copy of a
+    published image is no file of this span's pictures."""
+    extra: dict[str, list[str]] = defaultdict(list)
+    for copy, _ in copies:
+        extra[copy["sha256"]].append(copy["uri"])
+
+    def files(group: list[dict]) -> list[str]:
+        return [uri for s in group for uri in (s["uri"], *extra.get(s["sha256"], ()))]
+
+    grouped = {id(s) for group in pictures for s in group}
+    alone = [[s] for s in kept if s["sha256"] in extra and id(s) not in grouped]
+    largest = sorted(files(max(pictures + alone, key=lambda group: len(files(group)), default=kept[:1])))
+    total = len(kept) + sum(len(extra.get(s["sha256"], ())) for s in kept)
+    return SamePicture(count=len(largest), total=total, examples=largest[:EXAMPLES])
 
 
 def _without(kept: list[dict], out: list[tuple[dict, str]]) -> list[dict]:

@@ -293,6 +293,7 @@ def publish(root, number, shards, dead, labels, fresh, refused, config, findings
         max_side=config.max_side or None,
         anomalies=anomalies,
         quality=quality.findings(findings.kept),
+        same_picture=findings.same_picture,
     )
     write_json(root.manifest(number), manifest.to_json())
     return manifest

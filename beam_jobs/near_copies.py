@@ -6,7 +6,8 @@ joins that image's split, so eval never scores a picture training has seen in an
             indexes (checked, rebuilt where broken: components/common/trusted_index.py), staged as one file
     Beam, in Normalize:     each new image looks its dHash and its mirror's up in a banded index of
             them (beam_jobs/near_lookup.py) and is written straight into its original's split, unless
-            more than CROWD are as near: dHash cannot say which, and it keeps its own
+            more than CROWD are as near: dHash cannot say which, and it keeps its own (so does each, back
+            in the driver, when more than CROWD distinct pictures of the arrival followed one)
     driver, after the job:  images of the same arrival can only be compared once all are signed: each,
             in URI order, follows the nearest earlier one that is a copy of none; an original followed
             by more than CROWD is a crowd of pictures alike at 9x8, whose members are judged again by
@@ -82,16 +83,20 @@ class Arrangement:
     dropped: list[tuple[dict, str]] = field(default_factory=list)  # (signature, dead-letter reason)
     report: NearDuplicates = field(default_factory=lambda: NearDuplicates(count=0, examples=[]))
     tally: dict[str, int] = field(default_factory=lambda: {"moved": 0, "set_aside": 0, "across": 0})
+    pictures: list[list[dict]] = field(default_factory=list)  # signatures judged one picture, groups of two or more
 
 
 def arrange(kept: list[dict], rules: NearRules, published: str | None) -> Arrangement:
     """Settles the arrival's near-copies among themselves, after the job, in URI order; updates the
     kept signatures' splits and returns what moved, what is set aside and the summary's count."""
     records = sorted(kept, key=lambda s: s["uri"])
+    undone = _published_crowds(records, rules.bits)
     usable = [rules.eligible(s["width"], s["height"]) for s in records]
     found = _leaders(records, usable, rules.bits)
-    crowded = _judge_crowds(records, found, rules.bits) | {i for i, s in enumerate(records) if s.get("crowded")}
-    names, result, found_copies, examples = _Names(published), Arrangement(), 0, []
+    crowds = _judge_crowds(records, found, rules.bits)
+    crowded = crowds | {i for i, s in enumerate(records) if s.get("crowded")}
+    names, result, found_copies, examples = _Names(published), Arrangement(moved=undone), 0, []
+    result.pictures = [[records[i] for i in rows] for rows in _pictures(records, found, crowds, rules.bits)]
     for record, leader in zip(records, found):
         other, near = _original(record, records, leader, names)
         if other is not None:
@@ -200,6 +205,57 @@ def _judge_crowd(records: list[dict], found: list, members: list[int], bits: int
         at = bisect_right(keys, means[k])
         keys.insert(at, means[k])
         rows.insert(at, k)
+
+
+def _published_crowds(records: list[dict], bits: int) -> list[dict]:
+    """Images the job sent after one published picture are no copies of it when more than CROWD distinct pictures
+    (by block colours, judged among themselves) follow it: the published one is one of a crowd of pictures alike
+    at 9x8 that dHash cannot name an original among, as when more than CROWD published ones are as near
+    (near_lookup.py). Each takes back its own split and is judged with the arrival's own. Returns those whose split
+    changed back, for their record to move: the job wrote it into the published picture's split."""
+    following: dict[int, list[int]] = collections.defaultdict(list)
+    for i, record in enumerate(records):
+        if record.get("near"):
+            following[record["near"]["row"]].append(i)
+    undone = []
+    for rows in following.values():
+        if len(rows) <= CROWD:
+            continue
+        judged: dict[int, tuple | None] = {}
+        _judge_crowd(records, judged, rows, bits)
+        if 1 + sum(judged[i] is None for i in rows[1:]) <= CROWD:
+            continue  # a few pictures come back many times: a stuck camera's frames are copies of the published one
+        for i in rows:
+            near = records[i].pop("near")
+            records[i]["crowded"] = True
+            if near["moved"]:
+                records[i]["split"] = next(split for split in SPLITS if split != near["split"])
+                undone.append(records[i])
+    return undone
+
+
+def _pictures(records: list[dict], found: list, crowds: set[int], bits: int) -> list[list[int]]:
+    """Rows of the arrival that are one picture, in groups of two or more: an original and the near-copies that
+    follow it whose block colours agree too. A crowd's members were judged so already; the few copies of a picture
+    dHash alone judged are judged here again, and so are the images that follow one published picture (which
+    keeps no block colours), among themselves. What follows only decides a split: a light crop that dHash finds
+    and the block grid does not is still followed, and here counts as a picture of its own."""
+    judged, groups = list(found), collections.defaultdict(list)
+    for i, (record, leader) in enumerate(zip(records, found)):
+        if leader is not None:
+            groups[leader[0]].append(i)
+        elif record.get("near"):  # keyed apart from the arrival's rows: a published row is no row of `records`
+            groups[("published", record["near"]["row"])].append(i)
+    for key, rows in groups.items():
+        members = rows if isinstance(key, tuple) else [key, *rows]
+        if len(members) > 1 and members[0] not in crowds:
+            judged[members[0]] = None
+            _judge_crowd(records, judged, members, bits)
+    pictures = collections.defaultdict(list)
+    for i, leader in enumerate(judged):
+        if leader is not None:
+            pictures[leader[0]].append(i)
+    return [[original, *rows] for original, rows in sorted(pictures.items())]
 
 
 SKEW_P = 1e-3

@@ -13,6 +13,7 @@ from beam_jobs.local import NotRegularFile, open_source
 from beam_jobs.near_lookup import NearRules, Published
 from beam_jobs.quality import Rules
 from beam_jobs.shards import unit
+from components.common.files import is_uri
 from components.common.images import Limits, Rejected, normalize
 from components.common.signatures import sha256
 from components.contracts import schema
@@ -101,10 +102,18 @@ def read_source(source: dict, max_bytes: int | None) -> bytes:
             data = f.read(source["size"] + 1)
             if len(data) > source["size"]:
                 data += f.read(max_bytes + 1 - len(data) if max_bytes else -1)
-    except FileNotFoundError:
-        raise Rejected("not found: removed after it was listed") from None
     except NotRegularFile as error:
         raise Rejected(str(error)) from None
+    except Exception as error:
+        from components.common import store_errors  # on a failure only: the image workers start without it
+
+        # A store's answer for this file; a local disk's error other than a file gone fails the job, as a
+        # failing disk must not send file after file to the dead letters.
+        local = not is_uri(source["uri"]) and not isinstance(error, FileNotFoundError)
+        reason = None if local else store_errors.refused(error, source["uri"])
+        if reason is None:  # another try may read it (a server busy), or none could: the job fails
+            raise
+        raise Rejected("not found: removed after it was listed" if reason == store_errors.NOT_FOUND else reason) from None
     if max_bytes and len(data) > max_bytes:
         raise Rejected(_too_large(len(data), max_bytes))
     return data

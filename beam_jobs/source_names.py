@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import posixpath
 
-from components.common.files import is_uri
+from components.common.files import is_uri, without_query
 from components.contracts.secrets import SourceCredentials, has_secrets, without_secrets
 
 CREDENTIAL_IN_NAME = ("its URI holds a credential (a user info, or a parameter named like a token or password) "
@@ -36,10 +36,12 @@ def named(uri: str, reason: str | None, credentials: SourceCredentials) -> tuple
 
 
 def normalized(path: str) -> str:
-    """A store's path normalized (`a/./b`, `a/x/../b`), keeping a URL's `scheme://authority`: an HTTP
-    store's paths are whole URLs, and `..` never climbs out of their server."""
+    """A store's path normalized (`a/./b`, `a/x/../b`), keeping a URL's `scheme://authority` and its query:
+    an HTTP store's paths are whole URLs, and `..` never climbs out of their server."""
     scheme, has_scheme, rest = path.partition("://")
     if not has_scheme:
         return posixpath.normpath(path)
     authority, slash, below = rest.partition("/")
-    return f"{scheme}://{authority}" + (posixpath.normpath("/" + below) if slash else "")
+    query = path[len(without_query(path)):]  # a signature may hold a `/`, which is no folder
+    below = below[:len(below) - len(query)]
+    return f"{scheme}://{authority}" + (posixpath.normpath("/" + below) if slash else "") + query

@@ -24,9 +24,10 @@ import fsspec
 from beam_jobs import source_names
 from beam_jobs.local import CHAINING, NOT_REGULAR, local_path, walk
 from components.common import source_files, store_errors
-from components.common.files import filesystem, is_local, is_uri, join, protocol, uri_of, version_of
+from components.common.files import filesystem, is_local, is_uri, join, protocol, uri_of, version_of, without_query
 from components.common.source_files import is_candidate
 from components.common.store_errors import transient
+from components.contracts.buckets import bucket_problem, store_of
 from components.contracts.secrets import SourceCredentials, has_secrets, without_secrets
 
 MANIFEST_SUFFIXES = (".csv", ".jsonl")
@@ -87,7 +88,7 @@ def each_listed(source: str, eval_fraction: float, allow_outside: bool = False) 
     path = path if local else source_names.normalized(path)
     if local:
         _check_readable(source, local)
-    elif not _in_store(fs, path):
+    elif not _in_store(source, fs, path):
         bucket = path.split("/", 1)[0]
         buckets = STORES.get(protocol(fs)) in ("s3", "gs")  # an http(s):// path is a whole URL: no bucket in it
         missing = f" (there is no bucket {bucket})" if buckets and bucket != path and not fs.exists(bucket) else ""
@@ -96,7 +97,7 @@ def each_listed(source: str, eval_fraction: float, allow_outside: bool = False) 
         entries = _each_in_folder(local, allow_outside)
     elif fs.isdir(path):
         entries = _list_bucket_folder(fs, path).entries()
-    elif path.lower().endswith(MANIFEST_SUFFIXES):
+    elif without_query(path).lower().endswith(MANIFEST_SUFFIXES):  # a presigned URL's too
         entries = _list_manifest(fs, path, allow_outside).entries()
     else:
         raise ValueError(f"source {source} is neither a folder nor a .csv/.jsonl manifest")
@@ -110,13 +111,16 @@ def _named(source: Source, reason: str | None, credentials: SourceCredentials) -
     return replace(source, uri=uri), reason
 
 
-def _in_store(fs, path: str) -> bool:
+def _in_store(source: str, fs, path: str) -> bool:
     """Whether a bucket holds `path`; a refusal is raised naming its reason (components/common/store_errors.py)."""
     try:
         store_errors.info(fs, path)
     except FileNotFoundError as error:
         if transient(error):  # fsspec's HTTP files say "not found" for a connection refused or timed out too
             raise
+        refusal = store_errors.server_refusal(error)  # and for a 401 or 403
+        if refusal:
+            raise PermissionError(f"source {source} was {refusal}: {store_errors.SERVER_REFUSED}") from None
         return False
     return True
 
@@ -233,13 +237,14 @@ def _collected(entries: Iterable[tuple[Source, str | None]]) -> Listing:
 
 def _list_manifest(fs, path: str, allow_outside: bool) -> Listing:
     rows = _read_rows(fs, path)
-    folder = source_names.normalized(posixpath.dirname(path))
+    named = without_query(path)  # a presigned manifest's signature reads it, and only it
+    folder = source_names.normalized(posixpath.dirname(named))
     sources, rejected, seen = [], [], set()
     entries = []
     for number, row in enumerate(rows, start=1):
         problem = row if isinstance(row, str) else _row_problem(row)
         if problem:
-            rejected.append((Source(f"{uri_of(fs, path)}#row{number}", 0, ""), problem))
+            rejected.append((Source(f"{uri_of(fs, named)}#row{number}", 0, ""), problem))
             continue
         given = row["uri"].strip()
         try:
@@ -283,6 +288,11 @@ def resolve(fs, folder: str, given: str, allow_outside: bool) -> tuple[str, str]
     scheme, has_scheme, rest = given.partition("://")
     if has_scheme and scheme.lower() not in STORES:
         raise ValueError(given, f"scheme {scheme.lower()}:// is not read: local paths, s3:// and gs:// only")
+    bad_bucket = bucket_problem(given)  # botocore would raise for it, deep in the listing's threads
+    if bad_bucket:
+        raise ValueError(given, bad_bucket)
+    if store_of(given) and not rest.partition("/")[2].strip("/"):
+        raise ValueError(given, f"names a bucket, not a file: write {scheme.lower()}://BUCKET/KEY")
     if has_scheme or given.startswith("/"):
         try:  # an absolute path is a local one, whatever the manifest's store; schemes in any case
             target, path = filesystem(f"{scheme.lower()}://{rest}" if has_scheme else given)
@@ -318,8 +328,9 @@ def _row_problem(row) -> str:
 def _read_rows(fs, path: str) -> list[dict | str]:
     """The manifest's rows as dicts; a row that cannot be parsed as the reason (a dead letter).
     Raises ManifestError for a manifest without rows or without the columns (components/common/source_files.py)."""
-    text, manifest = fs.cat_file(path).decode("utf-8-sig"), uri_of(fs, path)
-    rows = _jsonl_rows(manifest, text) if path.lower().endswith(".jsonl") else _csv_rows(manifest, text)
+    text, manifest = fs.cat_file(path).decode("utf-8-sig"), uri_of(fs, without_query(path))
+    jsonl = without_query(path).lower().endswith(".jsonl")
+    rows = _jsonl_rows(manifest, text) if jsonl else _csv_rows(manifest, text)
     if not rows:
         raise source_files.no_rows(manifest)
     return rows
@@ -367,11 +378,12 @@ def _info(uri: str) -> dict | str:
     """The file's metadata, or why it is refused before it is ever opened."""
     fs, path = filesystem(uri) if is_uri(uri) else (LOCAL, uri)  # a local path is literal: no chaining
     try:
-        info = fs.info(path)
-    except FileNotFoundError:
-        return "not found"
-    except OSError as error:
-        return f"cannot be read: {error.strerror or error}"
+        info = store_errors.info(fs, path)
+    except Exception as error:
+        reason = store_errors.refused(error, uri)
+        if reason is None:  # a server away or busy, credentials no file would pass: the run fails, not the file
+            raise
+        return reason
     if info.get("type") == "directory":
-        return "not found"
+        return store_errors.NOT_FOUND
     return info if info.get("type") == "file" else NOT_REGULAR

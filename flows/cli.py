@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 
+from components.common.runtime_logs import program_environment
 from components.contracts import stages
 
 # Commands that are whole programs of their own: every stage of the registry under its name, and these.
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_program(module: str, argv: list[str], replace: bool = False) -> int:
     """Runs `python -m module argv...`: in place of this process (`replace`), else as a child whose exit code is returned."""
     command = [sys.executable, "-m", module, *argv]
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
+    env = program_environment()
     if replace:
         sys.stdout.flush()
         os.execve(sys.executable, command, env)

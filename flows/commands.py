@@ -76,7 +76,10 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _interrupt)  # a process manager's stop: the path Ctrl-C takes
     try:
         start_api()
-        from flows.pipeline import pipeline
+        from flows.console import quiet_restated_failures
+        from flows.pipeline import QUIET_FAILURES, pipeline
+
+        quiet_restated_failures("train", errors=QUIET_FAILURES)  # a failure is this command's last line, once
 
         os.environ[SOURCE_ENV] = config.source  # the flow's parameter is SOURCE without its credentials
         state = pipeline(**flow_parameters(config), skip_unchanged=args.skip_unchanged, run_id=run_id,
@@ -222,7 +225,10 @@ def _failure_line(state, summary: dict) -> str:
 
 
 def _describe(summary: dict) -> str:
-    text = f"{summary.get('run_id')}: {summary.get('status')}: {summary.get('message')}"
+    """The run's outcome and its report; a failed run's cause is the error line printed just before."""
+    text = f"{summary.get('run_id')}: {summary.get('status')}"
+    if summary.get("status") != "failed":
+        text += f": {summary.get('message')}"
     if summary.get("report_md"):
         text += f"\nreport: {summary['report_md']}"
     return text

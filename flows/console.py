@@ -53,6 +53,31 @@ def quiet_failures(*flows: str, errors: tuple[type[BaseException], ...]) -> None
             handler.setFormatter(QuietFailures(handler.formatter, flows, errors))
 
 
+class QuietRestatedFailures(logging.Filter):
+    """Drops the engine's lines that restate the named flows' failure, for a command that ends with the
+    failure's one line itself (`stoke run`): the tasks' and the flow's "Finished in state Failed(...)", and
+    the records of an exception that is its own one line (a stage's). A failure of another kind keeps its
+    traceback; the run's log in the Prefect API keeps every line."""
+
+    def __init__(self, flows: tuple[str, ...], errors: tuple[type[BaseException], ...]):
+        super().__init__()
+        self.flows, self.errors = flows, errors
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "flow_name", None) not in self.flows:
+            return True
+        if record.exc_info and isinstance(record.exc_info[1], self.errors):
+            return False
+        return not record.getMessage().startswith("Finished in state Failed")
+
+
+def quiet_restated_failures(*flows: str, errors: tuple[type[BaseException], ...]) -> None:
+    """Installs QuietRestatedFailures on the console handlers Prefect configured (once each)."""
+    for handler in _console_handlers():
+        if not any(isinstance(f, QuietRestatedFailures) for f in handler.filters):
+            handler.addFilter(QuietRestatedFailures(flows, errors))
+
+
 def _console_handlers() -> list[logging.Handler]:
     from prefect.logging.handlers import PrefectConsoleHandler
 

@@ -155,8 +155,9 @@ def check_machine(config: RunConfig, run: RunDir) -> summaries.PreflightSummary:
         if error.summary is None:
             raise
         failed = keep_result(stage("preflight"), error.summary, run)
-        _log_checks(failed)
-        raise PreflightFailed(failed, error.transient) from None
+        stop = PreflightFailed(failed, error.transient)
+        _log_checks(failed, but=stop.check)  # the check that stops the run is the failure's own line
+        raise stop from None
     _log_checks(summary)
     return summary
 
@@ -252,10 +253,10 @@ class PreflightFailed(StageError):
     """A failed check, named with its finding and fix; retried when the store behind SOURCE did not answer."""
 
     def __init__(self, summary: summaries.PreflightSummary, transient: bool = False):
-        first = next(check for check in summary.checks if check.status == "fail")
+        first = self.check = next(check for check in summary.checks if check.status == "fail")
         reason = f"{first.name} failed: {first.summary}" + (f" (fix: {first.fix})" if first.fix else "")
         if first.name != SOURCE_CHECK:  # skipping the checks does not make SOURCE readable
-            reason += "; fix it or skip the checks (`stoke run --no-preflight`, or preflight=null)"
+            reason += "; fix it or skip the checks (`--no-preflight`, or `--set preflight=null`)"
         super().__init__(f"preflight failed: {reason}", summary.to_json(), stage="preflight", reason=reason,
                          transient=transient)
 
@@ -265,7 +266,8 @@ class ConfigurationError(ValueError):
 
 
 # On the terminal these failures are their one line; the engine's traceback of them stays in the run's log.
-quiet_failures("train", errors=(StageError, ConfigurationError))
+QUIET_FAILURES = (StageError, ConfigurationError)
+quiet_failures("train", errors=QUIET_FAILURES)
 
 
 def run_program(of: Stage, config: RunConfig, run: RunDir, progress: ProgressArtifact | None = None,
@@ -319,9 +321,11 @@ def flow_run_id() -> str:
     return new_run_id(flow_run.scheduled_start_time, flow_run.name or "local")
 
 
-def _log_checks(summary: summaries.PreflightSummary) -> None:
+def _log_checks(summary: summaries.PreflightSummary, but=None) -> None:
     logger = get_run_logger()
     for check in summary.checks:
+        if check is but:
+            continue
         logger.log(30 if check.status in ("warn", "fail") else 20, "preflight %s %s: %s%s", check.status,
                    check.name, check.summary, f" (fix: {check.fix})" if check.fix else "")
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import queue
 import re
 import signal
@@ -22,6 +21,8 @@ from collections.abc import Callable
 
 from components.common import processes
 from components.common.program import TRANSIENT, escape_logs, printable
+from components.common.quiet_beam import debugging
+from components.common.runtime_logs import program_environment
 from components.contracts.results import ResultError
 from components.contracts.summaries import Progress, event
 
@@ -68,7 +69,9 @@ def run_stage(name: str, module: str, argv: list[str], *, timeout: float, logger
 
     Progress events (JSON lines of stdout with an "event" key, components/contracts/results.py) go to
     `progress`, if given, and are never the summary. Every other line goes to `logger` as it arrives
-    (stdout at INFO, stderr at INFO too: Beam and TensorFlow write their own progress there). Raises
+    (stdout at INFO, stderr at INFO too: Beam and TensorFlow write their own progress there), but for
+    the program's own error line (`stoke NAME: ...` on stderr, last before a failed exit), which goes at
+    DEBUG: the StageError raised carries it, and whoever reports the failure says it once. Raises
     StageError on a non-zero exit, on timeout (after killing the whole process group) or without a summary."""
     command = [sys.executable, "-m", module, *argv]
     logger.info("%s: %s", name, " ".join(command[1:]))
@@ -76,6 +79,14 @@ def run_stage(name: str, module: str, argv: list[str], *, timeout: float, logger
     process = _started(command, lines, env, pass_fds)
     deadline = time.monotonic() + timeout
     last_json, tail, said, open_streams = None, [], None, 2  # said: the last line on stderr
+    own = f"stoke {name}: "
+    held: list[str] = []  # the program's own last line on stderr, logged once the next line shows it was no error
+
+    def log_held(level: int = logging.INFO) -> None:
+        for line in held:
+            logger.log(level, "%s: %s", name, printable(line))
+        held.clear()
+
     try:
         while open_streams:
             remaining = deadline - time.monotonic()
@@ -95,17 +106,25 @@ def run_stage(name: str, module: str, argv: list[str], *, timeout: float, logger
                 continue
             if tag == "out" and line.lstrip().startswith("{"):
                 logger.debug("%s: %s", name, line)
-                if not _progress_event(name, line, logger, progress):
+                if _progress_event(name, line, logger, progress):
+                    log_held()
+                else:
                     last_json = line  # a summary candidate: the last one printed wins
                 continue
+            log_held()
             tail = (tail + [line])[-TAIL_LINES:]
             said = line if tag == "err" else said
+            if tag == "err" and line.startswith(own):
+                held.append(line)
+                continue
             logger.log(_level(line), "%s: %s", name, printable(line))
         code = process.wait(timeout=max(deadline - time.monotonic(), 1.0))
     except BaseException:
+        log_held()
         # Cancelled, timed out or interrupted: never leave a trainer holding the GPU behind us.
         processes.stop(process, KILL_GRACE_SECONDS)
         raise
+    log_held(logging.DEBUG if code != 0 else logging.INFO)
 
     summary = _parse(last_json)
     if code != 0:
@@ -123,7 +142,7 @@ def _started(command: list[str], lines: queue.Queue, env: dict | None, pass_fds:
     GPUs (`pass_fds`: the GPU slot it inherits)."""
     process = processes.start(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1, pass_fds=pass_fds,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", **(env or {})})
+        env={**program_environment(), "PYTHONUNBUFFERED": "1", **(env or {})})
     for stream, tag in ((process.stdout, "out"), (process.stderr, "err")):
         threading.Thread(target=_pump, args=(stream, tag, lines), daemon=True).start()
     return process
@@ -151,11 +170,14 @@ def _signal_name(number: int) -> str:
 
 
 # TensorFlow's C++ logging (absl): "I0000 00:00:... port.cc:153] ...". Its info and warning lines
-# (oneDNN, "no CUDA drivers") say nothing about the run; keep them out of the run log's INFO view.
+# (oneDNN, "no CUDA drivers") say nothing about the run; keep them out of the run log's INFO view, unless
+# STOKE_DEBUG asks for them (components/common/runtime_logs.py keeps the rest from being printed at all).
 _ABSL_LINE = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:\d\d")
 
 
 def _level(line: str) -> int:
+    if debugging():
+        return logging.INFO
     match = _ABSL_LINE.match(line)
     if match:
         return logging.DEBUG if match.group(1) in "IW" else logging.INFO

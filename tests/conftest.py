@@ -1,25 +1,95 @@
 import os
-import tempfile
+import re
+import sys
 
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-# Each pytest-xdist worker its own GPU slot (flows/gpus.py): the tests train on the CPU, and two
-# workers queueing behind one slot would only make the suite slower.
-os.environ.setdefault("STOKE_GPU_LOCK", os.path.join(tempfile.gettempdir(),
-                                                     f"stoke-gpus-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.lock"))
+
+# `make test` runs each test file on one worker (--dist loadfile), so a model a file's fixture trains
+# once per session is trained once. These files start first, the longest first (a long file started
+# late is the tail of the whole run), with the first users of what the run makes once for all workers
+# (tests/once.py: the gate scenario, the first flow run), so that it is ready before the files that
+# read it come up. --durations says how long each takes; a stale order costs minutes, never a result.
+# The rest keep their collection order (--no-loadscope-reorder).
+LONG_FILES = (
+    "tests/flows/test_train_flow_s3.py",
+    "tests/flows/test_photos.py",
+    "tests/infra/test_prefect_postgres.py",
+    "tests/components/train/test_transfer.py",
+    "tests/components/gate/test_gate.py",
+    "tests/components/train/test_train.py",
+    "tests/flows/test_train_flow_gcs.py",
+    "tests/flows/test_train_flow.py",
+    "tests/flows/test_gpus.py",
+    "tests/flows/test_datacheck_flow.py",
+)
+
+
+# components/train sets TF_USE_LEGACY_KERAS in the process that imports it, for the trainer's own TensorFlow.
+# Test modules import it when collected; every program a later test starts (a gate, a flow's stages) would
+# inherit it, as it never does from `stoke run`.
+_LEGACY_KERAS = os.environ.get("TF_USE_LEGACY_KERAS")
+
+
+@pytest.fixture(autouse=True)
+def _environment_as_the_session_began():
+    if _LEGACY_KERAS is None:
+        os.environ.pop("TF_USE_LEGACY_KERAS", None)
+    else:
+        os.environ["TF_USE_LEGACY_KERAS"] = _LEGACY_KERAS
 
 
 def pytest_collection_modifyitems(config, items):
-    """Groups for pytest-xdist's `--dist loadgroup` (make test): the tests of one file run on one
-    worker, so a model trained once per session by a file's fixture is trained once, not once per
-    worker; the tests that share the flow run of tests/flows/conftest.py (`pushed_run`) are one
-    group wherever they live. Without xdist the marker does nothing."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            group = "pushed_run" if "pushed_run" in item.fixturenames else item.nodeid.split("::")[0]
-            item.add_marker(pytest.mark.xdist_group(group))
+    rank = {path: index for index, path in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cache_of_this_session(tmp_path_factory):
+    """The shard cache's folder (also the shard digests', the GPU slot's and `stoke run`'s Prefect homes)
+    in the session's temporary folder, whatever the environment says: a test never writes the user's
+    ~/.cache/stoke nor finds what an earlier session, or another worker's test, left there."""
+    os.environ["STOKE_CACHE_DIR"] = str(tmp_path_factory.getbasetemp() / "stoke-cache")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def gpu_slot_of_this_session(tmp_path_factory):
+    """Each pytest process its own GPU slot (flows/gpus.py), in its own temporary folder: the tests
+    train on the CPU, and a worker queueing behind another worker's slot, or behind another test
+    session's on the same machine, would only make the suite slower (or wait out a test's bound)."""
+    os.environ.setdefault("STOKE_GPU_LOCK", str(tmp_path_factory.getbasetemp() / "gpus.lock"))
+
+
+@pytest.fixture(autouse=True)
+def environment_as_found():
+    """Each test starts from the environment the session set up (its fixtures included) and leaves it
+    so: a variable one test sets would change what every later test on its worker does, such as the
+    PREFECT_HOME that `stoke run`, called in-process, sets for the rest of its process."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@pytest.fixture(autouse=True)
+def no_beam_job_left_behind():
+    """A test may give up on a Beam job (beam_jobs/bounded.py), but on its own list: a job in the
+    process's list makes any later failed ingest in this process end the process while the job runs
+    (bounded.exit_code), taking the pytest worker and the test it is running with it. Checked on the
+    list, not on whether the job still runs, so the test that leaves one fails every time."""
+    before = _given_up_on()
+    yield
+    if [job for job in _given_up_on() if job not in before]:
+        pytest.fail("the test left a Beam job it gave up on in beam_jobs.bounded._ABANDONED: give the test a list "
+                    "of its own (monkeypatch) and end the job before the test does")
+
+
+def _given_up_on() -> list:
+    bounded = sys.modules.get("beam_jobs.bounded")
+    return list(bounded._ABANDONED) if bounded is not None else []
 
 
 @pytest.fixture(scope="session")
@@ -56,7 +126,7 @@ def s3_bucket(s3_endpoint, request):
     """A fresh bucket, named after the test."""
     import boto3
 
-    name = "t-" + request.node.name.lower().replace("_", "-")[:50]
+    name = "t-" + re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower())[:50].strip("-")  # as S3 names buckets
     boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=name)
     return name
 

@@ -1,5 +1,6 @@
 """For tests that start servers and processes: free loopback ports, and one way to wait for them."""
 import socket
+import threading
 import time
 
 import pytest
@@ -39,3 +40,16 @@ def wait_for(probe, what: str, seconds: float = 60, every: float = 0.5, process=
             return value
         time.sleep(every)
     pytest.fail(f"gave up waiting for {what}")
+
+
+def first_line(process, what: str, seconds: float = 120) -> str:
+    """The first line `process` prints (stripped), read from its stdout pipe; a process that prints
+    nothing within `seconds` is killed and fails the test, instead of holding the run until CI's limit."""
+    line: list[str] = []
+    reader = threading.Thread(target=lambda: line.append(process.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(seconds)
+    if reader.is_alive():
+        process.kill()  # its pipe closes: the reader ends too
+        pytest.fail(f"gave up waiting for {what}: nothing printed within {seconds} s")
+    return line[0].strip()

@@ -24,6 +24,7 @@ import shutil
 import stat
 
 from components.common.local_copies import Folder
+from components.common.program import setting_hint
 
 CACHE_DIR_ENV = "STOKE_CACHE_DIR"
 PINS = ".pins"
@@ -50,7 +51,7 @@ def refusal(folder: str) -> tuple[str, str] | None:
         st = os.lstat(folder)
     except FileNotFoundError:
         return None
-    fix = f"set shard_cache.dir (--shard-cache-dir, or ${CACHE_DIR_ENV}) to a folder of your own"
+    fix = f"use a folder of your own for the shard cache, {setting_hint(None, {'shard_cache.dir': 'PATH'})} or ${CACHE_DIR_ENV}"
     if stat.S_ISLNK(st.st_mode):
         return f"the shard cache {folder} is a symbolic link (to {os.readlink(folder)}), not a folder", fix
     if not stat.S_ISDIR(st.st_mode):

@@ -43,7 +43,7 @@ def open_image(data: bytes, max_pixels: int | None) -> Image.Image:
     width, height = image.size
     if max_pixels and width * height > max_pixels:
         raise ImageRefused(f"too many pixels to decode safely: {width}x{height} is {width * height / 1e6:,.0f} MP, "
-                           f"more than the limit of {max_pixels / 1e6:g} MP (--max-megapixels)")
+                           f"more than the limit of {max_pixels / 1e6:g} MP (ingest.max_megapixels)")
     return image
 
 

@@ -234,6 +234,26 @@ def option(path) -> str:
     return "--" + "-".join(parts).replace("_", "-")
 
 
+def setting_hint(stage: str | None, values: dict) -> str:
+    """Settings as a hint shows them, each form runnable as printed by the command it is for: `--set
+    GROUP.FIELD=VALUE` for `stoke run` (and `stoke up`, `stoke deploy`), then the stage's program by hand.
+    `values` maps a setting's path (`train.image_cache`) to its value (text, a number or a bool):
+    `--set train.image_cache=memory` (by hand: `stoke train --image-cache memory`). Without a `stage` (a
+    run-wide setting that several programs take) the hand form is the option alone."""
+    overrides, flags = [], []
+    for path, value in values.items():
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        overrides.append(f"--set {path}={text}")
+        parts = path.split(SEPARATOR)
+        flag = option(parts[1:] if parts[0] == stage else parts)
+        if isinstance(value, bool):
+            flags.append(flag if value else flag.replace("--", "--no-", 1))
+        else:
+            flags.append(f"{flag} {text}")
+    command = f"stoke {stage} " if stage else ""
+    return f"`{' '.join(overrides)}` (by hand: `{command}{' '.join(flags)}`)"
+
+
 def _default(field: FieldInfo) -> str:
     if field.is_required():
         return " (required)"

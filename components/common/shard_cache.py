@@ -16,6 +16,7 @@ import concurrent.futures
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import posixpath
 import re
@@ -37,7 +38,7 @@ from components.common.cache_folder import (
 )
 from components.common.files import filesystem
 from components.common.local_copies import Folder, UnsafeKey, relative_parts
-from components.common.program import printable
+from components.common.program import printable, setting_hint
 from components.common.shard_digests import Mismatch, mismatch
 from components.contracts.layout import Shard
 
@@ -112,8 +113,8 @@ class ShardCache:
         free = shutil.disk_usage(self.folder).free
         if need > free:
             raise CacheError(f"the shard cache {self.folder} has {free / 1e6:,.1f} MB free and this run must copy "
-                             f"{need / 1e6:,.1f} MB of shards into it: free space there, or set --shard-cache-dir "
-                             f"(or ${CACHE_DIR_ENV}) to a larger disk")
+                             f"{need / 1e6:,.1f} MB of shards into it: free space there, or move the cache to a "
+                             f"larger disk, {setting_hint(None, {'shard_cache.dir': 'PATH'})} or ${CACHE_DIR_ENV}")
         mismatched = [m for m in _map(self._fetch, missing) if m is not None]
         return Staged(self.local(shards), self.folder, len(missing), len(shards) - len(missing),
                       [uri for uri, state in checked.items() if state == "corrupt"], mismatched, need,
@@ -175,7 +176,8 @@ class ShardCache:
         """Evicts the least recently used copies no live pin lists until `need` more bytes fit under the cap."""
         if wanted > self.max_bytes:
             raise CacheError(f"the shards to read take {wanted / 1e9:,.2f} GB, more than the shard cache may hold "
-                             f"(--shard-cache-max-gb {self.max_bytes / 1e9:g}); raise it")
+                             f"(shard_cache.max_gb {self.max_bytes / 1e9:g}); raise it, e.g. "
+                             f"{setting_hint(None, {'shard_cache.max_gb': math.ceil(wanted / 1e9)})}")
         with locked(self.folder) as pins:
             listed = live_pins(pins).values()
             pinned = set().union(*(p for p in listed if p is not None))

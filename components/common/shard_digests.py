@@ -36,6 +36,7 @@ import zlib
 from components.common.cache_folder import CacheError, default_folder, locked, secure
 from components.common.files import filesystem, is_local
 from components.common.local_copies import Folder
+from components.common.program import setting_hint
 from components.common.tfrecord import BadRecord, count_records
 from components.contracts.layout import Shard
 
@@ -176,7 +177,8 @@ class Book:
         try:
             secure(folder)
         except CacheError as error:
-            return cls(None, f"{error}; set shard_cache.dir (--shard-cache-dir) to a folder of your own")
+            return cls(None, f"{error}; use a folder of your own for the shard cache, "
+                             f"{setting_hint(None, {'shard_cache.dir': 'PATH'})}")
         return cls(folder)
 
     def known(self, shard: Shard, identity: tuple) -> bool:

@@ -165,6 +165,52 @@ def info(fs, path: str) -> dict:
         raise
 
 
+NOT_FOUND = "not found"
+
+
+def refused(error: BaseException, uri: str) -> str | None:
+    """Why the one file `uri` cannot be read, as its dead letter says it, when another try would meet the
+    same answer: not found (a missing key, a bucket that does not exist, a web server's 404 or 410, also
+    after a redirect), access denied, or another status a web server answers for this file alone. None when
+    a retry may succeed (a server away or busy, throttling) or when no file of the store could be read
+    (credentials missing or refused): the run fails, to be retried or fixed, instead of refusing every file."""
+    if transient(error):
+        return None
+    web = next((link for link in causes(error) if type(link).__module__.startswith("aiohttp")
+                and isinstance(getattr(link, "status", None), int)), None)
+    if web is not None:  # the status names the file's fate; the URL that answered, when a redirect led there
+        answered = str(getattr(getattr(web, "request_info", None), "real_url", "") or "")
+        # last: the scrubber takes a parameter's value up to a space, `&`, `;` or `#`, a comma or bracket with it
+        moved = f", redirected to {without_secrets(answered)}" if web.history and answered else ""
+        kind = NOT_FOUND if web.status in (404, 410) else "refused"
+        return f"{kind}: the server answered HTTP {web.status} {web.message}".rstrip() + moved
+    names = {kind.__name__ for link in causes(error) for kind in type(link).__mro__}
+    code, status = _answer(error)
+    if names & (MISSING | REFUSED) or code in REFUSED or status == 401:
+        return None
+    if code == "NoSuchBucket":
+        return f"{NOT_FOUND}: there is no bucket {uri.split('://', 1)[-1].split('/', 1)[0]}"
+    if code in DENIED or status == 403 or (isinstance(error, PermissionError) and error.errno is None):
+        # a store's refusal (s3fs gives it no errno); a local file's keeps its system message, below
+        return f"access denied ({_said(error, code)})"
+    if isinstance(error, FileNotFoundError):
+        return NOT_FOUND
+    if isinstance(error, OSError):
+        return f"cannot be read: {error.strerror or error}"
+    return None
+
+
+SERVER_REFUSED = ("give SOURCE the credentials the server wants (https://USER:PASSWORD@host/...), or sign its "
+                  "URL again if it was presigned (a signature expires)")
+
+
+def server_refusal(error: BaseException) -> str | None:
+    """A web server's refusal of a request (401, 403, ...) as `refused` words it; None for any other error,
+    a 404 too: fsspec calls each of them FileNotFoundError, and "does not exist" misleads for a refusal."""
+    reason = refused(error, "")
+    return reason if reason and reason.startswith("refused: ") else None
+
+
 def problem(error: BaseException, *uris: str) -> Problem | None:
     """The Problem `error` is on the bucket of `uris` it came from, or None when it is no store's
     credentials, permissions, missing bucket, answer or connection (a missing object, say)."""

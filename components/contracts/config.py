@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from components.contracts import schema
+from components.contracts.buckets import bucket_problem
 from components.contracts.results import QUALITY_ISSUES
 from components.contracts.secrets import without_secrets
 
@@ -64,6 +65,9 @@ def _check_location(uri: str, what: str, schemes: tuple[str, ...], why: str) -> 
     scheme = uri.partition("://")[0] if "://" in uri else None
     if scheme is not None and scheme not in schemes:
         raise ValueError(f"{shown}: {scheme}:// is not taken for {what}, which {why}; {allowed}")
+    bad_bucket = bucket_problem(uri)
+    if bad_bucket:
+        raise ValueError(f"{shown}: {without_secrets(bad_bucket)}")
     return uri
 
 
@@ -304,8 +308,8 @@ class DataCheckConfig(BaseModel):
         3, ge=1, le=10_000, description="quarantine the span when a class of the history has been missing, each time beyond "
         "chance, from this many arrivals in a row, the span's included (a feed that died); fewer warn")
     max_same_image_share: float = Field(
-        0.2, gt=0, le=1, description="quarantine the span when more than this share of its records share one "
-        "dHash (a flood of near-identical frames)")
+        0.2, gt=0, le=1, description="quarantine the span when more than this share of its files are one picture "
+        "as ingest judged them: exact copies, and near-copies whose block colours agree too (a stuck camera)")
     min_class_examples: int = Field(
         5, ge=0, le=10**9, description="warn about a class with fewer training records than this in the span and its history")
 

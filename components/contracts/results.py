@@ -95,6 +95,16 @@ class QualityFinding(Result):
     folders: dict[str, int] = {}  # folder -> records, the fullest first
 
 
+class SamePicture(Result):
+    """The most files of an arrival that ingest judged to be one picture: exact copies (one SHA-256) and near-copies
+    (within ingest.near_copy_bits of dHash) whose block colours agree too, so that frames of a fixed camera that
+    dHash's 9x8 thumbnail cannot tell apart are so many pictures; the data check's same_image_flood reads it."""
+
+    count: int  # files of the largest such group: its records, and the copies of them ingest kept out
+    total: int  # files of the arrival so judged: the span's records and the copies of them kept out
+    examples: list[str]  # the group's first URIs
+
+
 class ShardEntry(Result):
     file: str = Field(pattern=r"^[^/\\\x00]*[^/\\\x00.][^/\\\x00]*$")  # a file name in the span folder, no path
     split: Literal["train", "eval"]
@@ -126,6 +136,7 @@ class SpanManifest(Result):
     max_side: int | None = None  # longest side of any image in the span; None: as large as they came
     anomalies: list[Anomaly] = []
     quality: list[QualityFinding] = []  # reported image-quality issues; spans published before have none
+    same_picture: SamePicture | None = None  # None: published before ingest judged it
     _sha256: str | None = PrivateAttr(None)  # of the bytes it was read from (Root.read_manifest), which a record names
     sha256 = property(lambda self: self._sha256)
 

@@ -16,7 +16,7 @@ from tensorflow_metadata.proto.v0 import statistics_pb2
 
 from components.contracts import schema
 from components.contracts.config import DataCheckConfig
-from components.contracts.results import Anomaly, QualityFinding
+from components.contracts.results import Anomaly, QualityFinding, SamePicture
 from components.contracts.summaries import DataAnomaly
 from components.datacheck import mix
 
@@ -70,12 +70,15 @@ def profile(statistics: dict[str, statistics_pb2.DatasetFeatureStatisticsList]) 
 
 
 def decide(span: int, new: Profile, history: dict[int, Profile], config: DataCheckConfig, *, classes: list[str],
-           conflicts: list[Anomaly] = (), dhashes: dict[str, list[str]] | None = None,
+           conflicts: list[Anomaly] = (), same_picture: SamePicture | None = None,
+           dhashes: dict[str, list[str]] | None = None,
            quality: list[QualityFinding] = (), examples: dict[str, list[str]] | None = None,
            gone: dict[int, set[str]] | None = None) -> Verdict:
     """Every check of span `span` against `history` (span -> profile: the spans the check let in); without
     history only those that need none (conflicts, floods, rare classes within the span, image quality).
-    `conflicts` are the manifest's anomalies; `dhashes` maps each dHash of the span to its records' URIs;
+    `conflicts` are the manifest's anomalies; `same_picture` is the manifest's largest group of files that are
+    one picture, and `dhashes` (read for a span published before ingest judged that) maps each dHash of the
+    span to its records' URIs;
     `quality` are the manifest's quality findings; `examples` maps a label to a few of its records' URIs;
     `gone` maps a released span to the classes its release accepted as gone (mix.released_gone)."""
     counts = {n: history[n].label_counts() for n in sorted(history)}
@@ -87,7 +90,7 @@ def decide(span: int, new: Profile, history: dict[int, Profile], config: DataChe
         drift, shifted = mix.label_drift(span, mine, theirs, config.max_label_drift, mix.past_drifts(counts))
         anomalies += mix.new_labels(span, mine, theirs, examples or {})
         anomalies += mix.absent_classes(span, mine, counts, config.vanished_after, gone or {}) + shifted
-    anomalies += same_image_flood(dhashes or {}, config.max_same_image_share)
+    anomalies += same_image_flood(same_picture, dhashes or {}, config.max_same_image_share)
     if history:
         anomalies += image_sizes(new, list(history.values()))
     train = sum((p.label_counts("train") for p in [new, *history.values()]), Counter())
@@ -105,8 +108,25 @@ def label_conflicts(found: list[Anomaly]) -> list[DataAnomaly]:
         for a in found if a.kind == "label_conflict" and a.count and a.examples]
 
 
-def same_image_flood(dhashes: dict[str, list[str]], limit: float) -> list[DataAnomaly]:
-    """An error when more than `limit` of the span's records share one dHash (two at least)."""
+def same_image_flood(found: SamePicture | None, dhashes: dict[str, list[str]], limit: float) -> list[DataAnomaly]:
+    """An error when more than `limit` of the span's files (two at least) are one picture, as ingest judged
+    them: exact copies, and near-copies whose block colours agree too, so a fixed camera's distinct frames are
+    no flood. A span published before ingest judged it is judged by the one dHash its records share most."""
+    if found is None:
+        return _same_dhash(dhashes, limit)
+    if found.count < 2 or found.count / found.total <= limit:
+        return []
+    return [DataAnomaly(
+        kind="same_image_flood", severity="error", count=found.count, examples=found.examples[:EXAMPLES],
+        message=f"{found.count} of the span's {found.total} files ({found.count / found.total:.0%}, over {limit:g}) "
+                "are one picture (copies, or frames whose block colours agree): a stuck camera or a looping upload?")]
+
+
+def _same_dhash(dhashes: dict[str, list[str]], limit: float) -> list[DataAnomaly]:
+    """The rule for a span whose manifest does not say which files are one picture. Still an error, not a warning:
+    dHash's 9x8 thumbnail cannot tell a stuck camera from a fixed one's distinct frames, only a decode of the span
+    again could, and a stuck camera must not train unseen; this rule held such spans back before, and a person who
+    looks at the examples releases one in a command."""
     total = sum(map(len, dhashes.values()))
     if not total:
         return []
@@ -116,7 +136,8 @@ def same_image_flood(dhashes: dict[str, list[str]], limit: float) -> list[DataAn
     return [DataAnomaly(
         kind="same_image_flood", severity="error", count=len(uris), examples=sorted(uris)[:EXAMPLES],
         message=f"{len(uris)} of the span's {total} records ({len(uris) / total:.0%}, over {limit:g}) look the same "
-                f"(dHash {dhash}): a stuck camera or a looping upload?")]
+                f"(dHash {dhash}): a stuck camera or a looping upload? (the span was published before ingest told "
+                "distinct frames alike at 9x8 apart by their block colours: if they are, release it after a look)")]
 
 
 def image_sizes(new: Profile, history: list[Profile]) -> list[DataAnomaly]:

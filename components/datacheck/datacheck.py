@@ -89,10 +89,10 @@ def check_span(root: Root, published: dict[int, SpanManifest], number: int, conf
     history = list(let_in)
     past = {n: profile(read_statistics(root, published[n])) for n in history}
     try:
-        hashes, examples = content(root, number)
+        hashes, examples = content(root, number, dhashes=manifest.same_picture is None)
         verdict = decide(number, profile(read_statistics(root, manifest)), past, config, classes=manifest.labels,
-                         conflicts=manifest.anomalies or [], dhashes=hashes, quality=manifest.quality,
-                         examples=examples, gone=released_gone(let_in))
+                         conflicts=manifest.anomalies or [], same_picture=manifest.same_picture, dhashes=hashes,
+                         quality=manifest.quality, examples=examples, gone=released_gone(let_in))
     except DataCheckError as error:
         missing = DataAnomaly(kind="no_statistics", severity="error", message=f"{error}; or release the span after a look")
         verdict = Verdict([missing], {}, {}, None)
@@ -186,15 +186,16 @@ def read_statistics(root: Root, manifest: SpanManifest) -> dict[str, statistics_
     return found
 
 
-def content(root: Root, number: int) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
-    """dHash -> URIs of the span's records, and label -> the first URIs of its records, from its content
-    index: checked as it streams, rebuilt from the span's shards where missing or broken
-    (components/common/trusted_index.py)."""
+def content(root: Root, number: int, *, dhashes: bool = True) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """dHash -> URIs of the span's records (when `dhashes`: a span whose manifest does not say which files are
+    one picture), and label -> the first URIs of its records, from its content index: checked as it streams,
+    rebuilt from the span's shards where missing or broken (components/common/trusted_index.py)."""
     def scan(lines) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
         hashes, labels = defaultdict(list), defaultdict(list)
         for line in lines(number):
             _, dhash, _, label, uri = parse(line)
-            hashes[dhash].append(uri)
+            if dhashes:
+                hashes[dhash].append(uri)
             if len(labels[label]) < EXAMPLES:
                 labels[label].append(uri)
         return dict(hashes), dict(labels)

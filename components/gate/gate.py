@@ -26,6 +26,7 @@ import dataclasses
 import json
 import os
 import posixpath
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -35,6 +36,7 @@ from components.common.files import check_writable, exists, filesystem, join, re
 from components.common.local_copies import UnsafeKey
 from components.common.model_folders import SAVED_MODEL
 from components.common.repository import Repository, RepositoryError
+from components.common.runtime_logs import program_environment, quiet_tensorflow_python
 from components.common.shard_cache import CacheError, ShardCache
 from components.common.spans import SpanNotChecked, Spans
 from components.common.store_errors import on_root
@@ -53,7 +55,6 @@ from components.gate.tfma import eval_config_for, label_name, read_tfma, run_tfm
 
 # Loading the model, replaying the warm-up and, when there is one, starting the real server.
 SERVING_CHECK_SECONDS = 15 * 60
-DAMAGED_VERSION = "restore it, or take it out of serving (`stoke rollback` takes the newest), then gate again"
 
 
 class GateError(Exception):
@@ -62,6 +63,7 @@ class GateError(Exception):
 
 def run(argv: list[str] | None = None) -> int:
     args = program.stage_arguments("gate", argv)
+    quiet_tensorflow_python()  # TFMA's reads of its own results call TensorFlow's deprecated record reader
     return program.main("stoke gate", args.json, on_root(gate, lambda: program.stage_settings("gate", args)),
                         _describe, errors=(GateError, RepositoryError, ResultError, UnsafeKey, OSError))
 
@@ -208,6 +210,15 @@ def _served(repo: Repository, labels: list[str]) -> Served:
         "classes both know"], retained)
 
 
+def _damaged(which: str, config: GateSettings) -> str:
+    """What to do about a version TensorFlow cannot load, as a command the user can run as printed:
+    rollback takes out the newest version only, so a retained one is restored or moved by hand."""
+    if which != "served":
+        return "restore it, or move its folder out of the repository, then gate again"
+    rollback = shlex.join(["stoke", "rollback", "--root", config.root, "--model-name", config.model_name])
+    return f"restore it, or take it out of serving (`{rollback}`), then gate again"
+
+
 def evaluate(config: GateSettings, inputs: GateInputs) -> tuple[dict, dict]:
     """TFMA's results (candidate, and baseline when compared) and the serving check's report."""
     floor, served, run = inputs.floor, inputs.served, inputs.run
@@ -226,7 +237,7 @@ def evaluate(config: GateSettings, inputs: GateInputs) -> tuple[dict, dict]:
         suspects = {f"the candidate ({inputs.candidate})": (models["candidate"], "train again")}
         for version, (path, _) in versions.items():
             which = "served" if version == served.version else "retained"
-            suspects[f"the {which} version {version} ({served.retained[version][0]})"] = (path, DAMAGED_VERSION)
+            suspects[f"the {which} version {version} ({served.retained[version][0]})"] = (path, _damaged(which, config))
         # TFMA writes and reads its output through TensorFlow's file systems too.
         output = run.tfma if tf_reads(run.tfma) else os.path.join(scratch, "tfma")
         with named_unloadable(suspects, GateError), named_corruption(inputs.shards, GateError):
@@ -322,7 +333,7 @@ def serving_check(model_dir: str, warmup_path: str, model_name: str) -> dict:
     """Runs components.gate.serving_check in a fresh process: nothing of this process's state helps it."""
     from components.common.serving import SERVING_IMAGE, SERVING_VERSION
 
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
+    env = program_environment()
     env.pop("TF_USE_LEGACY_KERAS", None)
     try:
         result = processes.run(

@@ -14,7 +14,7 @@ import os
 import threading
 
 from components.common import program, source_files, store_errors
-from components.common.files import filesystem, is_local, uri_of
+from components.common.files import filesystem, is_local, uri_of, without_query
 from components.preflight.checks import Check
 
 NAME = "source"
@@ -48,6 +48,9 @@ def _checked(source: str) -> Check:
         found = store_errors.problem(error, source)
         if found is not None:
             return _fail(found.summary, found.fix, found.transient)
+        refusal = store_errors.server_refusal(error)
+        if refusal:
+            return _fail(f"{source} was {refusal}", store_errors.SERVER_REFUSED)
         if isinstance(error, FileNotFoundError):
             return _fail(f"{source} does not exist", f"check the path: {LAYOUT}")
         if isinstance(error, (PermissionError, NotADirectoryError)):
@@ -96,14 +99,15 @@ def _local_folder(source: str, path: str) -> Check:
 
 def _manifest(source: str, path: str, head: bytes, whole: bool) -> Check:
     """A manifest: its first row (in `head`, the file's start; `whole`: all of it) has the columns."""
-    if not path.lower().endswith(MANIFEST_SUFFIXES):
+    kind = without_query(path).lower()  # a presigned manifest URL's name ends before its query
+    if not kind.endswith(MANIFEST_SUFFIXES):
         return _fail(f"{source} is neither a folder nor a .csv/.jsonl manifest", LAYOUT)
     text = head.decode("utf-8-sig", errors="replace")
     lines = [line for line in text.splitlines(keepends=True) if line.strip()]
     if not lines and whole:
         raise source_files.no_rows(source)
     if lines and (whole or lines[0].endswith("\n")):  # a first row cut by HEAD_BYTES is left to ingest
-        header = source_files.check_first_row(source, lines[0].rstrip("\r\n"), path.lower().endswith(".jsonl"))
+        header = source_files.check_first_row(source, lines[0].rstrip("\r\n"), kind.endswith(".jsonl"))
         if header and whole and len(lines) == 1:
             raise source_files.no_rows(source)
     return Check(NAME, "ok", f"{source} is a manifest that can be read", facts={"kind": "manifest"})

@@ -2,6 +2,7 @@
 the page cache against what training needs, and free space for the next span."""
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import shutil
@@ -11,6 +12,7 @@ import uuid
 from collections import defaultdict
 
 from components.common.files import filesystem, is_local, join, protocol, read_json, uri_of
+from components.common.program import setting_hint
 from components.common.spans import Spans
 from components.common.store_errors import problem
 from components.contracts.layout import METRICS, Root
@@ -255,9 +257,12 @@ def shard_cache(root: str, manifests: list[SpanManifest], cache_dir: str | None,
     summary = (f"{cache.folder}: {usage.free / 1e9:,.1f} GB free; training copies about {_size(need)} of shards "
                f"into it (cap {cache.max_bytes / 1e9:g} GB)")
     if usage.free < need:
-        return Check("shard cache", "fail", summary, "free space there, or set --shard-cache-dir to a larger disk", facts)
+        return Check("shard cache", "fail", summary, "free space there, or move the cache to a larger disk, "
+                     + setting_hint(None, {"shard_cache.dir": "PATH"}), facts)
     if sum(s.bytes or 0 for s in shards) > cache.max_bytes:
-        return Check("shard cache", "fail", summary + "; the shards exceed the cap", "raise --shard-cache-max-gb", facts)
+        raise_to = math.ceil(sum(s.bytes or 0 for s in shards) / 1e9)
+        return Check("shard cache", "fail", summary + "; the shards exceed the cap",
+                     "raise it, e.g. " + setting_hint(None, {"shard_cache.max_gb": raise_to}), facts)
     return Check("shard cache", "ok", summary, facts=facts)
 
 

@@ -7,6 +7,7 @@ for Prometheus, and the exact `docker build` / `docker run` commands in commands
 """
 from __future__ import annotations
 
+import functools
 import posixpath
 import re
 import shlex
@@ -55,19 +56,40 @@ def check_server_version(trained_tf: str, serving_version: str = SERVING_VERSION
 def saved_model_tf_version(model_uri: str) -> str:
     """The TensorFlow version recorded in a SavedModel's MetaGraphDef, from either form TF Serving loads."""
     from google.protobuf import message, text_format
-    from tensorflow.core.protobuf import saved_model_pb2
 
     fs, path = filesystem(model_uri)
-    proto = saved_model_pb2.SavedModel()
+    proto = _saved_model_view()()
     binary = posixpath.join(path, SAVED_MODEL)
     try:
         if fs.exists(binary):
             proto.ParseFromString(fs.cat_file(binary))
-        else:
-            text_format.Parse(fs.cat_file(posixpath.join(path, SAVED_MODEL_TEXT)).decode("utf-8", "replace"), proto)
+        else:  # the view knows three fields: the text form's others are skipped, as the binary's are
+            text_format.Parse(fs.cat_file(posixpath.join(path, SAVED_MODEL_TEXT)).decode("utf-8", "replace"), proto,
+                              allow_unknown_field=True, allow_unknown_extension=True)
     except (message.DecodeError, text_format.ParseError) as error:
         raise ServingError(f"{model_uri} holds no SavedModel TensorFlow can read ({str(error)[:200]})") from None
     return proto.meta_graphs[0].meta_info_def.tensorflow_version if proto.meta_graphs else ""
+
+
+@functools.cache
+def _saved_model_view():
+    """saved_model.proto's SavedModel reduced to the fields on the way to the version (numbers as in
+    tensorflow/core/protobuf/saved_model.proto and meta_graph.proto; protobuf skips the others).
+    TensorFlow's generated class would cost a push about 6 s of CPU to import TensorFlow, for one string."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    field = descriptor_pb2.FieldDescriptorProto
+    view = descriptor_pb2.FileDescriptorProto(name="stoke/saved_model_view.proto", package="stoke.view", syntax="proto3")
+    for message, name, number, kind, label in (
+            ("SavedModel", "meta_graphs", 2, ".stoke.view.MetaGraphDef", field.LABEL_REPEATED),
+            ("MetaGraphDef", "meta_info_def", 1, ".stoke.view.MetaInfoDef", field.LABEL_OPTIONAL),
+            ("MetaInfoDef", "tensorflow_version", 5, None, field.LABEL_OPTIONAL)):
+        view.message_type.add(name=message).field.add(
+            name=name, number=number, label=label, type=field.TYPE_MESSAGE if kind else field.TYPE_STRING,
+            type_name=kind)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(view)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("stoke.view.SavedModel"))
 
 
 def render_text(model_name: str, versions: list[int], trained_tf: str, bucket_models: str | None = None) -> dict[str, str]:

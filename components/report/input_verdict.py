@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from components.common.program import setting_hint
 from components.contracts.config import DISPATCHER_PORT
 from components.contracts.results import InputProbe
 
@@ -25,22 +26,23 @@ def verdict(probe: InputProbe, image_size: int | None = None) -> str:
 
 def cheapest_fix(probe: InputProbe, image_size: int | None) -> str | None:
     """The cheapest change that makes the input faster, of those the probe's figures show: a training
-    flag before a new ingest, and one ingest for every setting it should change."""
+    setting before a new ingest, and one ingest for every setting it should change."""
     if probe.cache is None and probe.decoded_gb is not None and probe.memory_gb \
             and probe.decoded_gb < probe.memory_gb / 4:
-        return (f"train with image_cache memory (`--image-cache memory`): the training split decoded is about "
-                f"{figure(probe.decoded_gb, 1)} GB, and later epochs then skip reading and decoding")
-    flags, reasons = [], []
+        return (f"train with the image cache in memory, {setting_hint('train', {'train.image_cache': 'memory'})}: "
+                f"the training split decoded is about {figure(probe.decoded_gb, 1)} GB, and later epochs then skip "
+                "reading and decoding")
+    settings, reasons = {}, []
     if image_size and probe.stored_short_side and probe.stored_short_side > 2 * image_size:
-        flags.append(f"--max-side {max(512, 2 * image_size)}")
+        settings["ingest.max_side"] = max(512, 2 * image_size)
         reasons.append(f"the spans store images with a {probe.stored_short_side} px shorter side for "
                        f"{image_size} px training, and every epoch decodes them")
     if probe.compression in ("gzip", "zlib") and (probe.jpeg_share or 0) > 0.5:
-        flags.append("--compression none")
+        settings["ingest.compression"] = "none"
         reasons.append(f"{probe.compression.upper()} saves under 1% on JPEG bytes and every epoch inflates them")
-    if not flags:
+    if not settings:
         return None
-    return f"ingest the source again into a new ROOT with `{' '.join(flags)}`: " + "; ".join(reasons)
+    return f"ingest the source again into a new ROOT with {setting_hint('ingest', settings)}: " + "; ".join(reasons)
 
 
 def data_service_fix(probe: InputProbe) -> str | None:
@@ -49,11 +51,12 @@ def data_service_fix(probe: InputProbe) -> str | None:
     if not probe.input_images_per_sec or not probe.model_images_per_sec_synthetic:
         return None
     workers = math.ceil(probe.model_images_per_sec_synthetic / probe.input_images_per_sec)
+    train = setting_hint("train", {"train.data_service": f"grpc://HOST:{DISPATCHER_PORT}"})
     return (f"more CPU: run the input pipeline on {workers} tf.data service workers of this host's speed "
             f"({figure(probe.model_images_per_sec_synthetic)} images/s for the model over {figure(probe.input_images_per_sec)} "
             f"per worker): `stoke data-service dispatcher --host HOST --trusted-network` on one machine, `stoke "
             f"data-service worker --dispatcher HOST:{DISPATCHER_PORT} --host WORKER --trusted-network` on each of "
-            f"{workers}, then train with `--data-service grpc://HOST:{DISPATCHER_PORT}`; on a network that admits only "
+            f"{workers}, then train with {train}; on a network that admits only "
             f"them and the trainers: any peer that reaches their ports can run TensorFlow ops on the workers")
 
 

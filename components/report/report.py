@@ -252,8 +252,8 @@ def comparison_in_words(comparison: Comparison, max_regression: float) -> list[s
                      f"{c.difference:+.3f} ({comparison.confidence:.0%} interval {lower:+.3f} to {upper:+.3f}; "
                      f"McNemar's exact p = {c.p_value:.2g}; {b} records only the candidate got right, {c_} only the "
                      f"served version). Allowed regression {max_regression:g}: {verdict}.")
-    rule = ("decided on the interval (--decision evidence)" if comparison.decision == "evidence" else
-            "decided on the point estimates (--decision point)")
+    rule = ("decided on the interval (gate.decision: evidence)" if comparison.decision == "evidence" else
+            "decided on the point estimates (gate.decision: point)")
     lines.append(f"This eval set detects drops of about {comparison.detectable_difference:.3f} with 80% power; {rule}.")
     return [line for text in lines for line in (text, "")]
 

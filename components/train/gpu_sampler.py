@@ -8,7 +8,9 @@ training loop nothing. Samples are plain dicts, ready for metrics.json and a plo
         model.fit(...)
     metrics["gpu"] = gpus.to_dict()
 
-Without a GPU or an NVIDIA driver the sampler says so once and records nothing.
+Without a GPU or an NVIDIA driver the sampler records nothing and keeps the reason (metrics.json). It
+says so as a warning only when TensorFlow trains on a GPU that NVML cannot watch: on a machine without
+one there is nothing to watch, and preflight's GPU check has said what the machine has.
 """
 from __future__ import annotations
 
@@ -57,7 +59,8 @@ class GpuSampler:
             if not self._handles:
                 self.reason = "NVML sees no GPU"
         if not self._handles:
-            log.warning("GPU sampler: %s; recording nothing", self.reason)
+            log.log(logging.WARNING if tensorflow_gpus() else logging.INFO, "GPU sampler: %s; recording nothing",
+                    self.reason)
             self._stack.close()
             return
         self.available = True
@@ -125,6 +128,13 @@ class GpuSampler:
             samples = list(self.samples)
         return {"available": self.available, "reason": self.reason, "interval_s": self.interval,
                 "devices": self.devices, "summary": self.summary(), "samples": samples}
+
+
+def tensorflow_gpus() -> int:
+    """How many GPUs TensorFlow trains on here."""
+    import tensorflow as tf
+
+    return len(tf.config.list_physical_devices("GPU"))
 
 
 def _values(rows: list[dict], key: str) -> list[float]:

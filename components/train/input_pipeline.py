@@ -16,6 +16,7 @@ import os
 
 import tensorflow as tf
 
+from components.common.program import setting_hint
 from components.common.shard_scan import ShardScan
 from components.contracts import schema
 from components.contracts.layout import Shard
@@ -368,4 +369,5 @@ class CorruptShardError(RuntimeError):
     def __init__(self, scans: list[ShardScan]):
         self.scans = scans
         names = ", ".join(f"{s.uri} ({s.error}; {s.readable} of {s.expected} records readable)" for s in scans)
-        super().__init__(f"corrupt shard: {names}; rerun with --skip-corrupt to skip its unreadable records")
+        super().__init__(f"corrupt shard: {names}; rerun with {setting_hint('train', {'train.skip_corrupt': True})} "
+                         "to skip its unreadable records")

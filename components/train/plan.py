@@ -14,6 +14,7 @@ import tf_keras as keras
 
 from components.common import shard_digests
 from components.common.files import check_writable, exists
+from components.common.program import setting_hint
 from components.common.shard_cache import CacheError
 from components.common.shard_scan import scan_shards
 from components.common.spans import SpanNotChecked, Spans
@@ -93,8 +94,10 @@ def resolve(config: TrainSettings) -> RunPlan:
     global_batch = batch_size * replicas
     steps_per_epoch = train_records // global_batch
     if steps_per_epoch == 0:
+        fits = 2 ** max(0, (train_records // replicas).bit_length() - 1)  # the largest power of two that does
         raise TrainError(f"{train_records} training records make no full batch of {global_batch} "
-                         f"({batch_size} x {replicas} replicas); lower train.batch_size (--batch-size)")
+                         f"({batch_size} x {replicas} replicas); lower the batch size, e.g. "
+                         f"{setting_hint('train', {'train.batch_size': fits})}")
     if config.steps_per_epoch:
         steps_per_epoch = min(steps_per_epoch, config.steps_per_epoch)
     epochs = run_epochs(config, steps_per_epoch)
@@ -156,7 +159,7 @@ def data_service(config: TrainSettings) -> dict | None:
     if config.data_service is None:
         return None
     if config.image_cache:
-        raise TrainError("--image-cache and --data-service do not go together: a worker's files change from pass to "
+        raise TrainError("train.image_cache and train.data_service do not go together: a worker's files change from pass to "
                          "pass, so its cache would hold part of the split")
     try:
         return service_input.connect(config.data_service)
@@ -189,9 +192,10 @@ def find_data(config: TrainSettings) -> tuple[RunDir, list[Shard], list[Shard], 
     labels = Spans(root).label_names(spans)
     stored = min((m.max_side for m in Spans(root).manifests(spans) if m.max_side), default=None)
     if stored and config.image_size > stored:
-        print(f"stoke train: warning: --image-size {config.image_size} is larger than the spans hold (ingested "
-              f"with --max-side {stored}), so images are upsampled; for sharper inputs, ingest the source into "
-              "a new ROOT with a larger --max-side", file=sys.stderr, flush=True)
+        larger = setting_hint("ingest", {"ingest.max_side": max(512, 2 * config.image_size)})
+        print(f"stoke train: warning: train.image_size {config.image_size} is larger than the spans hold (ingested "
+              f"with ingest.max_side {stored}), so images are upsampled; for sharper inputs, ingest the source into "
+              f"a new ROOT with {larger}", file=sys.stderr, flush=True)
     if exists(run.metrics):
         raise TrainError(f"run {run.run_id} already finished ({run.metrics}); choose a new --run-id")
     check_writable(run.uri)  # a read-only or full ROOT fails here, not after training
@@ -219,8 +223,8 @@ def as_published(config: TrainSettings, train_shards: list[Shard], eval_shards: 
         raise TrainError(shard_digests.changed_spans(changed))
     damaged = [m for m in mismatched if m.damaged]
     if damaged and not config.skip_corrupt:
-        raise TrainError(f"corrupt shard: {'; '.join(map(str, damaged))}; rerun with --skip-corrupt to skip its "
-                         "unreadable records")
+        raise TrainError(f"corrupt shard: {'; '.join(map(str, damaged))}; rerun with "
+                         f"{setting_hint('train', {'train.skip_corrupt': True})} to skip its unreadable records")
     if checked and (checked.hashed or checked.unrecorded):
         print(f"stoke train: {checked.describe()}", file=sys.stderr, flush=True)
     return train_shards, eval_shards, staging

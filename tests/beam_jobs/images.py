@@ -236,3 +236,35 @@ def conveyor_frames(count: int, width: int = 320, height: int = 240) -> list[Ima
         frame[y:y + side, x:x + side] = photo[top:top + side, left:left + side]
         frames.append(Image.fromarray(np.clip(frame + rng.normal(0, 4, frame.shape), 0, 255).astype(np.uint8)))
     return frames
+
+
+def _road(width: int, height: int) -> np.ndarray:
+    """What a fixed camera always sees: a horizontal gradient, warmer to the right."""
+    ramp = np.linspace(40, 220, width, dtype=np.float32)[None, :, None] * np.array([1.0, 0.9, 0.7], np.float32)
+    return np.repeat(ramp, height, axis=0)
+
+
+def passing_frames(count: int, width: int = 160, height: int = 120) -> list[Image.Image]:
+    """A fixed camera's frames of an object passing by: the same gradient, a red square (side 24 at 160 px) at
+    another place on a grid in each, with sensor noise. Distinct pictures, which dHash's 9x8 thumbnail mostly
+    cannot tell apart (half of 60 share one dHash, all lie within 8 bits)."""
+    rng, side, columns = np.random.default_rng(0), 24 * width // 160, 10
+    rows = max(-(-count // columns) - 1, 1)
+    frames = []
+    for i in range(count):
+        frame = _road(width, height)
+        x = 4 + (width - side - 8) * (i % columns) // (columns - 1)
+        y = 4 + (height - side - 8) * (i // columns) // rows
+        frame[y:y + side, x:x + side] = (200, 40, 40)
+        frames.append(Image.fromarray(np.clip(frame + rng.normal(0, 4, frame.shape), 0, 255).astype(np.uint8)))
+    return frames
+
+
+def stuck_frames(count: int, width: int = 160, height: int = 120) -> list[Image.Image]:
+    """A stuck camera: one frame (the gradient, a blue square in the middle) again and again, each with its own
+    sensor noise: other bytes, one picture."""
+    rng, side = np.random.default_rng(1), 24 * width // 160
+    frame = _road(width, height)
+    frame[(height - side) // 2:(height + side) // 2, (width - side) // 2:(width + side) // 2] = (40, 40, 200)
+    return [Image.fromarray(np.clip(frame + rng.normal(0, 4, frame.shape), 0, 255).astype(np.uint8))
+            for _ in range(count)]

@@ -77,6 +77,9 @@ def test_a_runner_that_outlives_a_real_worker_failure_is_left_behind(monkeypatch
     """Beam reports the failed bundle on its SDK worker's logger; a job still running GRACE seconds
     later is given up on, with the worker's error (this fails if a Beam upgrade moves the report)."""
     monkeypatch.setattr(bounded, "GRACE", 0.5)
+    # The job given up on is this test's alone: alive in the process's list, it would make a later
+    # failed ingest end the whole process (bounded.exit_code).
+    monkeypatch.setattr(bounded, "_ABANDONED", [])
     release = threading.Event()
 
     def fail(element):
@@ -95,6 +98,9 @@ def test_a_runner_that_outlives_a_real_worker_failure_is_left_behind(monkeypatch
             bounded.run(job)
     finally:
         release.set()
+    (left,) = bounded._ABANDONED
+    left.join(60)
+    assert not left.is_alive(), "the job given up on did not end within 60 s of its release"
 
 
 @pytest.mark.parametrize("owner, step", [(ingest_module, "write_text"), (ingest_module, "write_index"),

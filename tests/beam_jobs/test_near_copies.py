@@ -104,7 +104,35 @@ def test_tiny_digits_are_not_called_near_copies_of_each_other(tmp_path, capsys):
 
 def signature(uri: str, dhash: int, split: str = "train", **more) -> dict:
     return {"uri": uri, "dhash": f"{dhash:016x}", "mirror": f"{~dhash & (2**64 - 1):016x}", "split": split,
-            "width": 64, "height": 64, **more}
+            "width": 64, "height": 64, "blocks": base64.b64encode(bytes(192)).decode(), **more}
+
+
+def coloured(level: int) -> str:
+    """Block colours of one grey level everywhere, as a signature holds them."""
+    return base64.b64encode(bytes([level]) * 192).decode()
+
+
+def test_one_picture_is_copies_whose_block_colours_agree_however_few_and_whoever_they_follow(tmp_path):
+    """Three images that dHash alone calls copies of a fourth (too few for a crowd) are one picture only where
+    their block colours agree; twenty that the job sent after one published picture (whose block colours are not
+    kept) are judged among themselves: twenty pictures are no copies of it and take back their own split, twenty
+    copies of one picture are one picture and stay with it."""
+    published = tmp_path / "near-published.npz"
+    np.savez(published, hashes=np.array([0xF], np.uint64), splits=np.array([1], np.uint8),
+             spans=np.array([1], np.uint32), offsets=np.array([0, 5], np.uint64), uris=np.frombuffer(b"p.jpg", np.uint8))
+    near = {"row": 0, "split": "eval", "distance": 0, "mirrored": False, "moved": True}  # each was train by its path
+    few = [signature(f"few/{i}.jpg", 0xF0F0, blocks=coloured(10 * i)) for i in range(4)]
+    same = [signature(f"same/{i}.jpg", 0xF0F0F0F0F0, blocks=coloured(200)) for i in range(4)]
+    frames = [signature(f"frames/{i:02d}.jpg", 0xF, "eval", near=dict(near), blocks=coloured(10 * i)) for i in range(20)]
+    arranged = arrange(few + same + frames, NearRules("follow", 6, 16), str(published))
+    assert arranged.report.count == 3 + 3 and arranged.report.crowded == 20
+    assert [[s["uri"] for s in group] for group in arranged.pictures] == [[s["uri"] for s in same]]
+    assert {s["split"] for s in frames} == {"train"} and arranged.moved == frames  # out of the shards the job wrote
+
+    stuck = [signature(f"stuck/{i:02d}.jpg", 0xF, "eval", near=dict(near), blocks=coloured(100)) for i in range(20)]
+    arranged = arrange(stuck, NearRules("follow", 6, 16), str(published))
+    assert [len(group) for group in arranged.pictures] == [20] and arranged.report.count == 20
+    assert {s["split"] for s in stuck} == {"eval"} and arranged.moved == []
 
 
 def test_a_chain_of_alike_pictures_follows_originals_not_copies():
@@ -219,6 +247,38 @@ def test_a_crowd_of_frames_keeps_its_splits_and_copies_of_a_frame_still_follow(t
     code, summary = ingest(again, root, *HALF, *IN_MEMORY, capsys=capsys)
     assert code == 0 and summary["near_duplicates"]["crowded"] == 20 and summary["near_duplicates"]["count"] == 0
     assert splits_of(root, 2) == {uri: split_of(uri.split("again/")[1], 0.5) for uri in splits_of(root, 2)}
+
+
+def night(folder, frames, stem: str) -> dict[str, str]:
+    """The frames written as JPEGs under folder/cam; their URIs -> the split their own path hash gives."""
+    (folder / "cam").mkdir(parents=True, exist_ok=True)
+    for i, frame in enumerate(frames):
+        (folder / "cam" / f"{stem}-{i:03d}.jpg").write_bytes(images.encode(frame, "JPEG", quality=90))
+    return {str(folder / "cam" / f"{stem}-{i:03d}.jpg"): split_of(f"cam/{stem}-{i:03d}.jpg", 0.5)
+            for i in range(len(frames))}
+
+
+def test_distinct_frames_after_a_few_published_ones_keep_their_splits_and_a_stuck_cameras_follow(tmp_path, capsys):
+    """A first night of three frames, then 57 other frames of the passing object: each new one lies within a few
+    bits of a published one and was sent after it, all into its split (eval kept none). They are 57 pictures by
+    their block colours, more than a picture's handful of forms, so they keep their own splits. Twenty frames of a
+    stuck camera, after one published frame, are one picture, and still follow it."""
+    frames, root = images.passing_frames(60), tmp_path / "root"
+    night(tmp_path / "first", [frames[i] for i in (0, 25, 47)], "first")
+    assert ingest(tmp_path / "first", root, *HALF, *IN_MEMORY, capsys=capsys)[0] == 0
+    own = night(tmp_path / "second", [f for i, f in enumerate(frames) if i not in (0, 25, 47)], "second")
+    code, summary = ingest(tmp_path / "second", root, *HALF, *IN_MEMORY, capsys=capsys)
+    assert code == 0 and summary["near_duplicates"]["warning"] is None, summary["near_duplicates"]
+    landed = splits_of(root, 2)
+    assert sum(landed[uri] != split for uri, split in own.items()) <= 3, landed  # a few that dHash alone judged
+
+    stuck, again = images.stuck_frames(21), tmp_path / "again"
+    night(tmp_path / "stuck", stuck[:1], "first")
+    assert ingest(tmp_path / "stuck", again, *HALF, *IN_MEMORY, capsys=capsys)[0] == 0
+    (published,) = splits_of(again, 1).values()
+    own = night(tmp_path / "stuck2", stuck[1:], "second")
+    code, summary = ingest(tmp_path / "stuck2", again, *HALF, *IN_MEMORY, capsys=capsys)
+    assert code == 0 and set(splits_of(again, 2).values()) == {published} != set(own.values()), summary
 
 
 def test_settling_an_arrival_of_alike_pictures_holds_memory_in_proportion_to_it():

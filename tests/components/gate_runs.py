@@ -1,4 +1,4 @@
-"""The gate scenario, built once per session and shared by the validate, export and serving tests:
+"""The gate scenario, built once per test run and shared by the validate, export and serving tests:
 
 1. `good`: a tiny model that learns the colour classes -> blessed -> pushed (first version);
 2. `flat`: learning rate 0, so it learns nothing -> refused with reasons; the repository is unchanged;
@@ -6,7 +6,8 @@
 
 Spans are written the way the ingest job publishes them (tests/components/conftest.py); the runs
 use the real components.train, components.gate and components.push in this process.
-Tests that change the repository work on a copy (`copy_root`).
+Tests that change the repository work on a copy (`copy_root`): the scenario's own ROOT is read by
+tests on every pytest-xdist worker at once.
 """
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ import os
 import shutil
 
 from tests.components.conftest import TRAIN_LABELS, tiny_records, write_span
+from tests.once import once_per_run
 
 TINY = ["--image-size", "32", "--batch-size", "8", "--input-probe-steps", "0", "--network", "small_cnn", "--weights", "none",
         "--no-xla"]
-_CACHE: dict = {}
 
 
 def _last_json(fn, argv: list[str]) -> tuple[int, dict]:
@@ -57,10 +58,11 @@ def listing(root: str) -> list[str]:
 
 
 def gate_scenario(tmp_path_factory) -> dict:
-    """Runs the scenario once per session (several test modules import the fixture that calls it)."""
-    if "scenario" in _CACHE:
-        return _CACHE["scenario"]
-    root = str(tmp_path_factory.mktemp("gate-root"))
+    """The scenario, made once per test run (several test modules, on any worker, ask for it)."""
+    return once_per_run(tmp_path_factory, "gate-scenario", lambda folder: build(str(folder / "root")))
+
+
+def build(root: str) -> dict:
     write_span(root, 1, {"train": tiny_records(64), "eval": tiny_records(24, offset=5000)},
                TRAIN_LABELS, {"train": 2, "eval": 2})
     result = {"root": root, "train": {}, "validate": {}, "push": {}, "listing": {}}
@@ -79,7 +81,6 @@ def gate_scenario(tmp_path_factory) -> dict:
     result["validate"]["mixed"] = validate_run(root, "mixed")
     result["push"]["mixed"] = push_run(root, "mixed")
     result["listing"]["after_mixed"] = listing(root)
-    _CACHE["scenario"] = result
     return result
 
 

@@ -3,10 +3,12 @@ seconds, and flows, deployments, events and automations all live in it."""
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 
 from flows.demo import write_digits
+from tests.once import once_per_run
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_TO_API_BATCH_INTERVAL", "0.3")
@@ -40,15 +42,23 @@ FIRST_RUN_OVERRIDES = ["gate.min_accuracy=0.0", "train.steps_per_epoch=3"]
 
 @pytest.fixture(scope="session")
 def pushed_run(tmp_path_factory):
-    """The train flow once, end to end on 40 real digits, configured as `stoke run SOURCE --root ROOT
-    --config FILE --set ...` configures it, with a floor any model passes: blessed and pushed as
-    version 1. Later tests use its ROOT as one that already serves a model."""
+    """The train flow once per test run, end to end on 40 real digits, configured as `stoke run SOURCE
+    --root ROOT --config FILE --set ...` configures it, with a floor any model passes: blessed and pushed
+    as version 1. Later tests use its ROOT as one that already serves a model, and a copy of it
+    (`copy_of`) to run flows on: every worker reads this one. The run's state, and what the Prefect
+    server of the worker that ran it says of its task runs and artifacts, come as a record."""
+    return once_per_run(tmp_path_factory, "pushed-run", first_run)
+
+
+def first_run(base) -> dict:
     import argparse
+
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     from flows.commands import add_run_arguments, checked, flow_parameters
     from flows.pipeline import pipeline
 
-    base = tmp_path_factory.mktemp("pushed")
     source, root, config_file = str(base / "digits"), str(base / "root"), base / "first.yaml"
     write_digits(source, limit=40)
     config_file.write_text(FIRST_RUN_CONFIG)
@@ -57,7 +67,21 @@ def pushed_run(tmp_path_factory):
     argv = [source, "--root", root, "--config", str(config_file), "--run-id", "first"]
     run_id, config = checked(parser.parse_args([*argv, *(f"--set={item}" for item in FIRST_RUN_OVERRIDES)]))
     state = pipeline(**flow_parameters(config), run_id=run_id, return_state=True)
-    return {"source": source, "root": root, "state": state, "config_file": str(config_file)}
+    ran = FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
+    with get_client(sync_client=True) as client:
+        tasks, artifacts = client.read_task_runs(flow_run_filter=ran), client.read_artifacts(flow_run_filter=ran)
+    return {"source": source, "root": root, "config_file": str(config_file), "completed": state.is_completed(),
+            "message": state.message, "summary": state.result() if state.is_completed() else None,
+            "task_tags": {task.name.rsplit("-", 1)[0]: sorted(task.tags) for task in tasks},
+            "artifacts": [{"key": a.key, "type": a.type, "data": a.data} for a in artifacts]}
+
+
+def copy_of(pushed_run, tmp_path) -> tuple[str, str]:
+    """The served ROOT of the first run, and its source, copied: for a test that runs a flow on it."""
+    source, root = str(tmp_path / "digits"), str(tmp_path / "root")
+    shutil.copytree(pushed_run["source"], source)
+    shutil.copytree(pushed_run["root"], root)
+    return source, root
 
 
 @pytest.fixture

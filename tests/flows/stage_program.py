@@ -1,6 +1,6 @@
 """A stand-in stage program for tests of flows/programs.py: prints, forks, hangs or fails on request.
 
-    python -m tests.flows.stage_program ok|fail|transient|crash|killed|hang PIDFILE
+    python -m tests.flows.stage_program ok|fail|own-error|transient|crash|killed|hang|tensorflow PIDFILE
 
 Each run appends a line to PIDFILE.runs, for tests that count retries.
 """
@@ -29,6 +29,18 @@ if mode == "hang":
 if mode == "fail":
     print(json.dumps({"error": "the source is empty"}), flush=True)
     sys.exit(3)
+if mode == "own-error":  # as components/common/program.py fails: its own line on stderr, and the JSON line
+    print("stoke fake: checked 2 shards", file=sys.stderr, flush=True)
+    print("Epoch 2/2", flush=True)
+    print("stoke fake: error: the source is empty", file=sys.stderr, flush=True)
+    print(json.dumps({"error": "the source is empty"}), flush=True)
+    sys.exit(1)
+if mode == "tensorflow":  # TensorFlow's runtime looks for GPUs and says what it found
+    import tensorflow as tf
+
+    tf.config.list_physical_devices("GPU")
+    print(json.dumps({"legacy_keras": os.environ.get("TF_USE_LEGACY_KERAS")}), flush=True)
+    sys.exit(0)
 if mode == "transient":  # components/common/program.py TRANSIENT
     print(json.dumps({"error": "cannot reach S3 for bucket b (Connection reset by peer)"}), flush=True)
     sys.exit(75)

@@ -36,7 +36,7 @@ def test_the_flow_refuses_a_command_in_its_parameters_before_anything_runs(tmp_p
 def test_the_deployment_options_come_first_and_the_run_may_add_sizes(monkeypatch):
     options = read_beam_args(os.path.join(REPO, "infra", "beam", "dataflow.args"))
     monkeypatch.setenv(BEAM_ARGS_ENV, options)
-    argv = beam_options(RunConfig(source="gs://b/in", root="gs://b/root", beam_args=["--max_num_workers=4"]))
+    argv = beam_options(RunConfig(source="gs://bkt/in", root="gs://bkt/root", beam_args=["--max_num_workers=4"]))
     assert "--runner=DataflowRunner" in argv and argv[-1] == "--max_num_workers=4"
     assert argv[argv.index("--runner=DataflowRunner"):-1] == shlex.split(options)
     assert all(not a.startswith("#") for a in argv)

@@ -18,15 +18,17 @@ import pytest
 
 from components.common.files import read_json
 from components.contracts.layout import Root
+from tests.flows.conftest import copy_of
 from tests.waiting import free_port, listening, wait_for
 
 BIN = os.path.dirname(sys.executable)
 
 
 def test_run_passes_its_configuration_to_the_flow_and_prints_the_summary_last(pushed_run, tmp_path):
+    source, root = copy_of(pushed_run, tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     env["PREFECT_HOME"] = str(tmp_path / "prefect-home")  # its own ephemeral server and database
-    done = subprocess.run([os.path.join(BIN, "stoke"), "run", pushed_run["source"], "--root", pushed_run["root"],
+    done = subprocess.run([os.path.join(BIN, "stoke"), "run", source, "--root", root,
                            "--config", pushed_run["config_file"], "--skip-unchanged", "--no-preflight", "--run-id",
                            "from-cli", "--set", "ingest.compression=zlib", "--json"],
                           capture_output=True, text=True, env=env, timeout=300)
@@ -34,7 +36,7 @@ def test_run_passes_its_configuration_to_the_flow_and_prints_the_summary_last(pu
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["run_id"] == "from-cli" and summary["status"] == "skipped" and summary["stages"] == ["ingest"]
     assert summary["pushed_version"] is None and summary["blessed"] is False
-    run = Root(pushed_run["root"]).run("from-cli")
+    run = Root(root).run("from-cli")
     recorded = read_json(run.config)
     assert recorded["ingest"]["compression"] == "zlib" and recorded["preflight"] is None
     assert recorded["preset"] == "demo" and recorded["train"]["network"] == "small_cnn"  # from the file, resolved
@@ -61,6 +63,7 @@ def test_the_flow_refuses_a_run_id_that_leaves_runs(tmp_path):
 
 
 def test_up_serves_the_deployments_until_ctrl_c(pushed_run, tmp_path):
+    source, root = copy_of(pushed_run, tmp_path)
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     home = tmp_path / "prefect-home"
@@ -68,8 +71,8 @@ def test_up_serves_the_deployments_until_ctrl_c(pushed_run, tmp_path):
     env.update(PREFECT_HOME=str(home), PREFECT_RUNNER_POLL_FREQUENCY="1")
     secret = tmp_path / "auth"
     secret.write_text("stoke:s3cret\n")
-    up = subprocess.Popen([os.path.join(BIN, "stoke"), "up", "--source", pushed_run["source"], "--root",
-                           pushed_run["root"], "--config", pushed_run["config_file"], "--set", "train.epochs=2",
+    up = subprocess.Popen([os.path.join(BIN, "stoke"), "up", "--source", source, "--root",
+                           root, "--config", pushed_run["config_file"], "--set", "train.epochs=2",
                            "--port", str(port), "--poll-seconds", "3600", "--auth-string-file", str(secret), "--json"],
                           stdout=subprocess.PIPE, text=True, env=env)
     try:
@@ -79,8 +82,7 @@ def test_up_serves_the_deployments_until_ctrl_c(pushed_run, tmp_path):
             urllib.request.urlopen(f"{api}/deployments/name/train/nightly", timeout=5)
         assert nightly["schedules"][0]["schedule"]["cron"] == "0 2 * * *"
         parameters = nightly["parameters"]
-        assert (parameters["source"], parameters["root"], parameters["preset"]) == (
-            pushed_run["source"], pushed_run["root"], "demo")
+        assert (parameters["source"], parameters["root"], parameters["preset"]) == (source, root, "demo")
         assert parameters["skip_unchanged"] and parameters["train"]["epochs"] == 2  # --set over the file's 1
         assert parameters["train"]["steps_per_epoch"] == 4 and "network" not in parameters["train"]  # unresolved
 
@@ -95,7 +97,7 @@ def test_up_serves_the_deployments_until_ctrl_c(pushed_run, tmp_path):
         (run,) = [r for r in _post(f"{api}/flow_runs/filter", {})
                   if r["deployment_id"] == nightly["id"] and r["state_type"] != "SCHEDULED"]
         assert run["state_type"] == "COMPLETED"
-        (report,) = glob.glob(os.path.join(pushed_run["root"], "runs", f"*-{run['name']}", "report.json"))
+        (report,) = glob.glob(os.path.join(root, "runs", f"*-{run['name']}", "report.json"))
         assert json.load(open(report))["status"] == "skipped"
         recorded = json.load(open(os.path.join(os.path.dirname(report), "config.json")))
         assert (recorded["train"]["seed"], recorded["train"]["epochs"], recorded["train"]["network"]) == (7, 2, "small_cnn")
@@ -105,8 +107,8 @@ def test_up_serves_the_deployments_until_ctrl_c(pushed_run, tmp_path):
 
     assert up.returncode == 0 and "s3cret" not in out
     assert json.loads(out.strip().splitlines()[-1]) == {
-        "api_url": api, "ui_url": api[:-4], "prefect_home": str(home), "source": pushed_run["source"],
-        "root": pushed_run["root"], "deployments": ["train/nightly", "watch-bucket/poll"], "stopped": True}
+        "api_url": api, "ui_url": api[:-4], "prefect_home": str(home), "source": source,
+        "root": root, "deployments": ["train/nightly", "watch-bucket/poll"], "stopped": True}
     assert (home / "prefect.db").exists()
     assert not listening(port), "the server still listens after Ctrl-C"
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,14 +15,17 @@ from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 from prefect.events import emit_event
 from prefect.settings import PREFECT_API_URL
 
+from beam_jobs.ingest import run as ingest
+from components.common.files import read_json
 from components.common.repository import Repository
+from components.common.spans import Spans
 from components.contracts.run_config import RunConfig
 from components.contracts.secrets import without_secrets
 from flows.demo import write_digits
 from flows.deployments import ARRIVED, build_deployments
 from flows.watch_bucket import EVENT, source_resource
 from tests.credentials import PASSWORD, TOKEN, USER, shows
-from tests.flows.conftest import TINY_BEAM, TINY_MODEL
+from tests.flows.conftest import TINY_BEAM, TINY_MODEL, copy_of
 from tests.waiting import wait_for
 
 TRIGGER = "train when data arrives"
@@ -96,13 +98,17 @@ def test_with_notifications_the_watcher_reads_the_queue_and_events_name_what_ing
     assert render_user_template_sync(ARRIVED, {"event": {"payload": {"source": source, "new_files": 2}}}) == ""
 
 
-def test_an_arrival_event_runs_train_nightly_and_a_refused_model_completes(client, pushed_run, tmp_path):
-    # A copy of the served ROOT, whose source 20 new digits land in; the deployment's own default source
-    # is elsewhere: the run must take the event's.
-    source, root = str(tmp_path / "digits"), str(tmp_path / "root")
-    shutil.copytree(pushed_run["source"], source)
-    shutil.copytree(pushed_run["root"], root)
+def test_an_arrival_event_runs_train_nightly_on_a_span_never_checked_and_a_refused_model_completes(
+        client, pushed_run, tmp_path):
+    """A copy of the served ROOT, whose source 20 new digits land in; a `stoke ingest` by hand published
+    them and nothing checked them (as a run stopped before its data check leaves a span). The event's
+    run, scheduled-style (it skips when nothing is new), checks that span and trains on it too: a
+    span is never stranded for being published outside a run. The deployment's own default source is
+    elsewhere: the run must take the event's."""
+    source, root = copy_of(pushed_run, tmp_path)
     write_digits(source, limit=60)
+    assert ingest([source, "--root", root, *TINY_BEAM]) == 0  # by hand: published, never checked
+    assert {s.span for s in Spans(root).shards("train")} == {1}  # training would not read it yet
     config = {"source": "/nowhere", "root": root, "preflight": None,
               "preset": "demo", "train": TINY_MODEL, "gate": {"min_accuracy": 1.0, "max_regression": 0.0},
               "push": {"build_image": False}, "beam_args": TINY_BEAM}
@@ -127,7 +133,9 @@ def test_an_arrival_event_runs_train_nightly_and_a_refused_model_completes(clien
     report = json.load(open(report_uri))
     assert report["status"] == "refused" and not report["blessed"] and report["pushed_version"] is None
     assert any("accuracy" in reason for reason in report["reasons"])
-    assert Repository(root, "stoke").versions() == [pushed_run["state"].result()["pushed_version"]]
+    assert [check["span"] for check in report["datacheck"]["spans"]] == [2]  # checked by the run
+    assert read_json(os.path.join(os.path.dirname(report_uri), "metrics.json"))["spans"] == [1, 2]
+    assert Repository(root, "stoke").versions() == [pushed_run["summary"]["pushed_version"]]
 
 
 def _deployment_with_trigger(client):

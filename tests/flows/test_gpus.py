@@ -2,6 +2,7 @@
 one at once, and a stage program that inherits it holds it as long as it runs."""
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -10,10 +11,9 @@ import subprocess
 import sys
 import threading
 
-from components.contracts.layout import Root
 from flows.gpus import gpu_slot
 from tests.flows.conftest import TINY_BEAM
-from tests.waiting import wait_for
+from tests.waiting import first_line, wait_for
 
 BIN = os.path.dirname(sys.executable)
 HOLD = ("import logging, sys, time\nfrom flows.gpus import gpu_slot\n"
@@ -21,7 +21,7 @@ HOLD = ("import logging, sys, time\nfrom flows.gpus import gpu_slot\n"
 
 
 def taken_within(seconds: float) -> bool:
-    """Whether this process gets the slot within `seconds`."""
+    """Whether this process gets the slot within `seconds` (it polls the lock once a second)."""
     got = threading.Event()
 
     def take():
@@ -34,12 +34,12 @@ def taken_within(seconds: float) -> bool:
 def test_a_holder_killed_outright_frees_the_slot_at_once(tmp_path, monkeypatch):
     monkeypatch.setenv("STOKE_GPU_LOCK", str(tmp_path / "gpus.lock"))
     holder = subprocess.Popen([sys.executable, "-c", HOLD], stdout=subprocess.PIPE, text=True)
-    assert holder.stdout.readline().strip() == "held"
+    assert first_line(holder, "the holder to take the slot") == "held"
     assert not taken_within(2.0)  # held: the next waits
     assert json.load(open(tmp_path / "gpus.lock"))["holder"] == "holder"
     holder.kill()
     holder.wait()
-    assert taken_within(5.0)
+    assert taken_within(60.0)  # at once; the bound is for a machine busy with other work
 
 
 def test_a_program_that_inherits_the_slot_holds_it_after_its_starter_let_go(tmp_path, monkeypatch):
@@ -51,7 +51,7 @@ def test_a_program_that_inherits_the_slot_holds_it_after_its_starter_let_go(tmp_
     finally:
         child.kill()
         child.wait()
-    assert taken_within(5.0)
+    assert taken_within(60.0)
 
 
 def _trainer_of(pid: int) -> int | None:
@@ -76,19 +76,28 @@ def test_a_run_killed_during_training_leaves_the_next_one_free_to_train(digits, 
                PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="180")
     common = [os.path.join(BIN, "stoke"), "run", digits, "--root", root, "--no-preflight", "--preset", "demo",
               "--set", f"beam_args={json.dumps(TINY_BEAM)}", "--set", "train.input_probe_steps=0",
-              "--set", "train.trace_steps=none", "--set", "gate.min_accuracy=0", "--set", "push.build_image=false"]
-    first = subprocess.Popen([*common, "--run-id", "killed", "--set", "train.epochs=500"],
-                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    trainer = wait_for(lambda: _trainer_of(first.pid), "the first run to start training", 300, process=first)
-    first.kill()  # SIGKILL: no cleanup of its own
-    first.wait()
-    wait_for(lambda: not os.path.exists(f"/proc/{trainer}") or _zombie(trainer), "its trainer to stop with it", 60)
+              "--set", "train.trace_steps=none", "--set", "train.epochs=500"]
+    _kill_once_training(common, "killed", env)
+    # The next run on the same ROOT and Prefect home takes the slot: its trainer starts only inside it.
+    # That is all it has to show; what a whole run does after training, other tests show.
+    _kill_once_training(common, "next", env)
 
-    done = subprocess.run([*common, "--run-id", "next", "--set", "train.epochs=1", "--set", "train.steps_per_epoch=2",
-                           "--json"], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    summary = json.loads(done.stdout.strip().splitlines()[-1])
-    assert summary["status"] in ("pushed", "refused") and os.path.exists(Root(root).run("next").metrics)
+
+def _kill_once_training(command: list[str], run_id: str, env: dict) -> None:
+    """Starts `command` as run `run_id`, waits for its trainer, kills the run outright (SIGKILL, no
+    cleanup of its own) and waits for the trainer to stop with it."""
+    # Its own process group, so the test can end whatever the kill leaves behind (Prefect's temporary
+    # server, started by `stoke run` itself, has no way to learn that its parent died).
+    run = subprocess.Popen([*command, "--run-id", run_id], env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        trainer = wait_for(lambda: _trainer_of(run.pid), f"run {run_id} to start training", 300, process=run)
+        run.kill()
+        run.wait()
+        wait_for(lambda: not os.path.exists(f"/proc/{trainer}") or _zombie(trainer), "its trainer to stop with it", 60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(run.pid, signal.SIGKILL)
 
 
 def _zombie(pid: int) -> bool:

@@ -165,6 +165,8 @@ def test_bad_input_is_one_line_from_stoke_run_without_a_retry(name, preflight, t
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert lines[-1].startswith(f"stoke run: error: {stage}: ") and all(f in lines[-1] for f in case.says), lines[-1]
+    # Said once: not by the stage's own line, the failed check's row, the task's and the flow's states again.
+    assert sum(case.says[0] in line for line in lines) == 1, done.stderr
     assert sum(f"{stage}: -m " in line for line in lines) == 1 and "Retry" not in done.stderr  # it ran once
     if preflight:
         assert not any("ingest: -m " in line for line in lines)  # stopped before ingest
@@ -222,3 +224,15 @@ def test_stoke_run_gives_its_temporary_server_longer_than_prefects_default():
     assert startup_timeout(Settings()) == EPHEMERAL_START_SECONDS >= 6 * prefects
     with temporary_settings(updates={PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 600}):  # a user's own wins
         assert startup_timeout(get_current_settings()) == 600
+
+
+def test_a_failed_runs_last_lines_say_its_cause_once():
+    """Without --json, `stoke run` ends with the error line, then the run and its report: the report's
+    message ("The run failed: " and the error) is not said again."""
+    from flows.commands import _describe
+
+    failed = {"run_id": "r", "status": "failed", "message": "The run failed: ingest failed (exit code 1): no images",
+              "report_md": "/root/runs/r/report.md"}
+    assert _describe(failed) == "r: failed\nreport: /root/runs/r/report.md"
+    pushed = {**failed, "status": "pushed", "message": "Blessed and pushed as version 3."}
+    assert _describe(pushed) == "r: pushed: Blessed and pushed as version 3.\nreport: /root/runs/r/report.md"

@@ -6,6 +6,7 @@ import pickle
 
 import pytest
 
+import components.train  # noqa: F401  (as many test modules do when collected: it sets TF_USE_LEGACY_KERAS)
 from components.contracts.summaries import Progress
 from flows.programs import StageError, run_stage
 from tests.waiting import wait_for
@@ -108,3 +109,41 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_the_programs_own_error_line_is_said_once_by_the_failure(logger, tmp_path):
+    """The program's `stoke NAME: error: ...` line is the StageError's reason, which `stoke run` prints as its
+    last line: the run log keeps the line at DEBUG, not once more among the stage's output. Its other own
+    lines are output like any other."""
+    log, lines = logger
+    with pytest.raises(StageError) as raised:
+        run_stage("fake", PROGRAM, ["own-error", str(tmp_path / "pid")], timeout=60, logger=log)
+    assert raised.value.line == "fake: the source is empty"
+    shown = [message for level, message in lines.records if level >= logging.INFO]
+    assert "fake: stoke fake: checked 2 shards" in shown and "fake: Epoch 2/2" in shown
+    assert not [message for message in shown if "the source is empty" in message], shown
+    assert (logging.DEBUG, "fake: stoke fake: error: the source is empty") in lines.records
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_tensorflows_start_up_log_is_for_stoke_debug(logger, tmp_path, monkeypatch, debug):
+    """What TensorFlow's runtime says as it starts (no CUDA driver, oneDNN...) is not a line of the run;
+    STOKE_DEBUG=1 shows it."""
+    import re
+
+    log, lines = logger
+    monkeypatch.delenv("STOKE_DEBUG", raising=False)
+    if debug:
+        monkeypatch.setenv("STOKE_DEBUG", "1")
+    run_stage("fake", PROGRAM, ["tensorflow", str(tmp_path / "pid")], timeout=300, logger=log)
+    shown = [message for level, message in lines.records if level >= logging.INFO]
+    runtime = [message for message in shown if re.match(r"fake: ([IWEF]\d{4} |WARNING: All log messages)", message)]
+    assert bool(runtime) == debug, shown
+
+
+def test_a_stage_program_gets_no_keras_setting_from_a_test_that_imported_training(logger, tmp_path):
+    """Importing components.train sets TF_USE_LEGACY_KERAS in the importing process (for the trainer's own
+    TensorFlow); in the test process, where many test modules import it, it must not reach the programs
+    other tests start, as it never reaches them from `stoke run`."""
+    summary = run_stage("fake", PROGRAM, ["tensorflow", str(tmp_path / "pid")], timeout=300, logger=logger[0])
+    assert summary == {"legacy_keras": None}

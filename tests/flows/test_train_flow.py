@@ -17,15 +17,14 @@ from components.contracts.results import TrainMetrics
 from components.contracts.run_config import Timeouts
 from components.contracts.stages import STAGES
 from flows.pipeline import GPU_TAG, finished_training, pipeline
-from tests.flows.conftest import TINY_BEAM
+from tests.flows.conftest import TINY_BEAM, copy_of
 
 SAMPLES = pathlib.Path(__file__).parents[1] / "components" / "contracts" / "samples"
 
 
 def test_end_to_end_a_blessed_model_is_pushed_and_reported(pushed_run):
-    state = pushed_run["state"]
-    assert state.is_completed(), state.message
-    summary = state.result()
+    assert pushed_run["completed"], pushed_run["message"]
+    summary = pushed_run["summary"]
     run = Root(pushed_run["root"]).run("first")
     version = summary["pushed_version"]
     assert summary["status"] == "pushed" and summary["blessed"] and version
@@ -51,31 +50,28 @@ def test_end_to_end_a_blessed_model_is_pushed_and_reported(pushed_run):
 
 
 def test_training_holds_the_gpu_limit_and_the_run_leaves_artifacts(pushed_run):
-    flow_run_id = pushed_run["state"].state_details.flow_run_id
-    with get_client(sync_client=True) as client:
-        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-        artifacts = client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-    tags = {task.name.rsplit("-", 1)[0]: set(task.tags) for task in tasks}
+    tags, artifacts = pushed_run["task_tags"], pushed_run["artifacts"]  # as the Prefect API had them
     assert GPU_TAG in tags["train"] and GPU_TAG in tags["gate"] and GPU_TAG not in tags["ingest"]
-    report = [a for a in artifacts if a.key == "report-first"]
-    assert report and "## Push" in report[0].data and "data:image/png;base64," in report[0].data
-    progress = [a for a in artifacts if a.type == "progress"]
-    assert len(progress) == 2 and all(a.data == 100.0 for a in progress)  # ingest and train
+    report = [a for a in artifacts if a["key"] == "report-first"]
+    assert report and "## Push" in report[0]["data"] and "data:image/png;base64," in report[0]["data"]
+    progress = [a for a in artifacts if a["type"] == "progress"]
+    assert len(progress) == 2 and all(a["data"] == 100.0 for a in progress)  # ingest and train
 
 
-def test_nothing_new_with_a_served_model_ends_early_without_training(pushed_run):
-    state = pipeline(source=pushed_run["source"], root=pushed_run["root"], preflight=None, beam_args=TINY_BEAM,
+def test_nothing_new_with_a_served_model_ends_early_without_training(pushed_run, tmp_path):
+    source, root = copy_of(pushed_run, tmp_path)
+    state = pipeline(source=source, root=root, preflight=None, beam_args=TINY_BEAM,
                      skip_unchanged=True, run_id="nothing-new", return_state=True)
     assert state.is_completed(), state.message
     summary = state.result()
     assert summary["status"] == "skipped" and "already served" in summary["message"]
-    run = Root(pushed_run["root"]).run("nothing-new")
+    run = Root(root).run("nothing-new")
     assert [s.name for s in STAGES if os.path.exists(run.result(s.name))] == ["ingest"]
     assert not os.path.exists(run.metrics)
-    assert Repository(pushed_run["root"], "stoke").versions() == [pushed_run["state"].result()["pushed_version"]]
+    assert Repository(root, "stoke").versions() == [pushed_run["summary"]["pushed_version"]]
     # It ended by applying the retention rule to ROOT/runs: the served model's run stays whole.
     assert summary["run_folders"].startswith("Run folders: ") and read_json(run.retention)["error"] is None
-    assert os.path.exists(Root(pushed_run["root"]).run("first").candidate)
+    assert os.path.exists(Root(root).run("first").candidate)
 
 
 def test_a_failed_preflight_check_stops_the_run_before_ingest(digits, tmp_path):

@@ -15,8 +15,8 @@ from flows.pipeline import pipeline
 from tests.flows.conftest import TINY_BEAM, TINY_MODEL
 
 
-def _run(bucket: str, cache: str, run_id: str):
-    return pipeline(source=f"s3://{bucket}/incoming", root=f"s3://{bucket}/stoke", preflight=PreflightConfig(sample_mb=1),
+def _run(bucket: str, cache: str, run_id: str, preflight: PreflightConfig | None):
+    return pipeline(source=f"s3://{bucket}/incoming", root=f"s3://{bucket}/stoke", preflight=preflight,
                     preset="demo", train=TrainConfig(**TINY_MODEL), beam_args=TINY_BEAM,
                     gate=GateConfig(min_accuracy=0.0, max_regression=1.0), push=PushConfig(build_image=False),
                     shard_cache=ShardCacheConfig(dir=cache), run_id=run_id, return_state=True)
@@ -24,14 +24,15 @@ def _run(bucket: str, cache: str, run_id: str):
 
 @pytest.fixture(scope="session")
 def bucket_runs(s3_endpoint, tmp_path_factory):
-    """Two runs of the flow on one bucket: 40 digits, then 20 more (a second span)."""
+    """Two runs of the flow on one bucket: 40 digits, checked by preflight first, then 20 more (a second
+    span; its run skips the checks, which the first showed on a bucket)."""
     bucket = "stoke-flow"
     boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=bucket)
     cache = str(tmp_path_factory.mktemp("shard-cache"))
     write_digits(f"s3://{bucket}/incoming", limit=40)
-    first = _run(bucket, cache, "first")
+    first = _run(bucket, cache, "first", PreflightConfig(sample_mb=1))
     write_digits(f"s3://{bucket}/incoming", limit=60)
-    second = _run(bucket, cache, "second")
+    second = _run(bucket, cache, "second", None)
     return {"bucket": bucket, "root": f"s3://{bucket}/stoke", "first": first, "second": second}
 
 

@@ -142,7 +142,7 @@ def test_deploy_registers_both_deployments_to_the_pool(prefect_api, template, tm
 
 def test_stoke_deploy_without_the_setting_says_what_to_set(monkeypatch, capsys):
     monkeypatch.delenv("STOKE_WORK_POOL", raising=False)
-    assert work_pools.main(["--source", "s3://b/in", "--root", "/r"]) == 1
+    assert work_pools.main(["--source", "s3://photos/in", "--root", "/r"]) == 1
     assert "set STOKE_WORK_POOL to one of process, docker, kubernetes" in capsys.readouterr().err
 
 

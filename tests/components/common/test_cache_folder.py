@@ -17,7 +17,8 @@ from components.common.shard_cache import CacheError, ShardCache
 from components.common.spans import Spans
 from tests.components.common.cache_holder import shards_json
 from tests.components.conftest import TRAIN_LABELS, tiny_records, write_span
-from tests.waiting import wait_for
+from tests.hints import assert_runnable
+from tests.waiting import first_line, wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -38,7 +39,7 @@ def _holder(folder, max_gb, shards, *extra) -> subprocess.Popen:
 
 
 def _staged(holder: subprocess.Popen) -> None:
-    line = holder.stdout.readline().strip()
+    line = first_line(holder, "the other run to stage its copies")
     assert line == "staged", line + holder.stderr.read()
 
 
@@ -63,6 +64,11 @@ def _files(folder) -> set[str]:
 
 
 # ---------------------------------------------------------------- whose folder
+
+
+def test_the_tests_keep_the_cache_in_their_own_temporary_folder(tmp_path_factory):
+    folder = cache_folder.default_folder()
+    assert folder.startswith(str(tmp_path_factory.getbasetemp()) + os.sep), folder
 
 
 def test_the_default_folder_is_the_users_own(monkeypatch, tmp_path):
@@ -118,6 +124,7 @@ def test_a_folder_others_could_write_or_swap_is_refused_in_one_line(shards, tmp_
     with pytest.raises(CacheError) as refused:
         ShardCache(str(folder), max_gb=1).stage(shards)
     assert "\n" not in str(refused.value) and "--shard-cache-dir" in str(refused.value)
+    assert_runnable(str(refused.value))
     assert _files(tmp_path) == before and not os.listdir(target)  # nothing written, through the link neither
 
 
@@ -179,7 +186,7 @@ def test_a_live_pin_that_cannot_be_read_pins_everything(shards, tmp_path):
         "os.write(fd, b'{not json')\nfcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\nsys.stdin.read()")],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        assert holder.stdout.readline().strip() == "held"
+        assert first_line(holder, "the holder to lock its pin") == "held"
         with pytest.raises(CacheError, match="running processes read"):
             ShardCache(str(tmp_path), max_gb=one).stage([b])
         assert os.path.exists(cache.path(a))

@@ -12,6 +12,7 @@ from components.common import tf_files
 from components.common.shard_cache import CacheError, ShardCache, shards_of_worker
 from components.common.spans import Spans
 from tests.components.conftest import TRAIN_LABELS, tiny_records, write_span
+from tests.hints import assert_runnable
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +34,9 @@ def test_the_least_recently_used_copies_are_evicted_under_the_cap(shards, tmp_pa
     assert staged.fetched == 1 and staged.to_json()["mb_per_sec"] > 0
     assert os.path.exists(cache.path(a)) and not os.path.exists(cache.path(b)) and os.path.exists(cache.path(c))
     assert cache.needs(shards) == b.bytes
-    with pytest.raises(CacheError, match="--shard-cache-max-gb"):
+    with pytest.raises(CacheError, match="--shard-cache-max-gb") as refused:
         cache.stage(shards)  # all three never fit
+    assert_runnable(str(refused.value))
 
 
 def test_copies_are_reused_and_a_copy_damaged_in_place_is_fetched_again(shards, tmp_path):

@@ -104,3 +104,21 @@ def test_the_endpoint_a_line_names_shows_no_password(monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://minio:s3cret@127.0.0.1:9000")
     found = problem(_translated("NoSuchBucket", 404), SOURCE)
     assert "s3cret" not in str(found) and "AWS_ENDPOINT_URL (now http://minio:***@127.0.0.1:9000)" in found.fix
+
+
+def test_one_files_refusal_is_its_dead_letter_and_what_no_file_would_pass_is_not():
+    """`refused`: the reason one file is a dead letter, or None for what fails the run (credentials no file
+    would pass, a store busy or away), as an S3 or GCS answer reaches ingest's listing and reads."""
+    from botocore.exceptions import NoCredentialsError
+    from gcsfs.retry import HttpError
+
+    uri = "gs://photos/cat/a.jpg"
+    assert store_errors.refused(_translated("AccessDenied", 403), uri) == "access denied (AccessDenied: the store's words)"
+    assert store_errors.refused(HttpError({"code": 403, "message": "no storage.objects.get"}), uri) == (
+        "access denied (no storage.objects.get, 403)")
+    assert store_errors.refused(_translated("NoSuchBucket", 404), uri) == "not found: there is no bucket photos"
+    assert store_errors.refused(FileNotFoundError(uri), uri) == "not found"
+    for run_wide in (NoCredentialsError(), _translated("InvalidAccessKeyId", 403), _translated("ExpiredToken", 400),
+                     HttpError({"code": 401, "message": "Anonymous caller"}), _translated("SlowDown", 503),
+                     HttpError({"code": 503, "message": "busy"}), OSError(errno.ECONNRESET, "reset")):
+        assert store_errors.refused(run_wide, uri) is None, run_wide

@@ -208,7 +208,7 @@ def test_the_stage_programs_and_the_flow_refuse_them_alike(tmp_path, capsys, pre
 def test_the_roots_and_sources_it_takes(tmp_path):
     for root in (str(tmp_path), "relative/root", f"file://{tmp_path}", "s3://bucket/root", "gs://bucket/root"):
         assert RunConfig(source=str(tmp_path), root=root).root == root
-    for source in ("http://127.0.0.1:9/m.csv", "https://example.com/photos/", "s3://b/photos", "gs://b/m.csv"):
+    for source in ("http://127.0.0.1:9/m.csv", "https://example.com/photos/", "s3://photos-bucket/photos", "gs://b_1/m.csv"):
         assert RunConfig(source=source, root=str(tmp_path)).source == source
 
 

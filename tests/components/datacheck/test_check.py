@@ -8,7 +8,7 @@ import pytest
 
 from beam_jobs.statistics import statistics
 from components.contracts.config import DataCheckConfig
-from components.contracts.results import Anomaly, LabelConflict
+from components.contracts.results import Anomaly, LabelConflict, SamePicture
 from components.contracts.summaries import DataAnomaly, DataCheckRecord
 from components.datacheck.check import decide, profile
 from components.datacheck.mix import log10_absence, released_gone
@@ -183,14 +183,28 @@ def test_label_conflicts_from_the_manifest_are_errors_with_their_examples():
     assert "s/dog/x.png" in error.message
 
 
+@pytest.mark.parametrize("count, total, expected", [(1, 1, []), (20, 100, []), (21, 100, ["same_image_flood"]),
+                                                     (2, 3, ["same_image_flood"])])
+def test_more_than_the_share_of_files_ingest_judged_one_picture_is_a_flood(count, total, expected):
+    found = SamePicture(count=count, total=total, examples=[f"s/a/{i}.png" for i in range(min(count, 5))])
+    alike = {"ff00ff00ff00ff00": [f"s/a/{i}.png" for i in range(100)]}  # one dHash: not what decides any more
+    verdict = decide(1, stats({"a": 100}), {}, CONFIG, classes=["a"], same_picture=found, dhashes=alike)
+    assert kinds(verdict, "error") == expected
+    if expected:
+        (flood,) = verdict.errors
+        assert flood.count == count and flood.examples == found.examples
+        assert flood.message.startswith(f"{count} of the span's {total} files (") and "one picture" in flood.message
+
+
 @pytest.mark.parametrize("same, expected", [(1, []), (20, []), (21, ["same_image_flood"])])
-def test_more_than_the_share_of_records_under_one_dhash_is_a_flood(same, expected):
+def test_a_span_published_before_ingest_judged_pictures_is_judged_by_its_most_shared_dhash(same, expected):
     hashes = {"ff00ff00ff00ff00": [f"s/a/{i}.png" for i in range(same)]}
     hashes.update({f"{i:016x}": [f"s/b/{i}.png"] for i in range(100 - same)})  # 100 records, same of them alike
     verdict = decide(1, stats({"a": 100}), {}, CONFIG, classes=["a"], dhashes=hashes)
     assert kinds(verdict, "error") == expected
     if expected:
         assert verdict.errors[0].count == 21 and len(verdict.errors[0].examples) == 5
+        assert "published before ingest told distinct frames alike at 9x8 apart" in verdict.errors[0].message
 
 
 def test_a_single_record_is_no_flood():

@@ -142,6 +142,7 @@ def test_a_served_version_that_cannot_be_loaded_is_one_line_without_beams_traceb
     with its traceback. The gate's stderr, which a run's log shows, holds its own line naming the
     version; Beam's log is for STOKE_DEBUG=1."""
     import re
+    import shlex
     import subprocess
     import sys
 
@@ -162,4 +163,6 @@ def test_a_served_version_that_cannot_be_loaded_is_one_line_without_beams_traceb
     assert result.returncode == 1 and len(lines) == 1, result.stderr[-3000:]
     assert lines[0].startswith(f"stoke gate: error: the served version {served} ({repo.version_uri(served)}) cannot "
                                "be loaded (IndexError: Read less bytes than requested); restore it"), lines
+    # The fix is a command the user can run as printed: rollback needs the ROOT and takes out the newest version.
+    assert f"(`stoke rollback --root {shlex.quote(root)} --model-name stoke`), then gate again" in lines[0], lines
     assert os.path.getsize(weights) == 100 and repo.versions()[-1] == served  # the gate changes nothing there

@@ -18,6 +18,7 @@ from components.contracts.results import SpanManifest
 from components.preflight import disks, gpus, limits, preflight, storage
 from flows import cli
 from tests.components import fake_nvml
+from tests.hints import assert_runnable
 
 FIXTURES = Path(__file__).parent / "fixtures" / "smartctl"
 
@@ -375,6 +376,7 @@ def test_the_shard_cache_check_looks_where_training_would_and_fails_a_folder_it_
     (tmp_path / "link").symlink_to(shared)
     check = storage.shard_cache("s3://no-such-bucket/root", [], str(tmp_path / "link"), 1.0)
     assert check.status == "fail" and "symbolic link" in check.summary and "--shard-cache-dir" in check.fix
+    assert_runnable(check.fix)
 
 
 def test_free_space_against_the_next_span(tmp_path):

@@ -154,6 +154,26 @@ def test_two_pushes_at_once_take_turns(trained_runs, tmp_path):
     assert not [n for n in os.listdir(pushed[0]["model_uri"]) if n.isdigit() or n.startswith(".push-")]
 
 
+def test_a_push_reads_the_trained_tensorflow_without_loading_tensorflow(trained_runs, tmp_path):
+    """The version TensorFlow's own SavedModel class reads, from a push that never imports TensorFlow
+    (the stage's lightest part would cost seconds of CPU loading it)."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    root = copy_root(trained_runs, tmp_path)
+    shutil.rmtree(os.path.join(root, "models", "stoke", str(trained_runs["push"]["mixed"][1]["version"])))
+    os.remove(os.path.join(root, "runs", "mixed", "pushed.json"))
+    code = ("import json, sys; from components.push import push; code = push.run(sys.argv[1:]); "
+            "print(json.dumps([code, [m for m in ('tensorflow', 'keras') if m in sys.modules]]))")
+    done = subprocess.run([sys.executable, "-c", code, "--root", root, "--run-id", "mixed", "--json"],
+                          capture_output=True, text=True, timeout=120)
+    *_, summary, outcome = done.stdout.strip().splitlines()
+    assert json.loads(outcome) == [0, []], done.stderr[-2000:]
+    written = saved_model_pb2.SavedModel()
+    written.ParseFromString(open(os.path.join(root, "runs", "mixed", "candidate", "saved_model.pb"), "rb").read())
+    assert json.loads(summary)["trained_tensorflow"] == written.meta_graphs[0].meta_info_def.tensorflow_version
+    assert written.meta_graphs[0].meta_info_def.tensorflow_version.startswith("2.")
+
+
 def test_a_push_stopped_before_recording_it_is_not_repeated(trained_runs, tmp_path):
     """Killed after the version appeared and before pushed.json: a retry, or a new validation and
     push, finds the version by its lineage instead of refusing or pushing the run a second time."""

@@ -9,11 +9,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
 from components.common.repository import Repository, RepositoryError
+from tests.waiting import first_line, wait_for
 
 _REMOVALS: list = []  # the audit hook below is installed once per process and records only when a test asks
 
@@ -73,6 +73,7 @@ RACER = textwrap.dedent("""
     from components.common.repository import Repository, RepositoryError
     root, go, action, extra, hold, ttl = sys.argv[1:7]
     repo = Repository(root, "stoke")
+    open(f"{go}.ready-{os.getpid()}", "w").close()  # imported: polling from here on
     while not os.path.exists(go):
         time.sleep(0.001)
     try:
@@ -103,7 +104,7 @@ def start(tmp_path, root: str, action: str, extra: str = "", hold: float = 1.5, 
 
 def race(tmp_path, root: str, action: str, extra: str = "") -> list[tuple[int, str]]:
     racers = [start(tmp_path, root, action, extra) for _ in range(2)]
-    time.sleep(1.0)  # both imported and polling
+    wait_for(lambda: all((tmp_path / f"go.ready-{p.pid}").exists() for p in racers), "both racers to poll", 120)
     (tmp_path / "go").write_text("go")
     outputs = [p.communicate(timeout=120)[0] for p in racers]
     return sorted((p.returncode, out) for p, out in zip(racers, outputs))
@@ -127,7 +128,7 @@ def test_local_lock_names_its_holder_and_dies_with_it(tmp_path):
     root = str(tmp_path / "root")
     (tmp_path / "go").write_text("go")
     holder = start(tmp_path, root, "push", ".push-200", hold=60)  # a live push with its temp folder
-    assert holder.stdout.readline().strip() == "held"
+    assert first_line(holder, "the holder to take the lock") == "held"
     repo = Repository(root, "stoke")
     try:
         with pytest.raises(RepositoryError, match=rf"^rollback of stoke: push \(pid {holder.pid} on [^)]+\) holds "
@@ -152,7 +153,7 @@ def test_rollback_waits_for_a_live_push_and_spares_its_temp_folder(tmp_path, mon
         repo.publish(source, version, {"assets.extra/stoke_lineage.json": lineage_bytes(version)})
     (tmp_path / "go").write_text("go")
     holder = start(tmp_path, root, "push", ".push-200", hold=60)
-    assert holder.stdout.readline().strip() == "held"
+    assert first_line(holder, "the holder to take the lock") == "held"
     monkeypatch.setenv("STOKE_LOCK_WAIT_SECONDS", "0.5")
     try:
         with pytest.raises(RepositoryError, match=r"push \(pid .*waited 0\.5 s"):
@@ -191,7 +192,7 @@ def test_bucket_lease_of_a_live_holder_is_named_and_a_killed_ones_taken_over(s3_
     (tmp_path / "go").write_text("go")
     holder = start(tmp_path, root, "push", hold=60, ttl=2)
     try:
-        assert holder.stdout.readline().strip() == "held"
+        assert first_line(holder, "the holder to take the lock") == "held"
         repo = Repository(root, "stoke")
         with pytest.raises(RepositoryError, match=rf"^rollback of stoke: push \(pid {holder.pid} on [^)]+\) holds "
                                                   rf"{root}/models/stoke/\.lock, renewed \d+ s ago; it lapses 2 s "
@@ -218,7 +219,7 @@ def test_bucket_push_that_lost_its_lease_publishes_nothing(s3_bucket, tmp_path):
     (tmp_path / "go").write_text("go")
     frozen = start(tmp_path, root, "push-then-publish", source, ttl=1)
     try:
-        assert frozen.stdout.readline().strip() == "held"
+        assert first_line(frozen, "the push to take the lock") == "held"
         os.kill(frozen.pid, signal.SIGSTOP)
         repo = Repository(root, "stoke")
         with repo.lock("push", wait=30):  # taken over once the frozen holder's lease lapsed

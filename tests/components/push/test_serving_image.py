@@ -50,6 +50,29 @@ def test_build_context_is_self_contained(trained_runs):
     assert commands["docker_run"].startswith("docker run --rm -p 8500:8500 -p 8501:8501 stoke-serving-stoke:")
 
 
+def test_the_trained_tensorflow_is_read_from_either_form_of_a_saved_model(trained_runs, tmp_path):
+    """TF Serving loads saved_model.pb or saved_model.pbtxt: push reads the TensorFlow that wrote either
+    (through a view of three fields, skipping the rest of each form), and names one it cannot read."""
+    import shutil
+
+    import tensorflow as tf
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    version = trained_runs["push"]["good"][1]["version"]
+    binary = os.path.join(trained_runs["root"], "models", "stoke", str(version))
+    assert serving.saved_model_tf_version(binary) == tf.__version__
+    text = str(tmp_path / "text")
+    shutil.copytree(binary, text)
+    proto = saved_model_pb2.SavedModel()
+    proto.ParseFromString(open(os.path.join(text, "saved_model.pb"), "rb").read())
+    os.remove(os.path.join(text, "saved_model.pb"))
+    open(os.path.join(text, "saved_model.pbtxt"), "w").write(text_format.MessageToString(proto))
+    assert serving.saved_model_tf_version(text) == tf.__version__
+    open(os.path.join(text, "saved_model.pbtxt"), "w").write("meta_graphs { meta_info_def {")
+    with pytest.raises(serving.ServingError, match=r"^\S+/text holds no SavedModel TensorFlow can read \("):
+        serving.saved_model_tf_version(text)
+
+
 def test_server_never_older_than_the_training_tensorflow():
     serving.check_server_version("2.21.0", "2.21.0")
     serving.check_server_version("2.20.1", "2.21.0")

@@ -30,7 +30,9 @@ def test_the_report_shows_the_difference_with_its_interval(tmp_path):
     assert ("Candidate minus served version 1796136026 on 175 eval records: -0.023 (95% interval -0.059 to +0.004; "
             "McNemar's exact p = 0.12; 0 records only the candidate got right, 4 only the served version). "
             "Allowed regression 0.01: a drop beyond the allowance, but within noise.") in markdown
-    assert "This eval set detects drops of about 0.044 with 80% power; decided on the interval" in markdown
+    assert ("This eval set detects drops of about 0.044 with 80% power; decided on the interval (gate.decision: "
+            "evidence)") in markdown
+    assert "--decision" not in markdown  # a setting of the run, named as its config says it: no flag `stoke run` lacks
     assert "![paired difference](comparison.png)" in markdown
     assert open(run.comparison_plot, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     assert written["summary"]["gate"]["comparison"]["interval"] == [-0.0586, 0.0044]

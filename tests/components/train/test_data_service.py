@@ -192,7 +192,7 @@ def test_cache_and_the_service_are_refused_together(service, small_spans_root, c
     from components.train import trainer
 
     assert trainer.run(["--root", small_spans_root, "--data-service", service["address"], "--image-cache", "memory"]) == 1
-    assert "--image-cache and --data-service do not go together" in capfd.readouterr().err
+    assert "train.image_cache and train.data_service do not go together" in capfd.readouterr().err
 
 
 def test_servers_serve_only_where_told(service, capfd):

@@ -19,13 +19,15 @@ def _sampler_threads():
 
 def test_without_a_gpu_the_sampler_says_so_and_records_nothing(caplog):
     # This machine has no NVIDIA driver: the real nvidia-ml-py fails to load NVML.
-    with caplog.at_level(logging.WARNING, logger="components.train.gpu_sampler"):
+    with caplog.at_level(logging.INFO, logger="components.train.gpu_sampler"):
         with GpuSampler(interval=0.01) as gpus:
             time.sleep(0.05)
     assert not gpus.available
     assert gpus.samples == []
     assert "NVML" in gpus.reason
-    assert "recording nothing" in caplog.text
+    # Nothing to watch on a machine without a GPU, which preflight's GPU check has already said: not a warning.
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.INFO, f"GPU sampler: {gpus.reason}; recording nothing")]
     assert not _sampler_threads()
     result = json.loads(json.dumps(gpus.to_dict()))
     assert result["available"] is False and result["samples"] == [] and result["summary"] == []
@@ -95,3 +97,14 @@ def test_nvml_session_reports_why(monkeypatch, missing):
     with nvml_session() as (nvml, reason):
         assert nvml is None
         assert ("not installed" in reason) if missing else ("NVML unavailable" in reason)
+
+
+def test_a_gpu_tensorflow_trains_on_that_nvml_cannot_watch_is_a_warning(caplog, monkeypatch):
+    from components.train import gpu_sampler
+
+    monkeypatch.setattr(gpu_sampler, "tensorflow_gpus", lambda: 1)
+    with caplog.at_level(logging.INFO, logger="components.train.gpu_sampler"):
+        with GpuSampler(interval=0.01) as gpus:
+            pass
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.WARNING, f"GPU sampler: {gpus.reason}; recording nothing")]

@@ -25,6 +25,7 @@ from components.train import recipe
 from components.train import trainer as train
 from tests.components.conftest import TRAIN_LABELS, let_in, tiny_image, tiny_records, write_span
 from tests.components.train.test_input_pipeline import corrupt_record
+from tests.hints import assert_runnable
 from tests.waiting import free_ports
 
 TINY = ["--network", "small_cnn", "--weights", "none", "--image-size", "32", "--batch-size", "8", "--input-probe-steps", "2",
@@ -161,7 +162,21 @@ def test_a_larger_image_size_than_the_spans_hold_is_warned_about(tmp_path, capsy
     write_json(Root(root).manifest(1), manifest.model_copy(update={"max_side": 24}).to_json())
     let_in(root, 1)  # the check judges the manifest as ingest wrote it
     assert train.run(["--root", root, *TINY, "--run-id", "upsampled", "--epochs", "1", "--input-probe-steps", "0"]) == 0
-    assert "--image-size 32 is larger than the spans hold (ingested with --max-side 24)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "train.image_size 32 is larger than the spans hold (ingested with ingest.max_side 24)" in err
+    assert "`--set ingest.max_side=512` (by hand: `stoke ingest --max-side 512`)" in err
+    assert_runnable(err)
+
+
+def test_a_batch_larger_than_the_split_names_one_that_fits(tmp_path, capsys):
+    root = str(tmp_path / "root")
+    write_span(root, 1, {"train": tiny_records(8)}, TRAIN_LABELS, {"train": 1})
+    let_in(root, 1)
+    argv = ["--root", root, *TINY, "--batch-size", "16", "--run-id", "big-batch", "--epochs", "1", "--json"]
+    assert train.run(argv) == 1
+    error = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
+    assert "lower the batch size, e.g. `--set train.batch_size=8` (by hand: `stoke train --batch-size 8`)" in error
+    assert_runnable(error)
 
 
 def test_summary_is_the_last_line_and_a_finished_run_is_not_redone(float32_run, small_spans_root, capsys):
@@ -257,7 +272,9 @@ def test_corrupt_shard_stops_training_naming_the_shard(train_corrupt_root, capsy
     out, err = capsys.readouterr()
     assert code == 1
     assert "corrupt shard" in err and "train-00002-of-00003.tfrecord.gz" in err
-    assert "--skip-corrupt" in json.loads(out.strip().splitlines()[-1])["error"]
+    error = json.loads(out.strip().splitlines()[-1])["error"]
+    assert "`--set train.skip_corrupt=true` (by hand: `stoke train --skip-corrupt`)" in error
+    assert_runnable(error)
 
 
 def test_skip_corrupt_trains_on_the_rest_and_counts_it(train_corrupt_root, capsys):
