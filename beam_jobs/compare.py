@@ -23,6 +23,7 @@ from itertools import groupby
 from beam_jobs.source_index import BrokenIndex, exists_for, identity, read_source_index, rebuild
 from beam_jobs.sources import Source
 from beam_jobs.spill import SortedLines, read_lines
+from components.common.spans import Spans
 from components.contracts.layout import Root
 
 FAN_IN = 128  # span indexes open at once: well below any limit on open files
@@ -40,7 +41,7 @@ def compare(listed: Iterable[tuple[Source, str | None]], root: Root) -> Comparis
     spans included: their files are published too."""
     with SortedLines(_line(source, reason) for source, reason in listed) as lines, \
             tempfile.TemporaryDirectory(prefix="stoke-index-") as workdir:
-        indexes = {number: root.source_index(number) for number in root.published()}
+        indexes = {number: root.source_index(number) for number in Spans(root).published()}
         for number in [n for n in indexes if not exists_for(root, n)]:
             indexes[number] = rebuild(root, number, workdir)
         rebuilt: set[int] = set()

@@ -4,7 +4,8 @@ never removed. A span folder whose manifest names another number (copied in, or 
 backup under another name) stops ingest with what to do, since readers would count it twice."""
 from __future__ import annotations
 
-from components.common.files import filesystem, join
+from components.common.files import filesystem, join, read_result
+from components.common.spans import Spans
 from components.contracts.layout import MANIFEST, Root, span_name
 from components.contracts.results import SpanManifest
 
@@ -26,11 +27,11 @@ def remove_debris(root: Root) -> list[str]:
     if not fs.isdir(spans):
         return []
     debris = []
-    for number in root.span_numbers():
+    for number in Spans(root).span_numbers():
         if not _published(root.span(number)):
             debris.append(root.span(number))
             continue
-        written = SpanManifest.read(root.manifest(number)).span
+        written = read_result(root.manifest(number), SpanManifest).span
         if written != number:
             raise MisplacedSpan(
                 f"{root.span(number)} holds the manifest of span {written}: move it back to {span_name(written)} "

@@ -33,6 +33,7 @@ from beam_jobs.quality import Rules, settle_odd_sizes
 from beam_jobs.shards import rearrange
 from components.common.content_index import parse
 from components.common.files import join, read_json
+from components.common.spans import Spans
 from components.common.trusted_index import verified
 from components.contracts.layout import Root
 from components.contracts.results import LabelConflict, SamePicture
@@ -55,7 +56,7 @@ def find(signatures: list[dict], root: Root) -> Findings:
     """Sorts the arrival's signatures into kept and dropped, against every published span of ROOT."""
     ordered = sorted(signatures, key=lambda s: (s["sha256"], s["uri"]))
     hashes = sorted({s["sha256"] for s in ordered})
-    return verified(root, lambda lines: _find(ordered, hashes, root.published(), lines))
+    return verified(root, lambda lines: _find(ordered, hashes, Spans(root).published(), lines))
 
 
 def _find(ordered: list[dict], hashes: list[str], numbers: list[int], lines) -> Findings:

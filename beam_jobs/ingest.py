@@ -41,13 +41,14 @@ from beam_jobs.source_index import identity, write_source_index
 from beam_jobs.sources import Source, each_listed, list_named
 from beam_jobs.statistics import label_conflicts, write_statistics
 from beam_jobs.unchanged import without_unchanged
-from components.common import clock
+from components.common import clock, program
 from components.common.content_index import write_index
 from components.common.files import NotASmallFile, exists, filesystem, join, read_json, read_small, write_json, write_text
 from components.common.lease import LeaseError, LeaseHeld, exclusive
 from components.common.source_files import no_images
+from components.common.spans import Spans
 from components.common.store_errors import naming
-from components.contracts import program, schema
+from components.contracts import schema
 from components.contracts.layout import Root, shard_name
 from components.contracts.results import ResultError, SpanManifest
 from components.contracts.run_config import IngestSettings
@@ -95,7 +96,7 @@ def _waiting(root: Root, held: LeaseHeld, minutes: float) -> None:
 
 def _ingest(config: IngestSettings, pipeline_args: list[str], root: Root, started: float, lease,
             progress: Callable[[Progress], None]) -> IngestSummary:
-    number = max(root.span_numbers(), default=0) + 1  # counted before debris goes: never reuse a name
+    number = max(Spans(root).span_numbers(), default=0) + 1  # counted before debris goes: never reuse a name
     try:
         removed = remove_debris(root)
     except MisplacedSpan as error:
@@ -200,8 +201,8 @@ def extended_labels(root: Root, fresh: list[Source]) -> list[str]:
 
     Known means labels.json and every published manifest's list together, so a lost or stale
     labels.json cannot hand out an id twice; lists that give one id two names stop the job."""
-    labels, origin = root.read_labels(), root.labels
-    for manifest in root.each_manifest(checked=False, sources=False):
+    labels, origin = Spans(root).read_labels(), root.labels
+    for manifest in Spans(root).each_manifest(checked=False, sources=False):
         names, uri = manifest.labels, root.manifest(manifest.span)
         for index, (mine, theirs) in enumerate(zip(labels, names)):
             if mine != theirs:
@@ -270,7 +271,7 @@ def publish(root, number, shards, dead, labels, fresh, refused, config, findings
             name = shard_name(split, index, len(files), config.compression)
             fs.mv(filesystem(shard["file"])[1], filesystem(join(span, name))[1])
             named.append({"file": name, "split": split, **{k: shard[k] for k in ("records", "bytes", "sha256")}})
-    if labels != root.read_labels():
+    if labels != Spans(root).read_labels():
         write_json(root.labels, labels)
     write_text(root.dead_letter(number), "".join(json.dumps({**d, "reason": without_secrets(d["reason"])},
                                                             ensure_ascii=False) + "\n" for d in dead))
@@ -294,7 +295,7 @@ def publish(root, number, shards, dead, labels, fresh, refused, config, findings
         quality=quality.findings(findings.kept),
         same_picture=findings.same_picture,
     )
-    manifest.write(root.manifest(number))
+    write_json(root.manifest(number), manifest.to_json())
     return manifest
 
 

@@ -38,6 +38,7 @@ from beam_jobs.near_lookup import CROWD, NearRules, load_staged
 from components.common.files import join
 from components.common.near_index import bands
 from components.common.signatures import BLOCKS
+from components.common.spans import Spans
 from components.common.trusted_index import verified
 from components.contracts.layout import Root
 from components.contracts.schema import SPLITS
@@ -65,7 +66,7 @@ def stage_published(root: Root, staging: str) -> str | None:
 
 def _collect(root: Root, lines):
     hashes, splits, spans, offsets, uris = array("Q"), bytearray(), array("I"), array("Q", [0]), bytearray()
-    for number in root.published():
+    for number in Spans(root).published():
         for line in lines(number):
             _, dhash, split, _, uri = line.split("\t", 4)
             hashes.append(int(dhash, 16))

@@ -21,9 +21,9 @@ from collections.abc import Iterable, Iterator
 
 from beam_jobs.local import canonical
 from beam_jobs.spill import SortedLines
-from components.common.files import filesystem, is_local, is_uri
+from components.common.files import filesystem, is_local, is_uri, read_result
+from components.common.program import printable
 from components.contracts.layout import Root
-from components.contracts.program import printable
 from components.contracts.results import ResultError, SpanManifest
 from components.contracts.secrets import has_secrets, without_secrets
 
@@ -97,7 +97,7 @@ def _with_credentials(line: str) -> bool:
 def rebuild(root: Root, number: int, workdir: str, why: str = "missing") -> str:
     """The span's index built from its manifest and stored in the span; where this run cannot
     write ROOT, in `workdir`. Returns where it is, after a warning line naming the index."""
-    manifest = SpanManifest.read(root.manifest(number))
+    manifest = read_result(root.manifest(number), SpanManifest)
     lines = [identity(s.uri, s.size, s.version) for s in manifest.sources]
     del manifest
     uri = where = root.source_index(number)

@@ -26,8 +26,8 @@ from beam_jobs.local import CHAINING, NOT_REGULAR, local_path, walk
 from components.common import source_files, store_errors
 from components.common.files import filesystem, is_local, is_uri, join, protocol, uri_of, version_of, without_query
 from components.common.source_files import is_candidate
+from components.common.store_errors import transient
 from components.contracts.buckets import bucket_problem, store_of
-from components.contracts.program import transient
 from components.contracts.secrets import SourceCredentials, has_secrets, without_secrets
 
 MANIFEST_SUFFIXES = (".csv", ".jsonl")

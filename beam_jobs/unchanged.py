@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from beam_jobs.local import canonical, open_source
 from beam_jobs.sources import Source
 from components.common.content_index import parse
+from components.common.spans import Spans
 from components.common.trusted_index import verified
 from components.contracts.layout import Root
 
@@ -34,7 +35,7 @@ def _published_hashes(candidates: dict, root: Root) -> dict[str, str]:
     they stream, rebuilt where broken: components/common/trusted_index.py)."""
     def scan(lines) -> dict[str, str]:
         found = {}
-        for number in root.published():
+        for number in Spans(root).published():
             for line in lines(number):
                 sha, _, _, _, source = parse(line)
                 name = canonical(source)

@@ -31,8 +31,8 @@ from pathlib import Path
 import psutil
 
 from benchmarks.jpeg_spans import write_span
+from components.common.spans import Spans
 from components.contracts.config import TrainConfig
-from components.contracts.layout import Root
 from components.train import data as pipeline
 from flows.demo import write_digits
 
@@ -47,7 +47,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="stoke-bench-data-service-") as tmp:
         write_digits(os.path.join(tmp, "digits"))
         write_span(os.path.join(tmp, "root"), Path(tmp) / "digits")
-        shards = Root(os.path.join(tmp, "root")).shards("train", None, checked=False)
+        shards = Spans(os.path.join(tmp, "root")).shards("train", None, checked=False)
         servers = []
         try:
             dispatcher = _start(servers, "dispatcher")

@@ -25,6 +25,7 @@ import psutil
 
 from beam_jobs.duplicates import find
 from components.common.content_index import write_index
+from components.common.files import write_json
 from components.contracts.layout import Root
 from components.contracts.results import SpanManifest
 
@@ -49,11 +50,11 @@ def build_root(root: str, records: int, spans: int, rng: random.Random) -> list[
         part = published[(number - 1) * per_span:number * per_span]
         os.makedirs(Root(root).span(number), exist_ok=True)
         write_index(Root(root).content_index(number), part)
-        SpanManifest(span=number, created="2026-12-01T00:00:00Z", source="s3://bucket/photos",
+        write_json(Root(root).manifest(number), SpanManifest(span=number, created="2026-12-01T00:00:00Z", source="s3://bucket/photos",
                      counts={"train": sum(s["split"] == "train" for s in part),
                              "eval": sum(s["split"] == "eval" for s in part), "dead_letter": 0, "duplicates": 0},
                      labels=[f"class-{i}" for i in range(100)], shards=shard_entries(part),
-                     sources=[]).write(Root(root).manifest(number))
+                     sources=[]).to_json())
     return published
 
 

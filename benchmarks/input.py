@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from benchmarks.jpeg_spans import make_camera_photos, make_photos, write_span
+from components.common.spans import Spans
 
 
 def main() -> int:
@@ -63,10 +64,8 @@ def gzip_cost(root: str, source: Path, plain: str, settings: dict, rounds: int =
     alternating rounds (medians): what GZIP costs every epoch."""
     import tensorflow as tf
 
-    from components.contracts.layout import Root
-
     write_span(plain, source, compression="none", **settings)
-    spans = {"gzip": Root(root).shards("train", checked=False), "none": Root(plain).shards("train", checked=False)}
+    spans = {"gzip": Spans(root).shards("train", checked=False), "none": Spans(plain).shards("train", checked=False)}
     samples = {key: [] for key in spans}
     for _ in range(rounds):
         for key, shards in spans.items():
@@ -76,7 +75,7 @@ def gzip_cost(root: str, source: Path, plain: str, settings: dict, rounds: int =
                 count += 1
             samples[key].append(1000 * (time.process_time() - cpu) / count)
     ms = {key: sorted(values)[rounds // 2] for key, values in samples.items()}
-    entries = [entry for manifest in Root(plain).manifests(checked=False) for entry in manifest.shards]
+    entries = [entry for manifest in Spans(plain).manifests(checked=False) for entry in manifest.shards]
     record_bytes = sum(e.bytes for e in entries) / sum(e.records for e in entries)
     return {"read_cpu_ms_per_image_gzip": ms["gzip"], "read_cpu_ms_per_image_none": ms["none"],
             "gzip_cpu_ms_per_image": ms["gzip"] - ms["none"], "record_kb": round(record_bytes / 1e3, 1)}

@@ -24,6 +24,7 @@ import time
 import tensorflow as tf
 
 from components.common.files import filesystem
+from components.common.spans import Spans
 from components.contracts.config import TrainConfig
 from components.contracts.layout import Root, parse_spans
 from components.train import data as pipeline
@@ -63,7 +64,7 @@ def run(argv: list[str] | None = None) -> int:
 def measure(source: str, root: str, *, image_size: int, batch_size: int, batches: int,
             rounds: int = 3, spans: list[int] | None = None) -> dict:
     # Speed, not trust: a span ingested a moment ago is read before any data check has let it in.
-    shards = Root(root).shards("train", spans, checked=False)
+    shards = Spans(root).shards("train", spans, checked=False)
     if not shards:
         raise ValueError(f"no published span under {Root(root).spans}; run `stoke ingest {source} --root {root}`")
     records = sum(s.records for s in shards)

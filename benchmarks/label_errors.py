@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 from beam_jobs.ingest import run as ingest
-from components.contracts.layout import Root
+from components.common.spans import Spans
 from components.contracts.run_config import DataCheckSettings
 from components.datacheck.datacheck import check_spans
 from flows.demo import NAMES, write_digits
@@ -90,7 +90,7 @@ def timed(root: str, number: int, model_name: str):
 
 
 def measure(root: str, moved: set[str], seed: int) -> dict:
-    number = Root(root).published()[-1]
+    number = Spans(root).published()[-1]
     span, wall, cpu = timed(root, number, "stoke")
     _, other_wall, other_cpu = timed(root, number, "none")  # the other checks alone: no model of that name
     labels = span.label_check

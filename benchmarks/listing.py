@@ -32,6 +32,8 @@ from PIL import Image
 
 from beam_jobs.sources import list_source
 from components.common.content_index import write_index
+from components.common.files import write_json
+from components.common.spans import Spans
 from components.contracts.layout import Root
 from components.contracts.results import SpanManifest
 
@@ -66,13 +68,13 @@ def publish_all(source: str, root: str, spans: int) -> None:
         write_index(Root(root).content_index(number), [
             {"uri": s.uri, "sha256": f"{rng.getrandbits(256):064x}", "dhash": f"{rng.getrandbits(64):016x}",
              "label": s.label, "split": s.split} for s in part])
-        SpanManifest(span=number, created="2026-12-01T00:00:00Z", source=source,
+        write_json(Root(root).manifest(number), SpanManifest(span=number, created="2026-12-01T00:00:00Z", source=source,
                      counts={"train": len(part), "eval": 0, "dead_letter": 0, "duplicates": 0},
                      labels=[f"class-{i:02d}" for i in range(100)],
                      shards=[{"file": "train-00000-of-00001.tfrecord.gz", "split": "train", "records": len(part),
                               "bytes": 0}],  # never read, but the content index is checked against its count
                      sources=[{"uri": s.uri, "size": s.size, "version": s.version} for s in part],
-                     ).write(Root(root).manifest(number))
+                     ).to_json())
     with open(Root(root).labels, "w") as f:
         json.dump([f"class-{i:02d}" for i in range(100)], f)
 
@@ -110,7 +112,7 @@ def without_indexes(root: str) -> str:
     """A copy of ROOT whose spans have no source index, as spans published before them."""
     copy = f"{root}-unindexed"
     shutil.copytree(root, copy)
-    for number in Root(copy).published():
+    for number in Spans(copy).published():
         os.remove(Root(copy).source_index(number))
     return copy
 

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 
-from components.common.files import exists
+from components.common.files import exists, read_result
 from components.contracts.layout import Root
 from components.contracts.presets import PRESETS
 from components.contracts.results import GateResult, TrainMetrics
@@ -47,8 +47,8 @@ def main() -> int:
                                  capture_output=True, text=True, env=env)
             if out.returncode:
                 sys.exit(f"stoke run (seed {seed}) failed:\n{out.stderr[-3000:]}")
-            metrics = TrainMetrics.read(run.metrics)
-            gate = GateResult.read(run.gate)
+            metrics = read_result(run.metrics, TrainMetrics)
+            gate = read_result(run.gate, GateResult)
             pushed = exists(run.pushed)
             accuracies = metrics.history["val_accuracy"]
             runs.append({

@@ -22,13 +22,12 @@ import time
 import urllib.request
 from contextlib import contextmanager
 
-from components.common import processes
+from components.common import config_files, processes
 from components.common.files import exists, is_uri, read_json
+from components.common.program import BAD_SETTINGS, printable, scrubbed
 from components.common.shard_cache import CacheError
-from components.contracts import overrides
 from components.contracts.beam_options import BEAM_ARGS_ENV
 from components.contracts.layout import Root, new_run_id
-from components.contracts.program import BAD_SETTINGS, printable, scrubbed
 from components.contracts.run_config import RunConfig
 from components.contracts.secrets import SOURCE_ENV, without_secrets
 from flows.parameters import read_beam_args, read_option_file
@@ -71,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         run_id, config = checked(args)
         if not os.environ.get("PREFECT_API_URL") and not os.environ.get("PREFECT_HOME"):
             os.environ["PREFECT_HOME"] = prefect_home(config.root)
-    except (ValueError, overrides.ConfigError, CacheError) as error:
+    except (ValueError, config_files.ConfigError, CacheError) as error:
         print(f"stoke run: error: {printable(str(error))}", file=sys.stderr, flush=True)
         return BAD_SETTINGS
     signal.signal(signal.SIGTERM, _interrupt)  # a process manager's stop: the path Ctrl-C takes
@@ -266,7 +265,7 @@ def up(args: argparse.Namespace) -> int:
             return 1
         home, url = _server_environment(args)
         _check_schedule(args.cron, args.timezone)
-    except overrides.ConfigError as error:
+    except config_files.ConfigError as error:
         print(f"stoke up: error: {printable(str(error))}", file=sys.stderr, flush=True)
         return BAD_SETTINGS
     config = config.model_copy(update={"source": _absolute(config.source), "root": _absolute(config.root)})
@@ -307,7 +306,7 @@ def _check_schedule(cron: str | None, timezone: str) -> None:
     try:
         CronSchedule(cron=cron or NIGHTLY_CRON, timezone=timezone)
     except ValidationError as error:
-        raise overrides.ConfigError(f"--cron {cron or NIGHTLY_CRON!r} --timezone {timezone!r}: "
+        raise config_files.ConfigError(f"--cron {cron or NIGHTLY_CRON!r} --timezone {timezone!r}: "
                                     f"{error.errors()[0]['msg']}") from None
 
 

@@ -7,8 +7,8 @@ import argparse
 import json
 import sys
 
-from components.contracts import overrides
-from components.contracts.program import BAD_SETTINGS, printable
+from components.common import config_files
+from components.common.program import BAD_SETTINGS, printable
 from components.contracts.secrets import without_secrets
 from flows.run_options import add_config_arguments, as_yaml, config_from
 
@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def show(args: argparse.Namespace) -> int:
     try:
         config = config_from(args, **{name: value for name, value in PLACEHOLDERS.items() if not _given(args, name)})
-    except overrides.ConfigError as error:
+    except config_files.ConfigError as error:
         print(f"stoke config: error: {printable(str(error))}", file=sys.stderr, flush=True)
         return BAD_SETTINGS
     resolved = config.resolved()
@@ -36,4 +36,4 @@ def show(args: argparse.Namespace) -> int:
 
 def _given(args: argparse.Namespace, name: str) -> bool:
     """Whether SOURCE or ROOT is given, on the command line or in the file."""
-    return getattr(args, name) is not None or (bool(args.config) and name in overrides.read_file(args.config))
+    return getattr(args, name) is not None or (bool(args.config) and name in config_files.read_file(args.config))

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import shlex
 
+from components.common.config_files import ConfigError
 from components.common.files import NotASmallFile, read_small
 from components.contracts.beam_options import BEAM_ARGS_ENV
-from components.contracts.overrides import ConfigError
 
 # The demo's data and artifact ROOT, relative to where `make run` runs.
 DEMO_SOURCE = ".stoke/demo/digits"

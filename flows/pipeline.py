@@ -16,8 +16,9 @@
 
 The flow's parameters are the fields of the run configuration (components/contracts/run_config.py),
 plus the run id and the files an arrival event named. Each stage program gets its part of the
-configuration as a file, ROOT/runs/<id>/config/<stage>.json, and hands back a JSON summary kept as
-ROOT/runs/<id>/summaries/<stage>.json; stages pass each other URIs under ROOT, never objects, and
+configuration as a file, ROOT/runs/<id>/config/<stage>.json, and hands back its result, which is written
+once, as ROOT/runs/<id>/<stage>.json (train's: metrics.json), by the program when it is given the run and by
+the flow for the others; stages pass each other URIs under ROOT, never objects, and
 the report is built from the run folder alone. A refused model is a normal outcome: the flow
 completes and the report says why.
 
@@ -32,8 +33,11 @@ from __future__ import annotations
 from prefect import flow, get_run_logger, task
 from prefect.runtime import flow_run
 
-from components.common.files import exists, read_json, write_json, write_text
-from components.contracts import overrides, results, secrets, summaries
+from components.common import config_files
+from components.common.files import exists, read_result, write_json, write_text
+from components.common.program import scrubbed
+from components.common.spans import Spans
+from components.contracts import results, secrets, summaries
 from components.contracts.config import (
     DataCheckConfig,
     GateConfig,
@@ -46,7 +50,6 @@ from components.contracts.config import (
 )
 from components.contracts.layout import Root, RunDir, new_run_id
 from components.contracts.presets import PresetName
-from components.contracts.program import scrubbed
 from components.contracts.run_config import RunConfig, Timeouts, stage_settings
 from components.contracts.secrets import without_secrets
 from components.contracts.stages import Stage, stage
@@ -107,7 +110,7 @@ def pipeline(
         if config.preflight is not None:
             check_machine(config, run)                                                      # 1
         ingest_span(config, run, arrived)                                                   # 2
-        held = check_spans(config, run) if Root(config.root).unchecked() else []             # 2b
+        held = check_spans(config, run) if Spans(config.root).unchecked() else []             # 2b
         skipped = nothing_to_train(config, held, skip_unchanged)
         if skipped:
             return write_report(run, skipped=skipped)
@@ -128,9 +131,9 @@ def configure(given: dict) -> RunConfig:
               for name, value in given.items()}
     try:
         registered = {name: value for name, value in registered_parameters().items() if name in RunConfig.model_fields}
-        config = overrides.build(RunConfig, overrides.deep_merge(registered, values)).resolved()
+        config = config_files.build(RunConfig, config_files.deep_merge(registered, values)).resolved()
         return config.model_copy(update={"source": secrets.given(config.source)})
-    except (overrides.ConfigError, ValueError) as error:
+    except (config_files.ConfigError, ValueError) as error:
         raise ConfigurationError(str(error)) from None
 
 
@@ -151,7 +154,7 @@ def check_machine(config: RunConfig, run: RunDir) -> summaries.PreflightSummary:
     except StageError as error:
         if error.summary is None:
             raise
-        failed = keep_summary(stage("preflight"), error.summary, run)
+        failed = keep_result(stage("preflight"), error.summary, run)
         stop = PreflightFailed(failed, error.transient)
         _log_checks(failed, but=stop.check)  # the check that stops the run is the failure's own line
         raise stop from None
@@ -195,7 +198,7 @@ def nothing_to_train(config: RunConfig, held: list[int], skip_unchanged: bool) -
     """Why the run trains nothing (its report says "skipped"), or None: no span the data check let in;
     or, for a scheduled or data-triggered run, a served model trained on every span it let in."""
     root = Root(config.root)
-    checked = [n for n in root.published() if root.check_record(n).trusted]
+    checked = [n for n in Spans(root).published() if Spans(root).check_record(n).trusted]
     aside = "".join(f"; {held_back(config.root, span)}" for span in held)
     if not checked:
         return f"no span the data check let in to train on{aside}"
@@ -209,8 +212,9 @@ def nothing_to_train(config: RunConfig, held: list[int], skip_unchanged: bool) -
 @task(name="train", tags=[GPU_TAG], retries=0)
 def train_model(config: RunConfig, run: RunDir) -> results.TrainMetrics:
     """Trains on every published span into ROOT/runs/<run-id>/candidate."""
-    if exists(run.metrics):  # a retried flow run: this run's training already finished
-        return keep_summary(stage("train"), read_json(run.metrics), run)
+    done = finished_training(run)
+    if done is not None:  # a retried flow run
+        return done
     with ProgressArtifact("train") as progress, gpu_slot(get_run_logger(), f"train of run {run.run_id}") as slot:
         return run_program(stage("train"), config, run, progress, slot=slot, run_id=run.run_id)
 
@@ -278,7 +282,7 @@ def run_program(of: Stage, config: RunConfig, run: RunDir, progress: ProgressArt
                         timeout=getattr(config.timeouts, of.name) * 60, logger=get_run_logger(), progress=progress,
                         env={secrets.SOURCE_ENV: config.source if "source" in of.inputs else ""},
                         pass_fds=() if slot is None else (slot,))
-    return keep_summary(of, summary, run)
+    return keep_result(of, summary, run)
 
 
 def settings_file(settings) -> dict:
@@ -295,12 +299,21 @@ def beam_options(config: RunConfig) -> list[str]:
     return [*deployment_beam_args(), *config.beam_args]
 
 
-def keep_summary(of: Stage, summary: dict, run: RunDir):
-    """The summary as the stage's result model (a renamed key fails here, naming the program), kept
-    in the run folder for the report."""
+def keep_result(of: Stage, summary: dict, run: RunDir):
+    """The summary as the stage's result model (a renamed key fails here, naming the program). A program
+    given the run wrote it into the run folder itself; the others' is kept there for the report."""
     result = of.result.check(summary, f"the summary of {of.program}")
-    result.write(run.summary(of.name))
+    if not of.writes_result:
+        write_json(run.result(of.name), result.to_json())
     return result
+
+
+def finished_training(run: RunDir) -> results.TrainMetrics | None:
+    """The run's training result when its training finished: metrics.json beside a whole candidate. A run
+    pruned to its record keeps metrics.json without the candidate: that is not a run to gate."""
+    if exists(run.metrics) and exists(run.saved_model):
+        return read_result(run.metrics, results.TrainMetrics)
+    return None
 
 
 def flow_run_id() -> str:

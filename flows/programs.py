@@ -20,9 +20,9 @@ import time
 from collections.abc import Callable
 
 from components.common import processes
+from components.common.program import TRANSIENT, escape_logs, printable
 from components.common.quiet_beam import debugging
 from components.common.runtime_logs import program_environment
-from components.contracts.program import TRANSIENT, escape_logs, printable
 from components.contracts.results import ResultError
 from components.contracts.summaries import Progress, event
 
@@ -38,7 +38,7 @@ escape_logs("prefect.flow_runs", "prefect.task_runs")
 class StageError(RuntimeError):
     """A stage program that failed, timed out or printed no summary; the message says which. `reason`
     is the program's own one-line error, and `transient` whether another try may succeed: the program
-    said so (exit code 75, components/contracts/program.py) or a signal ended it."""
+    said so (exit code 75, components/common/program.py) or a signal ended it."""
 
     def __init__(self, message: str, summary: dict | None = None, timed_out: bool = False, *, stage: str = "",
                  reason: str = "", transient: bool = False):

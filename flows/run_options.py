@@ -8,8 +8,8 @@ import json
 
 from pydantic import BaseModel
 
-from components.contracts import overrides
-from components.contracts.options import model_of
+from components.common import config_files
+from components.common.config_files import model_of
 from components.contracts.presets import PRESETS
 from components.contracts.run_config import RunConfig
 
@@ -52,10 +52,10 @@ def bounded(kind: type, low: float, high: float):
 def config_from(args: argparse.Namespace, **options) -> RunConfig:
     """The configuration the command line describes, not yet resolved (presets apply when it runs).
     `options` are run-wide settings the command's own flags gave (None: not given)."""
-    data = overrides.read_file(args.config) if args.config else {}
+    data = config_files.read_file(args.config) if args.config else {}
     given = {"source": args.source, "root": args.root, "preset": args.preset, **options}
     data.update({name: value for name, value in given.items() if value is not None})
-    return overrides.build(RunConfig, overrides.with_overrides(data, args.overrides, RunConfig))
+    return config_files.build(RunConfig, config_files.with_overrides(data, args.overrides, RunConfig))
 
 
 def given_fields(config: BaseModel) -> dict:

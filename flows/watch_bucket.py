@@ -41,8 +41,8 @@ from prefect.states import Failed
 
 from beam_jobs.compare import compare
 from beam_jobs.sources import each_listed, list_named
+from components.common.program import escape_logs, printable
 from components.contracts.layout import Root
-from components.contracts.program import escape_logs, printable
 from components.contracts.results import ResultError
 from components.contracts.secrets import given
 from flows import notifications as queues

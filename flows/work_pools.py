@@ -32,10 +32,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from components.contracts import plain_data
+from components.common import config_files
+from components.common.config_files import ConfigError
+from components.common.program import BAD_SETTINGS, printable
 from components.contracts.beam_options import BEAM_ARGS_ENV
-from components.contracts.overrides import ConfigError
-from components.contracts.program import BAD_SETTINGS, printable
 from components.contracts.run_config import RunConfig
 from flows.parameters import OPEN_VARIABLES, read_beam_args, read_option_file
 
@@ -251,7 +251,7 @@ def _template(path: str) -> dict:
     """The base job template a file holds: a JSON object."""
     text = read_option_file(path, "--base-job-template")
     try:
-        template = plain_data.loads(text, as_json=True)
+        template = config_files.loads(text, as_json=True)
     except ValueError as error:  # not JSON, or nested past plain data's bound
         raise ConfigError(f"--base-job-template {path} is not a JSON job template: {error}") from None
     if not isinstance(template, dict):

@@ -6,7 +6,8 @@ import json
 import re
 import shlex
 
-from components.contracts import program, stages
+from components.common import program
+from components.contracts import stages
 
 
 def commands(text: str) -> tuple[list[list[str]], list[list[str]]]:

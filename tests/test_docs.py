@@ -2,7 +2,7 @@
 the README stays a quickstart. (`make test` also builds the docs with mkdocs --strict: a broken link fails.)"""
 import pathlib
 
-from components.contracts.options import leaves
+from components.common.config_files import leaves
 from components.contracts.run_config import RunConfig
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -24,7 +24,7 @@ import shutil
 import stat
 
 from components.common.local_copies import Folder
-from components.contracts.options import setting_hint
+from components.common.program import setting_hint
 
 CACHE_DIR_ENV = "STOKE_CACHE_DIR"
 PINS = ".pins"

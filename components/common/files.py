@@ -1,4 +1,4 @@
-"""Files under ROOT on any file system fsspec knows (a local disk, s3://, gs://): paths, JSON and
+"""Files under ROOT on any file system fsspec knows (a local disk, s3://, gs://): JSON, results and
 text written whole, which stores can rename atomically, and the one place that reads fsspec's
 protocols and tells a URI from a local path."""
 from __future__ import annotations
@@ -12,16 +12,14 @@ from contextlib import contextmanager
 
 import fsspec
 
+from components.contracts.layout import join  # noqa: F401 (paths are joined as the layout joins them)
+from components.contracts.results import ResultError, parse_json
+
 # No listing cache on object stores: a stage program, another run or an operator writes under ROOT
 # while this process holds a listing of it, and s3fs and gcsfs would answer `ls` and `exists` from a
 # listing taken before (a span published since would not be seen, a record written since not found).
 for _protocol in ("s3", "s3a", "gs", "gcs"):
     fsspec.config.conf.setdefault(_protocol, {}).setdefault("use_listings_cache", False)
-
-
-def join(base: str, *parts: str) -> str:
-    """Joins path parts onto a local path or a URI without touching its scheme."""
-    return posixpath.join(base.rstrip("/") if base != "/" else base, *parts)
 
 
 def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -32,6 +30,16 @@ def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
 def exists(uri: str) -> bool:
     fs, path = filesystem(uri)
     return fs.exists(path)
+
+
+def read_result(uri: str, model):
+    """The result or record at `uri`, read through its model (components/contracts/results.py). A file that is
+    not one (a folder, not JSON, not what the model says) is a ResultError naming it."""
+    try:
+        data = read_bytes(uri)
+    except IsADirectoryError:
+        raise ResultError(f"{uri} is a folder, not a file") from None
+    return model.check(parse_json(data, uri), uri)
 
 
 def read_json(uri: str):

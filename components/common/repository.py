@@ -323,7 +323,7 @@ class Repository:
         if lineage is None:
             write_json(retired, {"version": version, "retired_at": when})
         else:
-            lineage.model_copy(update={"retired_at": when}).write(retired)
+            write_json(retired, lineage.model_copy(update={"retired_at": when}).to_json())
         source = posixpath.join(self.path, str(version))
         self._unload(source)
         self.fs.rm(source, recursive=True)

@@ -1,10 +1,10 @@
 """ROOT/runs kept bounded: the newest runs whole, older ones as their record, the oldest gone.
 
-A run folder's heavy parts (RunDir.heavy: the candidate and metrics.json, which vouches for it,
-TensorBoard's logs with the profiler trace, TFMA's output, the warm-up requests, and the backup of a run
-stopped mid-training; a finished run drops its backup itself) are most of it: 2.4 of 2.6 MB for small_cnn,
-and an efficientnet_b0 candidate alone is ~20 MB. Its record (configuration, summaries, report, gate
-verdict, plots) is what is read later. The rule, applied as each run ends (flows/pipeline.py) and by
+A run folder's heavy parts (RunDir.heavy: the candidate, TensorBoard's logs with the profiler trace,
+TFMA's output, the warm-up requests, and the backup of a run stopped mid-training; a finished run drops
+its backup itself) are most of it: 2.4 of 2.6 MB for small_cnn, and an efficientnet_b0 candidate alone
+is ~20 MB. Its record (configuration, the stages' results with metrics.json, report, gate verdict,
+plots) is what is read later. The rule, applied as each run ends (flows/pipeline.py) and by
 `stoke runs prune` (components/report/runs.py):
 
 - the newest `runs.keep` runs that hold heavy parts keep them; older ones are reduced to their record;
@@ -18,10 +18,10 @@ verdict, plots) is what is read later. The rule, applied as each run ends (flows
 
 "Newest" goes by config.json's time, which each attempt writes first: a run retried is new again.
 Nothing deletes a folder in one step, on an object store least of all, so the order says what a folder
-stopped halfway holds: pruned.json first (kept: record or nothing), then metrics.json (the flow trains
-again rather than trust a candidate half gone), then the candidate's saved_model.pb (nothing loads a
-candidate half gone), then the rest; a deleted folder loses its marker last. The next prune finishes a
-folder its marker names; a marker older than config.json is from before the run ran again, and is ignored.
+stopped halfway holds: pruned.json first (kept: record or nothing), then the candidate's saved_model.pb
+(nothing loads a candidate half gone, and the flow takes a run for trained only with it beside
+metrics.json), then the rest; a deleted folder loses its marker last. The next prune finishes a folder
+its marker names; a marker older than config.json is from before the run ran again, and is ignored.
 One prune at a time per ROOT: it holds the lease ROOT/runs/.prune.lock (components/common/lease.py).
 """
 from __future__ import annotations
@@ -34,19 +34,18 @@ import re
 import time
 
 from components.common import clock
-from components.common.files import filesystem, read_json
+from components.common.files import filesystem, join, read_json, read_result, write_json
 from components.common.lease import LeaseError, exclusive
+from components.common.program import os_error_line
 from components.common.repository import Repository
-from components.contracts.config import RUN_ID_PATTERN, RunsConfig
+from components.contracts.config import MODEL_NAME_PATTERN, RUN_ID_PATTERN, RunsConfig
 from components.contracts.layout import Root, RunDir
-from components.contracts.program import os_error_line
 from components.contracts.results import ResultError
 from components.contracts.retention import Pruned, RetentionSummary, RunFate
 from components.contracts.run_config import Timeouts
 
 ABANDONED = 7 * 24 * 3600.0  # seconds a run without its report may go unchanged and still be running
 LEASE_WAIT = 60.0  # seconds a prune waits for another to finish before it leaves the folders to it
-SAVED_MODEL = "saved_model.pb"
 
 
 class RetentionError(Exception):
@@ -116,17 +115,26 @@ def survey(root: Root) -> list[Folder]:
         marked, config = folder.time("pruned.json"), folder.time("config.json")
         if marked is not None and (config is None or marked >= config):
             try:
-                folder.marker = Pruned.read(folder.run.pruned)
+                folder.marker = read_result(folder.run.pruned, Pruned)
             except (ResultError, OSError):
                 pass  # unread, the marker only asks for less: the rule decides afresh and writes a new one
     return folders
+
+
+def model_names(root: Root) -> list[str]:
+    """The model repositories under ROOT/models: its folders named as a model may be."""
+    fs, path = filesystem(join(root.uri, "models"))
+    if not fs.isdir(path):
+        return []
+    names = (posixpath.basename(e["name"].rstrip("/")) for e in fs.ls(path, detail=True) if e["type"] == "directory")
+    return sorted(name for name in names if re.fullmatch(MODEL_NAME_PATTERN, name))
 
 
 def held_by_repository(root: Root) -> dict[str, str]:
     """Run id -> the version of a model repository under ROOT that it trained (served, or rolled back and
     still there to put back). Raises RetentionError when a lineage cannot be read: it could name any run."""
     held = {}
-    for name in root.model_names():
+    for name in model_names(root):
         repository = Repository(root, name)
         for version, how in [(v, "") for v in repository.versions()] + [(v, ", rolled back")
                                                                       for v in repository.rolled_back()]:
@@ -198,11 +206,10 @@ def _apply(folder: Folder, action: str) -> None:
     """Reduces the folder to its record, or deletes it, in the order the module's docstring gives."""
     run = folder.run
     if folder.marker is None or folder.marker.kept != ("record" if action == "record" else "nothing"):
-        Pruned(run_id=run.run_id, pruned_at=clock.now(), kept="record" if action == "record" else "nothing").write(
-            run.pruned)
+        marker = Pruned(run_id=run.run_id, pruned_at=clock.now(), kept="record" if action == "record" else "nothing")
+        write_json(run.pruned, marker.to_json())
     fs, _ = filesystem(run.uri)
-    first = [run.metrics, posixpath.join(run.candidate, SAVED_MODEL)]
-    for uri in first + run.heavy[1:]:
+    for uri in [run.saved_model, *run.heavy]:
         _remove(fs, uri)
     if action == "delete":
         for entry in sorted({name.split("/")[0] for name in folder.files} - {"pruned.json"}):
@@ -233,7 +240,7 @@ def after_run(run: RunDir) -> RetentionSummary:
         summary = RetentionSummary(runs_uri=Root(run.root).runs, keep=settings.keep,
                                    keep_records=settings.keep_records, dry_run=False, error=message)
     try:
-        summary.write(run.retention)
+        write_json(run.retention, summary.to_json())
     except OSError:
         pass  # the store is away: the report says nothing of the prune, the log still does
     return summary

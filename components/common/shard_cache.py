@@ -38,10 +38,9 @@ from components.common.cache_folder import (
 )
 from components.common.files import filesystem
 from components.common.local_copies import Folder, UnsafeKey, relative_parts
+from components.common.program import printable, setting_hint
 from components.common.shard_digests import Mismatch, mismatch
 from components.contracts.layout import Shard
-from components.contracts.options import setting_hint
-from components.contracts.program import printable
 
 MARKER = ".verified"
 FETCHERS = 16  # copies in flight: object stores answer each request slowly, not each byte

@@ -36,9 +36,9 @@ import zlib
 from components.common.cache_folder import CacheError, default_folder, locked, secure
 from components.common.files import filesystem, is_local
 from components.common.local_copies import Folder
+from components.common.program import setting_hint
 from components.common.tfrecord import BadRecord, count_records
 from components.contracts.layout import Shard
-from components.contracts.options import setting_hint
 
 DIGESTS = ".digests"  # in the shard cache's folder
 RACY_SECONDS = 2  # coarser than any file system's timestamps: FAT's mtime, whole seconds elsewhere

@@ -5,18 +5,18 @@ into an OSError whose __cause__ it is; gcsfs raises google-auth's (DefaultCreden
 its own HttpError, or `OSError("Forbidden: ...")`. "Unable to locate credentials" alone leaves a user
 guessing whether SOURCE or ROOT failed and what to set where. Stage programs run their work inside
 `naming(ROOT)` (ingest lists SOURCE inside `naming(SOURCE)`), which turns such an exception into a
-StoreError; preflight's SOURCE check asks `problem` itself. Whether a retry could help is
-components/contracts/program.py's `transient`, the one rule the flow's retries follow.
+StoreError; preflight's SOURCE check asks `problem` itself. Whether a retry could help is `transient`
+below, the one rule the flow's retries follow (a program exits 75 for it, components/common/program.py).
 """
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from components.contracts.program import causes, store_answer, transient
 from components.contracts.secrets import without_secrets
 
 STORES = {"s3": "S3", "s3a": "S3", "gs": "GCS", "gcs": "GCS", "http": "HTTP", "https": "HTTP"}
@@ -28,6 +28,82 @@ MISSING = {"NoCredentialsError", "PartialCredentialsError", "ProfileNotFound", "
 REFUSED = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken", "TokenRefreshRequired",
            "AuthorizationHeaderMalformed", "RefreshError"}
 DENIED = {"AccessDenied", "AllAccessDisabled", "AccountProblem", "InvalidObjectState", "403"}
+
+
+# What makes a failure transient, by class (module.name, anywhere in the exception's MRO), by the
+# error code or HTTP status a store answered, and by errno. Names, not imports: a program that never
+# touches a bucket does not load botocore or google-auth to classify its errors.
+_DETERMINISTIC_CLASSES = {
+    "botocore.exceptions.NoCredentialsError", "botocore.exceptions.PartialCredentialsError",
+    "botocore.exceptions.ProfileNotFound", "botocore.exceptions.SSLError",
+    "google.auth.exceptions.DefaultCredentialsError", "aiohttp.client_exceptions.ClientSSLError",
+}
+_TRANSIENT_CLASSES = {
+    "botocore.exceptions.ConnectionError", "botocore.exceptions.HTTPClientError",  # connection, read timeout, reset
+    "botocore.exceptions.IncompleteReadError", "requests.exceptions.ConnectionError", "requests.exceptions.Timeout",
+    "requests.exceptions.ChunkedEncodingError", "urllib3.exceptions.ProtocolError", "urllib3.exceptions.TimeoutError",
+    "aiohttp.client_exceptions.ClientConnectionError", "aiohttp.client_exceptions.ClientPayloadError",
+    "google.auth.exceptions.TransportError", "google.auth.exceptions.TimeoutError",
+}
+TRANSIENT_CODES = {"SlowDown", "Throttling", "ThrottlingException", "ThrottledException", "RequestThrottled",
+                   "RequestLimitExceeded", "TooManyRequestsException", "BandwidthLimitExceeded", "RequestTimeout",
+                   "RequestTimeoutException", "ServiceUnavailable", "InternalError", "PriorRequestNotComplete"}
+_TRANSIENT_ERRNOS = {errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNREFUSED, errno.ECONNABORTED, errno.EHOSTUNREACH,
+                     errno.ENETUNREACH, errno.ENETDOWN, errno.EAGAIN, errno.EBUSY, getattr(errno, "EREMOTEIO", errno.EIO)}
+
+
+def transient(error: BaseException) -> bool:
+    """Whether another try might succeed where `error` failed. The first exception of its chain
+    (the error, its cause, the cause's cause) that says decides: a `transient` attribute set where the
+    error was made; credentials missing, a bad profile, a bad certificate (never); a store's answer,
+    by its code (throttling, a timeout) or HTTP status (408, 429, 5xx); a connection refused, reset or
+    timed out. Anything else is deterministic: a bad path, an access denied, a bad manifest, a bug."""
+    for link in causes(error):
+        verdict = getattr(link, "transient", None)
+        if isinstance(verdict, bool):
+            return verdict
+        names = {f"{kind.__module__}.{kind.__qualname__}" for kind in type(link).__mro__}
+        if names & _DETERMINISTIC_CLASSES:
+            return False
+        if getattr(link, "retryable", None) is True:  # google-auth's RefreshError says it itself
+            return True
+        code, status = store_answer(link)
+        if code is not None or status is not None:
+            return code in TRANSIENT_CODES or status in (408, 429) or (status or 0) >= 500
+        if names & _TRANSIENT_CLASSES or isinstance(link, (ConnectionError, TimeoutError)):
+            return True
+        if isinstance(link, OSError) and link.errno in _TRANSIENT_ERRNOS:
+            return True
+    return False
+
+
+def store_answer(error: BaseException) -> tuple[str | None, int | None]:
+    """(error code, HTTP status) of a store's answer: botocore's ClientError, gcsfs's HttpError,
+    google-api-core's errors, aiohttp's ClientResponseError; (None, None) for anything else."""
+    response = getattr(error, "response", None)
+    if isinstance(response, dict) and isinstance(response.get("Error"), dict):  # botocore's ClientError
+        code = response["Error"].get("Code")
+        code = None if code is None else str(code)
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if not isinstance(status, int):
+            status = int(code) if code and code.isdigit() else None  # a HEAD's answer has no body: "403"
+        return code, status
+    status = getattr(error, "code", None)
+    if type(error).__module__.startswith(("gcsfs", "google.api_core")) and isinstance(status, int):
+        return None, status
+    status = getattr(error, "status", None)
+    if type(error).__module__.startswith("aiohttp") and isinstance(status, int):  # a web server's answer
+        return None, status
+    return None, None
+
+
+def causes(error: BaseException | None):
+    """The error, then its cause (or the exception it was raised handling), and so on."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
 
 
 @dataclass(frozen=True)

@@ -32,12 +32,13 @@ from typing import TypeVar
 import fsspec
 
 from components.common.content_index import BrokenIndex, read_index, write_index
-from components.common.files import filesystem, is_uri, join, version_of
+from components.common.files import filesystem, is_uri, join, read_result, version_of
 from components.common.images import Rejected, normalize
+from components.common.program import printable
 from components.common.signatures import sha256
+from components.common.spans import Spans
 from components.common.tfrecord import BadRecord, read_records
 from components.contracts.layout import Root
-from components.contracts.program import printable
 from components.contracts.results import ResultError, SpanManifest
 from components.contracts.schema import ENCODED, SOURCE, TEXT, example_bytes
 from components.contracts.secrets import SourceCredentials, without_secrets
@@ -73,7 +74,7 @@ def verified(root: Root, work: Callable[[Callable[[int], Iterator[str]]], T]) ->
 
 
 def _records(root: Root, number: int) -> int:
-    manifest = next(root.each_manifest([number], checked=False, sources=False), None)
+    manifest = next(Spans(root).each_manifest([number], checked=False, sources=False), None)
     if manifest is None:
         raise ResultError(f"span {number} is not published under {root.spans}")
     return sum(entry.records for entry in manifest.shards)
@@ -82,7 +83,7 @@ def _records(root: Root, number: int) -> int:
 def rebuild(root: Root, number: int, workdir: str, why: str) -> str:
     """Span `number`'s content index computed from its shards and stored; returns where it is."""
     uri = root.content_index(number)
-    manifest = SpanManifest.read(root.manifest(number))
+    manifest = read_result(root.manifest(number), SpanManifest)
     sources = {s.uri: (s.size, s.version) for s in manifest.sources}
     kept, stored_only = [], 0
     with ThreadPoolExecutor(THREADS) as pool:

@@ -208,7 +208,7 @@ class RunsConfig(BaseModel):
                       "older ones keep only their record, and a run whose model the repository holds stays whole")
     # 100 records: about three months of nightly reports, at roughly 0.25 MB each (their plots, mostly).
     keep_records: int = Field(100, ge=1, le=1000000, description="newest runs whose record (configuration, "
-                              "summaries, report, gate verdict, plots) is kept; older run folders are deleted, "
+                              "the stages' results, report, gate verdict, plots) is kept; older run folders are deleted, "
                               "except one whose model the repository holds")
 
     @model_validator(mode="after")

@@ -1,24 +1,20 @@
 """The ROOT layout of DESIGN.md: the one place that knows where each artifact lives.
 
 ROOT is a local path or any fsspec URI (s3://, gs://). Every stage reads and writes under it, so
-stages hand each other URIs, never objects in memory. `Root` knows the data (labels, spans and
-their shards), the runs, the model repositories and the serving context; `RunDir` knows the files
-of one run. No other module spells these names.
+stages hand each other URIs, never objects in memory. `Root` names the data (labels, spans and
+their shards), the runs, the model repositories and the serving context; `RunDir` names the files
+of one run. No other module spells these names, and nothing here reads them: what the spans under
+a ROOT hold is read by components/common/spans.py.
 """
 from __future__ import annotations
 
 import dataclasses
 import datetime
-import hashlib
 import posixpath
 import re
-from collections.abc import Iterator
 
-from components.common.files import filesystem, join, read_bytes
-from components.contracts.config import MODEL_NAME_PATTERN, check_run_id, span_ranges
-from components.contracts.results import ResultError, SpanManifest, load_json, parse_json
+from components.contracts.config import check_run_id, span_ranges
 from components.contracts.schema import SPLITS
-from components.contracts.trust import CheckRecord, read_record
 
 MANIFEST = "_MANIFEST.json"
 DEAD_LETTER = "dead_letter.jsonl"
@@ -43,7 +39,7 @@ FEATURE_STATS = "FeatureStats.pb"
 # The data check's record of a published span (summaries.DataCheckRecord): training and the gate read a
 # span only when its record is valid and says ok, warning or released. Fail closed: a span published by
 # hand, or by a run that died before its check, is not read until the data check has judged it. A record
-# is valid for the manifest it judged only (contracts/trust.py).
+# is valid for the manifest it judged only (components/common/spans.py).
 DATACHECK = "_DATACHECK.json"
 LABEL_ERRORS = "label_errors.png"  # beside the record: the first suspected label errors, as the label check saw them
 SPAN_PATTERN = re.compile(r"^span-(\d{5,})$")
@@ -105,29 +101,6 @@ class Root:
     def label_errors_sheet(self, number: int) -> str:
         return join(self.span(number), LABEL_ERRORS)
 
-    def check_record(self, number: int, manifest_sha256: str | None = None) -> CheckRecord:
-        """Span `number`'s data-check record, judged as contracts/trust.py says against its manifest as it is
-        now (`manifest_sha256`, read when not given): a record that is no valid one is named, and lets nothing in."""
-        return read_record(self.datacheck(number), number, lambda: manifest_sha256 or self.manifest_sha256(number))
-
-    def manifest_sha256(self, number: int) -> str | None:
-        """The SHA-256 of span `number`'s manifest as it is now; None when it has none."""
-        try:
-            return hashlib.sha256(_read(self.manifest(number))).hexdigest()
-        except FileNotFoundError:
-            return None
-
-    def read_manifest(self, number: int, *, sources: bool = True) -> SpanManifest:
-        """Span `number`'s manifest, and the SHA-256 of the bytes it was read from (its `sha256`). Without
-        `sources` its `sources` list (by far its biggest part) is left empty."""
-        uri = self.manifest(number)
-        data = _read(uri)
-        return _manifest(data, hashlib.sha256(data).hexdigest(), uri, sources)
-
-    def unchecked(self) -> list[int]:
-        """Published spans without a valid data-check record: what the data check has still to judge."""
-        return [n for n in self.published() if self.check_record(n).record is None]
-
     @property
     def runs(self) -> str:
         return join(self.uri, "runs")
@@ -144,110 +117,9 @@ class Root:
     def models(self, name: str) -> str:
         return join(self.uri, "models", name)
 
-    def model_names(self) -> list[str]:
-        """The model repositories under ROOT/models: its folders named as a model may be."""
-        fs, path = filesystem(join(self.uri, "models"))
-        if not fs.isdir(path):
-            return []
-        names = (posixpath.basename(e["name"].rstrip("/")) for e in fs.ls(path, detail=True) if e["type"] == "directory")
-        return sorted(name for name in names if re.fullmatch(MODEL_NAME_PATTERN, name))
-
     @property
     def serving(self) -> str:
         return join(self.uri, "serving")
-
-    def read_labels(self) -> list[str]:
-        fs, path = filesystem(self.labels)
-        if not fs.exists(path):
-            return []
-        labels = load_json(self.labels)
-        if not isinstance(labels, list) or not all(isinstance(name, str) for name in labels):
-            raise ResultError(f"{self.labels} is not a list of label names; restore it from a backup, or remove it "
-                              "and ingest rebuilds it from the spans' manifests")
-        return labels
-
-    def span_numbers(self) -> list[int]:
-        """Numbers of every span folder, published or not."""
-        fs, path = filesystem(self.spans)
-        if not fs.isdir(path):
-            return []
-        names = (posixpath.basename(p.rstrip("/")) for p in fs.ls(path, detail=False))
-        return sorted(int(m.group(1)) for m in map(SPAN_PATTERN.match, names) if m)
-
-    def manifests(self, spans: list[int] | None = None, *, checked: bool = True) -> list[SpanManifest]:
-        """Manifests of the published spans (those whose _MANIFEST.json exists), oldest first.
-
-        With `checked`, only the spans the data check let in: training and the gate read those, while
-        ingest (duplicates, labels, what is already known) and the data check count every published span
-        (`checked=False`). Naming a span in `spans` that the check has not let in raises SpanNotChecked,
-        with why and what to do, rather than quietly reading less."""
-        return list(self.each_manifest(spans, checked=checked))
-
-    def published(self) -> list[int]:
-        """Numbers of the published spans, checked or not."""
-        fs, _ = filesystem(self.spans)
-        return [n for n in self.span_numbers() if fs.exists(filesystem(self.manifest(n))[1])]
-
-    def each_manifest(self, spans: list[int] | None = None, *, checked: bool = True,
-                      sources: bool = True) -> Iterator[SpanManifest]:
-        """`manifests`, read one at a time: a reader that keeps little of each holds one span's in memory.
-        Without `sources` each manifest's `sources` list (by far its biggest part) is left empty."""
-        fs, _ = filesystem(self.spans)
-        for number in self.span_numbers():
-            if spans is not None and number not in spans:
-                continue
-            uri = self.manifest(number)
-            if not fs.exists(filesystem(uri)[1]):
-                continue
-            data = _read(uri)
-            manifest = _manifest(data, hashlib.sha256(data).hexdigest(), uri, sources)  # a damaged one is named
-            why = self.check_record(number, manifest.sha256).refusal(self.uri) if checked else None
-            if why:
-                if spans is not None:
-                    raise SpanNotChecked(why)
-                continue
-            yield manifest
-
-    def shards(self, split: str, spans: list[int] | None = None, *, checked: bool = True) -> list[Shard]:
-        """Shard files of one split across the published spans the data check let in (all published
-        spans without `checked`; unpublished span folders are ignored)."""
-        found = []
-        for manifest in self.each_manifest(spans, checked=checked, sources=False):
-            folder = self.span(manifest.span)
-            found += [Shard(join(folder, entry.file), TF_COMPRESSION[manifest.compression], entry.records,
-                            manifest.span, entry.bytes, entry.sha256) for entry in manifest.shards if entry.split == split]
-        return found
-
-    def label_names(self, spans: list[int] | None = None) -> list[str]:
-        """labels.json (append-only, so it covers every span), else the longest list of a manifest."""
-        names = self.read_labels()
-        for manifest in self.each_manifest(spans, checked=False, sources=False):
-            if len(manifest.labels) > len(names):
-                names = list(manifest.labels)
-        return names
-
-
-def _without_sources(data):
-    return {**data, "sources": []} if isinstance(data, dict) else data
-
-
-def _read(uri: str) -> bytes:
-    """The file's bytes; a folder in its place is a ResultError naming it, as load_json says it."""
-    try:
-        return read_bytes(uri)
-    except IsADirectoryError:
-        raise ResultError(f"{uri} is a folder, not a file") from None
-
-
-def _manifest(data: bytes, sha256: str, uri: str, sources: bool) -> SpanManifest:
-    parsed = parse_json(data, uri)
-    manifest = SpanManifest.check(parsed if sources else _without_sources(parsed), uri)
-    manifest._sha256 = sha256
-    return manifest
-
-
-class SpanNotChecked(ValueError):
-    """A span named explicitly that the data check has not let in; the message says why and what to do."""
 
 
 class RunDir:
@@ -269,6 +141,7 @@ class RunDir:
     backup = property(lambda self: self._file("backup"))
     tensorboard = property(lambda self: self._file("tensorboard"))
     candidate = property(lambda self: self._file("candidate"))
+    saved_model = property(lambda self: join(self.candidate, "saved_model.pb"))  # what makes the candidate load
     metrics = property(lambda self: self._file(METRICS))
     curves = property(lambda self: self._file("curves.png"))
     # the gate: TFMA output, the warm-up requests it replayed, its verdict; the marker last
@@ -296,18 +169,18 @@ class RunDir:
 
     @property
     def heavy(self) -> list[str]:
-        """The heavy parts of the run, which the retention rule removes first; the rest is the run's record.
-        metrics.json is among them: it says training finished and the candidate is whole (the flow trains
-        no more when it is there), so it goes with the candidate; its figures stay in summaries/train.json."""
-        return [self.metrics, self.candidate, self.backup, self.tensorboard, self.tfma, posixpath.dirname(self.warmup)]
+        """The heavy parts of the run, which the retention rule removes first; the rest is the run's record
+        (metrics.json, the train stage's result, among it)."""
+        return [self.candidate, self.backup, self.tensorboard, self.tfma, posixpath.dirname(self.warmup)]
 
     def stage_config(self, stage: str) -> str:
         """The settings file the flow hands a stage program (`--config`)."""
         return join(self.uri, "config", f"{stage}.json")
 
-    def summary(self, stage: str) -> str:
-        """Where the flow keeps a stage program's JSON summary."""
-        return join(self.uri, "summaries", f"{stage}.json")
+    def result(self, stage: str) -> str:
+        """The one file of a stage's result in the run: `<stage>.json`; train's is metrics.json, the name it
+        had before every stage had one."""
+        return self.metrics if stage == "train" else self._file(f"{stage}.json")
 
     def phase_backup(self, phase: str) -> str:
         """The backup of one phase of a run fine-tuned from pretrained weights (backup/head, backup/fine_tune);
@@ -323,6 +196,11 @@ class Shard:
     span: int
     bytes: int | None = None  # as the manifest records it
     sha256: str | None = None  # as the manifest records it: a cached copy is used only when it matches
+
+
+def join(base: str, *parts: str) -> str:
+    """Joins path parts onto a local path or a URI without touching its scheme."""
+    return posixpath.join(base.rstrip("/") if base != "/" else base, *parts)
 
 
 def parse_spans(text: str | None) -> list[int] | None:

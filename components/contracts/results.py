@@ -2,7 +2,8 @@
 gate.json. What a push leaves (pushed.json, a version's lineage) is in lineage.py; the stage programs' own
 summaries, the run report and progress events are in summaries.py, all on the same base.
 
-Each is written and read through its model. Keys are strict both ways: a missing key fails, and so does an unknown
+Each is written and read through its model (components/common/files.py: `write_json(uri, result.to_json())`,
+`read_result(uri, Model)`; nothing here does I/O). Keys are strict both ways: a missing key fails, and so does an unknown
 one, so a key renamed on one side fails loudly in a test instead of turning into None in a report.
 """
 from __future__ import annotations
@@ -13,8 +14,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
-from components.common.files import read_bytes, write_json
-
 
 class ResultError(ValueError):
     """A result file that is not what its model says; the message names the file."""
@@ -24,36 +23,23 @@ class Result(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
     @classmethod
-    def read(cls, uri: str):
-        return cls.check(load_json(uri), uri)
-
-    @classmethod
     def check(cls, data, uri: str):
-        """The model from JSON data already read from `uri` (to hash it, say); errors name `uri`."""
+        """The model from JSON data read from `uri` (components/common/files.py read_result); errors name `uri`."""
         try:
             return cls.model_validate(data)
         except ValidationError as error:
             raise ResultError(f"{uri} is not a valid {cls.__name__}: {_problems(error)}") from None
-
-    def write(self, uri: str) -> None:
-        write_json(uri, self.to_json())
 
     def to_json(self) -> dict:
         """The plain JSON object, as written to the file and printed as a stage's summary."""
         return self.model_dump(mode="json")
 
 
-def load_json(uri: str):
-    """The JSON value in the file at `uri`. A file that is not one (not UTF-8, not JSON, nested deeper than Python's
-    parser goes, or a folder) is a ResultError naming it: every reader of ROOT's files ends in one line, not a traceback."""
-    try:
-        return parse_json(read_bytes(uri), uri)
-    except IsADirectoryError:
-        raise ResultError(f"{uri} is a folder, not a file") from None
-
-
 def parse_json(data: bytes, uri: str):
-    try:  # as load_json reads the file at `uri`
+    """The JSON value in `data`, the bytes of the file at `uri`. Bytes that are not one (not UTF-8, not JSON,
+    nested deeper than Python's parser goes) are a ResultError naming the file: every reader of ROOT's files ends
+    in one line, not a traceback."""
+    try:
         return json.loads(data.decode("utf-8"))
     except json.JSONDecodeError as error:
         raise ResultError(f"{uri} is not JSON: {error}") from None

@@ -3,7 +3,7 @@ takes its part of it.
 
 A RunConfig is the run-wide fields (source, root, model name, preset, shard cache, Beam options,
 timeouts) plus one group per stage of the registry. It is the flow's parameters, what `stoke run`,
-`stoke up` and `stoke deploy` take (a file plus `--set group.field=value`, overrides.py), and, once
+`stoke up` and `stoke deploy` take (a file plus `--set group.field=value`, components/common/config_files.py), and, once
 resolved (presets applied), what the run records as ROOT/runs/<id>/config.json before its first
 stage. Each stage program gets its settings as a file in the run folder: its group plus the inputs
 the registry names (`stage_settings`), validated by the same fields the program's flags come from

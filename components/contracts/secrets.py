@@ -4,7 +4,7 @@ or a whole line, and `SourceCredentials` keeps SOURCE's user info out of the nam
 A value a user gives (SOURCE, a --data-service address, a database URL, a queue) may carry a password,
 and it comes back in files under ROOT, summaries, error lines, logs and Prefect's records. Every layer
 reaches this one function: the error line, the summary and the log filter of every program
-(components/contracts/program.py: `printable`, `scrubbed`), the run's recorded configuration and stage
+(components/common/program.py: `printable`, `scrubbed`), the run's recorded configuration and stage
 settings files, manifests, lineage, and the messages that echo a value before any of those print it.
 
 What is hidden:

@@ -20,12 +20,18 @@ class Stage:
     program: str  # `python -m <program>`: what the CLI and the flow start
     summary: str  # one line for `stoke --help`
     settings: type[BaseModel]  # its group of the run configuration
-    result: type[results.Result]  # the JSON object its program prints last, and the flow keeps
+    result: type[results.Result]  # the JSON object its program prints last: ROOT/runs/<id>/<name>.json (layout.py)
     timeout_minutes: float  # how long the flow lets it run
     # What the program takes beside its group: run-wide settings of RunConfig and facts of the run
     # (run_config.RUN_FACTS); those in `required` must be given, the others may be left out by hand.
     inputs: tuple[str, ...] = ("root",)
     required: tuple[str, ...] = ("root",)
+
+    @property
+    def writes_result(self) -> bool:
+        """Whether its program, given the run (`run_id`), writes its result into the run folder itself, as its
+        last act; the flow writes what the others print."""
+        return "run_id" in self.inputs
 
     @property
     def package(self) -> str | None:

@@ -27,8 +27,8 @@ from components.contracts.results import (
 
 
 class Summary(Result):
-    """A stage program's summary: the JSON object on the last line of its stdout with --json, and
-    ROOT/runs/<id>/summaries/<stage>.json. Keys of one outcome only (a published span's counts, a
+    """A stage program's summary: the JSON object on the last line of its stdout with --json, and its
+    result in the run folder (RunDir.result). Keys of one outcome only (a published span's counts, a
     failure's error) have defaults; a summary holds the keys its stage set, and no others."""
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=(), validate_assignment=True)
@@ -213,7 +213,7 @@ class DataCheckRecord(Result):
     that lets training and the gate read it (ok, warning or released; quarantined holds it back, and a
     span without a valid record is not read at all). Rewritten whole, never removed: a release keeps
     the reasons and anomalies it let in, beside who and when. Valid for the manifest it names, with the
-    status its anomalies give (contracts/trust.py)."""
+    status its anomalies give (`verdict`; components/common/spans.py says which record lets a span in)."""
 
     span: int
     check_version: int
@@ -232,6 +232,13 @@ class DataCheckRecord(Result):
 
 
 TRUSTED = ("ok", "warning", "released")  # the statuses training and the gate read
+
+
+def verdict(anomalies: list[DataAnomaly]) -> str:
+    """The status anomalies give a span: an error about it as a whole quarantines it (one about a file is for
+    a person to look at), any other finding warns."""
+    errors = any(a.severity == "error" and a.file is None for a in anomalies)
+    return "quarantined" if errors else "warning" if anomalies else "ok"
 
 
 class SpanCheck(Result):

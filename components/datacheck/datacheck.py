@@ -23,13 +23,14 @@ from collections import defaultdict
 from google.protobuf.message import DecodeError
 from tensorflow_metadata.proto.v0 import statistics_pb2
 
-from components.common import clock
+from components.common import clock, program
 from components.common import plots as draw
 from components.common.content_index import parse
-from components.common.files import filesystem
+from components.common.files import filesystem, write_json
+from components.common.spans import Spans
 from components.common.store_errors import on_root
 from components.common.trusted_index import verified
-from components.contracts import program, schema, trust
+from components.contracts import schema, summaries
 from components.contracts.label_check import LabelCheck
 from components.contracts.layout import Root
 from components.contracts.results import ResultError, SpanManifest
@@ -67,13 +68,13 @@ def run(argv: list[str] | None = None) -> int:
 def check_spans(config: DataCheckSettings) -> DataCheckSummary:
     """Checks the span asked for, or every published span without a valid record, and records each verdict."""
     root = Root(config.root)
-    published = {m.span: m for m in root.each_manifest(checked=False, sources=False)}
+    published = {m.span: m for m in Spans(root).each_manifest(checked=False, sources=False)}
     if not published:
         return DataCheckSummary(message=f"no published span under {root.spans} to check")
     if config.span is not None and config.span not in published:
         raise DataCheckError(f"span {config.span} is not published under {root.spans}")
     numbers = [config.span] if config.span is not None else \
-        [n for n, manifest in published.items() if root.check_record(n, manifest.sha256).record is None]
+        [n for n, manifest in published.items() if Spans(root).check_record(n, manifest.sha256).record is None]
     if not numbers:
         return DataCheckSummary(message=f"every published span under {root.spans} is checked already")
     return DataCheckSummary(spans=[check_span(root, published, n, config) for n in numbers])
@@ -84,7 +85,7 @@ def check_span(root: Root, published: dict[int, SpanManifest], number: int, conf
     describe the span quarantine it; a history span's stop the check, for no span is judged against less."""
     manifest = published[number]
     let_in = {n: read.record for n, m in published.items()
-              if n != number and (read := root.check_record(n, m.sha256)).trusted}
+              if n != number and (read := Spans(root).check_record(n, m.sha256)).trusted}
     history = list(let_in)
     past = {n: profile(read_statistics(root, published[n])) for n in history}
     try:
@@ -134,17 +135,17 @@ def record(root: Root, manifest: SpanManifest, verdict: Verdict, labels: LabelCh
     about one file is among the anomalies)."""
     number = manifest.span
     errors = [a for a in verdict.anomalies if a.severity == "error" and a.file is None]
-    earlier = root.check_record(number, manifest.sha256).record
-    status = trust.verdict(verdict.anomalies)
+    earlier = Spans(root).check_record(number, manifest.sha256).record
+    status = summaries.verdict(verdict.anomalies)
     kept = {}
     if earlier is not None and earlier.status == "released":
         status, kept = "released", {"released_by": earlier.released_by, "released_at": earlier.released_at,
                                     "reasons": earlier.reasons}
-    DataCheckRecord.model_validate({
+    write_json(root.datacheck(number), DataCheckRecord.model_validate({
         "span": number, "check_version": DATACHECK_VERSION, "status": status, "checked_at": clock.now(),
         "reasons": [e.message for e in errors], "anomalies": verdict.anomalies, "label_check": labels,
         "manifest_sha256": manifest.sha256, **kept,
-    }).write(root.datacheck(number))
+    }).to_json())
     return status
 
 

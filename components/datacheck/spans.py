@@ -17,12 +17,12 @@ import socket
 import sys
 from collections import defaultdict
 
-from components.common import clock, shard_digests
+from components.common import clock, program, shard_digests
 from components.common.cache_folder import CacheError
-from components.common.files import exists
+from components.common.files import exists, write_json
 from components.common.shard_digests import Mismatch, changed_spans
+from components.common.spans import Spans
 from components.common.tf_files import tf_reads
-from components.contracts import program
 from components.contracts.layout import Root
 from components.contracts.results import ResultError, SpanManifest
 from components.contracts.schema import SPLITS
@@ -37,7 +37,7 @@ def status(root: Root, manifest: SpanManifest, mismatched: list[Mismatch] = ()) 
     """The span's row: its record's status, or unchecked (with why, when a record is there but is no valid one),
     or changed when some of its shards (`mismatched`) are not the files its manifest names."""
     number, counts = manifest.span, manifest.counts
-    found = root.check_record(number, manifest.sha256)
+    found = Spans(root).check_record(number, manifest.sha256)
     row = SpanStatus(span=number, status=found.record.status if found.record else "unchecked", train=counts.train,
                      eval=counts.eval, dead_letter=counts.dead_letter)
     if found.record is not None:
@@ -53,10 +53,10 @@ def status(root: Root, manifest: SpanManifest, mismatched: list[Mismatch] = ()) 
 
 
 def list_spans(root: Root) -> SpansSummary:
-    manifests = root.manifests(checked=False)
+    manifests = Spans(root).manifests(checked=False)
     mismatched = defaultdict(list)
     if manifests and tf_reads(root.uri):
-        shards = [s for split in SPLITS for s in root.shards(split, checked=False)]
+        shards = [s for split in SPLITS for s in Spans(root).shards(split, checked=False)]
         for found in shard_digests.check(shards).mismatched:
             mismatched[found.shard.span].append(found)
     return SpansSummary(spans=[status(root, m, mismatched[m.span]) for m in manifests])
@@ -66,17 +66,17 @@ def release(root: Root, number: int, by: str | None = None) -> SpansSummary:
     """Lets span `number` in: its record says released, by whom and when, and keeps what it let in."""
     if not exists(root.manifest(number)):
         raise SpansError(f"span {number} is not published under {root.spans}")
-    found = root.check_record(number)
+    found = Spans(root).check_record(number)
     if found.record is None or found.record.status != "quarantined":
         if found.record is not None and found.record.status == "released":
             raise SpansError(f"span {number} was released already, by {found.record.released_by} at "
                              f"{found.record.released_at}")
         why = found.refusal(root.uri) or f"span {number} is not quarantined (the data check found it {found.record.status})"
         raise SpansError(why)
-    found.record.model_copy(update={
+    write_json(root.datacheck(number), found.record.model_copy(update={
         "status": "released", "released_by": by or f"{getpass.getuser()}@{socket.gethostname()}",
-        "released_at": clock.now()}).write(root.datacheck(number))
-    return SpansSummary(released=status(root, root.read_manifest(number)))
+        "released_at": clock.now()}).to_json())
+    return SpansSummary(released=status(root, Spans(root).read_manifest(number)))
 
 
 def run(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 import sys
 
-from components.contracts.program import stage_arguments
+from components.common.program import stage_arguments
 
 stage_arguments("gate")  # --help and usage errors answered before TensorFlow and TFMA load
 from components.gate.gate import run  # noqa: E402

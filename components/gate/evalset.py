@@ -12,16 +12,17 @@ limits, both about what a candidate can be held to:
 """
 from __future__ import annotations
 
+from components.common.spans import Spans
 from components.contracts.layout import Root
 
 
 def eval_spans(root: Root, trained: list[int], labels: list[str]) -> tuple[list[int], list[str]]:
     """The spans whose eval records judge a candidate trained on `trained` with `labels`, and a note for
     each checked span left out. Raises SpanNotChecked when a span of `trained` is not let in now."""
-    for _ in root.each_manifest(trained, sources=False):
+    for _ in Spans(root).each_manifest(trained, sources=False):
         pass  # each trained span is checked as it is read
     spans, notes = [], []
-    for manifest in root.each_manifest(sources=False):
+    for manifest in Spans(root).each_manifest(sources=False):
         if list(labels[:len(manifest.labels)]) == list(manifest.labels):
             spans.append(manifest.span)
             continue

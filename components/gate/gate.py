@@ -31,17 +31,18 @@ import subprocess
 import sys
 import tempfile
 
-from components.common import clock, plots, processes, shard_digests
-from components.common.files import check_writable, exists, filesystem, join, remove, write_text
+from components.common import clock, plots, processes, program, shard_digests
+from components.common.files import check_writable, exists, filesystem, join, read_result, remove, write_json, write_text
 from components.common.local_copies import UnsafeKey
 from components.common.model_folders import SAVED_MODEL
 from components.common.repository import Repository, RepositoryError
 from components.common.runtime_logs import program_environment, quiet_tensorflow_python
 from components.common.shard_cache import CacheError, ShardCache
+from components.common.spans import SpanNotChecked, Spans
 from components.common.store_errors import on_root
 from components.common.tf_files import local_copy, push, tf_reads
-from components.contracts import program, schema
-from components.contracts.layout import Root, RunDir, Shard, SpanNotChecked
+from components.contracts import schema
+from components.contracts.layout import Root, RunDir, Shard
 from components.contracts.results import GateResult, ResultError, TrainMetrics
 from components.contracts.run_config import GateSettings
 from components.gate import records, rule
@@ -124,14 +125,14 @@ def gather(config: GateSettings) -> GateInputs:
     if not exists(run.metrics):
         raise GateError(f"run {config.run_id} has no {run.metrics}: training did not finish there "
                             "(check --run-id and --root)")
-    trained = TrainMetrics.read(run.metrics)
+    trained = read_result(run.metrics, TrainMetrics)
     candidate = run.candidate
     if not exists(join(candidate, SAVED_MODEL)):
         raise GateError(f"run {config.run_id} has no candidate SavedModel at {candidate}")
     labels = trained.labels
     try:  # every checked span's eval records, not only those training read (evalset.py)
         spans, left_out = eval_spans(root, trained.spans, labels)
-        shards = root.shards("eval", spans)
+        shards = Spans(root).shards("eval", spans)
     except SpanNotChecked as exc:  # held back since the run trained on it: its records are no evidence
         raise GateError(f"run {config.run_id} trained on a span the data check does not let in now: {exc}; "
                         "or train again without it") from None
@@ -285,7 +286,7 @@ def write(config: GateSettings, inputs: GateInputs, metrics: dict, results: dict
         "gate_uri": run.gate,
         "gated_at": clock.now(),
     })
-    validation.write(run.gate)
+    write_json(run.gate, validation.to_json())
     for marker in (run.blessed, run.not_blessed):
         if exists(marker):
             remove(marker)

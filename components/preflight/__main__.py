@@ -1,6 +1,6 @@
 import sys
 
-from components.contracts.program import stage_arguments
+from components.common.program import stage_arguments
 
 stage_arguments("preflight")  # --help and usage errors answered before TensorFlow loads
 from components.preflight.preflight import run  # noqa: E402

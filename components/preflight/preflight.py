@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import sys
 
+from components.common import program
+from components.common.spans import Spans
 from components.common.store_errors import problem
-from components.contracts import program
 from components.contracts.config import ShardCacheConfig
-from components.contracts.layout import Root
 from components.contracts.results import ResultError, SpanManifest
 from components.preflight.checks import Check, Report
 from components.preflight.gpus import gpu_check, tensorflow_check
@@ -67,7 +67,7 @@ def _manifests(root: str) -> tuple[list[SpanManifest], Check | None]:
     """The published spans' manifests, checked by the data check or not (training reads them once they
     are); a broken one fails the check, since every stage would stop on it."""
     try:
-        return Root(root).manifests(checked=False), None
+        return Spans(root).manifests(checked=False), None
     except ResultError as error:
         return [], Check("span manifests", "fail", str(error),
                          "restore the file from a backup")

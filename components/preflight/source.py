@@ -13,9 +13,8 @@ from __future__ import annotations
 import os
 import threading
 
-from components.common import source_files, store_errors
+from components.common import program, source_files, store_errors
 from components.common.files import filesystem, is_local, uri_of, without_query
-from components.contracts import program
 from components.preflight.checks import Check
 
 NAME = "source"

@@ -12,9 +12,10 @@ import uuid
 from collections import defaultdict
 
 from components.common.files import filesystem, is_local, join, protocol, read_json, uri_of
+from components.common.program import setting_hint
+from components.common.spans import Spans
 from components.common.store_errors import problem
 from components.contracts.layout import METRICS, Root
-from components.contracts.options import setting_hint
 from components.contracts.results import SpanManifest
 from components.preflight import disks
 from components.preflight.checks import Check
@@ -249,7 +250,7 @@ def shard_cache(root: str, manifests: list[SpanManifest], cache_dir: str | None,
     refused = refusal(cache.folder)
     if refused:
         return Check("shard cache", "fail", *refused, {"folder": cache.folder})
-    shards = Root(root).shards("train", checked=False) + Root(root).shards("eval", checked=False)
+    shards = Spans(root).shards("train", checked=False) + Spans(root).shards("eval", checked=False)
     need = cache.needs(shards) + (sum(s.bytes for s in manifests[-1].shards) if manifests else 0)
     usage = shutil.disk_usage(_existing(cache.folder))
     facts = {"folder": cache.folder, "free_bytes": usage.free, "need_bytes": need, "max_bytes": cache.max_bytes}

@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from components.common import program
 from components.common.model_folders import MAX_VERSION, version_number
 from components.common.repository import Repository, RepositoryError
-from components.contracts import program
 from components.contracts.results import ResultError
 
 

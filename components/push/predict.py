@@ -11,13 +11,13 @@ import posixpath
 import sys
 import tempfile
 
+from components.common import program
 from components.common.files import filesystem
 from components.common.image_header import ImageRefused, open_image
 from components.common.local_copies import UnsafeKey
 from components.common.model_folders import loadable, survey
 from components.common.serving import PredictError, rest_predict
 from components.common.tf_files import local_copy
-from components.contracts import program
 from components.contracts.schema import MAX_MEGAPIXELS, SERVING_INPUT, SERVING_SIGNATURE
 
 

@@ -4,7 +4,8 @@ Refuses a run without BLESSED, a run validated against a served version that is 
 newest (gate it again), and pushes a run at most once (a second push reports the first). It holds
 the repository's lock from the first look at the repository to the rendered ROOT/serving, so
 concurrent pushes take turns. It writes its intent (push_intent.json) before the version and
-pushed.json after; a version whose lineage names the run counts as pushed, so a push stopped
+pushed.json after (the version's record, which makes a second push report the first), and its result,
+push.json, last; a version whose lineage names the run counts as pushed, so a push stopped
 between the two is finished by the next attempt instead of repeated. The
 version folder gets the candidate, `assets.extra/tf_serving_warmup_requests` (the requests
 validation replayed) and `assets.extra/stoke_lineage.json`; it appears atomically
@@ -19,11 +20,10 @@ import hashlib
 import json
 import subprocess
 
-from components.common import clock, processes
-from components.common.files import exists, filesystem, join, read_json, remove
+from components.common import clock, processes, program
+from components.common.files import exists, filesystem, join, read_json, read_result, remove, write_json
 from components.common.repository import ASSETS_EXTRA, LINEAGE_FILE, Repository, RepositoryError, kill_drill
 from components.common.store_errors import on_root
-from components.contracts import program
 from components.contracts.layout import WARMUP_FILE, Root, RunDir
 from components.contracts.lineage import Blessing, Lineage, LineageSpan, Pushed, PushIntent, Training
 from components.contracts.results import GateResult, ResultError, SpanManifest, TrainMetrics
@@ -63,9 +63,9 @@ def push(config: PushSettings) -> PushSummary:
     if not exists(run.blessed):
         why = "it was not validated (run `stoke gate` first)"
         if exists(run.not_blessed):
-            why = "validation refused it: " + "; ".join(GateResult.read(run.gate).reasons)
+            why = "validation refused it: " + "; ".join(read_result(run.gate, GateResult).reasons)
         raise PushError(f"run {config.run_id} is not blessed: {why}")
-    validation = GateResult.read(run.gate)
+    validation = read_result(run.gate, GateResult)
     if validation.model_name != config.model_name:
         raise PushError(f"run {config.run_id} was validated for model {validation.model_name!r}, "
                         f"not {config.model_name!r}; gate it against {config.model_name!r} first")
@@ -76,6 +76,7 @@ def push(config: PushSettings) -> PushSummary:
                    else _publish(config, root, run, repo, validation))
     summary.image = (serving.build_image(summary.serving_uri, summary.commands.docker_build)
                      if config.build_image else {"built": False, "reason": "not asked (push.build_image false)"})
+    write_json(run.result("push"), summary.to_json())  # the run's record of the push, for its report
     return summary
 
 
@@ -117,13 +118,14 @@ def _publish(config: PushSettings, root: Root, run: RunDir, repo: Repository, va
     version = repo.next_version()
     lineage = build_lineage(root, config, validation, version, trained_tf)
     warmup_fs, warmup_path = filesystem(run.warmup)
-    PushIntent(version=version, model_uri=repo.version_uri(version), started_at=lineage.pushed_at).write(run.push_intent)
+    intent = PushIntent(version=version, model_uri=repo.version_uri(version), started_at=lineage.pushed_at)
+    write_json(run.push_intent, intent.to_json())
     model_uri = repo.publish(candidate, version, {
         f"{ASSETS_EXTRA}/{LINEAGE_FILE}": json.dumps(lineage.to_json(), indent=2, sort_keys=True).encode(),
         f"{ASSETS_EXTRA}/{WARMUP_FILE}": warmup_fs.cat_file(warmup_path),
     })
     kill_drill("published")
-    Pushed(version=version, model_uri=model_uri, pushed_at=lineage.pushed_at).write(run.pushed)
+    write_json(run.pushed, Pushed(version=version, model_uri=model_uri, pushed_at=lineage.pushed_at).to_json())
     remove(run.push_intent)
     kill_drill("recorded")
     retired = repo.apply_retention(config.keep, clock.now())
@@ -154,14 +156,14 @@ def earlier_push(repo: Repository, run: RunDir) -> Pushed | None:
     publishing and before recording it (pushed.json is then written for it). The intent's version is
     looked at first; it may also be retired by now."""
     if exists(run.pushed):
-        return Pushed.read(run.pushed)
+        return read_result(run.pushed, Pushed)
     complete = set(repo.versions() + repo.rolled_back() + repo.retired())
-    intended = [PushIntent.read(run.push_intent).version] if exists(run.push_intent) else []
+    intended = [read_result(run.push_intent, PushIntent).version] if exists(run.push_intent) else []
     for version in [v for v in intended if v in complete] + repo.versions()[::-1] + repo.rolled_back()[::-1]:
         lineage = repo.lineage(version)
         if lineage is not None and lineage.run_id == run.run_id:
             pushed = Pushed(version=version, model_uri=repo.version_uri(version), pushed_at=lineage.pushed_at)
-            pushed.write(run.pushed)
+            write_json(run.pushed, pushed.to_json())
             if exists(run.push_intent):
                 remove(run.push_intent)
             return pushed
@@ -173,7 +175,7 @@ def build_lineage(root: Root, config: PushSettings, validation: GateResult, vers
     from components.push import serving_image as serving
 
     run = root.run(config.run_id)
-    trained = TrainMetrics.read(run.metrics)
+    trained = read_result(run.metrics, TrainMetrics)
     spans = []
     for manifest_uri in map(root.manifest, trained.spans):
         fs, path = filesystem(manifest_uri)

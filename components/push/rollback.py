@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import sys
 
-from components.common import clock
+from components.common import clock, program
 from components.common.files import join, write_json
 from components.common.repository import ASSETS_EXTRA, LINEAGE_FILE, ROLLED_BACK_PREFIX, Repository, RepositoryError
-from components.contracts import program
 from components.contracts.layout import Root
 from components.contracts.lineage import RolledBack
 from components.push.serving_image import ServingError, render
@@ -40,7 +39,7 @@ def rollback(root: str, model_name: str = "stoke", reason: str | None = None) ->
             write_json(join(aside, ASSETS_EXTRA, LINEAGE_FILE),
                        {"model_name": model_name, "version": newest, "rolled_back": rolled_back.to_json()})
         else:
-            lineage.model_copy(update={"rolled_back": rolled_back}).write(join(aside, ASSETS_EXTRA, LINEAGE_FILE))
+            write_json(join(aside, ASSETS_EXTRA, LINEAGE_FILE), lineage.model_copy(update={"rolled_back": rolled_back}).to_json())
         rendered = render(base, model_name)
     return {"rolled_back": newest, "moved_to": aside, "serving_version": versions[-2], "reason": reason,
             "at": when, "versions": rendered["versions"], "serving_uri": rendered["serving_uri"],

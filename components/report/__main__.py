@@ -1,8 +1,8 @@
 """`python -m components.report --root ROOT --run-id ID`: (re)builds a run's report from its folder."""
 import sys
 
-from components.common.files import exists
-from components.contracts import program
+from components.common import program
+from components.common.files import exists, read_result
 from components.contracts.layout import Root, RunDir
 from components.contracts.retention import Pruned
 from components.report.report import write_report
@@ -13,7 +13,7 @@ def rebuild(run: RunDir) -> dict:
     if not exists(run.uri):
         raise ValueError(f"there is no run {run.run_id} under {Root(run.root).runs}: never run, or deleted by the "
                          f"retention rule (`stoke runs --root {run.root}` lists the runs)")
-    if exists(run.pruned) and Pruned.read(run.pruned).kept == "nothing":
+    if exists(run.pruned) and read_result(run.pruned, Pruned).kept == "nothing":
         raise ValueError(f"run {run.run_id} is being deleted by the retention rule (its pruned.json says so); "
                          f"`stoke runs prune --root {run.root}` finishes it")
     return write_report(run)["summary"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 
+from components.common.program import setting_hint
 from components.contracts.config import DISPATCHER_PORT
-from components.contracts.options import setting_hint
 from components.contracts.results import InputProbe
 
 

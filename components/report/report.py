@@ -1,7 +1,7 @@
 """The run report: what one run did, built from its run folder alone.
 
-Reads ROOT/runs/<run-id>/summaries/<stage>.json (each stage's JSON summary, as its program printed
-it) and writes report.json, report.md and the confusion-matrix plot next to them; the training
+Reads each stage's result, ROOT/runs/<run-id>/<stage>.json (train's: metrics.json), through the stage
+registry, and writes report.json, report.md and the confusion-matrix plot next to them; the training
 curves (curves.png) are the trainer's. The orchestrator shows the same markdown; nothing here knows
 about it, so `write_report` can rebuild the report of any run, also one that failed halfway.
 """
@@ -11,10 +11,11 @@ import json
 import os
 
 from components.common import plots as draw
-from components.common.files import exists, read_json, write_text
+from components.common.files import exists, read_json, read_result, write_json, write_text
+from components.common.program import printable, scrubbed
+from components.common.spans import Spans
 from components.contracts import stages
 from components.contracts.layout import Root, RunDir
-from components.contracts.program import printable, scrubbed
 from components.contracts.results import Comparison, GateMetrics, GateResult, TrainMetrics
 from components.contracts.retention import RetentionSummary
 from components.contracts.summaries import PushSummary, RunReport
@@ -99,7 +100,7 @@ def write_report(run: RunDir, skipped: str | None = None, failed: str | None = N
     # Names in the markdown cannot carry escapes.
     markdown = render_markdown(RunReport.model_validate(printable(report.to_json())))
     write_text(run.report_md, markdown)
-    report.write(run.report_json)
+    write_json(run.report_json, report.to_json())
     return {"summary": report.to_json(), "markdown": markdown, "report_md": report.report_md}
 
 
@@ -371,7 +372,7 @@ def _unserved(run: RunDir, config: dict | None) -> list[str]:
         if lineage is None:
             return []
         seen = {span.span for span in lineage.spans}
-        records = {n: root.check_record(n).record for n in root.published() if n not in seen}
+        records = {n: Spans(root).check_record(n).record for n in Spans(root).published() if n not in seen}
         return [f"{n} ({record.status if record else 'unchecked'})" for n, record in records.items()]
     except (OSError, ValueError):
         return []
@@ -380,7 +381,7 @@ def _unserved(run: RunDir, config: dict | None) -> list[str]:
 def _run_folders(run: RunDir, alerts: list[str]) -> str | None:
     """What the retention rule did as the run ended, in words; a prune that failed is also an alert."""
     try:
-        summary = RetentionSummary.read(run.retention) if exists(run.retention) else None
+        summary = read_result(run.retention, RetentionSummary) if exists(run.retention) else None
     except (OSError, ValueError):
         summary = None  # a record of the prune, not of the run: the report stands without it
     if summary is not None and summary.error:
@@ -393,11 +394,11 @@ def _train_records(run: RunDir, train: TrainMetrics | None) -> int | None:
     if train is None:
         return None
     try:
-        return sum(m.counts.train for m in Root(run.root).each_manifest(train.spans, checked=False, sources=False))
+        return sum(m.counts.train for m in Spans(run.root).each_manifest(train.spans, checked=False, sources=False))
     except (OSError, ValueError):
         return None
 
 
 def _read(run: RunDir, stage: stages.Stage):
-    """A stage's summary, read through its result model: None when the stage did not run."""
-    return stage.result.read(run.summary(stage.name)) if exists(run.summary(stage.name)) else None
+    """A stage's result, read through its model: None when the stage did not run."""
+    return read_result(run.result(stage.name), stage.result) if exists(run.result(stage.name)) else None

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import sys
 
+from components.common import program
+from components.common.program import add_options, given
 from components.common.run_retention import RetentionError, prune
 from components.common.store_errors import naming
-from components.contracts import program
 from components.contracts.config import RunsConfig
 from components.contracts.layout import Root
-from components.contracts.options import add_options, given
 from components.contracts.results import ResultError
 from components.contracts.retention import RetentionSummary, RunFate
 

@@ -25,13 +25,13 @@ import time
 
 import tensorflow as tf
 
+from components.common.program import setting_hint
 from components.common.shard_cache import ShardCache, shards_of_worker
 from components.common.shard_digests import Mismatch
 from components.common.shard_scan import ShardScan
 from components.contracts import schema
 from components.contracts.config import TrainConfig
 from components.contracts.layout import Shard
-from components.contracts.options import setting_hint
 from components.train.data_service import ServiceError, workers
 
 AUTOTUNE = tf.data.AUTOTUNE

@@ -37,7 +37,7 @@ import threading
 
 import grpc
 
-from components.contracts import program
+from components.common import program
 from components.contracts.config import DISPATCHER_PORT, WORKER_PORT, check_service_address
 
 HEARTBEAT_MS = 2000  # how often a worker tells the dispatcher it is alive

@@ -30,18 +30,19 @@ from collections.abc import Callable
 import tensorflow as tf
 import tf_keras as keras
 
-from components.common import advice, plots, shard_digests
-from components.common.files import check_writable, exists, remove
+from components.common import advice, plots, program, shard_digests
+from components.common.files import check_writable, exists, remove, write_json
 from components.common.local_copies import UnsafeKey
+from components.common.program import setting_hint
 from components.common.repository import SAVED_MODEL
 from components.common.shard_cache import CacheError, ShardCache
 from components.common.shard_scan import scan_shards
+from components.common.spans import SpanNotChecked, Spans
 from components.common.store_errors import on_root
 from components.common.tf_files import pull, push, tf_reads
-from components.contracts import program, schema
+from components.contracts import schema
 from components.contracts.config import DEFAULT_BATCH, MIN_STEPS_PER_EPOCH, SMALL_BATCH, TrainConfig, trace_range
-from components.contracts.layout import Root, RunDir, Shard, SpanNotChecked, new_run_id, parse_spans
-from components.contracts.options import setting_hint
+from components.contracts.layout import Root, RunDir, Shard, new_run_id, parse_spans
 from components.contracts.results import ResultError, TrainMetrics
 from components.contracts.run_config import RunConfig, TrainSettings
 from components.contracts.summaries import Progress
@@ -114,7 +115,7 @@ def train(config: RunConfig, *, run_id: str | None = None,
         if chief:
             upload_candidate(plan.work, plan.run)
             _plot_curves(fitted.history, plan.run.curves)
-            metrics.write(plan.run.metrics)  # last: its presence marks the run finished
+            write_json(plan.run.metrics, metrics.to_json())  # last: its presence marks the run finished
     finally:
         # A worker's scratch copy, and the local folder of a ROOT in a bucket once all of it is uploaded.
         for folder in {mine.uri, plan.work.uri} - {plan.run.uri}:
@@ -240,27 +241,28 @@ def connect_service(settings: TrainConfig) -> dict | None:
 def find_data(config: RunConfig, run_id: str | None) -> tuple[RunDir, list[Shard], list[Shard], list[str]]:
     """The run folder, the train and eval shards of the spans asked for, and their label names."""
     root = Root(config.root)
+    stored_spans = Spans(root)
     try:
         spans = parse_spans(config.train.spans)
         run = root.run(run_id or new_run_id())
     except ValueError as exc:
         raise TrainError(str(exc)) from None
     try:
-        train_shards = root.shards("train", spans)
-        eval_shards = root.shards("eval", spans)
+        train_shards = stored_spans.shards("train", spans)
+        eval_shards = stored_spans.shards("eval", spans)
     except SpanNotChecked as exc:
         raise TrainError(str(exc)) from None
     # Spans without a valid record (never checked, or their manifest changed since) are left out, and said so.
-    unchecked = [read.refusal(root.uri) for n in root.published() if (spans is None or n in spans)
-                 and (read := root.check_record(n)).record is None]
+    unchecked = [read.refusal(root.uri) for n in stored_spans.published() if (spans is None or n in spans)
+                 and (read := stored_spans.check_record(n)).record is None]
     if not train_shards:
         raise TrainError(f"no published span the data check let in with training records under {root.spans}"
                          + (f" among spans {config.train.spans}" if spans else "")
                          + (f"; {'; '.join(unchecked[:3])}" if unchecked else "; run `stoke ingest` first"))
     for why in unchecked:
         print(f"stoke train: warning: left out: {why}", file=sys.stderr, flush=True)
-    labels = root.label_names(spans)
-    stored = min((m.max_side for m in root.manifests(spans) if m.max_side), default=None)
+    labels = stored_spans.label_names(spans)
+    stored = min((m.max_side for m in stored_spans.manifests(spans) if m.max_side), default=None)
     if stored and config.train.image_size > stored:
         larger = setting_hint("ingest", {"ingest.max_side": max(512, 2 * config.train.image_size)})
         print(f"stoke train: warning: train.image_size {config.train.image_size} is larger than the spans hold "
@@ -304,9 +306,9 @@ def suspected_label_errors(config: RunConfig, train_shards: list[Shard]) -> tupl
     the spans read (their source URIs, from each span's record); otherwise none."""
     if not config.train.drop_suspected_label_errors:
         return ()
-    root = Root(config.root)
+    stored_spans = Spans(config.root)
     found = sorted({a.file for span in sorted({s.span for s in train_shards})
-                    for a in root.check_record(span).record.suspected_label_errors() if a.label.split == "train"})
+                    for a in stored_spans.check_record(span).record.suspected_label_errors() if a.label.split == "train"})
     if found:
         print(f"stoke train: leaving out {len(found)} training records the data check flagged as suspected label "
               "errors (train.drop_suspected_label_errors)", file=sys.stderr, flush=True)

@@ -39,6 +39,7 @@ import tempfile
 import tensorflow as tf
 
 from components.common.repository import Repository, RepositoryError
+from components.common.spans import Spans
 from components.common.tf_files import pull, tf_reads
 from components.contracts import schema
 from components.contracts.layout import Root, Shard
@@ -122,7 +123,7 @@ def _changed(lineage: Lineage, network: str, image_size: int, labels: list[str])
 def _inputs_changed(root: Root, new: tuple[int, ...]) -> str | None:
     """Evidence in the new spans' data-check records that the inputs changed, in words; None without."""
     for number in new:
-        record = root.check_record(number).record
+        record = Spans(root).check_record(number).record
         if record is None:
             continue
         if record.status == "released":

@@ -9,8 +9,8 @@ import boto3
 import pytest
 
 from beam_jobs.ingest import run
+from components.common.program import BAD_SETTINGS
 from components.contracts.buckets import bucket_problem
-from components.contracts.program import BAD_SETTINGS
 from tests.beam_jobs import images
 from tests.beam_jobs.test_ingest import IN_MEMORY, dead_letters, ingest
 

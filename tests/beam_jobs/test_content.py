@@ -12,6 +12,7 @@ from PIL import Image
 from tensorflow_metadata.proto.v0 import statistics_pb2
 
 from components.common.files import read_json
+from components.common.spans import Spans
 from components.contracts import schema
 from components.contracts.layout import MANIFEST, Root
 from tests.beam_jobs import images
@@ -33,7 +34,7 @@ def photos(folder, count, label="cat", start=0):
 def contents_by_split(root):
     """The decoded pictures of every published span, by split."""
     found = {"train": set(), "eval": set()}
-    for manifest in Root(str(root)).manifests(checked=False):
+    for manifest in Spans(str(root)).manifests(checked=False):
         for record in records(root, manifest.model_dump()):
             found[record["split"]].add(hashlib.sha256(record["pixels"].tobytes()).hexdigest())
     return found
@@ -72,7 +73,7 @@ def test_a_reupload_under_new_names_publishes_nothing_and_no_content_crosses_spl
 
     split = contents_by_split(root)
     assert len(split["train"]) + len(split["eval"]) == 24 and not split["train"] & split["eval"]
-    assert Root(str(root)).span_numbers() == [1]
+    assert Spans(str(root)).span_numbers() == [1]
 
 
 def test_the_same_picture_under_two_labels_is_kept_out_and_recorded(tmp_path, capsys):
@@ -243,7 +244,7 @@ def test_exact_copies_never_cross_splits_through_an_unsorted_content_index(tmp_p
     code, summary = ingest(again, root, "--eval-fraction", "0.5", *IN_MEMORY, capsys=capsys)
     assert code == 0 and not summary["published"] and summary["duplicates"] == 24, summary
     split = contents_by_split(root)
-    assert not split["train"] & split["eval"] and Root(str(root)).span_numbers() == [1]
+    assert not split["train"] & split["eval"] and Spans(str(root)).span_numbers() == [1]
 
 
 def test_a_truncated_content_index_is_rebuilt_with_a_warning_not_a_traceback(tmp_path, capsys):
@@ -260,7 +261,7 @@ def test_a_truncated_content_index_is_rebuilt_with_a_warning_not_a_traceback(tmp
     assert code == 0 and "Traceback" not in err, err
     assert err.count("\n") == 1 and err.startswith(f"stoke: warning: {index}: damaged (") and "rebuilt" in err, err
     assert open(index, "rb").read() == written  # the index ingest wrote, whole again
-    assert Root(str(root)).span_numbers() == [1, 2]
+    assert Spans(str(root)).span_numbers() == [1, 2]
 
     open(index, "wb").write(written[:len(written) // 2])  # and the data check, which reads its dHashes
     from components.datacheck import datacheck
@@ -275,7 +276,7 @@ def test_a_damaged_index_over_corrupt_shards_stops_ingest_in_one_line_naming_the
     assert ingest(source, root, *IN_MEMORY, capsys=capsys)[1]["span"] == 1
     layout_root = Root(str(root))
     reverse_lines(layout_root.content_index(1))
-    shard = layout_root.shards("train", [1], checked=False)[0].uri
+    shard = Spans(layout_root).shards("train", [1], checked=False)[0].uri
     data = open(shard, "rb").read()
     open(shard, "wb").write(data[:len(data) // 2])
     photos(source, 2, "dog", start=50)
@@ -284,4 +285,4 @@ def test_a_damaged_index_over_corrupt_shards_stops_ingest_in_one_line_naming_the
     summary, err = json.loads(captured.out.strip().splitlines()[-1]), captured.err
     assert code == 1 and not summary["published"] and "Traceback" not in err, err
     assert err.count("\n") == 1 and f"shard {shard} is corrupt" in err, err
-    assert layout_root.span_numbers() == [1]
+    assert Spans(layout_root).span_numbers() == [1]

@@ -13,6 +13,7 @@ from beam_jobs.duplicates import find
 from beam_jobs.ingest import ingest
 from components.common import trusted_index
 from components.common.content_index import BrokenIndex, read_index
+from components.common.files import read_result
 from components.common.tfrecord import frame
 from components.contracts import schema
 from components.contracts.layout import Root
@@ -193,7 +194,7 @@ def test_a_rebuilt_index_that_fails_again_is_one_line(published, tmp_path, monke
 
 
 def shard_of(root: Root, split: str = "eval") -> str:
-    manifest = SpanManifest.read(root.manifest(1))
+    manifest = read_result(root.manifest(1), SpanManifest)
     return os.path.join(root.span(1), next(s.file for s in manifest.shards if s.split == split))
 
 

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from beam_jobs.ingest import run
 from components.common.files import filesystem, join, read_json
+from components.common.spans import Spans
 from components.contracts import schema
 from components.contracts.layout import DEAD_LETTER, MANIFEST, TF_COMPRESSION, Root
 from tests.beam_jobs import images
@@ -137,7 +138,7 @@ def test_too_many_bad_files_publish_nothing(tmp_path, capsys):
     code, summary = ingest(source, root, *IN_MEMORY, capsys=capsys)
     assert code == 1 and "1 of 2 new sources (50.0%, copies aside) are unreadable or broken" in summary["error"]
     assert "bad.jpg: truncated or corrupt JPEG" in summary["error"]
-    assert Root(str(root)).manifests() == [] and os.listdir(root / "data" / "spans") == []
+    assert Spans(str(root)).manifests() == [] and os.listdir(root / "data" / "spans") == []
     assert not (root / "data" / "labels.json").exists()
 
 
@@ -162,7 +163,7 @@ def test_a_killed_job_publishes_nothing_and_the_rerun_cleans_up(tmp_path):
     finally:
         os.killpg(job.pid, signal.SIGKILL)
         job.wait()
-    assert Root(str(root)).manifests() == []
+    assert Spans(str(root)).manifests() == []
 
     (spans / "span-00001").mkdir()  # as if killed while publishing, before the manifest
     (spans / "span-00001" / "train-00000-of-00001.tfrecord.gz").write_bytes(b"partial")
@@ -276,7 +277,7 @@ def test_labels_that_disagree_with_a_published_span_stop_ingest(tmp_path, capsys
     assert code == 1 and summary["error"] == (
         f"label id 0 is 'dog' in {root}/data/labels.json but 'cat' in {Root(str(root)).manifest(1)}; "
         "ids must never change: restore labels.json from the spans' manifests")
-    assert Root(str(root)).span_numbers() == [1]
+    assert Spans(str(root)).span_numbers() == [1]
 
 
 def test_a_broken_span_manifest_is_one_line_naming_it(tmp_path, capsys):

@@ -16,6 +16,7 @@ from beam_jobs.near_lookup import CROWD, Published
 from beam_jobs.sources import split_of
 from components.common.images import normalize
 from components.common.signatures import distance, pixels_of
+from components.common.spans import Spans
 from components.contracts import schema
 from flows.demo import write_digits
 from tests.beam_jobs import images
@@ -30,8 +31,7 @@ def other_name(stem: str, label: str, avoid: str) -> str:
 
 
 def splits_of(root, span) -> dict[str, str]:
-    from components.contracts.layout import Root
-    manifest = Root(str(root)).manifests([span], checked=False)[0].model_dump()
+    manifest = Spans(str(root)).manifests([span], checked=False)[0].model_dump()
     return {r[schema.SOURCE]: r["split"] for r in records(root, manifest)}
 
 

@@ -9,6 +9,7 @@ from tensorflow_metadata.proto.v0 import statistics_pb2
 
 from beam_jobs import quality
 from components.common.images import normalize
+from components.common.spans import Spans
 from components.contracts import schema
 from components.contracts.config import IngestConfig
 from components.contracts.layout import Root
@@ -90,7 +91,7 @@ def test_quality_issues_are_reported_by_folder_and_the_data_check_names_them(tmp
     assert datacheck.run(["--root", str(root), "--json"]) == 0
     out = capsys.readouterr().out
     assert "images are blurry" in out and str(source / "dog" / "strips") in out
-    record = Root(str(root)).check_record(1).record
+    record = Spans(str(root)).check_record(1).record
     warned = {a.issue: a for a in record.anomalies if a.kind == "image_quality"}
     assert record.status == "warning" and set(warned) == {"blurry", "dark", "odd_aspect_ratio", "odd_size"}
     assert warned["odd_aspect_ratio"].folders == {str(source / "dog" / "strips"): 2}

@@ -17,7 +17,7 @@ import boto3
 import fsspec
 import pytest
 
-from components.contracts.program import TRANSIENT
+from components.common.program import TRANSIENT
 from tests.beam_jobs import images
 from tests.beam_jobs.test_ingest import IN_MEMORY, dead_letters, ingest
 from tests.credentials import PASSWORD, TOKEN, USER, holding, shows

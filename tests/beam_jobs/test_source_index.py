@@ -12,6 +12,7 @@ from beam_jobs.compare import compare
 from beam_jobs.ingest import ingest as run_ingest
 from beam_jobs.source_index import HEADER, identity, read_source_index
 from beam_jobs.sources import Source, list_source
+from components.common.files import read_result, write_json
 from components.contracts.layout import Root
 from components.contracts.results import SpanManifest
 from components.contracts.run_config import IngestSettings
@@ -26,9 +27,10 @@ AWKWARD = ["s3://b/a", "s3://b/a b", "s3://b/a/b", "s3://b/a\tb", "s3://b/a\nb",
 
 
 def publish(root: Root, number: int, sources: list[tuple[str, int, str]]) -> None:
-    SpanManifest(span=number, created="2026-01-01T00:00:00Z", source="s3://b", labels=["x"], shards=[],
-                 counts={"train": len(sources), "eval": 0, "dead_letter": 0, "duplicates": 0},
-                 sources=[{"uri": u, "size": s, "version": v} for u, s, v in sources]).write(root.manifest(number))
+    manifest = SpanManifest(span=number, created="2026-01-01T00:00:00Z", source="s3://b", labels=["x"], shards=[],
+                            counts={"train": len(sources), "eval": 0, "dead_letter": 0, "duplicates": 0},
+                            sources=[{"uri": u, "size": s, "version": v} for u, s, v in sources])
+    write_json(root.manifest(number), manifest.to_json())
 
 
 def index_lines(root: Root, number: int) -> list[str]:
@@ -51,7 +53,7 @@ def ingested(tmp_path_factory):
 
 def test_ingest_writes_the_index_of_every_source_it_publishes(ingested):
     source, root = ingested
-    manifest = SpanManifest.read(root.manifest(1))
+    manifest = read_result(root.manifest(1), SpanManifest)
     assert len(manifest.sources) == 7  # the bad file is a source of the span too, as a dead letter
     assert index_lines(root, 1) == sorted(identity(s.uri, s.size, s.version) for s in manifest.sources)
     with gzip.open(root.source_index(1), "rt") as f:

@@ -3,7 +3,7 @@ import os
 
 from beam_jobs.compare import compare
 from beam_jobs.sources import list_source
-from components.common.files import read_json
+from components.common.files import read_json, write_json
 from components.contracts import schema
 from components.contracts.layout import MANIFEST, Root
 from components.contracts.results import SpanManifest
@@ -33,9 +33,9 @@ def test_spans_published_under_another_spelling_still_count_as_known(tmp_path):
     spellings = (f"{tmp_path}/link/cat/a.jpg", f"{tmp_path}/SRC/./cat/a.jpg", f"file://{tmp_path}/link/cat/a.jpg")
     for number, spelled in enumerate(spellings, start=1):
         root = Root(str(tmp_path / f"root-{number}"))
-        SpanManifest(span=1, created="2026-01-01T00:00:00Z", source="x", labels=["cat"], shards=[],
+        write_json(root.manifest(1), SpanManifest(span=1, created="2026-01-01T00:00:00Z", source="x", labels=["cat"], shards=[],
                      counts={"train": 1, "eval": 0, "dead_letter": 0, "duplicates": 0},
-                     sources=[{"uri": spelled, "size": listed.size, "version": listed.version}]).write(root.manifest(1))
+                     sources=[{"uri": spelled, "size": listed.size, "version": listed.version}]).to_json())
         assert compare([(listed, None)], root).fresh == [], spelled
 
 

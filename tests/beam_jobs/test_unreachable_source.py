@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from beam_jobs.ingest import run
-from components.contracts.program import TRANSIENT
+from components.common.program import TRANSIENT
 from components.preflight.source import source_check
 from tests.waiting import free_port
 

@@ -9,6 +9,8 @@ import pytest
 from PIL import Image
 
 from components.common import files
+from components.common.files import write_json
+from components.common.spans import Spans
 from components.contracts import layout, schema
 from components.contracts.results import SpanManifest
 
@@ -62,7 +64,7 @@ def write_span(root: str, number: int, splits: dict[str, list[tuple[bytes, str, 
                             shards=shards, sources=[])
     if publish:
         files.write_json(base.labels, labels)
-        manifest.write(base.manifest(number))
+        write_json(base.manifest(number), manifest.to_json())
     if publish and checked:
         write_statistics(base, number, signed, [], labels)
         let_in(root, number)
@@ -74,8 +76,9 @@ def let_in(root: str, number: int) -> None:
     from components.contracts.summaries import DATACHECK_VERSION, DataCheckRecord
 
     base = layout.Root(root)
-    DataCheckRecord(span=number, check_version=DATACHECK_VERSION, status="ok", checked_at="2025-01-01T00:00:00Z",
-                    reasons=[], anomalies=[], manifest_sha256=base.manifest_sha256(number)).write(base.datacheck(number))
+    record = DataCheckRecord(span=number, check_version=DATACHECK_VERSION, status="ok", checked_at="2025-01-01T00:00:00Z",
+                             reasons=[], anomalies=[], manifest_sha256=Spans(base).manifest_sha256(number))
+    write_json(base.datacheck(number), record.to_json())
 
 
 def relabel(path: str, label: int) -> None:

@@ -29,7 +29,7 @@ if mode == "hang":
 if mode == "fail":
     print(json.dumps({"error": "the source is empty"}), flush=True)
     sys.exit(3)
-if mode == "own-error":  # as components/contracts/program.py fails: its own line on stderr, and the JSON line
+if mode == "own-error":  # as components/common/program.py fails: its own line on stderr, and the JSON line
     print("stoke fake: checked 2 shards", file=sys.stderr, flush=True)
     print("Epoch 2/2", flush=True)
     print("stoke fake: error: the source is empty", file=sys.stderr, flush=True)
@@ -41,7 +41,7 @@ if mode == "tensorflow":  # TensorFlow's runtime looks for GPUs and says what it
     tf.config.list_physical_devices("GPU")
     print(json.dumps({"legacy_keras": os.environ.get("TF_USE_LEGACY_KERAS")}), flush=True)
     sys.exit(0)
-if mode == "transient":  # components/contracts/program.py TRANSIENT
+if mode == "transient":  # components/common/program.py TRANSIENT
     print(json.dumps({"error": "cannot reach S3 for bucket b (Connection reset by peer)"}), flush=True)
     sys.exit(75)
 if mode == "killed":  # as the OOM killer ends a process

@@ -8,6 +8,7 @@ import shutil
 
 from beam_jobs.ingest import run as ingest
 from components.common.files import read_json
+from components.common.spans import Spans
 from components.contracts.config import GateConfig, PushConfig, TrainConfig
 from components.contracts.layout import Root
 from flows.demo import write_digits
@@ -67,6 +68,6 @@ def test_a_first_span_quarantined_leaves_nothing_to_train_and_the_run_is_skipped
     assert summary["status"] == "skipped", json.dumps(summary)
     assert "no span the data check let in to train on" in summary["message"]
     assert "span 1 is quarantined" in summary["message"]
-    assert Root(root).check_record(1).record.status == "quarantined"
+    assert Spans(root).check_record(1).record.status == "quarantined"
     (check,) = read_json(Root(root).run("flood").report_json)["datacheck"]["spans"]
     assert [a["kind"] for a in check["anomalies"] if a["severity"] == "error"] == ["same_image_flood"]

@@ -18,7 +18,7 @@ from prefect.settings import PREFECT_API_URL
 from beam_jobs.ingest import run as ingest
 from components.common.files import read_json
 from components.common.repository import Repository
-from components.contracts.layout import Root
+from components.common.spans import Spans
 from components.contracts.run_config import RunConfig
 from components.contracts.secrets import without_secrets
 from flows.demo import write_digits
@@ -108,7 +108,7 @@ def test_an_arrival_event_runs_train_nightly_on_a_span_never_checked_and_a_refus
     source, root = copy_of(pushed_run, tmp_path)
     write_digits(source, limit=60)
     assert ingest([source, "--root", root, *TINY_BEAM]) == 0  # by hand: published, never checked
-    assert {s.span for s in Root(root).shards("train")} == {1}  # training would not read it yet
+    assert {s.span for s in Spans(root).shards("train")} == {1}  # training would not read it yet
     config = {"source": "/nowhere", "root": root, "preflight": None,
               "preset": "demo", "train": TINY_MODEL, "gate": {"min_accuracy": 1.0, "max_regression": 0.0},
               "push": {"build_image": False}, "beam_args": TINY_BEAM}

@@ -14,7 +14,7 @@ from prefect.events import emit_event
 
 from beam_jobs.ingest import ingest
 from components.common import files
-from components.contracts.layout import Root
+from components.common.spans import Spans
 from components.contracts.run_config import IngestSettings
 from flows import notifications
 from flows import watch_bucket as watcher
@@ -235,7 +235,7 @@ def test_a_crash_between_event_and_delete_redelivers_without_a_second_span(annou
         files.write_text(arrived, "\n".join(event.payload["files"]) + "\n")
         summary = ingest(IngestSettings(source=announced["source"], root=announced["root"], arrived=arrived), TINY_BEAM)
         assert summary.published == (number == 0), summary.message
-    [manifest] = Root(announced["root"]).manifests(checked=False)
+    [manifest] = Spans(announced["root"]).manifests(checked=False)
     assert sorted(s.uri for s in manifest.sources) == new  # only the named files were read
 
     nightly = ingest(IngestSettings(source=announced["source"], root=announced["root"]), TINY_BEAM)

@@ -10,7 +10,7 @@ import types
 import pytest
 
 from beam_jobs import ingest
-from components.contracts import program
+from components.common import program
 from flows import cli, programs, watch_bucket  # noqa: F401 - importing them installs the escaping
 
 HOSTILE = ["esc\x1b[2Jname", "bell\x07name", "new\nline", "rtl\u202eexe.jpg", "sep\u2028line"]

@@ -43,7 +43,7 @@ def test_a_registered_stage_is_a_section_of_the_report(with_dummy, tmp_path):
     from components.report.report import build_report
 
     run = Root(str(tmp_path)).run("r")
-    write_json(run.summary("dummy"), {"version": 3, "model_uri": "/m/3", "pushed_at": "2026-12-01T00:00:00Z"})
+    write_json(run.result("dummy"), {"version": 3, "model_uri": "/m/3", "pushed_at": "2026-12-01T00:00:00Z"})
     assert build_report(run).stages == ["dummy"]
 
 

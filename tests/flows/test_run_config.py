@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from components.common.files import read_json
+from components.common.files import read_json, read_result
+from components.common.spans import Spans
 from components.contracts.layout import Root
 from components.contracts.results import GateResult, TrainMetrics
 from components.contracts.run_config import RunConfig
@@ -26,16 +27,16 @@ def test_the_file_and_the_overrides_reach_every_stage_program(pushed_run):
     for stage in STAGES:  # each program was handed its settings as a file in the run folder
         assert os.path.exists(run.stage_config(stage.name)), stage.name
     assert read_json(run.stage_config("preflight"))["sample_mb"] == 4
-    (manifest,) = Root(pushed_run["root"]).manifests()
+    (manifest,) = Spans(pushed_run["root"]).manifests()
     assert manifest.settings["shard_mb"] == 8.0  # what ingest recorded it used
-    datacheck = DataCheckSummary.read(run.summary("datacheck"))
+    datacheck = read_result(run.result("datacheck"), DataCheckSummary)
     assert not [a for c in datacheck.spans for a in c.anomalies if a.kind == "rare_class"]  # min_class_examples 1, not 5
-    metrics = TrainMetrics.read(run.metrics)
+    metrics = read_result(run.metrics, TrainMetrics)
     assert (metrics.network, metrics.image_size, metrics.batch_size) == ("small_cnn", 32, 8)  # preset demo, file
     assert metrics.steps_per_epoch == 3  # --set won over the file's 4
-    gate = GateResult.read(run.gate)
+    gate = read_result(run.gate, GateResult)
     assert gate.thresholds.min_accuracy == 0.0 and gate.metrics.top_k == 3
-    push = PushSummary.read(run.summary("push"))
+    push = read_result(run.result("push"), PushSummary)
     assert push.image.built is False and "push.build_image" in push.image.reason
     assert read_json(run.stage_config("push"))["keep"] == 2
 
@@ -46,7 +47,7 @@ def test_the_resolved_configuration_is_recorded_before_the_first_stage(pushed_ru
     assert recorded.preset == "demo" and recorded.train.network == "small_cnn" and recorded.train.epochs == 1
     assert recorded.gate.min_accuracy == 0.0 and recorded.train.steps_per_epoch == 3
     assert os.path.getmtime(run.config) <= os.path.getmtime(run.stage_config("preflight"))
-    assert os.path.getmtime(run.stage_config("preflight")) <= os.path.getmtime(run.summary("preflight"))
+    assert os.path.getmtime(run.stage_config("preflight")) <= os.path.getmtime(run.result("preflight"))
 
 
 def test_a_rerun_from_the_record_resolves_to_the_same_settings_elsewhere(pushed_run, tmp_path):

@@ -3,17 +3,23 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 
 from prefect import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-from components.common.files import read_json
+from components.common.files import read_json, read_result, write_bytes
 from components.common.repository import Repository
+from components.common.spans import Spans
 from components.contracts.config import PreflightConfig
 from components.contracts.layout import Root
+from components.contracts.results import TrainMetrics
 from components.contracts.run_config import Timeouts
-from flows.pipeline import GPU_TAG, pipeline
+from components.contracts.stages import STAGES
+from flows.pipeline import GPU_TAG, finished_training, pipeline
 from tests.flows.conftest import TINY_BEAM, copy_of
+
+SAMPLES = pathlib.Path(__file__).parents[1] / "components" / "contracts" / "samples"
 
 
 def test_end_to_end_a_blessed_model_is_pushed_and_reported(pushed_run):
@@ -25,9 +31,10 @@ def test_end_to_end_a_blessed_model_is_pushed_and_reported(pushed_run):
     assert Repository(pushed_run["root"], "stoke").versions() == [version]
     assert os.path.exists(os.path.join(pushed_run["root"], "models", "stoke", str(version), "saved_model.pb"))
 
-    # Every stage left its summary; the report is built from them and says the same as the flow.
+    # Every stage left its result; the report is built from them and says the same as the flow.
     for stage in ("preflight", "ingest", "train", "gate", "push"):
-        assert os.path.exists(run.summary(stage)), stage
+        assert os.path.exists(run.result(stage)), stage
+    assert not os.path.exists(os.path.join(run.uri, "summaries"))  # written once: no copy beside them
     report = read_json(run.report_json)
     assert report["status"] == summary["status"] == "pushed"
     assert report["ingest"]["counts"]["train"] + report["ingest"]["counts"]["eval"] == 40
@@ -59,7 +66,7 @@ def test_nothing_new_with_a_served_model_ends_early_without_training(pushed_run,
     summary = state.result()
     assert summary["status"] == "skipped" and "already served" in summary["message"]
     run = Root(root).run("nothing-new")
-    assert sorted(os.listdir(os.path.dirname(run.summary("ingest")))) == ["ingest.json"]
+    assert [s.name for s in STAGES if os.path.exists(run.result(s.name))] == ["ingest"]
     assert not os.path.exists(run.metrics)
     assert Repository(root, "stoke").versions() == [pushed_run["summary"]["pushed_version"]]
     # It ended by applying the retention rule to ROOT/runs: the served model's run stays whole.
@@ -73,10 +80,10 @@ def test_a_failed_preflight_check_stops_the_run_before_ingest(digits, tmp_path):
                      run_id="slow-disk", return_state=True)
     assert state.is_failed()
     run = Root(root).run("slow-disk")
-    assert sorted(os.listdir(os.path.dirname(run.summary("ingest")))) == ["preflight.json"]
+    assert [s.name for s in STAGES if os.path.exists(run.result(s.name))] == ["preflight"]
     report = json.load(open(run.report_json))
     assert report["status"] == "failed" and "read throughput failed" in report["message"]
-    assert not Root(root).manifests()
+    assert not Spans(root).manifests()
 
 
 def test_a_stage_that_times_out_is_stopped_and_not_retried(digits, tmp_path):
@@ -89,3 +96,13 @@ def test_a_stage_that_times_out_is_stopped_and_not_retried(digits, tmp_path):
     assert ingest.run_count == 1 and ingest.state.is_failed()
     report = read_json(Root(str(tmp_path / "root")).run("too-slow").report_json)
     assert report["status"] == "failed" and "timed out" in report["message"]
+
+
+def test_a_run_pruned_to_its_record_is_not_taken_for_trained(tmp_path):
+    """A retried flow run gates what training finished: metrics.json beside a whole candidate. The retention
+    rule keeps metrics.json in a pruned run's record and removes the candidate's saved_model.pb first."""
+    run = Root(str(tmp_path / "root")).run("pruned")
+    write_bytes(run.metrics, (SAMPLES / "metrics.json").read_bytes())
+    assert finished_training(run) is None
+    write_bytes(run.saved_model, b"graph")
+    assert finished_training(run) == read_result(run.metrics, TrainMetrics)

@@ -51,7 +51,7 @@ def test_a_bucket_root_is_trained_gated_and_pushed(bucket_runs):
     assert metrics["staging"]["fetched"] == metrics["staging"]["shards"] > 0
     assert any("read through local copies" in note for note in read_json(run.gate)["notes"])
     assert "MB/s" in read_json(run.report_json)["train"]["shards"]
-    preflight = {c["name"]: c for c in read_json(run.summary("preflight"))["checks"]}
+    preflight = {c["name"]: c for c in read_json(run.result("preflight"))["checks"]}
     assert preflight["shard cache"]["status"] == "ok" and preflight["shard cache"]["facts"]["need_bytes"] == 0
 
     # saved_model.pb is the last object of the version (and of the candidate) to land in the bucket.

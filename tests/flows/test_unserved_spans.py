@@ -5,7 +5,7 @@ flow doing so, started by an arrival event: tests/flows/test_deployments.py)."""
 from __future__ import annotations
 
 from beam_jobs.ingest import run as ingest
-from components.contracts.layout import Root
+from components.common.spans import Spans
 from components.contracts.run_config import RunConfig
 from flows.demo import write_digits
 from flows.pipeline import nothing_to_train
@@ -19,7 +19,7 @@ def test_a_checked_span_the_served_model_has_not_seen_means_train(pushed_run, tm
     assert "trained on every span the data check let in (1)" in nothing_to_train(config, [], skip_unchanged=True)
     write_digits(source, limit=60)  # 20 more land; a run published and checked them, then was stopped
     assert ingest([source, "--root", root, *TINY_BEAM]) == 0
-    assert Root(root).unchecked() == [2]  # not checked yet: not counted, and not read by training (the flow checks first)
+    assert Spans(root).unchecked() == [2]  # not checked yet: not counted, and not read by training (the flow checks first)
     assert "every span the data check let in (1)" in nothing_to_train(config, [], skip_unchanged=True)
     let_in(root, 2)
     assert nothing_to_train(config, [], skip_unchanged=True) is None  # checked, not served: train

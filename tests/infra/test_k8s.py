@@ -13,7 +13,7 @@ import sys
 import kubernetes_validate
 import pytest
 
-from components.contracts import program
+from components.common import program
 from components.contracts.layout import Root
 from components.push import serving_image as serving
 from components.train import placement

@@ -14,7 +14,7 @@ import pytest
 
 from components.common import cache_folder
 from components.common.shard_cache import CacheError, ShardCache
-from components.contracts.layout import Root
+from components.common.spans import Spans
 from tests.components.common.cache_holder import shards_json
 from tests.components.conftest import TRAIN_LABELS, tiny_records, write_span
 from tests.hints import assert_runnable
@@ -27,7 +27,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 def shards(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("cache-folder-source"))
     write_span(root, 1, {"train": tiny_records(24)}, TRAIN_LABELS, {"train": 3})
-    return Root(root).shards("train")
+    return Spans(root).shards("train")
 
 
 def _holder(folder, max_gb, shards, *extra) -> subprocess.Popen:

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from components.common import run_retention
-from components.common.files import filesystem, join, write_bytes
+from components.common.files import filesystem, join, write_bytes, write_json
 from components.common.lease import exclusive
 from components.common.repository import Repository
 from components.common.run_retention import RetentionError, after_run, prune
@@ -20,9 +20,9 @@ from components.contracts.layout import Root, RunDir
 
 DAY = 24 * 3600.0
 SAMPLE_LINEAGE = pathlib.Path(__file__).parents[1] / "contracts" / "samples" / "stoke_lineage.json"
-RECORD = ["config.json", "config/train.json", "summaries/train.json", "report.json", "report.md", "gate.json",
+RECORD = ["config.json", "config/train.json", "metrics.json", "report.json", "report.md", "gate.json",
           "BLESSED", "curves.png", "confusion_matrix.png"]
-HEAVY = ["metrics.json", "candidate/saved_model.pb", "candidate/variables/variables.index",
+HEAVY = ["candidate/saved_model.pb", "candidate/variables/variables.index",
          "candidate/variables/variables.data-00000-of-00001", "tensorboard/train/events.out.tfevents.1",
          "tensorboard/plugins/profile/2026_01_01/host.xplane.pb", "tfma/metrics-00000-of-00001.tfrecord",
          "warmup/tf_serving_warmup_requests"]
@@ -182,26 +182,27 @@ def test_a_prune_stopped_halfway_reads_as_such_and_the_next_finishes_it(tmp_path
     lighter, doomed = make_run(root, "lighter", age_days=2), make_run(root, "doomed", age_days=3)
     removals = []
 
-    def stop_at_the_third(fs, uri):
-        if len(removals) == 2:
+    def stop_at_the_second(fs, uri):
+        if len(removals) == 1:
             raise OSError(5, "Input/output error", uri)
         removals.append(uri)
         real_remove(fs, uri)
 
     real_remove = run_retention._remove
-    monkeypatch.setattr(run_retention, "_remove", stop_at_the_third)
+    monkeypatch.setattr(run_retention, "_remove", stop_at_the_second)
     with pytest.raises(OSError):
         prune(Root(root), RunsConfig(keep=1, keep_records=2))
     monkeypatch.setattr(run_retention, "_remove", real_remove)
 
-    # The seal on the candidate went first, then the file that makes it loadable, and the marker says what is going.
-    assert removals[:2] == [lighter.metrics, join(lighter.candidate, "saved_model.pb")]
-    assert "metrics.json" not in files(lighter) and "candidate/variables/variables.index" in files(lighter)
+    # The file that makes the candidate loadable went first, the record stays, and the marker says what is going.
+    assert removals == [lighter.saved_model]
+    assert "candidate/saved_model.pb" not in files(lighter) and "candidate/variables/variables.index" in files(lighter)
+    assert "metrics.json" in files(lighter)
     found = fates(prune(Root(root), RunsConfig(keep=1, keep_records=2), dry_run=True))
     assert found["lighter"] == ("record", "record") and found["doomed"] == ("whole", "delete")
 
     doomed_marker = run_retention.Pruned(run_id="doomed", pruned_at="2026-01-01T00:00:00Z", kept="nothing")
-    doomed_marker.write(doomed.pruned)  # a deletion stopped after its marker and the report
+    write_json(doomed.pruned, doomed_marker.to_json())  # a deletion stopped after its marker and the report
     os.remove(doomed.report_json)
     found = fates(prune(Root(root), RunsConfig(keep=1, keep_records=100), dry_run=True))
     assert found["doomed"] == ("deleting", "delete")  # not a run in progress, though its report is gone
@@ -214,7 +215,8 @@ def test_a_run_that_ran_again_after_it_was_pruned_is_whole_again(tmp_path):
     root = str(tmp_path / "root")
     make_run(root, "older", age_days=3)
     again = make_run(root, "again", age_days=2)
-    run_retention.Pruned(run_id="again", pruned_at="2026-01-01T00:00:00Z", kept="nothing").write(again.pruned)
+    marker = run_retention.Pruned(run_id="again", pruned_at="2026-01-01T00:00:00Z", kept="nothing")
+    write_json(again.pruned, marker.to_json())
     set_age(again, 2, only="pruned.json")
     set_age(again, 1, only="config.json")  # the same run id ran again since: its config.json is newer
     set_age(again, 0.9, only="report.json")

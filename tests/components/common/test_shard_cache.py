@@ -10,7 +10,7 @@ import pytest
 
 from components.common import tf_files
 from components.common.shard_cache import CacheError, ShardCache, shards_of_worker
-from components.contracts.layout import Root
+from components.common.spans import Spans
 from tests.components.conftest import TRAIN_LABELS, tiny_records, write_span
 from tests.hints import assert_runnable
 
@@ -19,7 +19,7 @@ from tests.hints import assert_runnable
 def shards(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("cache-source"))
     write_span(root, 1, {"train": tiny_records(24)}, TRAIN_LABELS, {"train": 3})
-    return Root(root).shards("train")
+    return Spans(root).shards("train")
 
 
 def test_the_least_recently_used_copies_are_evicted_under_the_cap(shards, tmp_path):

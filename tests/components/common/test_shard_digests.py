@@ -13,6 +13,7 @@ import pytest
 
 from components.common import shard_digests
 from components.common.shard_digests import check
+from components.common.spans import Spans
 from components.common.tfrecord import frame
 from components.contracts import schema
 from components.contracts.layout import Root
@@ -39,7 +40,7 @@ def _records(count: int, label: int) -> bytes:
 
 def test_a_shard_is_hashed_once_then_known_by_its_identity(spans):
     root, cache = spans
-    shards = root.shards("train")
+    shards = Spans(root).shards("train")
     first = check(shards, cache, now=LATER)
     assert (first.mismatched, first.hashed, first.bytes_hashed) == ([], 5, sum(s.bytes for s in shards))
     again = check(shards, cache, now=LATER)
@@ -51,7 +52,7 @@ def test_a_file_written_moments_before_it_is_hashed_is_hashed_again(spans):
     """Its ctime is within the file system's timestamp granularity of the hashing: a write in the same tick
     would keep it, so its digest is not recorded."""
     root, cache = spans
-    shards = root.shards("train")
+    shards = Spans(root).shards("train")
     newest = max(os.stat(s.uri).st_ctime for s in shards)
     assert check(shards, cache, now=newest + 1).hashed == 5
     assert check(shards, cache, now=newest + 1).hashed == 5
@@ -80,7 +81,7 @@ def _flip_byte(path: str) -> None:
 ])
 def test_a_shard_changed_after_it_was_recorded_is_named(spans, change, damaged, why):
     root, cache = spans
-    shards = root.shards("train", [1])
+    shards = Spans(root).shards("train", [1])
     assert check(shards, cache, now=LATER).hashed == 3  # recorded as published
     path = shards[1].uri
     mtime = os.stat(path).st_mtime_ns
@@ -120,15 +121,15 @@ def test_a_shard_replaced_by_another_of_equal_size_is_changed(tmp_path):
 def test_a_shard_the_manifest_does_not_name_is_not_read(spans):
     """A file dropped into a published span is no part of it: readers take the manifest's shards only."""
     root, cache = spans
-    before = root.shards("train", [1])
+    before = Spans(root).shards("train", [1])
     shutil.copy(before[0].uri, os.path.join(root.span(1), "train-00003-of-00004.tfrecord.gz"))
-    assert root.shards("train", [1]) == before and check(before, cache, now=LATER).mismatched == []
+    assert Spans(root).shards("train", [1]) == before and check(before, cache, now=LATER).mismatched == []
 
 
 def test_a_digest_of_another_manifest_is_not_taken_for_this_one(spans):
     """A recorded digest counts for the SHA-256 it matched: a shard whose manifest names another is hashed."""
     root, cache = spans
-    shards = root.shards("train", [1])
+    shards = Spans(root).shards("train", [1])
     check(shards, cache, now=LATER)
     other = dataclasses.replace(shards[0], sha256="0" * 64)
     result = check([other], cache, now=LATER)
@@ -140,7 +141,7 @@ def test_a_cache_folder_that_is_not_ones_own_records_nothing_and_every_shard_is_
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o777)
     os.chmod(shared, 0o777)
-    shards = root.shards("train")
+    shards = Spans(root).shards("train")
     first = check(shards, str(shared), now=LATER)
     assert first.hashed == 5 and "writable by others" in first.unrecorded and "--shard-cache-dir" in first.unrecorded
     assert check(shards, str(shared), now=LATER).hashed == 5 and os.listdir(shared) == []
@@ -148,19 +149,19 @@ def test_a_cache_folder_that_is_not_ones_own_records_nothing_and_every_shard_is_
 
 def test_records_of_span_folders_unused_for_long_are_removed(spans):
     root, cache = spans
-    check(root.shards("train", [1]), cache, now=LATER)
+    check(Spans(root).shards("train", [1]), cache, now=LATER)
     digests = os.path.join(cache, shard_digests.DIGESTS)
     (old,) = os.listdir(digests)
     long_ago = time.time() - (shard_digests.KEEP_DAYS + 1) * 86400
     os.utime(os.path.join(digests, old), (long_ago, long_ago))
-    check(root.shards("train", [2]), cache, now=LATER)
+    check(Spans(root).shards("train", [2]), cache, now=LATER)
     assert old not in os.listdir(digests) and len(os.listdir(digests)) == 1
-    assert check(root.shards("train", [1]), cache, now=LATER).hashed == 3  # hashed again, once
+    assert check(Spans(root).shards("train", [1]), cache, now=LATER).hashed == 3  # hashed again, once
 
 
 def test_a_record_file_of_another_folder_or_damaged_is_not_trusted(spans):
     root, cache = spans
-    shards = root.shards("train", [1])
+    shards = Spans(root).shards("train", [1])
     check(shards, cache, now=LATER)
     digests = os.path.join(cache, shard_digests.DIGESTS)
     (name,) = os.listdir(digests)
@@ -178,7 +179,7 @@ def test_in_a_store_the_objects_version_is_its_identity(s3_bucket, spans):
     root, cache = spans
     fs = fsspec.filesystem("s3")
     fs.put(root.span(1), f"{s3_bucket}/root/data/spans/span-00001", recursive=True)
-    shards = Root(f"s3://{s3_bucket}/root").shards("train", [1])
+    shards = Spans(f"s3://{s3_bucket}/root").shards("train", [1])
     assert check(shards, cache).hashed == 3 and check(shards, cache).hashed == 0
     fs.pipe_file(shards[0].uri, _flipped(fs.cat_file(shards[0].uri)))  # same size, new ETag
     result = check(shards, cache)

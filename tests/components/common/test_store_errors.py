@@ -6,9 +6,8 @@ import errno
 
 import pytest
 
-from components.common import store_errors
+from components.common import program, store_errors
 from components.common.store_errors import StoreError, naming, problem
-from components.contracts import program
 from tests.components.contracts.test_program import _client_error, _translated
 
 SOURCE, ROOT = "s3://photos/incoming", "gs://stoke-root/stoke"

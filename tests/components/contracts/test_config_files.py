@@ -12,8 +12,8 @@ import threading
 
 import pytest
 
-from components.contracts import overrides
-from components.contracts.program import stage_arguments, stage_settings
+from components.common import config_files
+from components.common.program import stage_arguments, stage_settings
 from flows import cli
 
 BIN = os.path.dirname(sys.executable)
@@ -120,17 +120,17 @@ def test_plain_settings_still_read_as_before(tmp_path):
     (tmp_path / "plain.yaml").write_text("# a comment\nanchored: &fine 3\ntrain:\n  epochs: 3\n  spans: '2026-01-01'\n"
                                          "  weights: null\n  flip: yes\nbeam_args: [--direct_num_workers=1]\n"
                                          "ingest: {shard_mb: 1.5e+2, max_side: 0x200}\n")
-    assert overrides.read_file(str(tmp_path / "plain.yaml")) == {
+    assert config_files.read_file(str(tmp_path / "plain.yaml")) == {
         "anchored": 3, "train": {"epochs": 3, "spans": "2026-01-01", "weights": None, "flip": True},
         "beam_args": ["--direct_num_workers=1"], "ingest": {"shard_mb": 150.0, "max_side": 512}}
 
 
 def test_a_stage_programs_settings_file_is_read_alike(tmp_path):
     path, says = not_a_file("fifo", tmp_path)
-    with pytest.raises(overrides.ConfigError, match=f"^{path} {says}$"):
+    with pytest.raises(config_files.ConfigError, match=f"^{path} {says}$"):
         at_once(stage_settings, "train", stage_arguments("train", ["--config", path]))
     (tmp_path / "alias.yaml").write_text("root: &r /tmp\nrun_id: *r\n")
-    with pytest.raises(overrides.ConfigError, match="alias.yaml: line 2: an alias"):
+    with pytest.raises(config_files.ConfigError, match="alias.yaml: line 2: an alias"):
         stage_settings("train", stage_arguments("train", ["--config", str(tmp_path / "alias.yaml")]))
 
 

@@ -5,8 +5,8 @@ import json
 import pytest
 from pydantic import ValidationError
 
+from components.common import program
 from components.common.files import write_json
-from components.contracts import program
 from components.contracts.layout import Root
 from components.report.report import write_report
 
@@ -30,7 +30,7 @@ def test_a_program_prints_names_escaped_and_its_json_intact(capsys):
 def test_the_report_shows_dead_letter_names_escaped(tmp_path):
     run = Root(str(tmp_path)).run("r1")
     counts = {"train": 1, "eval": 0, "dead_letter": 1, "duplicates": 0}
-    write_json(run.summary("ingest"), {"published": True, "span": 1, "counts": counts,
+    write_json(run.result("ingest"), {"published": True, "span": 1, "counts": counts,
                                        "new_sources": 2, "images_per_sec": 5.0,
                                        "dead_letters": [{"uri": f"/in/{EVIL}.jpg", "reason": "not an image",
                                                                          "size": 9, "version": "1"}]})

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from components.common.files import read_json, write_json
+from components.common.files import read_json, read_result, write_json
 from components.contracts import lineage, results, summaries
 from components.contracts.layout import Root
 from components.report.report import build_report
@@ -36,10 +36,10 @@ SUMMARIES = {
 @pytest.mark.parametrize("name", sorted(FILES))
 def test_a_sample_of_each_file_loads_and_writes_back_the_same(name, tmp_path):
     model = FILES[name]
-    loaded = model.read(str(WRITTEN / name))
+    loaded = read_result(str(WRITTEN / name), model)
     copy = str(tmp_path / name)
-    loaded.write(copy)
-    assert model.read(copy) == loaded
+    write_json(copy, loaded.to_json())
+    assert read_result(copy, model) == loaded
     original = read_json(str(WRITTEN / name))
     # Keys a sample leaves out come back as their defaults (null), at any depth; nothing else changes.
     assert _without_new_nulls(read_json(copy), original) == original
@@ -56,7 +56,7 @@ def _without_new_nulls(written, original):
 @pytest.mark.parametrize("name", sorted(n for n, model in FILES.items() if issubclass(model, summaries.Summary)))
 def test_summaries_write_back_exactly(name):
     """A summary holds the keys its stage set: reading and writing adds none, not even nulls."""
-    assert FILES[name].read(str(WRITTEN / name)).to_json() == read_json(str(WRITTEN / name))
+    assert read_result(str(WRITTEN / name), FILES[name]).to_json() == read_json(str(WRITTEN / name))
 
 
 @pytest.mark.parametrize("name", sorted(FILES))
@@ -74,17 +74,17 @@ def test_a_renamed_key_fails_loudly_naming_the_file_and_both_keys(tmp_path):
     uri = str(tmp_path / "metrics.json")
     write_json(uri, metrics)
     with pytest.raises(results.ResultError) as error:
-        results.TrainMetrics.read(uri)
+        read_result(uri, results.TrainMetrics)
     assert uri in str(error.value) and "images_per_sec" in str(error.value) and "img_per_sec" in str(error.value)
 
 
 def test_a_report_over_a_renamed_key_fails_instead_of_showing_nothing(tmp_path):
     run = Root(str(tmp_path)).run("r1")
     validation = read_json(str(WRITTEN / "gate.json"))
-    write_json(run.summary("gate"), validation)
+    write_json(run.result("gate"), validation)
     assert build_report(run).metrics.accuracy == validation["metrics"]["accuracy"]
     validation["metrics"]["acc"] = validation["metrics"].pop("accuracy")
-    write_json(run.summary("gate"), validation)
+    write_json(run.result("gate"), validation)
     with pytest.raises(results.ResultError, match="accuracy"):
         build_report(run)
 
@@ -92,7 +92,7 @@ def test_a_report_over_a_renamed_key_fails_instead_of_showing_nothing(tmp_path):
 def test_the_report_of_the_sample_summaries_is_the_sample_report(tmp_path):
     run = Root(str(tmp_path)).run("first")
     for stage, name in SUMMARIES.items():
-        write_json(run.summary(stage), read_json(str(WRITTEN / name)))
+        write_json(run.result(stage), read_json(str(WRITTEN / name)))
     report, sample = build_report(run).to_json(), read_json(str(WRITTEN / "report.json"))
     for key in ("status", "message", "blessed", "pushed_version", "reasons", "metrics", "model_uri",
                 "preflight", "ingest", "gate", "push", "stages"):
@@ -105,14 +105,14 @@ def test_the_report_of_the_sample_summaries_is_the_sample_report(tmp_path):
 def test_the_report_refuses_a_summary_with_a_renamed_key(stage, tmp_path):
     run = Root(str(tmp_path)).run("r1")
     for other, name in SUMMARIES.items():
-        write_json(run.summary(other), read_json(str(WRITTEN / name)))
-    summary = read_json(run.summary(stage))
+        write_json(run.result(other), read_json(str(WRITTEN / name)))
+    summary = read_json(run.result(stage))
     key = sorted(summary)[0]
     summary[f"{key}_v2"] = summary.pop(key)
-    write_json(run.summary(stage), summary)
+    write_json(run.result(stage), summary)
     with pytest.raises(results.ResultError, match=f"{key}_v2") as error:
         build_report(run)
-    assert run.summary(stage) in str(error.value)
+    assert run.result(stage) in str(error.value)
 
 
 def test_a_progress_event_is_told_from_a_summary_and_from_text():
@@ -132,7 +132,7 @@ def test_a_progress_event_is_told_from_a_summary_and_from_text():
 
 
 def test_failures_print_the_stages_summary_with_its_error(capsys):
-    from components.contracts import program
+    from components.common import program
 
     def fail():
         raise OSError("the bucket did not answer")
@@ -147,11 +147,11 @@ def test_a_file_that_is_not_json_is_named(tmp_path):
     bad = tmp_path / "_MANIFEST.json"
     bad.write_text('{"span": 1,')
     with pytest.raises(results.ResultError, match=str(bad)):
-        results.SpanManifest.read(str(bad))
+        read_result(str(bad), results.SpanManifest)
 
 
 def test_the_manifest_written_by_ingest_is_what_readers_see(tmp_path):
-    manifest = results.SpanManifest.read(str(WRITTEN / "_MANIFEST.json"))
+    manifest = read_result(str(WRITTEN / "_MANIFEST.json"), results.SpanManifest)
     assert json.loads(json.dumps(manifest.to_json()))["counts"] == manifest.counts.to_json()
     assert {s.split for s in manifest.shards} <= {"train", "eval"}
 

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from components.contracts import program
+from components.common import program
 from components.contracts.secrets import HIDDEN, SOURCE_ENV, SourceCredentials, given, has_secrets, without_secrets
 
 SECRET = "hunter2"

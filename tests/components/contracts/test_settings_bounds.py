@@ -11,11 +11,11 @@ import pytest
 from pydantic import ValidationError
 
 from beam_jobs import ingest
+from components.common.program import stage_arguments
+from components.common.program import stage_settings as program_stage_settings
 from components.contracts import config
 from components.contracts.config import GateConfig, IngestConfig, PushConfig, ShardCacheConfig, TrainConfig
 from components.contracts.layout import parse_spans
-from components.contracts.program import stage_arguments
-from components.contracts.program import stage_settings as program_stage_settings
 from components.contracts.run_config import RunConfig, Timeouts, program_model
 from components.contracts.stages import STAGES
 from flows import cli
@@ -76,7 +76,7 @@ def test_the_flow_refuses_a_model_name_that_leaves_models(tmp_path, prefect_api)
 
 def numbers(model, prefix=()):
     """(dotted path, field) of every int or float setting of `model`, groups walked into."""
-    from components.contracts.options import leaves
+    from components.common.config_files import leaves
 
     for path, field in leaves(model, prefix):
         kinds = {kind for kind in (field.annotation, *typing.get_args(field.annotation)) if kind in (int, float)}

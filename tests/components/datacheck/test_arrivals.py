@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 
 from beam_jobs.statistics import write_statistics
+from components.common.files import read_result
+from components.common.spans import Spans
 from components.contracts.layout import Root
 from components.contracts.run_config import DataCheckSettings
 from components.contracts.summaries import DataCheckRecord
@@ -35,26 +37,26 @@ def arrive(root: str, number: int, mix: dict[str, int]) -> list[str]:
 
 
 def trained_on(root: str) -> set[int]:
-    return {s.span for s in Root(root).shards("train")}
+    return {s.span for s in Spans(root).shards("train")}
 
 
 def test_skewed_nights_train_and_the_third_in_a_row_quarantines_until_released(tmp_path):
     root = str(tmp_path)
     assert arrive(root, 1, EVERY) == [(1, "ok")]
     assert arrive(root, 2, SKEWED) == [(2, "warning")]  # was quarantined: "label mix shifted by 0.33"
-    record = DataCheckRecord.read(Root(root).datacheck(2))
+    record = read_result(Root(root).datacheck(2), DataCheckRecord)
     assert {(a.kind, a.severity) for a in record.anomalies} == {("label_drift", "warning"), ("absent_class", "warning")}
     assert record.reasons == [] and trained_on(root) == {1, 2}
     assert arrive(root, 3, SKEWED) == [(3, "warning")]
     assert arrive(root, 4, SKEWED) == [(4, "quarantined")]
-    record = DataCheckRecord.read(Root(root).datacheck(4))
+    record = read_result(Root(root).datacheck(4), DataCheckRecord)
     assert record.reasons[0].startswith("class 'gravel' has stopped arriving: none in the last 3 arrivals (spans 2, 3, 4")
     assert trained_on(root) == {1, 2, 3}
     assert arrive(root, 5, SKEWED) == [(5, "quarantined")]  # still gone: spans 2, 3 and 5 lack it
     # The class is retired: a release of span 4 accepts it gone, and later nights without it train.
     spans.release(Root(root), 4, by="ana")
     assert arrive(root, 6, SKEWED) == [(6, "ok")]
-    assert not [a for a in DataCheckRecord.read(Root(root).datacheck(6)).anomalies if a.class_name == "gravel"
+    assert not [a for a in read_result(Root(root).datacheck(6), DataCheckRecord).anomalies if a.class_name == "gravel"
                 and a.kind != "label_drift"]
     assert trained_on(root) == {1, 2, 3, 4, 6}
     # Back again, and gone again: judged afresh.
@@ -67,7 +69,7 @@ def test_a_label_no_span_let_in_had_quarantines_its_span_with_examples(tmp_path,
     root = str(tmp_path)
     arrive(root, 1, EVERY)
     assert arrive(root, 2, {**EVERY, "sand": sand}) == [(2, "quarantined")]
-    record = DataCheckRecord.read(Root(root).datacheck(2))
+    record = read_result(Root(root).datacheck(2), DataCheckRecord)
     (error,) = [a for a in record.anomalies if a.severity == "error"]
     assert (error.kind, error.class_name, error.count) == ("new_label", "sand", sand)
     assert len(error.examples) == min(sand, 5) and all(uri.startswith("mem://") for uri in error.examples)

@@ -9,8 +9,9 @@ import pytest
 from tensorflow_metadata.proto.v0 import statistics_pb2
 
 from beam_jobs.ingest import run as ingest
-from components.common.files import exists
-from components.contracts.layout import Root, SpanNotChecked
+from components.common.files import exists, read_result
+from components.common.spans import SpanNotChecked, Spans
+from components.contracts.layout import Root
 from components.contracts.run_config import DataCheckSettings
 from components.contracts.summaries import DataCheckRecord
 from components.datacheck import datacheck, spans
@@ -62,13 +63,13 @@ def spans_root(tmp_path_factory):
         # The digits are alike to dHash without being copies (docs/ingest.md#near-copies): following them
         # would move records between splits and blur the label mix this file checks.
         assert ingest([str(source), "--root", root, "--near-copies", "report", *IN_MEMORY]) == 0
-        assert Root(root).unchecked() == [number]  # published, and not read by training until checked
+        assert Spans(root).unchecked() == [number]  # published, and not read by training until checked
         (checked[number],) = datacheck.check_spans(DataCheckSettings(root=root)).spans
     return root, checked
 
 
 def spans_root_source(root):
-    return Root(root).manifests(checked=False)[0].source
+    return Spans(root).manifests(checked=False)[0].source
 
 
 def test_a_mild_shift_only_warns(spans_root):
@@ -77,7 +78,7 @@ def test_a_mild_shift_only_warns(spans_root):
     assert summary.span == 2 and summary.status == "warning" and summary.history_spans == [1]
     assert [(a.kind, a.severity) for a in summary.anomalies if a.kind == "label_drift"] == [("label_drift", "warning")]
     assert 0.125 < summary.label_drift <= 0.25
-    assert Root(root).check_record(2).trusted
+    assert Spans(root).check_record(2).trusted
     assert checked[1].status in ("ok", "warning") and checked[1].label_drift is None
 
 
@@ -90,16 +91,16 @@ def test_a_new_label_quarantines_the_span_and_training_leaves_it_out(spans_root,
     assert found["label_drift"].severity == "warning"  # 60% ones against about 10%: a skew alone trains
     assert (found["new_label"].severity, found["new_label"].count, found["new_label"].class_name) == ("error", 4, "ten")
     assert len(found["new_label"].examples) == 4 and all("/ten/" in uri for uri in found["new_label"].examples)
-    record = DataCheckRecord.read(Root(root).datacheck(3))
+    record = read_result(Root(root).datacheck(3), DataCheckRecord)
     assert record.status == "quarantined" and record.reasons == [found["new_label"].message]
-    assert {s.span for s in Root(root).shards("train")} == {1, 2}
-    assert {m.span for m in Root(root).manifests(checked=False)} == {1, 2, 3}
+    assert {s.span for s in Spans(root).shards("train")} == {1, 2}
+    assert {m.span for m in Spans(root).manifests(checked=False)} == {1, 2, 3}
     with pytest.raises(SpanNotChecked, match="stoke spans release 3"):
-        Root(root).shards("train", [3])
+        Spans(root).shards("train", [3])
     # Still published for ingest: its files are known and it is no debris to clean up.
     assert ingest([str(spans_root_source(root)), "--root", root, *IN_MEMORY]) == 0
-    assert not Root(root).check_record(3).trusted and exists(Root(root).manifest(3))
-    assert Root(root).span_numbers() == [1, 2, 3]
+    assert not Spans(root).check_record(3).trusted and exists(Root(root).manifest(3))
+    assert Spans(root).span_numbers() == [1, 2, 3]
 
     metrics = last_json(trainer.run(["--root", root, "--run-id", "held", *SHORT_TRAINING, "--json"]), capsys)
     assert metrics["spans"] == [1, 2]
@@ -115,15 +116,15 @@ def test_release_lets_the_span_in_and_keeps_the_evidence(spans_root, capsys):
 
     released = last_json(spans.run(["release", "3", "--root", root, "--by", "ana", "--json"]), capsys)["released"]
     assert (released["status"], released["released_by"]) == ("released", "ana")
-    record = DataCheckRecord.read(Root(root).datacheck(3))
+    record = read_result(Root(root).datacheck(3), DataCheckRecord)
     assert (record.status, record.released_by) == ("released", "ana")
     assert record.anomalies and "label 'ten' is new" in record.reasons[0]  # the evidence stays beside the release
-    assert {s.span for s in Root(root).shards("train")} == {1, 2, 3}
+    assert {s.span for s in Spans(root).shards("train")} == {1, 2, 3}
     again = last_json(spans.run(["release", "3", "--root", root, "--json"]), capsys, 1)
     assert "released already, by ana" in again["error"]
     # Checking a released span again reports its anomalies and holds nothing back.
     (rechecked,) = datacheck.check_spans(DataCheckSettings(root=root, span=3)).spans
-    assert rechecked.status == "released" and rechecked.anomalies and Root(root).check_record(3).trusted
+    assert rechecked.status == "released" and rechecked.anomalies and Spans(root).check_record(3).trusted
 
 
 def another_spans_statistics(root, number, split):
@@ -166,9 +167,9 @@ def test_statistics_that_do_not_describe_the_span_stop_the_check_with_one_line(s
     if where == "its history":  # span 3 is judged against no less than its history: the check stops
         out = last_json(datacheck.run(["--root", root, "--span", "3", "--json"]), capsys, expected=1)
         assert message in out["error"] and target in out["error"] and "restore its folder" in out["error"]
-        assert "\n" not in out["error"] and Root(root).check_record(2).trusted
+        assert "\n" not in out["error"] and Spans(root).check_record(2).trusted
     else:  # fail closed: the span is quarantined, its record says why
         out = last_json(datacheck.run(["--root", root, "--span", "2", "--json"]), capsys)
-        (anomaly,) = DataCheckRecord.read(Root(root).datacheck(2)).anomalies
+        (anomaly,) = read_result(Root(root).datacheck(2), DataCheckRecord).anomalies
         assert anomaly.kind == "no_statistics" and message in anomaly.message and target in anomaly.message
-        assert not Root(root).check_record(2).trusted
+        assert not Spans(root).check_record(2).trusted

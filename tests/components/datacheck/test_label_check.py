@@ -16,8 +16,9 @@ import pytest
 from PIL import Image
 
 from beam_jobs.statistics import write_statistics
-from components.common.files import write_json
+from components.common.files import read_result, write_json
 from components.common.repository import Repository
+from components.common.spans import Spans
 from components.contracts.config import TrainConfig
 from components.contracts.layout import Root
 from components.contracts.run_config import RunConfig
@@ -103,7 +104,7 @@ def test_files_in_the_wrong_folder_are_flagged_and_named_and_nothing_else_is(tra
     (about_span,) = [a for a in span["anomalies"] if a["kind"] == "label_error" and not a.get("file")]
     assert about_span["severity"] == "warning" and about_span["count"] == 4 and "within chance" in about_span["message"]
 
-    record = DataCheckRecord.read(Root(root).datacheck(3))  # the record holds the same findings
+    record = read_result(Root(root).datacheck(3), DataCheckRecord)  # the record holds the same findings
     assert record.label_check.flagged == 4 and {a.file for a in record.suspected_label_errors()} == set(flagged)
     assert record.reasons == [] and open(labels["sheet"], "rb").read(4) == b"\x89PNG"
     assert spans.run(["--root", root, "--json"]) == 0
@@ -111,12 +112,12 @@ def test_files_in_the_wrong_folder_are_flagged_and_named_and_nothing_else_is(tra
     assert [(r["span"], r["label_errors"]) for r in rows] == [(1, None), (2, None), (3, 4)]
 
     config = RunConfig(source=root, root=root, train=TrainConfig(drop_suspected_label_errors=True))
-    shards = Root(root).shards("train")
+    shards = Spans(root).shards("train")
     assert suspected_label_errors(config, shards) == tuple(sorted(uris[i] for i in (3, 10, 20)))
     assert suspected_label_errors(RunConfig(source=root, root=root), shards) == ()  # the default trains on them
 
     run = Root(root).run("r1")
-    write_json(run.summary("datacheck"), summary)
+    write_json(run.result("datacheck"), summary)
     markdown = write_report(run)["markdown"]
     assert f"| `{uris[10]}` | train | blue | green |" in markdown and "| blue | green | 2 |" in markdown
     assert "![suspected label errors](label_errors.png)" in markdown and os.path.exists(run.label_errors_plot)
@@ -132,10 +133,10 @@ def test_a_folder_filled_with_another_class_quarantines_the_span(trained_runs, t
     moved = {uris[i] for i, (c, label) in enumerate(rows) if c != label}
     flagged = {a["file"] for a in span["anomalies"] if a.get("file")}
     assert len(moved) == 10 and flagged == moved
-    record = DataCheckRecord.read(Root(root).datacheck(2))
+    record = read_result(Root(root).datacheck(2), DataCheckRecord)
     assert "far above the expected 3.0%" in record.reasons[0] and "10 'green' -> 'blue'" in record.reasons[0]
     assert "10 of 30 records of class 'green'" in record.reasons[0]  # the test that decided: on the folder
-    assert {s.span for s in Root(root).shards("train")} == {1}  # held back from training
+    assert {s.span for s in Spans(root).shards("train")} == {1}  # held back from training
 
 
 def test_a_skewed_arrival_trains_beside_a_relabelled_one_that_is_quarantined(trained_runs, tmp_path):
@@ -151,11 +152,11 @@ def test_a_skewed_arrival_trains_beside_a_relabelled_one_that_is_quarantined(tra
     found = {a["kind"]: a for a in skewed["anomalies"]}
     assert {a["severity"] for a in found.values()} == {"warning"} and skewed["label_check"]["flagged"] == 0
     assert found["absent_class"]["class_name"] == "blue" and "fewer 'blue' (0 where " in found["label_drift"]["message"]
-    (reason,) = DataCheckRecord.read(Root(root).datacheck(3)).reasons
+    (reason,) = read_result(Root(root).datacheck(3), DataCheckRecord).reasons
     assert "far above the expected" in reason and "'green' -> 'blue'" in reason
     flagged = {a["file"] for a in broken["anomalies"] if a.get("file")}
     assert flagged <= {relabelled[i] for i, (c, _) in enumerate(CLEAN) if c == 2} and len(flagged) >= 19
-    assert {s.span for s in Root(root).shards("train")} == {1, 2}  # the skewed night trains, the relabel waits
+    assert {s.span for s in Spans(root).shards("train")} == {1, 2}  # the skewed night trains, the relabel waits
     assert "held back from training" in datacheck.describe(summary)
 
 
@@ -176,7 +177,7 @@ def test_without_a_model_that_may_judge_the_span_the_label_check_says_it_was_ski
     (span,) = summary["spans"]
     assert code == 0 and span["label_check"]["status"] == "skipped" and why in span["label_check"]["reason"]
     assert not [a for a in span["anomalies"] if a["kind"] == "label_error"]
-    record = DataCheckRecord.read(Root(root).datacheck(span["span"]))
+    record = read_result(Root(root).datacheck(span["span"]), DataCheckRecord)
     assert record.label_check.status == "skipped" and why in record.label_check.reason
     assert f"label check skipped: {span['label_check']['reason']}" in datacheck.describe(summary)
     shutil.rmtree(root)

@@ -8,7 +8,9 @@ import os
 
 import pytest
 
-from components.contracts.layout import Root, SpanNotChecked
+from components.common.files import read_result, write_json
+from components.common.spans import SpanNotChecked, Spans
+from components.contracts.layout import Root
 from components.contracts.run_config import DataCheckSettings
 from components.contracts.summaries import DATACHECK_VERSION, DataAnomaly, DataCheckRecord
 from components.datacheck import datacheck, spans
@@ -32,7 +34,7 @@ BAD = {  # what a record may hold instead of itself
 
 def quarantined(root: Root, span: int) -> DataCheckRecord:
     return DataCheckRecord(span=span, check_version=DATACHECK_VERSION, status="quarantined", checked_at="2026-01-01T00:00:00Z",
-                           reasons=["the label mix moved"], anomalies=ERRORS, manifest_sha256=root.manifest_sha256(span))
+                           reasons=["the label mix moved"], anomalies=ERRORS, manifest_sha256=Spans(root).manifest_sha256(span))
 
 
 def plant(path: str, kind: str) -> None:
@@ -49,7 +51,7 @@ def root(tmp_path):
     """Three published spans: 1 let in, 2 let in, 3 quarantined."""
     for number in (1, 2, 3):
         write_span(str(tmp_path), number, {"train": tiny_records(4, offset=10 * number)}, TRAIN_LABELS, {"train": 1})
-    quarantined(Root(str(tmp_path)), 3).write(Root(str(tmp_path)).datacheck(3))
+    write_json(Root(str(tmp_path)).datacheck(3), quarantined(Root(str(tmp_path)), 3).to_json())
     return Root(str(tmp_path))
 
 
@@ -61,26 +63,26 @@ def listed(root: Root, capsys) -> dict:
 def test_a_span_published_without_a_check_is_never_read(tmp_path, capsys):
     write_span(str(tmp_path), 1, {"train": tiny_records(4)}, TRAIN_LABELS, {"train": 1}, checked=False)
     root = Root(str(tmp_path))
-    assert root.shards("train") == [] and root.unchecked() == [1]
+    assert Spans(root).shards("train") == [] and Spans(root).unchecked() == [1]
     with pytest.raises(SpanNotChecked, match=r"span 1 has not been data-checked; check it with `stoke datacheck"):
-        root.shards("train", [1])
+        Spans(root).shards("train", [1])
     row = listed(root, capsys)[1]
     assert row["status"] == "unchecked" and "training leaves it out" in row["reason"]
     let_in(str(tmp_path), 1)
-    assert [s.span for s in root.shards("train")] == [1]
+    assert [s.span for s in Spans(root).shards("train")] == [1]
 
 
 @pytest.mark.parametrize("kind", sorted(BAD))
 def test_a_bad_record_lets_nothing_in_is_named_and_the_listing_goes_on(root, kind, capsys):
     plant(root.datacheck(2), kind)
-    assert {s.span for s in root.shards("train")} == {1}  # fail closed: span 2 stays out of training
+    assert {s.span for s in Spans(root).shards("train")} == {1}  # fail closed: span 2 stays out of training
     with pytest.raises(SpanNotChecked, match=r"span 2 has no valid data-check record \(.*_DATACHECK.json"):
-        root.shards("train", [2])
+        Spans(root).shards("train", [2])
     rows = listed(root, capsys)
     assert [(n, r["status"]) for n, r in rows.items()] == [(1, "ok"), (2, "unchecked"), (3, "quarantined")]
     assert "_DATACHECK.json" in rows[2]["reason"] and "\n" not in rows[2]["reason"]
     assert rows[3]["reason"] == "the label mix moved"
-    assert root.unchecked() == [2]  # the next data check judges it again
+    assert Spans(root).unchecked() == [2]  # the next data check judges it again
 
 
 @pytest.mark.parametrize("kind", sorted(BAD))
@@ -91,13 +93,13 @@ def test_a_span_with_a_bad_record_cannot_be_released_only_checked(root, kind, ca
     assert "check it again with `stoke datacheck" in error and "\n" not in error
     assert spans.run(["release", "3", "--root", root.uri, "--by", "ana", "--json"]) == 0  # the others as ever
     capsys.readouterr()
-    assert {s.span for s in root.shards("train")} == {1, 3}
+    assert {s.span for s in Spans(root).shards("train")} == {1, 3}
 
 
 def test_releasing_keeps_the_evidence_in_one_record(root, capsys):
     assert spans.run(["release", "3", "--root", root.uri, "--by", "ana", "--json"]) == 0
     capsys.readouterr()
-    record = DataCheckRecord.read(root.datacheck(3))
+    record = read_result(root.datacheck(3), DataCheckRecord)
     assert (record.status, record.released_by, record.reasons, record.anomalies) == (
         "released", "ana", ["the label mix moved"], ERRORS)
     assert spans.run(["release", "1", "--root", root.uri, "--json"]) == 1  # a span it found fine is no release
@@ -108,7 +110,7 @@ def test_a_span_without_statistics_is_quarantined_not_trusted(tmp_path):
     write_span(str(tmp_path), 1, {"train": tiny_records(4)}, TRAIN_LABELS, {"train": 1}, checked=False)
     (check,) = datacheck.check_spans(DataCheckSettings(root=str(tmp_path))).spans
     assert check.status == "quarantined" and [a.kind for a in check.anomalies] == ["no_statistics"]
-    assert Root(str(tmp_path)).shards("train") == []
+    assert Spans(str(tmp_path)).shards("train") == []
 
 
 def _edit_json(path: str, change) -> None:
@@ -130,13 +132,13 @@ def test_a_record_binds_the_manifest_it_judged(root, edit, capsys):
     else:
         with open(manifest, "ab") as f:
             f.write(b" ")
-    assert {s.span for s in root.shards("train")} == {1}
+    assert {s.span for s in Spans(root).shards("train")} == {1}
     with pytest.raises(SpanNotChecked, match=r"span 2 has no valid data-check record \(.*made for another "
                                              r"_MANIFEST.json than the span's.*restore the manifest"):
-        root.shards("train", [2])
+        Spans(root).shards("train", [2])
     rows = listed(root, capsys)
     assert rows[2]["status"] == "unchecked" and "made for another _MANIFEST.json" in rows[2]["reason"]
-    assert root.unchecked() == [2]
+    assert Spans(root).unchecked() == [2]
 
 
 def test_a_manifest_that_dropped_a_shard_is_quarantined_when_checked_again(root):
@@ -147,7 +149,7 @@ def test_a_manifest_that_dropped_a_shard_is_quarantined_when_checked_again(root)
     assert check.span == 2 and check.status == "quarantined"
     assert [a.kind for a in check.anomalies if a.severity == "error"] == ["span_changed"]
     assert "lists train shards of 0 records where it counts 4" in check.anomalies[-1].message
-    assert {s.span for s in root.shards("train")} == {1}
+    assert {s.span for s in Spans(root).shards("train")} == {1}
 
 
 @pytest.mark.parametrize("status", ["ok", "warning", "released"])
@@ -155,9 +157,9 @@ def test_a_status_edited_by_hand_lets_nothing_in(root, status, capsys):
     """A quarantined span whose record was edited to let it in: its status no longer follows from its own
     anomalies (or names no one who released it), so it is no valid record at all."""
     _edit_json(root.datacheck(3), lambda r: r.update(status=status))
-    assert {s.span for s in root.shards("train")} == {1, 2}
+    assert {s.span for s in Spans(root).shards("train")} == {1, 2}
     with pytest.raises(SpanNotChecked, match="span 3 has no valid data-check record"):
-        root.shards("train", [3])
+        Spans(root).shards("train", [3])
     row = listed(root, capsys)[3]
     assert row["status"] == "unchecked"
     assert ("who released" if status == "released" else f"status '{status}' where its anomalies make it "
@@ -169,8 +171,8 @@ def test_a_record_moved_to_another_span_is_not_that_spans(root):
     record = json.loads(open(root.datacheck(1)).read())
     with open(root.datacheck(2), "w") as f:
         json.dump({**record, "span": 2}, f)
-    assert {s.span for s in root.shards("train")} == {1}
-    assert "made for another _MANIFEST.json" in root.check_record(2).problem
+    assert {s.span for s in Spans(root).shards("train")} == {1}
+    assert "made for another _MANIFEST.json" in Spans(root).check_record(2).problem
 
 
 def test_a_record_made_before_records_named_their_manifest_is_checked_again_by_the_next_check(root):
@@ -178,13 +180,13 @@ def test_a_record_made_before_records_named_their_manifest_is_checked_again_by_t
     those spans again on their statistics and content index, oldest first, and records the manifests."""
     for number in (1, 2, 3):
         _edit_json(root.datacheck(number), lambda r: r.pop("manifest_sha256"))
-    assert root.shards("train") == [] and root.unchecked() == [1, 2, 3]
-    assert "made before check records named the manifest" in root.check_record(1).problem
+    assert Spans(root).shards("train") == [] and Spans(root).unchecked() == [1, 2, 3]
+    assert "made before check records named the manifest" in Spans(root).check_record(1).problem
     summary = datacheck.check_spans(DataCheckSettings(root=root.uri))
     assert [(c.span, c.history_spans) for c in summary.spans] == [(1, []), (2, [1]), (3, [1, 2])]
     assert all(c.label_check.status == "skipped" for c in summary.spans)  # no served model: no predictions
-    assert root.unchecked() == [] and {s.span for s in root.shards("train")} == {1, 2, 3}
-    assert DataCheckRecord.read(root.datacheck(2)).manifest_sha256 == root.manifest_sha256(2)
+    assert Spans(root).unchecked() == [] and {s.span for s in Spans(root).shards("train")} == {1, 2, 3}
+    assert read_result(root.datacheck(2), DataCheckRecord).manifest_sha256 == Spans(root).manifest_sha256(2)
 
 
 def test_the_listing_says_which_spans_changed_after_publishing(root, capsys):
@@ -192,7 +194,7 @@ def test_the_listing_says_which_spans_changed_after_publishing(root, capsys):
     the shard and what to do, whatever its record says."""
     from tests.components.conftest import relabel
 
-    shard = root.shards("train", [2])[0].uri
+    shard = Spans(root).shards("train", [2])[0].uri
     relabel(shard, 0)
     rows = listed(root, capsys)
     assert [(n, r["status"]) for n, r in rows.items()] == [(1, "ok"), (2, "changed"), (3, "quarantined")]

@@ -9,6 +9,7 @@ from collections import Counter
 
 from beam_jobs.ingest import run as ingest
 from components.common.images import normalize
+from components.common.spans import Spans
 from components.contracts.layout import Root
 from components.datacheck import datacheck
 from tests.beam_jobs import images
@@ -50,8 +51,8 @@ def test_distinct_frames_of_one_camera_are_no_flood_and_train_under_one_label_or
     capsys.readouterr()
     checked = check(root, capsys)
     assert checked["status"] in ("ok", "warning") and errors(checked) == [], checked
-    assert {s.span for s in Root(root).shards("train")} == {1}  # what training reads
-    manifest = Root(root).read_manifest(1)
+    assert {s.span for s in Spans(root).shards("train")} == {1}  # what training reads
+    manifest = Spans(root).read_manifest(1)
     assert (manifest.same_picture.count, manifest.same_picture.total) == (1, 60) and manifest.anomalies == []
 
     # The same span as ingest published it before it judged pictures: the one dHash half its records share.
@@ -80,11 +81,11 @@ def test_a_stuck_camera_is_a_flood_and_the_span_is_quarantined(tmp_path, capsys)
     capsys.readouterr()
     checked = check(root, capsys)  # spans 1 and 2, the newest last
     assert checked["span"] == 2 and checked["status"] == "quarantined", checked
-    assert Root(root).read_manifest(2).same_picture.count == 60
+    assert Spans(root).read_manifest(2).same_picture.count == 60
     (flood,) = [a for a in checked["anomalies"] if a["kind"] == "same_image_flood"]
     assert (flood["severity"], flood["count"]) == ("error", 60) and "60 of the span's 70 files (86%" in flood["message"]
     assert set(flood["examples"]) <= set(stuck) and len(flood["examples"]) == 5
-    assert {s.span for s in Root(root).shards("train")} == {1}
+    assert {s.span for s in Spans(root).shards("train")} == {1}
 
 
 def test_byte_identical_frames_kept_out_as_copies_are_still_a_flood(tmp_path, capsys):
@@ -99,5 +100,5 @@ def test_byte_identical_frames_kept_out_as_copies_are_still_a_flood(tmp_path, ca
     capsys.readouterr()
     checked = check(root, capsys)
     assert checked["status"] == "quarantined" and errors(checked) == ["same_image_flood"], checked
-    manifest = Root(root).read_manifest(1)
+    manifest = Spans(root).read_manifest(1)
     assert manifest.counts.duplicates == 20 and (manifest.same_picture.count, manifest.same_picture.total) == (21, 81)

@@ -10,7 +10,8 @@ import pathlib
 import pytest
 
 from components.common.files import write_json
-from components.contracts.layout import Root, SpanNotChecked
+from components.common.spans import SpanNotChecked
+from components.contracts.layout import Root
 from components.contracts.run_config import GateSettings
 from components.gate import gate
 from components.gate.evalset import eval_spans

@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from components.common.spans import Spans
 from components.contracts.layout import Root
 from tests.components.faults import read_only
 from tests.components.gate_runs import copy_root, gate_scenario
@@ -33,7 +34,7 @@ def _truncate(shard_uri: str) -> None:
 
 def test_a_truncated_eval_shard_is_named_in_one_line(trained_runs, tmp_path, capsys):
     root = copy_root(trained_runs, tmp_path)
-    shard = Root(root).shards("eval", [1])[0].uri
+    shard = Spans(root).shards("eval", [1])[0].uri
     _truncate(shard)
     code, err, summary = _gate(root, capsys)
     assert code == 1, err
@@ -47,7 +48,7 @@ def test_an_eval_shard_changed_after_publishing_is_no_evidence(trained_runs, tmp
     from tests.components.conftest import relabel
 
     root = copy_root(trained_runs, tmp_path)
-    shard = Root(root).shards("eval", [1])[0].uri
+    shard = Spans(root).shards("eval", [1])[0].uri
     relabel(shard, 0)
     code, err, summary = _gate(root, capsys)
     assert code == 1 and err.count("\n") == 1 and "Traceback" not in err, err
@@ -61,7 +62,7 @@ def test_a_shard_that_breaks_inside_tfma_is_named_too(trained_runs, tmp_path, ca
     from components.gate import gate as validate
 
     root = copy_root(trained_runs, tmp_path)
-    shards = Root(root).shards("eval", [1])
+    shards = Spans(root).shards("eval", [1])
     scanned = validate._scan_eval(shards, 4)
     monkeypatch.setattr(validate, "_staged", lambda _config, found: (found, []))
     monkeypatch.setattr(validate, "_scan_eval", lambda _shards, _keep: scanned)
@@ -83,12 +84,13 @@ def test_a_read_only_root_is_one_line_naming_the_path(trained_runs, tmp_path, ca
 
 
 def quarantine(root: str, span: int) -> None:
+    from components.common.files import write_json
     from components.contracts.summaries import DataAnomaly, DataCheckRecord
 
     drift = DataAnomaly(kind="label_drift", severity="error", message="label drift 0.6")
-    DataCheckRecord(span=span, check_version=1, status="quarantined", checked_at="2026-12-01T02:00:00Z",
-                    reasons=[drift.message], anomalies=[drift], manifest_sha256=Root(root).manifest_sha256(span),
-                    ).write(Root(root).datacheck(span))
+    record = DataCheckRecord(span=span, check_version=1, status="quarantined", checked_at="2026-12-01T02:00:00Z",
+                             reasons=[drift.message], anomalies=[drift], manifest_sha256=Spans(root).manifest_sha256(span))
+    write_json(Root(root).datacheck(span), record.to_json())
 
 
 @pytest.mark.parametrize("marker", ["the data check's", "not JSON"])

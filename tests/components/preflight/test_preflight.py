@@ -12,6 +12,7 @@ import pytest
 from PIL import Image
 
 from components.common import files
+from components.common.spans import Spans
 from components.contracts import layout, schema
 from components.contracts.results import SpanManifest
 from components.preflight import disks, gpus, limits, preflight, storage
@@ -338,7 +339,7 @@ def test_read_throughput_reads_the_newest_spans_shards(span_root, machine_report
 
 def test_read_throughput_against_requirements(span_root):
     root, _ = span_root
-    manifests = layout.Root(root).manifests(checked=False)
+    manifests = Spans(root).manifests(checked=False)
     slow = storage.read_throughput(root, manifests, sample_mb=4, min_read_mbps=1e12)
     assert slow.status == "fail" and "below the required" in slow.summary
     hungry = list(manifests)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from components.common.files import read_json, write_json
+from components.common.files import read_json, read_result, write_json
 from components.contracts.layout import Root
 from components.contracts.results import GateResult
 from components.report.report import write_report
@@ -19,12 +19,12 @@ COMPARISON = {"version": 1796136026, "example_count": 175, "accuracy": 169 / 175
 
 
 def test_a_gate_without_a_served_version_has_no_comparison():
-    assert GateResult.read(str(WRITTEN)).comparison is None
+    assert read_result(str(WRITTEN), GateResult).comparison is None
 
 
 def test_the_report_shows_the_difference_with_its_interval(tmp_path):
     run = Root(str(tmp_path)).run("r1")
-    write_json(run.summary("gate"), read_json(str(WRITTEN)) | {"comparison": COMPARISON})
+    write_json(run.result("gate"), read_json(str(WRITTEN)) | {"comparison": COMPARISON})
     written = write_report(run)
     markdown = written["markdown"]
     assert ("Candidate minus served version 1796136026 on 175 eval records: -0.023 (95% interval -0.059 to +0.004; "
@@ -58,7 +58,7 @@ def test_the_per_class_table_shows_the_served_figures_and_the_verdict(tmp_path):
     gate["labels"] = ["red", "green", "blue", "white"]
     gate["metrics"] |= {"per_class_accuracy": {"red": 0.5, "green": 0.95, "blue": 0.75, "white": 0.25},
                         "per_class_examples": {"red": 20, "green": 20, "blue": 20, "white": 4}}
-    write_json(run.summary("gate"), gate | {"comparison": COMPARISON | {"per_class": PER_CLASS}})
+    write_json(run.result("gate"), gate | {"comparison": COMPARISON | {"per_class": PER_CLASS}})
     written = write_report(run)
     markdown = written["markdown"]
     assert ("Class by class against served version 1796136026: McNemar's exact one-sided test on each class's records, "
@@ -75,7 +75,7 @@ def test_the_per_class_table_shows_the_served_figures_and_the_verdict(tmp_path):
 
 def test_without_a_per_class_comparison_the_table_has_the_candidate_alone(tmp_path):
     run = Root(str(tmp_path)).run("r1")
-    write_json(run.summary("gate"), read_json(str(WRITTEN)) | {"comparison": COMPARISON})
+    write_json(run.result("gate"), read_json(str(WRITTEN)) | {"comparison": COMPARISON})
     markdown = write_report(run)["markdown"]
     assert "| class | eval examples | accuracy |\n| --- | --- | --- |\n| four | 1 | 0.0000 |" in markdown
     assert "Class by class" not in markdown

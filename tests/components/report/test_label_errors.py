@@ -22,7 +22,7 @@ def span_check(label_check: LabelCheck, files: int = 0) -> SpanCheck:
 
 def markdown(tmp_path, check: SpanCheck) -> str:
     run = Root(str(tmp_path)).run("r1")
-    write_json(run.summary("datacheck"), DataCheckSummary(spans=[check]).to_json())
+    write_json(run.result("datacheck"), DataCheckSummary(spans=[check]).to_json())
     return write_report(run)["markdown"]
 
 

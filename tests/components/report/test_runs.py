@@ -7,6 +7,7 @@ import pathlib
 import subprocess
 import sys
 
+from components.common.files import write_json
 from components.common.run_retention import after_run
 from components.contracts.layout import Root
 from components.contracts.retention import Pruned
@@ -54,7 +55,8 @@ def test_the_report_says_what_the_rule_did_and_a_failed_prune_is_a_warning(tmp_p
     make_run(root, "older", age_days=4)
     current = make_run(root, "current", report=False)
     write_settings(current, keep=2)
-    os.remove(current.summary("train"))  # a stand-in, not a summary the report could read
+    for stand_in in (current.metrics, current.gate):  # not results the report could read
+        os.remove(stand_in)
 
     after_run(current)
     report = write_report(current)["summary"]
@@ -77,7 +79,7 @@ def write_settings(run, **runs) -> None:
 def test_no_report_is_rebuilt_for_a_run_the_rule_deleted_or_is_deleting(tmp_path):
     root = str(tmp_path / "root")
     doomed = make_run(root, "doomed")
-    Pruned(run_id="doomed", pruned_at="2026-01-01T00:00:00Z", kept="nothing").write(doomed.pruned)
+    write_json(doomed.pruned, Pruned(run_id="doomed", pruned_at="2026-01-01T00:00:00Z", kept="nothing").to_json())
     os.remove(doomed.report_json)  # a deletion stopped halfway
 
     done = stoke("report", "--root", root, "--run-id", "doomed")

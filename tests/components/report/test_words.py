@@ -17,7 +17,7 @@ def run_with(tmp_path, gate=None, train=None, ingest=None):
     for stage, name, change in (("gate", "gate.json", gate), ("train", "metrics.json", train),
                                 ("ingest", "ingest-summary.json", ingest)):
         data = read_json(str(SAMPLES / name))
-        write_json(run.summary(stage), change(data) if change else data)
+        write_json(run.result(stage), change(data) if change else data)
     return write_report(run)
 
 
@@ -74,7 +74,7 @@ def test_the_report_names_what_a_push_set_aside_in_the_model_repository(tmp_path
     push = read_json(str(SAMPLES / "push-summary.json")) | {"set_aside": [
         {"name": "0300", "moved_to": "/root/models/stoke/set-aside-0300",
          "reason": "TF Serving reads its name as version 300; Stoke names versions by plain decimal numbers"}]}
-    write_json(run.summary("push"), push)
+    write_json(run.result("push"), push)
     shown = run_with(tmp_path)["markdown"]
     assert ("Set aside `0300` as `/root/models/stoke/set-aside-0300`: TF Serving reads its name as version 300; "
             "Stoke names versions by plain decimal numbers.") in shown

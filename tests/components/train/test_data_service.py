@@ -13,7 +13,8 @@ import threading
 
 import pytest
 
-from components.common.files import write_json
+from components.common.files import read_result, write_json
+from components.common.spans import Spans
 from components.contracts.config import TrainConfig
 from components.contracts.layout import Root
 from components.contracts.results import TrainMetrics
@@ -90,7 +91,7 @@ SETTINGS = TrainConfig(image_size=16, flip=False, seed=7)
 
 def records(root: str, **changes):
     options = data.PipelineOptions(batch_size=4, training=True, seed=7)
-    return Root(root).shards("train", None), SETTINGS, dataclasses.replace(options, **changes)
+    return Spans(root).shards("train", None), SETTINGS, dataclasses.replace(options, **changes)
 
 
 def through_service(shards, settings, options, address):
@@ -144,8 +145,8 @@ def test_training_through_the_service_survives_a_lost_worker_and_is_blessed(serv
     code, validation = validate_run(root, "svc")
     assert code == 0 and validation["blessed"], validation["reasons"]
     run = Root(root).run("svc")
-    assert TrainMetrics.read(run.metrics).data_service.address == service["address"]
-    write_json(run.summary("train"), summary)  # what the train flow keeps of the stage for its report
+    assert read_result(run.metrics, TrainMetrics).data_service.address == service["address"]
+    write_json(run.result("train"), summary)  # the train stage's result, which the report reads
     markdown = write_report(run)["markdown"]
     assert f"Input pipeline on the tf.data service at `{service['address']}` (distributed_epoch): " \
            f"{registered + 1} workers when training started" in markdown

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from components.common.spans import Spans
 from components.contracts.config import TrainConfig
-from components.contracts.layout import Root
 from components.train import data
 from tests.components.conftest import TRAIN_LABELS, tiny_records, write_span
 
@@ -37,7 +37,7 @@ def uneven_eval_shards(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("eval-batches"))
     write_span(root, 1, {"train": tiny_records(4), "eval": tiny_records(19, offset=1000)},
                TRAIN_LABELS, {"train": 1, "eval": 3})
-    return Root(root).shards("eval")
+    return Spans(root).shards("eval")
 
 
 def _batches(shards, pipelines: int, pipeline_id: int, cache=None):

@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 from pydantic import ValidationError
 
+from components.common.spans import Spans
 from components.contracts.config import TrainConfig
 from components.contracts.layout import Root
 from components.train import data, trainer
@@ -35,7 +36,7 @@ def _plan(eval_records: int = 0):
 
 def _labels(root: str, cache: str, records: int) -> list[int]:
     """The labels of one pass over the training split, as the trainer's input reads it with `cache`."""
-    make = trainer.dataset_fn(_settings(cache), _plan(), Root(root).shards("train"), True)
+    make = trainer.dataset_fn(_settings(cache), _plan(), Spans(root).shards("train"), True)
     dataset = make(tf.distribute.InputContext())
     return [int(v) for _, labels in dataset.take(records // BATCH) for v in labels.numpy()]
 
@@ -71,7 +72,7 @@ def test_another_image_size_is_another_cache(small_spans_root, tmp_path):
     cache = str(tmp_path / "images")
 
     def images(size: int):
-        make = trainer.dataset_fn(_settings(cache, size), _plan(19), Root(small_spans_root).shards("eval"), False)
+        make = trainer.dataset_fn(_settings(cache, size), _plan(19), Spans(small_spans_root).shards("eval"), False)
         return [batch[0].numpy() for batch in make(tf.distribute.InputContext()).take(3)]
 
     assert images(16)[0].shape == (BATCH, 16, 16, 3)
@@ -82,12 +83,12 @@ def test_another_image_size_is_another_cache(small_spans_root, tmp_path):
 KILLED_WRITER = """
 import os, sys, types
 import tensorflow as tf
-from components.contracts.layout import Root
+from components.common.spans import Spans
 from components.train import trainer
 from components.contracts.config import TrainConfig
 settings = TrainConfig(image_size=32, image_cache=sys.argv[2], flip=False, shuffle_buffer=1, seed=1)
 plan = types.SimpleNamespace(data_service=None, global_batch=8, excluded=(), eval_records=0, validation_steps=0)
-dataset = trainer.dataset_fn(settings, plan, Root(sys.argv[1]).shards("train"), True)(tf.distribute.InputContext())
+dataset = trainer.dataset_fn(settings, plan, Spans(sys.argv[1]).shards("train"), True)(tf.distribute.InputContext())
 records = iter(dataset)  # kept: an iterator dropped before the end discards what it cached
 next(records)  # a few records into the cache, which tf.data has not finished
 print(sorted(os.listdir(os.path.dirname(sys.argv[2]))), flush=True)
@@ -120,7 +121,7 @@ def _key(shards, settings: dict | None = None, context=None, **changes) -> str:
 
 
 def test_the_key_changes_with_everything_that_changes_what_is_cached(small_spans_root):
-    shards = Root(small_spans_root).shards("train")
+    shards = Spans(small_spans_root).shards("train")
     base = _key(shards)
     assert _key(list(shards), {"flip": False, "seed": 7, "shuffle_buffer": 1}, seed=7, cache="x") == base
     variants = {
@@ -195,6 +196,6 @@ def test_a_cache_prefix_that_is_not_a_local_path_is_refused_as_a_setting(prefix)
 
 
 def test_memory_and_no_cache_are_as_before(small_spans_root):
-    make = trainer.dataset_fn(_settings("memory"), _plan(), Root(small_spans_root).shards("train"), True)
+    make = trainer.dataset_fn(_settings("memory"), _plan(), Spans(small_spans_root).shards("train"), True)
     labels = [v for _, batch in make(tf.distribute.InputContext()).take(6) for v in batch.numpy()]
     assert sorted(labels) == sorted(np.array([r[2] for r in tiny_records(48)]))

@@ -12,6 +12,7 @@ import tensorflow as tf
 from PIL import Image
 
 from components.common.shard_scan import scan_shards
+from components.common.spans import Spans
 from components.contracts.config import TrainConfig
 from components.contracts.layout import Root
 from components.train import data as pipeline
@@ -43,16 +44,16 @@ def _in_dataset(fn, *args):
 
 def test_list_shards_reads_only_published_spans(small_spans_root):
     root = Root(small_spans_root)
-    train = root.shards("train")
+    train = Spans(root).shards("train")
     assert [s.span for s in train] == [1, 1, 1]  # span 2 has no manifest
     assert sum(s.records for s in train) == 48
     assert {s.compression for s in train} == {"GZIP"}
-    assert root.shards("train", [2]) == []
-    assert root.label_names() == ["red", "green", "blue"]
+    assert Spans(root).shards("train", [2]) == []
+    assert Spans(root).label_names() == ["red", "green", "blue"]
 
 
 def test_parse_is_identical_eagerly_and_inside_tf_data(small_spans_root):
-    shard = Root(small_spans_root).shards("eval")[0]
+    shard = Spans(small_spans_root).shards("eval")[0]
     record = next(iter(tf.data.TFRecordDataset(shard.uri, "GZIP"))).numpy()
     encoded, label = pipeline.parse(tf.constant(record))
     inside = next(iter(tf.data.Dataset.from_tensors(record).map(pipeline.parse)))
@@ -122,7 +123,7 @@ def _settings(image_size=16, **kw) -> TrainConfig:
 
 
 def test_training_batches_have_static_shapes(small_spans_root):
-    shards = Root(small_spans_root).shards("train")
+    shards = Spans(small_spans_root).shards("train")
     options = pipeline.PipelineOptions(batch_size=5, training=True, seed=1)
     dataset = pipeline.make_dataset(shards, _settings(24, shuffle_buffer=16), options)
     assert dataset.element_spec[0].shape.as_list() == [5, 24, 24, 3]
@@ -143,7 +144,7 @@ def test_no_flip_keeps_the_orientation():
 
 
 def test_eval_pipeline_is_deterministic_and_complete(small_spans_root):
-    shards = Root(small_spans_root).shards("train")
+    shards = Spans(small_spans_root).shards("train")
     first = _collect(pipeline.make_dataset(shards, _settings(), _eval_options()))
     second = _collect(pipeline.make_dataset(shards, _settings(), _eval_options()))
     assert first == second
@@ -151,7 +152,7 @@ def test_eval_pipeline_is_deterministic_and_complete(small_spans_root):
 
 
 def test_memory_cache_keeps_every_record(small_spans_root):
-    shards = Root(small_spans_root).shards("train")
+    shards = Spans(small_spans_root).shards("train")
     cached = pipeline.make_dataset(shards, _settings(), _eval_options(cache="memory"))
     assert _collect(cached) == _collect(pipeline.make_dataset(shards, _settings(), _eval_options()))
     training = pipeline.PipelineOptions(batch_size=8, training=True, cache="memory")
@@ -161,7 +162,7 @@ def test_memory_cache_keeps_every_record(small_spans_root):
 
 @pytest.mark.parametrize("split", ["train", "eval"])  # 3 shards: by file; 1 shard: by record
 def test_two_workers_read_disjoint_halves_that_cover_the_split(small_spans_root, split):
-    shards = Root(small_spans_root).shards(split)
+    shards = Spans(small_spans_root).shards(split)
     parts = [_collect(pipeline.make_dataset(shards, _settings(), _eval_options(batch_size=1),
                                             tf.distribute.InputContext(2, worker, 1)))[0]
              for worker in (0, 1)]
@@ -188,12 +189,12 @@ def corrupt_spans_root(small_spans_root, tmp_path_factory):
     """A copy of small_spans_root whose second train shard breaks at its 6th record (of 16)."""
     root = str(tmp_path_factory.mktemp("corrupt-root") / "root")
     shutil.copytree(small_spans_root, root)
-    corrupt_record(Root(root).shards("train")[1].uri, 5)
+    corrupt_record(Spans(root).shards("train")[1].uri, 5)
     return root
 
 
 def test_scan_names_the_corrupt_shard_and_counts_lost_records(corrupt_spans_root):
-    scans = scan_shards(Root(corrupt_spans_root).shards("train"))
+    scans = scan_shards(Spans(corrupt_spans_root).shards("train"))
     assert [s.error is not None for s in scans] == [False, True, False]
     bad = scans[1]
     assert bad.uri.endswith("train-00001-of-00003.tfrecord.gz")
@@ -203,7 +204,7 @@ def test_scan_names_the_corrupt_shard_and_counts_lost_records(corrupt_spans_root
 
 
 def test_corrupt_shard_fails_reading_unless_skipped(corrupt_spans_root):
-    shards = Root(corrupt_spans_root).shards("train")
+    shards = Spans(corrupt_spans_root).shards("train")
     with pytest.raises(tf.errors.DataLossError):
         _collect(pipeline.make_dataset(shards, _settings(), _eval_options()))
     images, _ = _collect(pipeline.make_dataset(shards, _settings(skip_corrupt=True), _eval_options(batch_size=1)))
@@ -277,7 +278,7 @@ def test_serving_decode_refuses_images_over_the_cap_before_decoding():
 def test_records_left_out_by_source_are_missing_from_training_and_only_they(small_spans_root):
     """train.drop_suspected_label_errors: the records named (by image/source) are left out, in the
     training pipeline, and a name no record has takes nothing with it."""
-    shards = Root(small_spans_root).shards("train")  # shard s holds the 16 records of label s
+    shards = Spans(small_spans_root).shards("train")  # shard s holds the 16 records of label s
     gone = ("mem://train/0/0", "mem://train/0/15", "mem://train/2/5", "mem://train/9/9")
     options = pipeline.PipelineOptions(batch_size=1, training=True, repeat=False, seed=3, exclude=gone)
     labels = sorted(int(label) for _, batch in pipeline.make_dataset(shards, _settings(), options)

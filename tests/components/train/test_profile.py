@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 
 from components.common import processes
-from components.common.files import write_json
+from components.common.files import read_result, write_json
 from components.contracts.layout import Root
 from components.contracts.results import TrainMetrics
 from components.report.report import write_report
@@ -65,7 +65,7 @@ def runs(tmp_path_factory) -> dict:
 @pytest.mark.parametrize("kind", sorted(RUNS))
 def test_the_profilers_verdict_agrees_with_the_probe(kind, runs):
     run, summary = runs[kind]
-    metrics = TrainMetrics.read(run.metrics)
+    metrics = read_result(run.metrics, TrainMetrics)
     probe, profiler = metrics.input, metrics.profiler
     assert profiler is not None, "the trace of steps 8-14 was not read"
     assert profiler.steps >= 4 and profiler.step_time_ms > 0 and os.path.isdir(profiler.trace)
@@ -78,7 +78,7 @@ def test_the_profilers_verdict_agrees_with_the_probe(kind, runs):
     else:
         assert profiler.input_percent < 20
 
-    write_json(run.summary("train"), summary)  # what the train flow keeps of the stage for its report
+    write_json(run.result("train"), summary)  # the train stage's result, which the report reads
     report = write_report(run)
     assert report["summary"]["train"]["profiler"] == profiler.model_dump(mode="json")
     assert f"Profile tab): {profiler.conclusion}" in report["markdown"]
@@ -88,7 +88,7 @@ def test_tensorboard_shows_the_same_analysis_in_its_profile_tab(runs, tmp_path):
     """`tensorboard --logdir ROOT/runs/<id>/tensorboard`, as docs/train.md shows it, asked what its Profile
     tab's input-pipeline analyzer page loads."""
     run, _ = runs["input_bound"]
-    profiler = TrainMetrics.read(run.metrics).profiler
+    profiler = read_result(run.metrics, TrainMetrics).profiler
     port = free_port()
     log = open(tmp_path / "tensorboard.log", "wb")
     server = processes.start([os.path.join(os.path.dirname(sys.executable), "tensorboard"), "--logdir", run.tensorboard,

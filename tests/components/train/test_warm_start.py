@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from components.common.files import read_result, write_json
 from components.common.repository import Repository
 from components.contracts.layout import Root
 from components.contracts.run_config import RunConfig
@@ -147,8 +148,8 @@ def test_no_new_span_and_a_released_span_retrain_fully(trained_runs, tmp_path):
     assert "no checked span is new" in warm.decide(config(root), TRAIN_LABELS, [1]).reason
     write_span(root, 2, {"train": tiny_records(8, offset=7000)}, TRAIN_LABELS, {"train": 1})
     base = Root(root)
-    record = DataCheckRecord.read(base.datacheck(2)).model_copy(update={
+    record = read_result(base.datacheck(2), DataCheckRecord).model_copy(update={
         "status": "released", "released_by": "ops", "released_at": "2025-01-02T00:00:00Z"})
-    record.write(base.datacheck(2))
+    write_json(base.datacheck(2), record.to_json())
     decided = warm.decide(config(root), TRAIN_LABELS, [1, 2])
     assert decided.kind == "full" and "released by hand" in decided.reason

@@ -1,15 +1,29 @@
 """Settings from a file and from `--set group.field=value` overrides, as big_vision takes a config
 plus dotted overrides: the file first, then each override in order, then the model validates the
-whole. Every mistake is one line naming the dotted path and what it allows."""
+whole. Every mistake is one line naming the dotted path and what it allows.
+
+Settings files are read as plain data: YAML or JSON read into dicts, lists, strings, numbers, booleans
+and nulls, nothing else, nested at most MAX_DEPTH deep. A settings file is a few groups of settings.
+What YAML can do beyond that is what a hostile or mistaken file uses: an alias repeats a node wherever
+it is named, so 342 bytes of aliases of aliases expand to hundreds of MB (and one naming itself never
+ends); tags build dates, bytes and sets, which no setting takes and JSON (the recorded config.json)
+cannot hold; and lists nested thousands deep exhaust Python's recursion. So aliases, every tag but
+JSON's and nesting past MAX_DEPTH are refused where the parser meets them, before anything is built.
+"""
 from __future__ import annotations
 
 import difflib
 import json
+import types
+import typing
+from collections.abc import Iterator
+from typing import Annotated, Literal
 
+import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 
-from components.contracts import plain_data
-from components.contracts.options import argument_type, model_of
+from components.common.files import NotASmallFile, read_small
 
 
 class ConfigError(ValueError):
@@ -21,19 +35,15 @@ MAX_FILE_BYTES = 1024 * 1024  # a settings file is a few KB, a run's config.json
 
 def read_file(uri: str) -> dict:
     """The settings in a YAML or JSON file (a local path or an fsspec URI, such as a run's config.json): a
-    regular file of at most MAX_FILE_BYTES, plain data (components/contracts/plain_data.py), a group of settings."""
-    import yaml
-
-    from components.common.files import NotASmallFile, read_small
-
+    regular file of at most MAX_FILE_BYTES, plain data (below), a group of settings."""
     try:
         text = read_small(uri, MAX_FILE_BYTES, "a settings file").decode("utf-8")
-        data = plain_data.loads(text, as_json=uri.endswith(".json"))
+        data = loads(text, as_json=uri.endswith(".json"))
     except FileNotFoundError:
         raise ConfigError(f"{uri}: no such file") from None
     except NotASmallFile as error:
         raise ConfigError(str(error)) from None
-    except plain_data.NotPlainData as error:
+    except NotPlainData as error:
         raise ConfigError(f"{uri}: {error}") from None
     except (UnicodeDecodeError, ValueError, yaml.YAMLError) as error:
         raise ConfigError(f"{uri} is not a YAML or JSON file of settings: {_first_line(error)}") from None
@@ -57,9 +67,9 @@ def with_overrides(data: dict, overrides: list[str], model: type[BaseModel]) -> 
         names = path.strip().split(".")
         try:
             value = _value(text, check_path(model, names))
-            plain_data.check_depth(value)
-        except (plain_data.NotPlainData, RecursionError):
-            raise ConfigError(f"--set {path.strip()}: nested more than {plain_data.MAX_DEPTH} deep") from None
+            check_depth(value)
+        except (NotPlainData, RecursionError):
+            raise ConfigError(f"--set {path.strip()}: nested more than {MAX_DEPTH} deep") from None
         node = data
         for name in names[:-1]:
             if not isinstance(node.get(name), dict):
@@ -116,6 +126,38 @@ def problems(error: ValidationError, limit: int = 3) -> str:
     return "; ".join(shown) + (f"; and {more} more" if more > 0 else "")
 
 
+def leaves(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], FieldInfo]]:
+    """(path, field) of every single setting of `model`, groups walked into."""
+    for name, field in model.model_fields.items():
+        group = model_of(field.annotation)
+        if group is None:
+            yield (*prefix, name), field
+        else:
+            yield from leaves(group, (*prefix, name))
+
+
+def model_of(annotation) -> type[BaseModel] | None:
+    """The model of a group's annotation, such as `TrainConfig` or `PreflightConfig | None`; None for a setting."""
+    for candidate in (annotation, *typing.get_args(annotation)):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
+
+
+def argument_type(annotation):
+    """The argparse type and choices for a field annotation such as `int | None` or a Literal."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        annotation = args[0]
+        args = list(typing.get_args(annotation))
+    if typing.get_origin(annotation) is Annotated:  # RunId: the pattern is pydantic's to check
+        annotation = args[0]
+        args = list(typing.get_args(annotation))
+    if typing.get_origin(annotation) is Literal:
+        return type(args[0]), list(args)
+    return annotation, None
+
+
 def deep_merge(base: dict, top: dict) -> dict:
     """`base` with `top` laid over it, group by group."""
     merged = dict(base)
@@ -141,3 +183,68 @@ def _shown(value, limit: int = 80) -> str:
 
 def _first_line(error: Exception) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+# ---------------------------------------------------------------- plain data
+
+MAX_DEPTH = 32  # a run configuration is three deep: group, setting, a list's items
+JSON_TAGS = frozenset(f"tag:yaml.org,2002:{name}" for name in ("null", "bool", "int", "float", "str", "seq", "map"))
+PLAIN = "settings are text, numbers, true/false, null, lists and groups"
+
+
+class NotPlainData(ValueError):
+    """Text that is not plain data; the message says what, and on which line."""
+
+
+def loads(text: str, as_json: bool = False):
+    """The plain data in `text`, YAML (or JSON, which YAML reads too, with `as_json` as JSON reads it)."""
+    if as_json:
+        try:
+            data = json.loads(text)
+        except RecursionError:
+            raise NotPlainData(f"nested more than {MAX_DEPTH} deep") from None
+        check_depth(data)
+        return data
+    return yaml.load(text, Loader=_PlainLoader)  # SafeLoader, narrowed further
+
+
+def check_depth(value, limit: int = MAX_DEPTH) -> None:
+    """Raises NotPlainData when lists and dicts in `value` nest more than `limit` deep."""
+    if limit < 0:
+        raise NotPlainData(f"nested more than {MAX_DEPTH} deep")
+    if isinstance(value, dict | list):
+        for item in value.values() if isinstance(value, dict) else value:
+            check_depth(item, limit - 1)
+
+
+class _PlainLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, composing only what JSON could say."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self.depth = 0
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        line = f"line {event.start_mark.line + 1}"
+        if isinstance(event, yaml.AliasEvent):
+            raise NotPlainData(f"{line}: an alias (*{event.anchor}) repeats another value; write the value out")
+        if self.depth >= MAX_DEPTH:
+            raise NotPlainData(f"{line}: nested more than {MAX_DEPTH} deep")
+        self.depth += 1
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+        if node.tag not in JSON_TAGS:
+            raise NotPlainData(f"{line}: {_what(node)} is no setting's value ({PLAIN})")
+        return node
+
+
+def _what(node) -> str:
+    tag = node.tag.replace("tag:yaml.org,2002:", "!!")
+    if tag == "!!timestamp":
+        return f"a date ({node.value}; quote it to mean text)"
+    if tag == "!!merge":
+        return "a merge key (<<)"
+    return f"the tag {tag}"

@@ -1,6 +1,6 @@
-"""The edges every stage program shares: settings from a file and the command line, one-line errors,
-progress events, and the summary as one JSON object on the last line of stdout, which is what
-`stoke` and the flows read."""
+"""The edges every stage program shares: settings from a file and the command line (one option per
+setting, generated from its model), one-line errors, progress events, and the summary as one JSON
+object on the last line of stdout, which is what `stoke` and the flows read."""
 from __future__ import annotations
 
 import argparse
@@ -11,10 +11,12 @@ import sys
 import unicodedata
 from collections.abc import Callable
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 
-from components.contracts import overrides
-from components.contracts.options import add_options, given, option
+from components.common import config_files
+from components.common.config_files import argument_type, leaves
+from components.common.store_errors import transient
 from components.contracts.results import Result
 from components.contracts.run_config import program_model
 from components.contracts.secrets import given as given_source
@@ -58,13 +60,13 @@ def stage_settings(name: str, args: argparse.Namespace):
     SOURCE is recorded without its credentials (the flow's settings file): they come from the
     environment (components/contracts/secrets.py)."""
     options = {dest: value for dest, value in vars(args).items() if dest not in ("config", "json")}
-    data = overrides.read_file(args.config) if args.config else {}
-    settings = program_model(stage(name)).model_validate(overrides.deep_merge(data, given(options)))
+    data = config_files.read_file(args.config) if args.config else {}
+    settings = program_model(stage(name)).model_validate(config_files.deep_merge(data, given(options)))
     if getattr(settings, "source", None):
         try:
             settings = settings.model_copy(update={"source": given_source(settings.source)})
         except ValueError as error:
-            raise overrides.ConfigError(str(error)) from None
+            raise config_files.ConfigError(str(error)) from None
     return settings
 
 
@@ -76,7 +78,7 @@ def main(prog: str, as_json: bool, work: Callable[[], Result | dict], describe: 
         summary = work()
     except ValidationError as error:
         return _fail(prog, as_json, settings_message(error), failed, BAD_SETTINGS)
-    except overrides.ConfigError as error:
+    except config_files.ConfigError as error:
         return _fail(prog, as_json, str(error), failed, BAD_SETTINGS)
     except errors as error:
         message = os_error_line(error) if isinstance(error, OSError) else str(error)
@@ -124,7 +126,7 @@ def printable(value):
 
 def scrubbed(value):
     """`value` (a string, or the strings in a dict or list) without the credentials it holds: what a
-    program prints as JSON is kept (summaries in the run folder) and shown (`--json`)."""
+    program prints as JSON is kept (its result in the run folder) and shown (`--json`)."""
     if isinstance(value, str):
         return without_secrets(value)
     if isinstance(value, dict):
@@ -167,82 +169,6 @@ def os_error_line(error: OSError) -> str:
     return f"{path}: {why}"
 
 
-# What makes a failure transient, by class (module.name, anywhere in the exception's MRO), by the
-# error code or HTTP status a store answered, and by errno. Names, not imports: a program that never
-# touches a bucket does not load botocore or google-auth to classify its errors.
-_DETERMINISTIC_CLASSES = {
-    "botocore.exceptions.NoCredentialsError", "botocore.exceptions.PartialCredentialsError",
-    "botocore.exceptions.ProfileNotFound", "botocore.exceptions.SSLError",
-    "google.auth.exceptions.DefaultCredentialsError", "aiohttp.client_exceptions.ClientSSLError",
-}
-_TRANSIENT_CLASSES = {
-    "botocore.exceptions.ConnectionError", "botocore.exceptions.HTTPClientError",  # connection, read timeout, reset
-    "botocore.exceptions.IncompleteReadError", "requests.exceptions.ConnectionError", "requests.exceptions.Timeout",
-    "requests.exceptions.ChunkedEncodingError", "urllib3.exceptions.ProtocolError", "urllib3.exceptions.TimeoutError",
-    "aiohttp.client_exceptions.ClientConnectionError", "aiohttp.client_exceptions.ClientPayloadError",
-    "google.auth.exceptions.TransportError", "google.auth.exceptions.TimeoutError",
-}
-TRANSIENT_CODES = {"SlowDown", "Throttling", "ThrottlingException", "ThrottledException", "RequestThrottled",
-                   "RequestLimitExceeded", "TooManyRequestsException", "BandwidthLimitExceeded", "RequestTimeout",
-                   "RequestTimeoutException", "ServiceUnavailable", "InternalError", "PriorRequestNotComplete"}
-_TRANSIENT_ERRNOS = {errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNREFUSED, errno.ECONNABORTED, errno.EHOSTUNREACH,
-                     errno.ENETUNREACH, errno.ENETDOWN, errno.EAGAIN, errno.EBUSY, getattr(errno, "EREMOTEIO", errno.EIO)}
-
-
-def transient(error: BaseException) -> bool:
-    """Whether another try might succeed where `error` failed. The first exception of its chain
-    (the error, its cause, the cause's cause) that says decides: a `transient` attribute set where the
-    error was made; credentials missing, a bad profile, a bad certificate (never); a store's answer,
-    by its code (throttling, a timeout) or HTTP status (408, 429, 5xx); a connection refused, reset or
-    timed out. Anything else is deterministic: a bad path, an access denied, a bad manifest, a bug."""
-    for link in causes(error):
-        verdict = getattr(link, "transient", None)
-        if isinstance(verdict, bool):
-            return verdict
-        names = {f"{kind.__module__}.{kind.__qualname__}" for kind in type(link).__mro__}
-        if names & _DETERMINISTIC_CLASSES:
-            return False
-        if getattr(link, "retryable", None) is True:  # google-auth's RefreshError says it itself
-            return True
-        code, status = store_answer(link)
-        if code is not None or status is not None:
-            return code in TRANSIENT_CODES or status in (408, 429) or (status or 0) >= 500
-        if names & _TRANSIENT_CLASSES or isinstance(link, (ConnectionError, TimeoutError)):
-            return True
-        if isinstance(link, OSError) and link.errno in _TRANSIENT_ERRNOS:
-            return True
-    return False
-
-
-def store_answer(error: BaseException) -> tuple[str | None, int | None]:
-    """(error code, HTTP status) of a store's answer: botocore's ClientError, gcsfs's HttpError,
-    google-api-core's errors, aiohttp's ClientResponseError; (None, None) for anything else."""
-    response = getattr(error, "response", None)
-    if isinstance(response, dict) and isinstance(response.get("Error"), dict):  # botocore's ClientError
-        code = response["Error"].get("Code")
-        code = None if code is None else str(code)
-        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        if not isinstance(status, int):
-            status = int(code) if code and code.isdigit() else None  # a HEAD's answer has no body: "403"
-        return code, status
-    status = getattr(error, "code", None)
-    if type(error).__module__.startswith(("gcsfs", "google.api_core")) and isinstance(status, int):
-        return None, status
-    status = getattr(error, "status", None)
-    if type(error).__module__.startswith("aiohttp") and isinstance(status, int):  # a web server's answer
-        return None, status
-    return None, None
-
-
-def causes(error: BaseException | None):
-    """The error, then its cause (or the exception it was raised handling), and so on."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        yield error
-        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
-
-
 def _last_line(error: BaseException) -> str:
     lines = [line for line in str(error).splitlines() if line.strip()]
     return f"{type(error).__name__}: {lines[-1].strip()}" if lines else type(error).__name__
@@ -262,3 +188,75 @@ def _fail(prog: str, as_json: bool, message: str, failed: Result | None, code: i
             "error": message}
         print(json.dumps(summary, sort_keys=True), flush=True)
     return code
+
+
+# ---------------------------------------------------------------- options from a settings model
+# Each field is one option named after it (`shard_mb` -> `--shard-mb`), a nested group's fields by their path
+# (`shard_cache.dir` -> `--shard-cache-dir`); its description is the help. Options left out stay out of the
+# namespace (argparse.SUPPRESS), so `given` returns only what the command line said, to lay over a file.
+
+SEPARATOR = "."  # in argparse's dest: the path of a field within nested groups
+
+
+def add_options(parser: argparse.ArgumentParser, model: type[BaseModel], positional=(), first=()) -> None:
+    """One option per setting of `model` (its `first` fields listed first), or a positional argument."""
+    fields = sorted(leaves(model), key=lambda item: item[0][0] not in first)
+    for path, field in fields:
+        dest, flag = SEPARATOR.join(path), option(path)
+        kind, choices = argument_type(field.annotation)
+        help_text = (field.description or "") + _default(field)
+        if path[0] in positional:
+            parser.add_argument(dest, type=kind, nargs="?", default=argparse.SUPPRESS, help=help_text)
+        elif kind is bool:
+            parser.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
+                                help=help_text)
+        else:
+            parser.add_argument(flag, dest=dest, type=kind, choices=choices, default=argparse.SUPPRESS,
+                                metavar=None if choices else dest.rsplit(SEPARATOR, 1)[-1].upper(), help=help_text)
+
+
+def given(options: dict) -> dict:
+    """The settings the command line gave (argparse's dests and values), nested by path:
+    {"shard_cache": {"dir": ...}, "epochs": 3}."""
+    found: dict = {}
+    for dest, value in options.items():
+        *groups, name = dest.split(SEPARATOR)
+        node = found
+        for group in groups:
+            node = node.setdefault(group, {})
+        node[name] = value
+    return found
+
+
+def option(path) -> str:
+    """The option of a setting: ("shard_cache", "max_gb") or "max_gb" -> --shard-cache-max-gb."""
+    parts = [path] if isinstance(path, str) else path
+    return "--" + "-".join(parts).replace("_", "-")
+
+
+def setting_hint(stage: str | None, values: dict) -> str:
+    """Settings as a hint shows them, each form runnable as printed by the command it is for: `--set
+    GROUP.FIELD=VALUE` for `stoke run` (and `stoke up`, `stoke deploy`), then the stage's program by hand.
+    `values` maps a setting's path (`train.image_cache`) to its value (text, a number or a bool):
+    `--set train.image_cache=memory` (by hand: `stoke train --image-cache memory`). Without a `stage` (a
+    run-wide setting that several programs take) the hand form is the option alone."""
+    overrides, flags = [], []
+    for path, value in values.items():
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        overrides.append(f"--set {path}={text}")
+        parts = path.split(SEPARATOR)
+        flag = option(parts[1:] if parts[0] == stage else parts)
+        if isinstance(value, bool):
+            flags.append(flag if value else flag.replace("--", "--no-", 1))
+        else:
+            flags.append(f"{flag} {text}")
+    command = f"stoke {stage} " if stage else ""
+    return f"`{' '.join(overrides)}` (by hand: `{command}{' '.join(flags)}`)"
+
+
+def _default(field: FieldInfo) -> str:
+    if field.is_required():
+        return " (required)"
+    if field.default is None:  # the description says what happens
+        return ""
+    return f" (default: {field.default})"
