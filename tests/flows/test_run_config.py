@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from pydantic import ValidationError
 
 from components.common.files import read_json, read_result
 from components.common.spans import Spans
@@ -138,6 +139,14 @@ def test_a_stage_answers_help_before_loading_tensorflow_or_beam(stage):
 def test_the_record_leaves_credentials_out():
     from flows.pipeline import recorded
 
-    record = recorded(RunConfig(source="s3://AKIAEXAMPLE:s3cret/key@photos/in", root="gs://user:pw@b/root").resolved())
-    assert "s3cret" not in json.dumps(record) and ":pw@" not in json.dumps(record)
-    assert record["source"].endswith("@photos/in") and record["train"]["network"] == "efficientnet_b0"
+    record = recorded(RunConfig(source="https://alice:s3cret@host.example/photos/in?pw=hunter2",
+                                root="gs://my-bucket/root").resolved())
+    assert "s3cret" not in json.dumps(record) and "hunter2" not in json.dumps(record)
+    assert record["source"].startswith("https://alice:***@host.example/photos/in")
+    assert record["train"]["network"] == "efficientnet_b0"
+    # Keys in a bucket URI are no bucket name: refused as a setting, without the secret in the refusal.
+    for source, root in [("s3://AKIAEXAMPLE:s3cret@photos/in", "/r"), ("/photos", "gs://user:s3cret@my-bucket/root")]:
+        with pytest.raises(ValidationError) as refused:
+            RunConfig(source=source, root=root)
+        (error,) = refused.value.errors()
+        assert "s3cret" not in error["msg"] and " bucket name: " in error["msg"]
