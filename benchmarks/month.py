@@ -263,11 +263,12 @@ def night_row(night: int, kind: str, new_images: int, summary: dict, root: Path,
            "held_out_accuracy": overall, "per_class": per_class}
     if metrics:
         row.update({
-            "records_trained_on": metrics.get("train_records", metrics["steps_per_epoch"] * metrics["global_batch_size"]),
+            "records_trained_on": (start["new_records"] + start["replay_records"]) if (start := metrics.get("start"))
+            else metrics["steps_per_epoch"] * metrics["global_batch_size"],
             "images_seen": metrics["total_steps"] * metrics["global_batch_size"],
             "train_seconds": metrics.get("train_seconds") or _seconds(metrics),
-            "start": (metrics.get("warm_start") or {}).get("kind", "full") if isinstance(metrics.get("warm_start"), dict)
-            else "full",
+            "start": (metrics.get("start") or {}).get("kind", "full"),
+            "start_reason": (metrics.get("start") or {}).get("reason"),
             "spans_trained": metrics.get("spans"),
         })
     if summary.get("status") in ("failed", "timeout", "no summary"):
