@@ -39,6 +39,7 @@ def programs() -> dict[str, tuple[str, str]]:
 # `stoke bench <what> ...` is the benchmark program `python -m <module> ...`.
 BENCHES = {
     "input": "benchmarks.input_pipeline",
+    "month": "benchmarks.month",
 }
 
 
