@@ -334,7 +334,7 @@ def against_scratch(root: Path, held: list[Digit], served_answers: list[str] | N
     if served_answers is None:
         return {"error": "no model was served at the end"}
     command = [sys.executable, "-m", "flows.cli", "train", "--root", str(root), "--preset", "demo",
-               "--run-id", "from-scratch", "--json"]
+               "--run-id", "from-scratch", "--no-warm-start", "--json"]
     out = subprocess.run(command, capture_output=True, text=True, env=env)
     if out.returncode:
         return {"error": f"stoke train exited {out.returncode}: {out.stderr.strip()[-500:]}"}
