@@ -150,7 +150,9 @@ def recorded(config: RunConfig) -> dict:
 def check_machine(config: RunConfig, run: RunDir) -> summaries.PreflightSummary:
     """Checks SOURCE, disks, read speed, GPUs, /dev/shm and limits; stops the run on a failed check."""
     try:
-        summary = run_program(stage("preflight"), config, run)
+        # The weights the network starts from, when they are ImageNet's: found before ingest, not after it.
+        facts = {"imagenet_network": config.train.network} if config.train.weights == "imagenet" else {}
+        summary = run_program(stage("preflight"), config, run, **facts)
     except StageError as error:
         if error.summary is None:
             raise

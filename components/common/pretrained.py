@@ -22,6 +22,12 @@ IMAGENET = {
                  "4d473c1dd8becc155b73f8504c6f6626"),
 }
 
+# What a run without its ImageNet weights can do instead (training's error and preflight's fix say it).
+WAYS_OUT = ("train offline: set train.weights to a local Keras .h5 such as {file} (the file keras.applications "
+            "downloads into ~/.keras/models) or to none (from scratch), or use the cpu preset (a small network from "
+            "scratch, minutes on a CPU): stoke train --weights PATH, --weights none or --preset cpu; stoke run "
+            "--set train.weights=PATH, --set train.weights=none or --preset cpu")
+
 
 def keras_homes() -> list[str]:
     """Where Keras keeps its cache: $KERAS_HOME, else ~/.keras; then /tmp/.keras, where tf_keras puts

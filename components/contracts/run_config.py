@@ -25,6 +25,7 @@ from components.contracts.config import (
     DataCheckConfig,
     GateConfig,
     IngestConfig,
+    Network,
     PreflightConfig,
     PushConfig,
     RootLocation,
@@ -87,6 +88,9 @@ RUN_FACTS = {
     "arrived": (str | None, Field(None, description="a file of URIs in SOURCE, one a line, that bucket "
                                   "notifications announced: only these are read, instead of listing all of SOURCE")),
     "span": (int | None, Field(None, gt=0, le=MAX_SPAN, description="span to check (default: the newest published)")),
+    "imagenet_network": (Network | None, Field(None, description="a network whose ImageNet weights training will "
+                                               "load (the flow names train.network when train.weights is imagenet): "
+                                               "preflight checks they can be had")),
 }
 
 

@@ -43,7 +43,7 @@ class Stage:
 STAGES: tuple[Stage, ...] = (
     Stage("preflight", "components.preflight", "the machine before any GPU hour: SOURCE, disks, read speed, GPUs, "
           "/dev/shm, limits", config.PreflightConfig, summaries.PreflightSummary, 10,
-          inputs=("root", "source", "shard_cache")),
+          inputs=("root", "source", "shard_cache", "imagenet_network")),
     Stage("ingest", "beam_jobs.ingest", "new images to a new span of GZIP TFRecords (Beam)",
           config.IngestConfig, summaries.IngestSummary, 240,
           inputs=("source", "root", "arrived"), required=("source", "root")),

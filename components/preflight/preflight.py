@@ -20,14 +20,18 @@ from components.preflight.gpus import gpu_check, tensorflow_check
 from components.preflight.limits import cpu_check, memlock_check, open_files_check, shm_check
 from components.preflight.source import source_check
 from components.preflight.storage import disk_health, free_space, local_path, read_throughput, shard_cache, writable
+from components.preflight.weights import NAME as WEIGHTS_CHECK
+from components.preflight.weights import imagenet_check
 
 
 def run_checks(root: str, source: str | None = None, require_gpu: bool = False,
                min_read_mbps: float | None = None, *, sample_mb: int = 256,
                mounts_text: str | None = None, sys_root: str = "/sys",
-               smartctl: str = "smartctl", cache: ShardCacheConfig | None = None) -> Report:
-    """Every preflight check for training from ROOT and ingesting from SOURCE. SOURCE comes first, and
-    alone when it fails: a run that cannot read its input need not wait for TensorFlow's import to say so."""
+               smartctl: str = "smartctl", cache: ShardCacheConfig | None = None,
+               imagenet_network: str | None = None) -> Report:
+    """Every preflight check for training from ROOT and ingesting from SOURCE, and for the ImageNet weights of
+    `imagenet_network` when training starts from them. SOURCE comes first, and alone when it fails: a run that
+    cannot read its input need not wait for TensorFlow's import to say so."""
     found = [source_check(source)] if source else []
     if found and found[0].status == "fail":
         return Report(found)
@@ -43,6 +47,8 @@ def run_checks(root: str, source: str | None = None, require_gpu: bool = False,
     cache = cache or ShardCacheConfig()
     checks.append(_guarded("shard cache", shard_cache, root, manifests, cache.dir, cache.max_gb))
     checks.append(_guarded("ROOT writable", writable, root))
+    if imagenet_network:
+        checks.append(_guarded(WEIGHTS_CHECK, imagenet_check, imagenet_network))
     gpu = _guarded("GPU", gpu_check, require_gpu)
     gpus = gpu.facts.get("count", 0)
     checks += [gpu, _guarded("TensorFlow GPUs", tensorflow_check, require_gpu, gpus),
@@ -99,7 +105,7 @@ def run(argv: list[str] | None = None) -> int:
         config = program.stage_settings("preflight", args)
         done.append(run_checks(config.root, source=config.source, require_gpu=config.require_gpu,
                                min_read_mbps=config.min_read_mbps, sample_mb=config.sample_mb,
-                               cache=config.shard_cache))
+                               cache=config.shard_cache, imagenet_network=config.imagenet_network))
         return done[0].to_dict()
 
     def describe(summary: dict) -> str:

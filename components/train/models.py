@@ -118,9 +118,6 @@ def compile_model(model: keras.Model, optimizer, loss, jit_compile: bool, steps_
 
 # Seconds any one connect or read of the download may block.
 FETCH_TIMEOUT_SECONDS = 5.0
-WAYS_OUT = ("train offline: set train.weights to a local Keras .h5 such as {file} (the file keras.applications "
-            "downloads into ~/.keras/models) or to none (from scratch), or use the cpu preset (a small network from "
-            "scratch, minutes on a CPU)")
 
 
 def initial_weights(weights: str | None, network: str, timeout: float = FETCH_TIMEOUT_SECONDS) -> str | None:
@@ -157,7 +154,7 @@ def imagenet_file(network: str, timeout: float = FETCH_TIMEOUT_SECONDS, origin: 
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise TrainError(f"train.weights imagenet: {network}'s ImageNet weights are not in the Keras cache "
                          f"({pretrained.cache_path(network)}) and could not be fetched from {origin} "
-                         f"({reason}); " + WAYS_OUT.format(file=name)) from None
+                         f"({reason}); " + pretrained.WAYS_OUT.format(file=name)) from None
     finally:
         socket.setdefaulttimeout(previous)
 
