@@ -12,9 +12,6 @@ from contextlib import contextmanager
 
 import fsspec
 
-from components.contracts.layout import join  # noqa: F401 (paths are joined as the layout joins them)
-from components.contracts.results import ResultError, parse_json
-
 # No listing cache on object stores: a stage program, another run or an operator writes under ROOT
 # while this process holds a listing of it, and s3fs and gcsfs would answer `ls` and `exists` from a
 # listing taken before (a span published since would not be seen, a record written since not found).
@@ -27,6 +24,12 @@ def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
     return fsspec.core.url_to_fs(uri)
 
 
+def join(base: str, *parts: str) -> str:
+    """Joins path parts onto a local path or a URI without touching its scheme (as components/contracts/layout.py
+    does: contracts import nothing of Stoke, and the image workers must not load the layout's settings models)."""
+    return posixpath.join(base.rstrip("/") if base != "/" else base, *parts)
+
+
 def exists(uri: str) -> bool:
     fs, path = filesystem(uri)
     return fs.exists(path)
@@ -35,6 +38,10 @@ def exists(uri: str) -> bool:
 def read_result(uri: str, model):
     """The result or record at `uri`, read through its model (components/contracts/results.py). A file that is
     not one (a folder, not JSON, not what the model says) is a ResultError naming it."""
+    # Here, not at the top: Beam's image workers import this module, and the result models cost each of them
+    # pydantic at every start.
+    from components.contracts.results import ResultError, parse_json
+
     try:
         data = read_bytes(uri)
     except IsADirectoryError:

@@ -104,7 +104,7 @@ def test_a_runner_that_outlives_a_real_worker_failure_is_left_behind(monkeypatch
 
 
 @pytest.mark.parametrize("owner, step", [(ingest_module, "write_text"), (ingest_module, "write_index"),
-                                         (ingest_module, "write_statistics"), (SpanManifest, "write")])
+                                         (ingest_module, "write_statistics"), (ingest_module, "write_json")])
 def test_a_span_that_cannot_be_written_whole_is_withdrawn(tmp_path, capsys, monkeypatch, owner, step):
     """A full disk at each write of publishing (dead letters, content index, statistics, manifest):
     one line naming the file, no span folder left, and the next ingest publishes everything."""
