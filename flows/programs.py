@@ -80,7 +80,11 @@ def run_stage(name: str, module: str, argv: list[str], *, timeout: float, logger
     deadline = time.monotonic() + timeout
     last_json, tail, said, open_streams = None, [], None, 2  # said: the last line on stderr
     own = f"stoke {name}: "
-    held: list[str] = []  # the program's own last line on stderr, logged once the next line shows it was no error
+    # The program's own failure line (`stoke NAME: error: ...`, preflight's `stoke preflight: CHECK failed: ...`) is
+    # the StageError's reason, which `stoke run` prints last: it is held until the program's next line on stderr
+    # shows it was not its last, and filed at DEBUG when the program then fails. Only stderr releases it: the two
+    # streams are read on two threads, so a stdout line may arrive after a stderr line printed after it.
+    held: list[str] = []
 
     def log_held(level: int = logging.INFO) -> None:
         for line in held:
@@ -106,15 +110,14 @@ def run_stage(name: str, module: str, argv: list[str], *, timeout: float, logger
                 continue
             if tag == "out" and line.lstrip().startswith("{"):
                 logger.debug("%s: %s", name, line)
-                if _progress_event(name, line, logger, progress):
-                    log_held()
-                else:
+                if not _progress_event(name, line, logger, progress):
                     last_json = line  # a summary candidate: the last one printed wins
                 continue
-            log_held()
+            if tag == "err":
+                log_held()
             tail = (tail + [line])[-TAIL_LINES:]
             said = line if tag == "err" else said
-            if tag == "err" and line.startswith(own):
+            if tag == "err" and line.startswith(own) and (line.startswith(own + "error: ") or " failed: " in line):
                 held.append(line)
                 continue
             logger.log(_level(line), "%s: %s", name, printable(line))

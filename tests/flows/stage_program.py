@@ -33,6 +33,7 @@ if mode == "own-error":  # as components/common/program.py fails: its own line o
     print("stoke fake: checked 2 shards", file=sys.stderr, flush=True)
     print("Epoch 2/2", flush=True)
     print("stoke fake: error: the source is empty", file=sys.stderr, flush=True)
+    print("cleaning up", flush=True)  # stdout after the error line: read on another thread, it may come first or last
     print(json.dumps({"error": "the source is empty"}), flush=True)
     sys.exit(1)
 if mode == "tensorflow":  # TensorFlow's runtime looks for GPUs and says what it found
