@@ -35,6 +35,7 @@ from components.common.files import check_writable, exists, remove, write_json
 from components.common.local_copies import UnsafeKey
 from components.common.program import setting_hint
 from components.common.repository import SAVED_MODEL
+from components.common.runtime_logs import quiet_tensorflow_python
 from components.common.shard_cache import CacheError, ShardCache
 from components.common.shard_scan import scan_shards
 from components.common.spans import SpanNotChecked, Spans
@@ -61,6 +62,7 @@ CHECKPOINT_POINTER = "checkpoint"  # tf.train.CheckpointManager's index of the n
 
 def run(argv: list[str] | None = None) -> int:
     args = program.stage_arguments("train", argv)
+    quiet_tensorflow_python()  # Keras' "callback is slow" notices on small batches, TensorFlow's deprecations
     # Progress events with --json only: for people, Keras prints "Epoch N/M" itself.
     progress = program.progress_printer(as_json=True) if args.json else None
     return program.main("stoke train", args.json,

@@ -417,3 +417,18 @@ def test_a_span_whose_manifest_changed_after_its_check_is_left_out_and_said_so(s
     assert {s.span for s in train_shards} == {1}
     err = capsys.readouterr().err
     assert err.startswith("stoke train: warning: left out: span 2 has no valid data-check record (") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_tensorflows_python_notices_are_for_stoke_debug(tmp_path, monkeypatch, debug):
+    """Keras' "callback is slow compared to the batch time" and TensorFlow's deprecations are no line of
+    the run a user can act on; STOKE_DEBUG=1 shows them, and errors show always."""
+    import logging
+
+    monkeypatch.setattr(logging.getLogger("tensorflow"), "level", logging.WARNING)
+    if debug:
+        monkeypatch.setenv("STOKE_DEBUG", "1")
+    else:
+        monkeypatch.delenv("STOKE_DEBUG", raising=False)
+    assert train.run(["--root", str(tmp_path / "no-spans")]) == 1
+    assert logging.getLogger("tensorflow").level == (logging.WARNING if debug else logging.ERROR)
