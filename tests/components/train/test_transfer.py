@@ -147,7 +147,10 @@ def test_imagenet_weights_that_cannot_be_had_stop_the_run_in_one_line_before_any
                             f"({tmp_path / 'keras' / 'models' / 'efficientnetb0_notop.h5'})")
     assert "set train.weights to a local Keras .h5 such as efficientnetb0_notop.h5" in error
     ways_out = error.split("; train offline: ")[1]
-    assert "or to none (from scratch), or use the cpu preset" in ways_out and "--" not in ways_out  # settings, no flags
+    assert "or to none (from scratch), or use the cpu preset" in ways_out
+    # ...in the form of either command that printed it: by hand, or through stoke run
+    assert ways_out.endswith("stoke train --weights PATH, --weights none or --preset cpu; "
+                             "stoke run --set train.weights=PATH, --set train.weights=none or --preset cpu")
     assert os.listdir(os.path.join(small_spans_root, "runs", "no-weights")) == []  # nothing built or written
     assert not os.listdir(tmp_path / "keras" / "models")  # no half-downloaded file left
 
