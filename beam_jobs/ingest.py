@@ -51,7 +51,7 @@ from components.common.store_errors import naming
 from components.contracts import schema
 from components.contracts.layout import Root, shard_name
 from components.contracts.results import ResultError, SpanManifest
-from components.contracts.run_config import IngestSettings
+from components.contracts.run_config import RunConfig, RunFacts
 from components.contracts.secrets import source_for_workers, without_secrets
 from components.contracts.summaries import IngestSummary, Progress
 
@@ -60,10 +60,11 @@ class IngestError(Exception):
     """A job that cannot publish; the message says why and what to do."""
 
 
-def ingest(config: IngestSettings, pipeline_args: list[str],
-           progress: Callable[[Progress], None] | None = None) -> IngestSummary:
+def ingest(config: RunConfig, pipeline_args: list[str], progress: Callable[[Progress], None] | None = None, *,
+           arrived: str | None = None) -> IngestSummary:
     """Runs the whole job and returns its summary; raises IngestError when it cannot publish.
-    `progress` gets the MB written every few seconds while the runner works (default: a line on stderr)."""
+    `progress` gets the MB written every few seconds while the runner works (default: a line on stderr);
+    `arrived` names a file of the URIs bucket notifications announced, the only ones then read."""
     started = time.monotonic()
     root = Root(config.root)
     # One ingest at a time per ROOT: a second would pick the same span number and take the first's
@@ -71,15 +72,15 @@ def ingest(config: IngestSettings, pipeline_args: list[str],
     # holder dies (components/common/lease.py).
     with naming(config.root):  # a bucket's refusal names the bucket and what to set (SOURCE's: in `listed`)
         try:
-            with exclusive(root.ingest_lock, "ingest", wait=config.wait_minutes * 60,
-                           waiting=lambda held: _waiting(root, held, config.wait_minutes)) as lease, \
+            with exclusive(root.ingest_lock, "ingest", wait=config.ingest.wait_minutes * 60,
+                           waiting=lambda held: _waiting(root, held, config.ingest.wait_minutes)) as lease, \
                     source_for_workers(config.source):
-                return _ingest(config, pipeline_args, root, started, lease,
+                return _ingest(config, arrived, pipeline_args, root, started, lease,
                                progress or program.progress_printer(as_json=False))
         except LeaseHeld as error:
             detail = f" ({error})" if error.holder else ""
-            still = f"is still writing into {root.uri} after {config.wait_minutes:g} min (ingest.wait_minutes)" \
-                if config.wait_minutes else f"is writing into {root.uri}"
+            still = f"is still writing into {root.uri} after {config.ingest.wait_minutes:g} min (ingest.wait_minutes)" \
+                if config.ingest.wait_minutes else f"is writing into {root.uri}"
             raise IngestError(f"another ingest {still}; run again when it has finished{detail}") from None
         except LeaseError as error:
             raise IngestError(f"{error}; nothing was published") from None
@@ -94,7 +95,7 @@ def _waiting(root: Root, held: LeaseHeld, minutes: float) -> None:
           "to finish", file=sys.stderr, flush=True)
 
 
-def _ingest(config: IngestSettings, pipeline_args: list[str], root: Root, started: float, lease,
+def _ingest(config: RunConfig, arrived: str | None, pipeline_args: list[str], root: Root, started: float, lease,
             progress: Callable[[Progress], None]) -> IngestSummary:
     number = max(Spans(root).span_numbers(), default=0) + 1  # counted before debris goes: never reuse a name
     try:
@@ -102,11 +103,11 @@ def _ingest(config: IngestSettings, pipeline_args: list[str], root: Root, starte
     except MisplacedSpan as error:
         raise IngestError(str(error)) from None
 
-    entries = listed(config)
+    entries = listed(config, arrived)
     shown = without_secrets(config.source)  # what the summary says: SOURCE without its credentials
     with naming(config.source):
         first = next(entries, None)  # a local folder is walked as it is compared: its first file, here
-    if first is None and not config.arrived:  # notifications may name only sidecars: that is nothing new
+    if first is None and not arrived:  # notifications may name only sidecars: that is nothing new
         raise IngestError(no_images(config.source))
     comparison = compare(itertools.chain([first] if first else [], entries), root)  # streams: only what is new is kept
     refused = comparison.refused
@@ -128,7 +129,7 @@ def _ingest(config: IngestSettings, pipeline_args: list[str], root: Root, starte
                                  duplicates=copies, message=f"nothing new in {shown}: {copies} new files, "
                                  "all copies of images already published (duplicates, kept out)",
                                  dead_letters=dead[:20])
-        check(fresh, refused, shards, dead, config.max_bad_fraction, copies)
+        check(fresh, refused, shards, dead, config.ingest.max_bad_fraction, copies)
         if not sum(s["records"] for s in shards):  # every new file set aside: nothing to publish
             return IngestSummary(published=False, span=None, new_sources=len(fresh) + len(refused),
                                  removed_debris=removed, duplicates=copies, dead_letters=dead[:20],
@@ -160,22 +161,23 @@ def _convert(root, staging, chunks, fresh, labels, config, pipeline_args, progre
     published = stage_published(root, staging)  # so near-copies of published images join their split in the job
     with _Progress(staging, sum(s.size for s in fresh), progress):
         try:
-            run_pipeline(chunks, staging, config, pipeline_args, published, fresh, labels)
+            run_pipeline(chunks, staging, config.ingest, pipeline_args, published, fresh, labels)
         except JobFailed as error:
             raise IngestError(str(error)) from error
     dead = read_json(join(staging, STAGED_DEAD_LETTERS))
-    shards, copies, findings = settle(staging, read_json(join(staging, STAGED_SHARDS)), fresh, root, config, published)
+    shards, copies, findings = settle(staging, read_json(join(staging, STAGED_SHARDS)), fresh, root, config.ingest,
+                                      published)
     return shards, dead + copies, findings
 
 
-def listed(config: IngestSettings) -> Iterator[tuple[Source, str | None]]:
+def listed(config: RunConfig, arrived: str | None = None) -> Iterator[tuple[Source, str | None]]:
     """What SOURCE holds: every file, or only those bucket notifications announced (--arrived);
     each with the reason it is refused, or None."""
     try:
         with naming(config.source):
-            if config.arrived:
-                return list_named(config.source, announced(config.arrived), config.eval_fraction).entries()
-            return each_listed(config.source, config.eval_fraction, config.allow_outside_source)
+            if arrived:
+                return list_named(config.source, announced(arrived), config.ingest.eval_fraction).entries()
+            return each_listed(config.source, config.ingest.eval_fraction, config.ingest.allow_outside_source)
     except (FileNotFoundError, PermissionError, ValueError) as error:
         raise IngestError(str(error)) from None
 
@@ -268,7 +270,7 @@ def publish(root, number, shards, dead, labels, fresh, refused, config, findings
     for split in schema.SPLITS:
         files = sorted((s for s in shards if s["split"] == split), key=lambda s: s["file"])
         for index, shard in enumerate(files):
-            name = shard_name(split, index, len(files), config.compression)
+            name = shard_name(split, index, len(files), config.ingest.compression)
             fs.mv(filesystem(shard["file"])[1], filesystem(join(span, name))[1])
             named.append({"file": name, "split": split, **{k: shard[k] for k in ("records", "bytes", "sha256")}})
     if labels != Spans(root).read_labels():
@@ -283,14 +285,14 @@ def publish(root, number, shards, dead, labels, fresh, refused, config, findings
         span=number,
         created=clock.now(),
         source=without_secrets(config.source),
-        compression=config.compression,
+        compression=config.ingest.compression,
         counts={**{split: sum(s["records"] for s in named if s["split"] == split) for split in schema.SPLITS},
                 "dead_letter": len(dead), "duplicates": len(findings.dropped)},
         labels=labels,
         shards=named,
         sources=[{"uri": s.uri, "size": s.size, "version": s.version} for s in sources],
-        settings=config.model_dump(exclude={"source", "root"}),
-        max_side=config.max_side or None,
+        settings=config.ingest.model_dump(),
+        max_side=config.ingest.max_side or None,
         anomalies=anomalies,
         quality=quality.findings(findings.kept),
         same_picture=findings.same_picture,
@@ -340,13 +342,17 @@ def run(argv: list[str] | None = None) -> int:
         # Beam relays every worker's log lines; the summary says what matters.
         logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
     code = program.main("stoke ingest", args.json,
-                        lambda: ingest(program.stage_settings("ingest", args), pipeline_args,
-                                       program.progress_printer(args.json)), describe,
+                        lambda: _run(program.stage_config("ingest", args), pipeline_args, args.json), describe,
                         errors=(IngestError, ResultError, OSError), failed=IngestSummary(published=False))
     # The interpreter's collections at exit walk Beam's 300,000 objects several times over (a second after
     # the summary on 2 cores) to free memory the exit frees anyway: frozen, they are left out.
     gc.freeze()
     return bounded.exit_code(code)
+
+
+def _run(found: tuple[RunConfig, RunFacts], pipeline_args: list[str], as_json: bool) -> IngestSummary:
+    config, facts = found
+    return ingest(config, pipeline_args, program.progress_printer(as_json), arrived=facts.arrived)
 
 
 if __name__ == "__main__":

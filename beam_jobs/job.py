@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from beam_jobs import bounded
 from beam_jobs.sources import Source
 from components.common.files import join, write_text
-from components.contracts.run_config import IngestSettings
+from components.contracts.config import IngestConfig
 
 CHUNK = 10_000  # sources per staged list file: keeps the job graph small on any runner
 
@@ -43,7 +43,7 @@ def first_sources(fresh: list[Source], budget: int) -> list[Source]:
     return fresh[:max(1, sum(1 for _ in fitting))]
 
 
-def run_pipeline(chunks: list[str], staging: str, config: IngestSettings, pipeline_args: list[str],
+def run_pipeline(chunks: list[str], staging: str, config: IngestConfig, pipeline_args: list[str],
                  published: str | None, fresh: list[Source], labels: list[str]) -> None:
     """The Beam job over the staged source lists of the new sources `fresh` (named with `labels`)."""
     from beam_jobs import image_pool

@@ -31,7 +31,7 @@ from beam_jobs.near_lookup import Published
 from beam_jobs.records import MB, Conversion, Converter
 from beam_jobs.shards import RollingShards
 from components.common.files import join, write_json, write_text
-from components.contracts.run_config import IngestSettings
+from components.contracts.config import IngestConfig
 
 SIGNATURES = "signatures"  # WriteShards' tagged output
 DEAD = "dead"  # Normalize's tagged output: dead letters
@@ -160,7 +160,7 @@ class Gather(beam.PTransform):
         return items | "ToList" >> beam.combiners.ToList() | "Write" >> beam.Map(_write_list, self.uri)
 
 
-def build(pipeline, chunks: list[str], staging: str, config: IngestSettings, published: str | None = None,
+def build(pipeline, chunks: list[str], staging: str, config: IngestConfig, published: str | None = None,
           processes: int = 0) -> None:
     sources = (
         pipeline

@@ -11,7 +11,7 @@ import numpy as np
 from PIL import Image
 
 from beam_jobs.ingest import ingest
-from components.contracts.run_config import IngestSettings
+from components.contracts.run_config import RunConfig
 
 
 def make_photos(folder: Path, count: int, width: int = 320, height: int = 240, classes: int = 10) -> list:
@@ -89,5 +89,5 @@ def make_camera_photos(folder: Path, count: int, width: int = 2000, height: int 
 def write_span(root: str, source: Path, compression: str = "gzip", **settings) -> dict:
     """Ingests `source` into a new span under `root` (ingest's defaults unless told) and returns the
     job's summary."""
-    config = IngestSettings(source=str(source), root=root, compression=compression, **settings)
+    config = RunConfig(source=str(source), root=root, ingest={"compression": compression, **settings})
     return ingest(config, [])

@@ -27,7 +27,7 @@ import numpy as np
 
 from beam_jobs.ingest import run as ingest
 from components.common.spans import Spans
-from components.contracts.run_config import DataCheckSettings
+from components.contracts.run_config import RunConfig
 from components.datacheck.datacheck import check_spans
 from flows.demo import NAMES, write_digits
 from tests.components.gate_runs import push_run, train_run, validate_run
@@ -59,7 +59,7 @@ def served_root(tmp: str, pool: list, train: int, epochs: int) -> str:
     place(pool[:train], source)
     if not ingested(source, root):
         sys.exit("ingest of the training digits failed")
-    check_spans(DataCheckSettings(root=root))
+    check_spans(RunConfig(root=root))
     train_run(root, "served", "--epochs", str(epochs), "--seed", "1", "--precision", "float32", "--batch-size", "32")
     code, gate = validate_run(root, "served")
     if code or not gate["blessed"] or push_run(root, "served")[0]:
@@ -85,7 +85,7 @@ def arrival(tmp: str, root: str, pool: list, seed: int, count: int, moved: int) 
 def timed(root: str, number: int, model_name: str):
     """The data check of span `number` again, and its wall and CPU seconds (CPU: every thread of the process)."""
     wall, cpu = time.monotonic(), time.process_time()
-    (span,) = check_spans(DataCheckSettings(root=root, span=number, model_name=model_name)).spans
+    (span,) = check_spans(RunConfig(root=root, model_name=model_name), span=number).spans
     return span, time.monotonic() - wall, time.process_time() - cpu
 
 

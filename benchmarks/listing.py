@@ -82,10 +82,10 @@ def publish_all(source: str, root: str, spans: int) -> None:
 def measure(source: str, root: str, arrived: str | None) -> dict:
     """In a process of its own: one ingest, its time and peak memory."""
     from beam_jobs.ingest import ingest
-    from components.contracts.run_config import IngestSettings
+    from components.contracts.run_config import RunConfig
 
     started = time.perf_counter()
-    summary = ingest(IngestSettings(source=source, root=root, arrived=arrived), BEAM, progress=lambda event: None)
+    summary = ingest(RunConfig(source=source, root=root), BEAM, progress=lambda event: None, arrived=arrived)
     return {"seconds": round(time.perf_counter() - started, 2),
             "peak_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
             "published": summary.published, "new_sources": summary.new_sources}

@@ -136,8 +136,9 @@ def run(base: Path, name: str, options: list[str]) -> dict:
     seconds = time.monotonic() - started
     folder = root / "runs" / name
     metrics = json.loads((folder / "metrics.json").read_text())
-    # The training stage: from its settings file, written as it starts, to metrics.json, written last.
-    training = (folder / "metrics.json").stat().st_mtime - (folder / "config" / "train.json").stat().st_mtime
+    # The training stage: from the data check's result, the flow's last act before training, to metrics.json,
+    # training's last.
+    training = (folder / "metrics.json").stat().st_mtime - (folder / "datacheck.json").stat().st_mtime
     return {"seconds": round(seconds, 1), "train_seconds": round(training, 1), "network": metrics["network"],
             "image_size": metrics["image_size"],
             "weights": metrics["weights"], "steps": metrics["total_steps"], "epochs": metrics["epochs"],

@@ -15,10 +15,11 @@
     6 report     components/report      report.md, report.json and plots in the run folder + Prefect artifacts
 
 The flow's parameters are the fields of the run configuration (components/contracts/run_config.py),
-plus the run id and the files an arrival event named. Each stage program gets its part of the
-configuration as a file, ROOT/runs/<id>/config/<stage>.json, and hands back its result, which is written
-once, as ROOT/runs/<id>/<stage>.json (train's: metrics.json), by the program when it is given the run and by
-the flow for the others; stages pass each other URIs under ROOT, never objects, and
+plus the run id and the files an arrival event named. The flow builds the one RunConfig once and records it
+as ROOT/runs/<id>/config.json; each stage program reads that file whole (`--config`, with the facts of the
+run beside it: `--run-id`, `--arrived`) and hands back its result, which is written once, as
+ROOT/runs/<id>/<stage>.json (train's: metrics.json), by the program when it is given the run and by the flow
+for the others; stages pass each other URIs under ROOT, never objects, and
 the report is built from the run folder alone. A refused model is a normal outcome: the flow
 completes and the report says why.
 
@@ -35,7 +36,7 @@ from prefect.runtime import flow_run
 
 from components.common import config_files
 from components.common.files import exists, read_result, write_json, write_text
-from components.common.program import scrubbed
+from components.common.program import option, scrubbed
 from components.common.spans import Spans
 from components.contracts import results, secrets, summaries
 from components.contracts.config import (
@@ -50,8 +51,7 @@ from components.contracts.config import (
 )
 from components.contracts.layout import Root, RunDir, new_run_id
 from components.contracts.presets import PresetName
-from components.contracts.run_config import RunConfig, Timeouts, stage_settings
-from components.contracts.secrets import without_secrets
+from components.contracts.run_config import RunConfig, Timeouts
 from components.contracts.stages import Stage, stage
 from components.preflight.source import NAME as SOURCE_CHECK
 from flows.console import quiet_failures
@@ -98,8 +98,10 @@ def pipeline(
     `run_id` resumes a stopped run; `arrived` (URIs, one a line, from bucket notifications) makes ingest
     read only those."""
     check_job_variables(run_job_variables())  # before anything runs: no run chooses its command or env
-    given = {name: value for name, value in locals().items() if name in RunConfig.model_fields}
-    config = configure(given)  # every setting checked before anything is ingested or trained
+    config = configure(  # every setting checked before anything is ingested or trained
+        source=source, root=root, model_name=model_name, preset=preset, shard_cache=shard_cache, runs=runs,
+        beam_args=beam_args, timeouts=timeouts, preflight=preflight, ingest=ingest, datacheck=datacheck, train=train,
+        gate=gate, push=push)
     try:
         run = Root(config.root).run(run_id or flow_run_id())
     except ValueError as error:  # a run id that would leave ROOT/runs
@@ -123,18 +125,28 @@ def pipeline(
         raise
 
 
-def configure(given: dict) -> RunConfig:
+def configure(**given) -> RunConfig:
     """The run's configuration, resolved: what this run was given, laid group by group over its
     deployment's (Prefect replaces a parameter whole, so `-p train='{"epochs": 3}'` alone would
     drop the deployment's other training settings)."""
+    if set(given) != set(RunConfig.model_fields):  # a field of the configuration the flow's call left out
+        raise TypeError(f"configure takes every field of RunConfig: {sorted(set(given) ^ set(RunConfig.model_fields))}")
     values = {name: value.model_dump(mode="json", exclude_unset=True) if hasattr(value, "model_dump") else value
               for name, value in given.items()}
     try:
         registered = {name: value for name, value in registered_parameters().items() if name in RunConfig.model_fields}
         config = config_files.build(RunConfig, config_files.deep_merge(registered, values)).resolved()
-        return config.model_copy(update={"source": secrets.given(config.source)})
+        config = config.model_copy(update={"source": secrets.given(config.source)})
     except (config_files.ConfigError, ValueError) as error:
         raise ConfigurationError(str(error)) from None
+    # The stages read config.json, which holds no credential: only SOURCE's come back to them (STOKE_SOURCE),
+    # so a setting the scrubber would change (a ROOT spelled like a credential) would send them elsewhere.
+    whole, kept = config.model_dump(mode="json"), recorded(config)
+    changed = [name for name in whole if name not in ("source", "beam_args") and kept[name] != whole[name]]
+    if changed:
+        raise ConfigurationError(f"{', '.join(changed)}: holds what reads as a credential, which the run's "
+                                 "config.json leaves out, so its stages would not find it; name it without one")
+    return config
 
 
 def recorded(config: RunConfig) -> dict:
@@ -274,25 +286,16 @@ quiet_failures("train", errors=QUIET_FAILURES)
 
 def run_program(of: Stage, config: RunConfig, run: RunDir, progress: ProgressArtifact | None = None,
                 extra: list[str] = (), slot: int | None = None, **facts):
-    """Writes the stage's settings file into the run folder, runs its program on it
-    (`python -m module --config FILE --json`, holding the GPU `slot` too when given) and keeps its
-    summary in the run folder. SOURCE with its credentials goes to the programs that read SOURCE, in
+    """Runs the stage's program on the run's configuration and the `facts` of the run (`python -m module
+    --config ROOT/runs/<id>/config.json --run-id ID --json`, holding the GPU `slot` too when given) and keeps
+    its summary in the run folder. SOURCE with its credentials goes to the programs that read SOURCE, in
     their environment; the others (training, the gate...) get none."""
-    settings = run.stage_config(of.name)
-    write_json(settings, settings_file(stage_settings(of, config, **facts)))
-    summary = run_stage(of.name, of.program, ["--config", settings, *extra, "--json"],
+    given = [arg for name, value in facts.items() for arg in (option(name), str(value))]
+    summary = run_stage(of.name, of.program, ["--config", run.config, *given, *extra, "--json"],
                         timeout=getattr(config.timeouts, of.name) * 60, logger=get_run_logger(), progress=progress,
                         env={secrets.SOURCE_ENV: config.source if "source" in of.inputs else ""},
                         pass_fds=() if slot is None else (slot,))
     return keep_result(of, summary, run)
-
-
-def settings_file(settings) -> dict:
-    """A stage's settings as its file holds them: SOURCE without its credentials, which the program
-    takes from STOKE_SOURCE when its file's SOURCE is that one without them. Only SOURCE: any other
-    value changed here would send the program elsewhere (a ROOT spelled like a credential)."""
-    values = settings.model_dump(mode="json")
-    return {**values, "source": without_secrets(values["source"])} if values.get("source") else values
 
 
 def beam_options(config: RunConfig) -> list[str]:

@@ -55,7 +55,10 @@ def config_from(args: argparse.Namespace, **options) -> RunConfig:
     data = config_files.read_file(args.config) if args.config else {}
     given = {"source": args.source, "root": args.root, "preset": args.preset, **options}
     data.update({name: value for name, value in given.items() if value is not None})
-    return config_files.build(RunConfig, config_files.with_overrides(data, args.overrides, RunConfig))
+    config = config_files.build(RunConfig, config_files.with_overrides(data, args.overrides, RunConfig))
+    if config.source is None:  # a stage by hand may go without SOURCE; a run ingests from it
+        raise config_files.ConfigError("source: Field required")
+    return config
 
 
 def given_fields(config: BaseModel) -> dict:

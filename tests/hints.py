@@ -39,4 +39,4 @@ def assert_runnable(text: str) -> None:
     for stage, *argv in by_hand:
         needs = ["--root", "root"] + (["--source", "photos"] if "source" in stages.stage(stage).inputs else [])
         args = program.stage_parser(stage).parse_args([*argv, *needs])  # exits 2 on an unknown flag
-        program.stage_settings(stage, args)  # raises on a value the setting refuses
+        program.stage_config(stage, args)  # raises on a value the setting refuses

@@ -18,10 +18,10 @@ from components.common import config_files
 from components.common.config_files import argument_type, leaves
 from components.common.store_errors import transient
 from components.contracts.results import Result
-from components.contracts.run_config import program_model
+from components.contracts.run_config import RunConfig, RunFacts
 from components.contracts.secrets import given as given_source
 from components.contracts.secrets import without_secrets
-from components.contracts.stages import stage
+from components.contracts.stages import STAGES, stage
 from components.contracts.summaries import Progress
 
 BAD_SETTINGS = 2  # argparse's exit code for a command line it cannot use
@@ -40,14 +40,18 @@ def arguments(prog: str, doc: str) -> argparse.ArgumentParser:
 
 
 def stage_parser(name: str, positional=()) -> argparse.ArgumentParser:
-    """A stage program's command line: `--config FILE` (the settings file the flow writes in the run
-    folder, or one of your own), one option per setting over it, and `--json`. Built from the
-    contracts alone, so `--help` answers before the program imports TensorFlow or Beam."""
+    """A stage program's command line: `--config FILE` (a run configuration: the flow's
+    ROOT/runs/<id>/config.json, or one of your own), one option per setting over it, and `--json`. The
+    options are the stage's group (`--epochs` is train.epochs), then the run-wide settings and the facts
+    of the run the registry says it takes (`--root`, `--run-id`). Built from the contracts alone, so
+    `--help` answers before the program imports TensorFlow or Beam."""
     of = stage(name)
     parser = arguments(f"stoke {name}", of.settings.__doc__ or of.summary)
-    parser.add_argument("--config", metavar="FILE", help="settings file (YAML or JSON; the flow writes "
-                        f"ROOT/runs/<id>/config/{name}.json); options given here win over it")
-    add_options(parser, program_model(of), positional, first=of.inputs)
+    parser.add_argument("--config", metavar="FILE", help="run configuration (YAML or JSON; a run's "
+                        "ROOT/runs/<id>/config.json reruns the stage as that run had it); options given here win over it")
+    add_options(parser, RunConfig, positional, only=of.inputs)
+    add_options(parser, RunFacts, only=of.inputs, under=(FACTS,))
+    add_options(parser, of.settings, under=(name,))
     return parser
 
 
@@ -55,19 +59,26 @@ def stage_arguments(name: str, argv: list[str] | None = None) -> argparse.Namesp
     return stage_parser(name).parse_args(argv)
 
 
-def stage_settings(name: str, args: argparse.Namespace):
-    """The stage program's settings: its `--config` file, the options given laid over it, validated.
-    SOURCE is recorded without its credentials (the flow's settings file): they come from the
-    environment (components/contracts/secrets.py)."""
-    options = {dest: value for dest, value in vars(args).items() if dest not in ("config", "json")}
+def stage_config(name: str, args: argparse.Namespace) -> tuple[RunConfig, RunFacts]:
+    """The run configuration a stage program runs on, resolved once (its preset filled), and the facts
+    of its run: its `--config` file, the options given laid over it, validated. SOURCE is recorded
+    without its credentials (config.json): a stage that reads SOURCE takes them from the environment
+    (components/contracts/secrets.py), and the others get no SOURCE at all."""
+    options = given({dest: value for dest, value in vars(args).items() if dest not in ("config", "json")})
+    facts = RunFacts.model_validate(options.pop(FACTS, {}))
     data = config_files.read_file(args.config) if args.config else {}
-    settings = program_model(stage(name)).model_validate(config_files.deep_merge(data, given(options)))
-    if getattr(settings, "source", None):
+    config = RunConfig.model_validate(config_files.deep_merge(data, options)).resolved()
+    missing = [key for key in stage(name).required if getattr(config, key, None) is None and getattr(facts, key, None) is None]
+    if missing:
+        raise config_files.ConfigError("; ".join(f"{option(key)}: Field required" for key in missing))
+    if "source" not in stage(name).inputs:
+        config = config.model_copy(update={"source": None})
+    elif config.source:
         try:
-            settings = settings.model_copy(update={"source": given_source(settings.source)})
+            config = config.model_copy(update={"source": given_source(config.source)})
         except ValueError as error:
             raise config_files.ConfigError(str(error)) from None
-    return settings
+    return config, facts
 
 
 def main(prog: str, as_json: bool, work: Callable[[], Result | dict], describe: Callable[[dict], str],
@@ -175,8 +186,10 @@ def _last_line(error: BaseException) -> str:
 
 
 def settings_message(error: ValidationError) -> str:
-    """`--eval-fraction: Input should be less than 1` for each rejected setting."""
-    return "; ".join(f"{option([str(part) for part in e['loc']])}: "
+    """`--eval-fraction: Input should be less than 1` for each rejected setting: a stage group's field by
+    its flag, which leaves the group out (ingest.eval_fraction is `stoke ingest --eval-fraction`)."""
+    groups = {s.name for s in STAGES}
+    return "; ".join(f"{option([str(part) for part in e['loc']][1 if e['loc'][0] in groups else 0:])}: "
                      + ("no such setting" if e["type"] == "extra_forbidden" else e["msg"]) for e in error.errors())
 
 
@@ -192,17 +205,21 @@ def _fail(prog: str, as_json: bool, message: str, failed: Result | None, code: i
 
 # ---------------------------------------------------------------- options from a settings model
 # Each field is one option named after it (`shard_mb` -> `--shard-mb`), a nested group's fields by their path
-# (`shard_cache.dir` -> `--shard-cache-dir`); its description is the help. Options left out stay out of the
-# namespace (argparse.SUPPRESS), so `given` returns only what the command line said, to lay over a file.
+# (`shard_cache.dir` -> `--shard-cache-dir`); its description is the help. Its dest is its path in the run
+# configuration (`train.epochs`; a fact of the run under FACTS). Options left out stay out of the namespace
+# (argparse.SUPPRESS), so `given` returns only what the command line said, to lay over a file.
 
 SEPARATOR = "."  # in argparse's dest: the path of a field within nested groups
+FACTS = "facts"  # the dests of a run's facts (run_config.RunFacts) start with it
 
 
-def add_options(parser: argparse.ArgumentParser, model: type[BaseModel], positional=(), first=()) -> None:
-    """One option per setting of `model` (its `first` fields listed first), or a positional argument."""
-    fields = sorted(leaves(model), key=lambda item: item[0][0] not in first)
-    for path, field in fields:
-        dest, flag = SEPARATOR.join(path), option(path)
+def add_options(parser: argparse.ArgumentParser, model: type[BaseModel], positional=(), only=None, under=()) -> None:
+    """One option per setting of `model` (the fields named in `only`, when given), or a positional
+    argument; the dests are the settings' paths under `under`, the options without it."""
+    for path, field in leaves(model):
+        if only is not None and path[0] not in only:
+            continue
+        dest, flag = SEPARATOR.join((*under, *path)), option(path)
         kind, choices = argument_type(field.annotation)
         help_text = (field.description or "") + _default(field)
         if path[0] in positional:

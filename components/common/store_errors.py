@@ -142,12 +142,13 @@ def naming(*uris: str):
         raise StoreError(found) from error
 
 
-def on_root(work: Callable[[Any], Any], settings: Callable[[], Any]) -> Callable[[], Any]:
-    """A stage program's work, `work(settings())`, with a bucket's refusal naming ROOT's bucket."""
+def on_root(work: Callable[[Any, Any], Any], settings: Callable[[], tuple[Any, Any]]) -> Callable[[], Any]:
+    """A stage program's work, `work(config, facts)` on what `settings()` found, with a bucket's refusal
+    naming ROOT's bucket."""
     def run():
-        config = settings()
+        config, facts = settings()
         with naming(config.root):
-            return work(config)
+            return work(config, facts)
     return run
 
 

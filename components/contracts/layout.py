@@ -173,10 +173,6 @@ class RunDir:
         (metrics.json, the train stage's result, among it)."""
         return [self.candidate, self.backup, self.tensorboard, self.tfma, posixpath.dirname(self.warmup)]
 
-    def stage_config(self, stage: str) -> str:
-        """The settings file the flow hands a stage program (`--config`)."""
-        return join(self.uri, "config", f"{stage}.json")
-
     def result(self, stage: str) -> str:
         """The one file of a stage's result in the run: `<stage>.json`; train's is metrics.json, the name it
         had before every stage had one."""

@@ -1,7 +1,8 @@
 """Named presets: values for the settings a run leaves unset (None), group by group.
 
 A preset resolves once, in the run configuration (run_config.py RunConfig.resolved): the recorded
-config.json and every stage's settings file hold its values, so no stage looks a preset up again.
+config.json, which every stage program reads, holds its values, and a stage run by hand resolves its
+flags the same way, once; so no stage looks a preset up again.
 What a user sets always wins: a preset fills only what is None.
 """
 from __future__ import annotations

@@ -1,21 +1,19 @@
-"""The run configuration: one `RunConfig` describes a run of the `train` flow, and each stage program
-takes its part of it.
+"""The run configuration: one `RunConfig` describes a run of the `train` flow, and it is the only
+settings object: every stage program reads the whole of it.
 
 A RunConfig is the run-wide fields (source, root, model name, preset, shard cache, Beam options,
 timeouts) plus one group per stage of the registry. It is the flow's parameters, what `stoke run`,
 `stoke up` and `stoke deploy` take (a file plus `--set group.field=value`, components/common/config_files.py), and, once
 resolved (presets applied), what the run records as ROOT/runs/<id>/config.json before its first
-stage. Each stage program gets its settings as a file in the run folder: its group plus the inputs
-the registry names (`stage_settings`), validated by the same fields the program's flags come from
-(`program_model`), so a setting is written once, as a field of its group.
+stage. The flow starts each stage program on that file (`--config ROOT/runs/<id>/config.json`); a
+program run by hand builds the same RunConfig from its flags (components/common/program.py). A stage
+reads its settings where it uses them, as `config.<group>.<field>`, so a setting is written once, as
+a field of its group. The facts of one run (its id, a span, the files that arrived) are not settings:
+they travel beside the configuration (`RunFacts`).
 """
 from __future__ import annotations
 
-import functools
-
-from pydantic import BaseModel, ConfigDict, Field, create_model
-from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
+from pydantic import BaseModel, ConfigDict, Field
 
 from components.contracts import presets
 from components.contracts.beam_options import BeamArgs
@@ -36,14 +34,26 @@ from components.contracts.config import (
     SourceLocation,
     TrainConfig,
 )
-from components.contracts.stages import STAGES, Stage, stage
+from components.contracts.stages import STAGES
 
 MAX_TIMEOUT_MINUTES = 30 * 24 * 60  # a stage that may run for a month
-Timeouts = create_model(
-    "Timeouts", __config__=ConfigDict(extra="forbid", allow_inf_nan=False),
-    __doc__="Minutes each stage program may run before it is stopped (SIGTERM, then SIGKILL).",
-    **{s.name: (float, Field(s.timeout_minutes, gt=0, le=MAX_TIMEOUT_MINUTES, description=f"minutes for {s.name}"))
-       for s in STAGES})
+
+
+def _minutes(stage: str, default: float):
+    return Field(default, gt=0, le=MAX_TIMEOUT_MINUTES, description=f"minutes for {stage}")
+
+
+class Timeouts(BaseModel):
+    """Minutes each stage program may run before it is stopped (SIGTERM, then SIGKILL)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    preflight: float = _minutes("preflight", 10)
+    ingest: float = _minutes("ingest", 240)
+    datacheck: float = _minutes("datacheck", 30)
+    train: float = _minutes("train", 24 * 60)
+    gate: float = _minutes("gate", 120)
+    push: float = _minutes("push", 30)
 
 
 class RunConfig(BaseModel):
@@ -51,8 +61,10 @@ class RunConfig(BaseModel):
 
     model_config = SETTINGS_CONFIG
 
-    source: SourceLocation = Field(description="raw images: a folder of class subfolders, or a CSV/JSONL manifest "
-                                   "of uri,label[,split]; a local path, file://, s3://, gs:// or http(s)://")
+    # Required by the stages that read it (the registry's `required`: preflight, ingest) and by the flow.
+    source: SourceLocation | None = Field(
+        None, description="raw images: a folder of class subfolders, or a CSV/JSONL manifest of uri,label[,split]; "
+        "a local path, file://, s3://, gs:// or http(s)://")
     root: RootLocation = Field(description="artifact ROOT: a local path, file://, s3:// or gs://")
     model_name: ServedModelName = Field("stoke", description="model in ROOT/models that the run gates against "
                                         "and pushes to (TF Serving's model name)")
@@ -80,47 +92,17 @@ class RunConfig(BaseModel):
         return self.model_copy(update=groups)
 
 
-# Facts of one run that a stage program takes beside its group: the flow knows them, a person running
-# a stage by hand names them.
-RUN_FACTS = {
-    "run_id": (RunId | None, Field(None, description="run folder under ROOT/runs; the same id resumes a stopped "
-                                   "run (default: a new one)")),
-    "arrived": (str | None, Field(None, description="a file of URIs in SOURCE, one a line, that bucket "
-                                  "notifications announced: only these are read, instead of listing all of SOURCE")),
-    "span": (int | None, Field(None, gt=0, le=MAX_SPAN, description="span to check (default: the newest published)")),
-    "imagenet_network": (Network | None, Field(None, description="a network whose ImageNet weights training will "
-                                               "load (the flow names train.network when train.weights is imagenet): "
-                                               "preflight checks they can be had")),
-}
+class RunFacts(BaseModel):
+    """Facts of one run that a stage program takes beside the configuration (the registry's `inputs`
+    name which): the flow knows them, a person running a stage by hand names them."""
 
+    model_config = SETTINGS_CONFIG
 
-@functools.cache
-def program_model(of: Stage) -> type[BaseModel]:
-    """The settings of the stage's program: its group, plus its inputs (required as the registry says)."""
-    inputs = {}
-    for name in of.inputs:
-        annotation, field = RUN_FACTS[name] if name in RUN_FACTS else (RunConfig.model_fields[name].annotation,
-                                                                        RunConfig.model_fields[name])
-        if name in of.required:
-            field = FieldInfo.merge_field_infos(field, default=PydanticUndefined)
-        elif field.is_required():
-            annotation, field = annotation | None, FieldInfo.merge_field_infos(field, default=None)
-        inputs[name] = (annotation, field)
-    return create_model(f"{of.settings.__name__.removesuffix('Config')}Settings", __base__=of.settings,
-                        __doc__=of.settings.__doc__, **inputs)
-
-
-def stage_settings(of: Stage, config: RunConfig, **facts) -> BaseModel:
-    """What the flow hands the stage's program: its group of `config` and its inputs, from `config` or `facts`."""
-    inputs = {name: facts[name] if name in RUN_FACTS else getattr(config, name)
-              for name in of.inputs if name in facts or name not in RUN_FACTS}
-    return program_model(of).model_validate({**getattr(config, of.name).model_dump(), **inputs})
-
-
-# The settings of each stage program by name, for the programs' signatures.
-PreflightSettings = program_model(stage("preflight"))
-IngestSettings = program_model(stage("ingest"))
-DataCheckSettings = program_model(stage("datacheck"))
-TrainSettings = program_model(stage("train"))
-GateSettings = program_model(stage("gate"))
-PushSettings = program_model(stage("push"))
+    run_id: RunId | None = Field(None, description="run folder under ROOT/runs; the same id resumes a stopped run "
+                                 "(default: a new one)")
+    arrived: str | None = Field(None, description="a file of URIs in SOURCE, one a line, that bucket notifications "
+                                "announced: only these are read, instead of listing all of SOURCE")
+    span: int | None = Field(None, gt=0, le=MAX_SPAN, description="span to check (default: the newest published)")
+    imagenet_network: Network | None = Field(None, description="a network whose ImageNet weights training will load "
+                                             "(the flow names train.network when train.weights is imagenet): "
+                                             "preflight checks they can be had")

@@ -4,8 +4,8 @@ or a whole line, and `SourceCredentials` keeps SOURCE's user info out of the nam
 A value a user gives (SOURCE, a --data-service address, a database URL, a queue) may carry a password,
 and it comes back in files under ROOT, summaries, error lines, logs and Prefect's records. Every layer
 reaches this one function: the error line, the summary and the log filter of every program
-(components/common/program.py: `printable`, `scrubbed`), the run's recorded configuration and stage
-settings files, manifests, lineage, and the messages that echo a value before any of those print it.
+(components/common/program.py: `printable`, `scrubbed`), the run's recorded configuration (which
+every stage program reads), manifests, lineage, and the messages that echo a value before any of those print it.
 
 What is hidden:
 - the password of a URL's user info, in any scheme and without one (`user:password@host`, grpc's

@@ -34,7 +34,7 @@ from components.contracts import schema, summaries
 from components.contracts.label_check import LabelCheck
 from components.contracts.layout import Root
 from components.contracts.results import ResultError, SpanManifest
-from components.contracts.run_config import DataCheckSettings
+from components.contracts.run_config import RunConfig
 from components.contracts.summaries import (
     DATACHECK_VERSION,
     DataAnomaly,
@@ -61,26 +61,27 @@ CHANGED = "ingest writes a span's statistics before its manifest, so the span wa
 def run(argv: list[str] | None = None) -> int:
     args = program.stage_arguments("datacheck", argv)
     return program.main("stoke datacheck", args.json,
-                        on_root(check_spans, lambda: program.stage_settings("datacheck", args)),
+                        on_root(lambda config, facts: check_spans(config, span=facts.span),
+                                lambda: program.stage_config("datacheck", args)),
                         describe, errors=(DataCheckError, predictions.UnreadableSpan, ResultError, OSError))
 
 
-def check_spans(config: DataCheckSettings) -> DataCheckSummary:
+def check_spans(config: RunConfig, *, span: int | None = None) -> DataCheckSummary:
     """Checks the span asked for, or every published span without a valid record, and records each verdict."""
     root = Root(config.root)
     published = {m.span: m for m in Spans(root).each_manifest(checked=False, sources=False)}
     if not published:
         return DataCheckSummary(message=f"no published span under {root.spans} to check")
-    if config.span is not None and config.span not in published:
-        raise DataCheckError(f"span {config.span} is not published under {root.spans}")
-    numbers = [config.span] if config.span is not None else \
+    if span is not None and span not in published:
+        raise DataCheckError(f"span {span} is not published under {root.spans}")
+    numbers = [span] if span is not None else \
         [n for n, manifest in published.items() if Spans(root).check_record(n, manifest.sha256).record is None]
     if not numbers:
         return DataCheckSummary(message=f"every published span under {root.spans} is checked already")
     return DataCheckSummary(spans=[check_span(root, published, n, config) for n in numbers])
 
 
-def check_span(root: Root, published: dict[int, SpanManifest], number: int, config: DataCheckSettings) -> SpanCheck:
+def check_span(root: Root, published: dict[int, SpanManifest], number: int, config: RunConfig) -> SpanCheck:
     """One span against the spans the check lets in now; its record written. Statistics that do not
     describe the span quarantine it; a history span's stop the check, for no span is judged against less."""
     manifest = published[number]
@@ -90,7 +91,7 @@ def check_span(root: Root, published: dict[int, SpanManifest], number: int, conf
     past = {n: profile(read_statistics(root, published[n])) for n in history}
     try:
         hashes, examples = content(root, number, dhashes=manifest.same_picture is None)
-        verdict = decide(number, profile(read_statistics(root, manifest)), past, config, classes=manifest.labels,
+        verdict = decide(number, profile(read_statistics(root, manifest)), past, config.datacheck, classes=manifest.labels,
                          conflicts=manifest.anomalies or [], same_picture=manifest.same_picture, dhashes=hashes,
                          quality=manifest.quality, examples=examples, gone=released_gone(let_in))
     except DataCheckError as error:

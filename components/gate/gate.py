@@ -44,7 +44,7 @@ from components.common.tf_files import local_copy, push, tf_reads
 from components.contracts import schema
 from components.contracts.layout import Root, RunDir, Shard
 from components.contracts.results import GateResult, ResultError, TrainMetrics
-from components.contracts.run_config import GateSettings
+from components.contracts.run_config import RunConfig
 from components.gate import records, rule
 from components.gate.decision import Decision, Floor, collapse, decide
 from components.gate.evalset import eval_spans
@@ -64,7 +64,8 @@ class GateError(Exception):
 def run(argv: list[str] | None = None) -> int:
     args = program.stage_arguments("gate", argv)
     quiet_tensorflow_python()  # TFMA's reads of its own results call TensorFlow's deprecated record reader
-    return program.main("stoke gate", args.json, on_root(gate, lambda: program.stage_settings("gate", args)),
+    return program.main("stoke gate", args.json, on_root(lambda config, facts: gate(config, run_id=facts.run_id),
+                                                         lambda: program.stage_config("gate", args)),
                         _describe, errors=(GateError, RepositoryError, ResultError, UnsafeKey, OSError))
 
 
@@ -103,58 +104,58 @@ class GateInputs:
     top_k: int
 
 
-def gate(config: GateSettings) -> dict:
+def gate(config: RunConfig, *, run_id: str) -> dict:
     """Gathers the inputs, evaluates, decides and writes; returns gate.json's content."""
-    inputs = gather(config)
+    inputs = gather(config, run_id)
     check_writable(inputs.run.uri)  # before TFMA's minutes, not after them
     results, serving = evaluate(config, inputs)
     metrics = dict(results["candidate"], majority_class_rate=inputs.majority_rate,
                    eval_label_counts={label_name(inputs.labels, k): v for k, v in sorted(inputs.counts.items())})
     decision = decide(metrics, results.get("baseline"), inputs.served.version, inputs.served.shared, inputs.floor,
-                      config.max_regression, serving, results["validation_ok"], results["validation_failures"],
-                      rule.Evidence(config.decision, config.confidence, results["pairs"],
-                                    inputs.labels if config.per_class else None),
+                      config.gate.max_regression, serving, results["validation_ok"], results["validation_failures"],
+                      rule.Evidence(config.gate.decision, config.gate.confidence, results["pairs"],
+                                    inputs.labels if config.gate.per_class else None),
                       label_reasons=inputs.served.refusals)
     return write(config, inputs, metrics, results, serving, decision)
 
 
-def gather(config: GateSettings) -> GateInputs:
+def gather(config: RunConfig, run_id: str) -> GateInputs:
     """The run's metrics.json and candidate, its eval records, the accuracy floor and the baseline."""
     root = Root(config.root)
-    run = root.run(config.run_id)
+    run = root.run(run_id)
     if not exists(run.metrics):
-        raise GateError(f"run {config.run_id} has no {run.metrics}: training did not finish there "
+        raise GateError(f"run {run_id} has no {run.metrics}: training did not finish there "
                             "(check --run-id and --root)")
     trained = read_result(run.metrics, TrainMetrics)
     candidate = run.candidate
     if not exists(join(candidate, SAVED_MODEL)):
-        raise GateError(f"run {config.run_id} has no candidate SavedModel at {candidate}")
+        raise GateError(f"run {run_id} has no candidate SavedModel at {candidate}")
     labels = trained.labels
     try:  # every checked span's eval records, not only those training read (evalset.py)
         spans, left_out = eval_spans(root, trained.spans, labels)
         shards = Spans(root).shards("eval", spans)
     except SpanNotChecked as exc:  # held back since the run trained on it: its records are no evidence
-        raise GateError(f"run {config.run_id} trained on a span the data check does not let in now: {exc}; "
+        raise GateError(f"run {run_id} trained on a span the data check does not let in now: {exc}; "
                         "or train again without it") from None
     if not sum(s.records for s in shards):
         raise GateError(f"spans {spans}, those the data check lets in, have no eval records to gate "
-                        f"run {config.run_id} on")
+                        f"run {run_id} on")
     shards, staged = _staged(config, shards)
 
     with named_corruption(shards, GateError):
-        counts, warm_images = _scan_eval(shards, config.warmup_images)
+        counts, warm_images = _scan_eval(shards, config.gate.warmup_images)
     majority_id, majority_count = counts.most_common(1)[0]
     majority_rate = majority_count / sum(counts.values())
     served = _served(Repository(root, config.model_name), labels)
     return GateInputs(run=run, candidate=candidate, labels=labels, spans=spans, shards=shards, counts=counts,
                       warm_images=warm_images, majority_rate=majority_rate,
-                      floor=_floor(config.min_accuracy, majority_count, sum(counts.values()),
+                      floor=_floor(config.gate.min_accuracy, majority_count, sum(counts.values()),
                                    label_name(labels, majority_id)),
                       served=dataclasses.replace(served, notes=served.notes + left_out + staged),
-                      top_k=min(config.top_k, len(labels)))
+                      top_k=min(config.gate.top_k, len(labels)))
 
 
-def _staged(config: GateSettings, shards: list[Shard]) -> tuple[list[Shard], list[str]]:
+def _staged(config: RunConfig, shards: list[Shard]) -> tuple[list[Shard], list[str]]:
     """The eval shards where TensorFlow and TFMA read them, each the file its manifest names (checked in place,
     or copied into the shard cache, which checks its copies), and a note when that is the shard cache."""
     try:
@@ -210,7 +211,7 @@ def _served(repo: Repository, labels: list[str]) -> Served:
         "classes both know"], retained)
 
 
-def _damaged(which: str, config: GateSettings) -> str:
+def _damaged(which: str, config: RunConfig) -> str:
     """What to do about a version TensorFlow cannot load, as a command the user can run as printed:
     rollback takes out the newest version only, so a retained one is restored or moved by hand."""
     if which != "served":
@@ -219,15 +220,15 @@ def _damaged(which: str, config: GateSettings) -> str:
     return f"restore it, or take it out of serving (`{rollback}`), then gate again"
 
 
-def evaluate(config: GateSettings, inputs: GateInputs) -> tuple[dict, dict]:
+def evaluate(config: RunConfig, inputs: GateInputs) -> tuple[dict, dict]:
     """TFMA's results (candidate, and baseline when compared) and the serving check's report."""
     floor, served, run = inputs.floor, inputs.served, inputs.run
     with tempfile.TemporaryDirectory(prefix="stoke-gate-") as scratch:
         # Under --decision evidence the paired interval judges the drop, so TFMA keeps only the floor:
         # its change threshold compares point estimates.
-        eval_config = eval_config_for(floor.value + (0.0 if floor.inclusive else 1e-9), config.max_regression,
+        eval_config = eval_config_for(floor.value + (0.0 if floor.inclusive else 1e-9), config.gate.max_regression,
                                       inputs.top_k, with_baseline=served.uri is not None,
-                                      overall_change=served.shared is None and config.decision == "point")
+                                      overall_change=served.shared is None and config.gate.decision == "point")
         models = {"candidate": local_copy(inputs.candidate, scratch, "candidate")}
         if served.uri:
             models["baseline"] = local_copy(served.uri, scratch, "baseline")
@@ -252,16 +253,16 @@ def evaluate(config: GateSettings, inputs: GateInputs) -> tuple[dict, dict]:
     return results, serving
 
 
-def write(config: GateSettings, inputs: GateInputs, metrics: dict, results: dict, serving: dict,
+def write(config: RunConfig, inputs: GateInputs, metrics: dict, results: dict, serving: dict,
           decision: Decision) -> dict:
     """gate.json, the confusion matrix and, last, the BLESSED or NOT_BLESSED marker."""
     run, floor, served = inputs.run, inputs.floor, inputs.served
     baseline = results.get("baseline")
     plot_uri = run.confusion_matrix
     plots.confusion_matrix(metrics["confusion_matrix"], inputs.labels, plot_uri,
-                   title=f"{config.run_id}: accuracy {metrics['accuracy']:.3f}")
+                   title=f"{inputs.run.run_id}: accuracy {metrics['accuracy']:.3f}")
     validation = GateResult.model_validate({
-        "run_id": config.run_id,
+        "run_id": inputs.run.run_id,
         "model_name": config.model_name,
         "blessed": decision.blessed,
         "reasons": decision.reasons,
@@ -274,7 +275,7 @@ def write(config: GateSettings, inputs: GateInputs, metrics: dict, results: dict
         "collapse": collapse(metrics, inputs.labels),
         "served_version": served.version,
         "thresholds": {"min_accuracy": floor.value, "min_accuracy_inclusive": floor.inclusive,
-                       "min_accuracy_source": floor.source, "max_regression": config.max_regression,
+                       "min_accuracy_source": floor.source, "max_regression": config.gate.max_regression,
                        "compared_to_baseline": baseline is not None, "top_k": inputs.top_k},
         "serving_check": serving,
         "labels": inputs.labels,

@@ -13,8 +13,9 @@ import sys
 from components.common import program
 from components.common.spans import Spans
 from components.common.store_errors import problem
-from components.contracts.config import ShardCacheConfig
+from components.contracts.config import PreflightConfig, ShardCacheConfig
 from components.contracts.results import ResultError, SpanManifest
+from components.contracts.run_config import RunConfig
 from components.preflight.checks import Check, Report
 from components.preflight.gpus import gpu_check, tensorflow_check
 from components.preflight.limits import cpu_check, memlock_check, open_files_check, shm_check
@@ -22,6 +23,14 @@ from components.preflight.source import source_check
 from components.preflight.storage import disk_health, free_space, local_path, read_throughput, shard_cache, writable
 from components.preflight.weights import NAME as WEIGHTS_CHECK
 from components.preflight.weights import imagenet_check
+
+
+def preflight(config: RunConfig, *, imagenet_network: str | None = None) -> Report:
+    """The checks `config.preflight` asks for, of ROOT, SOURCE and the shard cache of `config`."""
+    settings = config.preflight or PreflightConfig()  # a configuration that skips them, run by hand anyway
+    return run_checks(config.root, source=config.source, require_gpu=settings.require_gpu,
+                      min_read_mbps=settings.min_read_mbps, sample_mb=settings.sample_mb, cache=config.shard_cache,
+                      imagenet_network=imagenet_network)
 
 
 def run_checks(root: str, source: str | None = None, require_gpu: bool = False,
@@ -102,10 +111,8 @@ def run(argv: list[str] | None = None) -> int:
     done: list[Report] = []
 
     def work() -> dict:
-        config = program.stage_settings("preflight", args)
-        done.append(run_checks(config.root, source=config.source, require_gpu=config.require_gpu,
-                               min_read_mbps=config.min_read_mbps, sample_mb=config.sample_mb,
-                               cache=config.shard_cache, imagenet_network=config.imagenet_network))
+        config, facts = program.stage_config("preflight", args)
+        done.append(preflight(config, imagenet_network=facts.imagenet_network))
         return done[0].to_dict()
 
     def describe(summary: dict) -> str:

@@ -27,7 +27,7 @@ from components.common.store_errors import on_root
 from components.contracts.layout import WARMUP_FILE, Root, RunDir
 from components.contracts.lineage import Blessing, Lineage, LineageSpan, Pushed, PushIntent, Training
 from components.contracts.results import GateResult, ResultError, SpanManifest, TrainMetrics
-from components.contracts.run_config import PushSettings
+from components.contracts.run_config import RunConfig
 from components.contracts.secrets import without_secrets
 from components.contracts.summaries import PushSummary
 from components.push.serving_image import ServingError
@@ -39,7 +39,8 @@ class PushError(Exception):
 
 def run(argv: list[str] | None = None) -> int:
     args = program.stage_arguments("push", argv)
-    return program.main("stoke push", args.json, on_root(push, lambda: program.stage_settings("push", args)), _describe,
+    return program.main("stoke push", args.json, on_root(lambda config, facts: push(config, run_id=facts.run_id),
+                                                         lambda: program.stage_config("push", args)), _describe,
                         errors=(PushError, RepositoryError, ServingError, ResultError, OSError),
                         failed=PushSummary(pushed=False))
 
@@ -54,39 +55,39 @@ def _describe(summary: dict) -> str:
                       for aside in summary.get("set_aside") or []))
 
 
-def push(config: PushSettings) -> PushSummary:
+def push(config: RunConfig, *, run_id: str) -> PushSummary:
     from components.push import serving_image as serving
 
     root = Root(config.root)
-    run = root.run(config.run_id)
+    run = root.run(run_id)
     repo = Repository(root, config.model_name)
     if not exists(run.blessed):
         why = "it was not validated (run `stoke gate` first)"
         if exists(run.not_blessed):
             why = "validation refused it: " + "; ".join(read_result(run.gate, GateResult).reasons)
-        raise PushError(f"run {config.run_id} is not blessed: {why}")
+        raise PushError(f"run {run.run_id} is not blessed: {why}")
     validation = read_result(run.gate, GateResult)
     if validation.model_name != config.model_name:
-        raise PushError(f"run {config.run_id} was validated for model {validation.model_name!r}, "
+        raise PushError(f"run {run.run_id} was validated for model {validation.model_name!r}, "
                         f"not {config.model_name!r}; gate it against {config.model_name!r} first")
 
     with repo.lock("push"):
         earlier = earlier_push(repo, run)
-        summary = (_finish(config, root, repo, earlier) if earlier is not None
+        summary = (_finish(config, root, run, repo, earlier) if earlier is not None
                    else _publish(config, root, run, repo, validation))
     summary.image = (serving.build_image(summary.serving_uri, summary.commands.docker_build)
-                     if config.build_image else {"built": False, "reason": "not asked (push.build_image false)"})
+                     if config.push.build_image else {"built": False, "reason": "not asked (push.build_image false)"})
     write_json(run.result("push"), summary.to_json())  # the run's record of the push, for its report
     return summary
 
 
-def _finish(config: PushSettings, root: Root, repo: Repository, earlier: Pushed) -> PushSummary:
+def _finish(config: RunConfig, root: Root, run: RunDir, repo: Repository, earlier: Pushed) -> PushSummary:
     """A run pushed before: the steps after its version appeared are finished if a kill stopped them.
     Retention only while its version is the newest (a later push applied its own --keep); the
     serving context is rendered again when it does not hold the repository's versions."""
     from components.push import serving_image as serving
 
-    retired = repo.apply_retention(config.keep, clock.now()) if repo.newest() == earlier.version else []
+    retired = repo.apply_retention(config.push.keep, clock.now()) if repo.newest() == earlier.version else []
     rendered_uri = join(root.serving, "commands.json")
     rendered = read_json(rendered_uri) if exists(rendered_uri) else None
     stale = rendered is None or rendered.get("versions") != repo.versions()
@@ -95,28 +96,28 @@ def _finish(config: PushSettings, root: Root, repo: Repository, earlier: Pushed)
     finished = (f"; finished what it left undone: {'retired ' + str(retired) + ', ' if retired else ''}"
                 f"rendered {rendered['serving_uri']}") if retired or stale else "; nothing to do"
     return PushSummary(
-        pushed=False, already_pushed=True, run_id=config.run_id, model_name=config.model_name,
+        pushed=False, already_pushed=True, run_id=run.run_id, model_name=config.model_name,
         version=earlier.version, model_uri=earlier.model_uri, serving_uri=rendered["serving_uri"],
         commands=rendered["commands"], versions=rendered["versions"], retired=retired,
-        message=f"run {config.run_id} was already pushed as version {earlier.version} on {earlier.pushed_at}"
+        message=f"run {run.run_id} was already pushed as version {earlier.version} on {earlier.pushed_at}"
                 + finished)
 
 
-def _publish(config: PushSettings, root: Root, run: RunDir, repo: Repository, validation: GateResult) -> PushSummary:
+def _publish(config: RunConfig, root: Root, run: RunDir, repo: Repository, validation: GateResult) -> PushSummary:
     """The part of a push that changes the repository; the caller holds its lock."""
     from components.push import serving_image as serving
 
     tidied = repo.tidy()
     newest = repo.newest()
     if newest != validation.served_version:
-        raise PushError(f"run {config.run_id} was validated while version {validation.served_version} "
+        raise PushError(f"run {run.run_id} was validated while version {validation.served_version} "
                         f"was the newest served; now it is {newest}. Run `stoke gate` again")
 
     candidate = run.candidate
     trained_tf = serving.saved_model_tf_version(candidate)
     serving.check_server_version(trained_tf)
     version = repo.next_version()
-    lineage = build_lineage(root, config, validation, version, trained_tf)
+    lineage = build_lineage(root, run, config, validation, version, trained_tf)
     warmup_fs, warmup_path = filesystem(run.warmup)
     intent = PushIntent(version=version, model_uri=repo.version_uri(version), started_at=lineage.pushed_at)
     write_json(run.push_intent, intent.to_json())
@@ -128,12 +129,12 @@ def _publish(config: PushSettings, root: Root, run: RunDir, repo: Repository, va
     write_json(run.pushed, Pushed(version=version, model_uri=model_uri, pushed_at=lineage.pushed_at).to_json())
     remove(run.push_intent)
     kill_drill("recorded")
-    retired = repo.apply_retention(config.keep, clock.now())
+    retired = repo.apply_retention(config.push.keep, clock.now())
     kill_drill("retired")
     rendered = serving.render(root, config.model_name)
     return PushSummary(
         pushed=True,
-        run_id=config.run_id,
+        run_id=run.run_id,
         model_name=config.model_name,
         version=version,
         model_uri=model_uri,
@@ -170,11 +171,10 @@ def earlier_push(repo: Repository, run: RunDir) -> Pushed | None:
     return None
 
 
-def build_lineage(root: Root, config: PushSettings, validation: GateResult, version: int, trained_tf: str) -> Lineage:
+def build_lineage(root: Root, run: RunDir, config: RunConfig, validation: GateResult, version: int, trained_tf: str) -> Lineage:
     """Served version -> run -> spans (with their manifests' hashes and counts) -> metrics, blessing."""
     from components.push import serving_image as serving
 
-    run = root.run(config.run_id)
     trained = read_result(run.metrics, TrainMetrics)
     spans = []
     for manifest_uri in map(root.manifest, trained.spans):
@@ -189,7 +189,7 @@ def build_lineage(root: Root, config: PushSettings, validation: GateResult, vers
         model_name=config.model_name,
         version=version,
         pushed_at=clock.now(),
-        run_id=config.run_id,
+        run_id=run.run_id,
         run_uri=run.uri,
         labels=trained.labels,
         spans=spans,

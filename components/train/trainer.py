@@ -45,7 +45,7 @@ from components.contracts import schema
 from components.contracts.config import DEFAULT_BATCH, MIN_STEPS_PER_EPOCH, SMALL_BATCH, TrainConfig, trace_range
 from components.contracts.layout import Root, RunDir, Shard, new_run_id, parse_spans
 from components.contracts.results import ResultError, TrainMetrics
-from components.contracts.run_config import RunConfig, TrainSettings
+from components.contracts.run_config import RunConfig, RunFacts
 from components.contracts.summaries import Progress
 from components.train import TrainError, data, measure, recipe, warm
 from components.train.models import backbone, build_model, export_candidate, initial_weights
@@ -65,19 +65,12 @@ def run(argv: list[str] | None = None) -> int:
     quiet_tensorflow_python()  # Keras' "callback is slow" notices on small batches, TensorFlow's deprecations
     # Progress events with --json only: for people, Keras prints "Epoch N/M" itself.
     progress = program.progress_printer(as_json=True) if args.json else None
-    return program.main("stoke train", args.json,
-                        on_root(lambda settings: train(run_config(settings), run_id=settings.run_id, progress=progress),
-                                lambda: program.stage_settings("train", args)),
+
+    def work(config: RunConfig, facts: RunFacts) -> TrainMetrics:
+        return train(config, run_id=facts.run_id, progress=progress)
+
+    return program.main("stoke train", args.json, on_root(work, lambda: program.stage_config("train", args)),
                         _describe, errors=(TrainError, ResultError, UnsafeKey, OSError))
-
-
-def run_config(settings: TrainSettings) -> RunConfig:
-    """The program's settings as the one run configuration training reads, its preset filled once (the
-    flow's settings file has it filled already; by hand, the settings left unset take the preset's)."""
-    group = settings.model_dump(include=set(TrainConfig.model_fields))
-    # Training reads no SOURCE; the run configuration requires one, so ROOT stands in for it.
-    return RunConfig(source=settings.root, root=settings.root, model_name=settings.model_name, preset=settings.preset,
-                     shard_cache=settings.shard_cache, train=TrainConfig(**group)).resolved()
 
 
 def _describe(summary: dict) -> str:

@@ -18,7 +18,7 @@ from components.common.tfrecord import frame
 from components.contracts import schema
 from components.contracts.layout import Root
 from components.contracts.results import ResultError, SpanManifest
-from components.contracts.run_config import IngestSettings
+from components.contracts.run_config import RunConfig
 from components.datacheck.datacheck import content
 from tests.beam_jobs import images
 from tests.beam_jobs.test_content import photos
@@ -39,7 +39,7 @@ def published(tmp_path_factory):
     for name in REENCODED:
         (source / "dog" / name).write_bytes(images.AWKWARD[name]())
     (source / "dog" / "large.jpg").write_bytes(images.photo_jpeg(320, 240))
-    summary = ingest(IngestSettings(source=str(source), root=str(root), eval_fraction=0.5, max_side=96), IN_MEMORY,
+    summary = ingest(RunConfig(source=str(source), root=str(root), ingest={"eval_fraction": 0.5, "max_side": 96}), IN_MEMORY,
                      progress=lambda event: None)
     assert summary.published and summary.counts.train and summary.counts.eval
     index = Root(str(root)).content_index(1)

@@ -15,7 +15,7 @@ from beam_jobs.sources import Source, list_source
 from components.common.files import read_result, write_json
 from components.contracts.layout import Root
 from components.contracts.results import SpanManifest
-from components.contracts.run_config import IngestSettings
+from components.contracts.run_config import RunConfig
 from tests.beam_jobs import images
 from tests.beam_jobs.test_ingest import IN_MEMORY, ingest
 from tests.beam_jobs.test_sources import write
@@ -45,7 +45,7 @@ def ingested(tmp_path_factory):
     for i in range(6):
         write(source / ("cat" if i % 2 else "dog") / f"{i}.png", images.rgb_png(seed=i))
     (source / "dog" / "bad.png").write_bytes(b"not a png")
-    config = IngestSettings(source=str(source), root=str(root), max_bad_fraction=0.5)
+    config = RunConfig(source=str(source), root=str(root), ingest={"max_bad_fraction": 0.5})
     summary = run_ingest(config, IN_MEMORY, progress=lambda event: None)
     assert summary.span == 1
     return source, Root(str(root))

@@ -15,7 +15,7 @@ from prefect.events import emit_event
 from beam_jobs.ingest import ingest
 from components.common import files
 from components.common.spans import Spans
-from components.contracts.run_config import IngestSettings
+from components.contracts.run_config import RunConfig
 from flows import notifications
 from flows import watch_bucket as watcher
 from flows.demo import write_digits
@@ -233,12 +233,12 @@ def test_a_crash_between_event_and_delete_redelivers_without_a_second_span(annou
     for number, event in enumerate(events):  # each event's train run ingests the files it names
         arrived = str(tmp_path / f"arrived-{number}.txt")
         files.write_text(arrived, "\n".join(event.payload["files"]) + "\n")
-        summary = ingest(IngestSettings(source=announced["source"], root=announced["root"], arrived=arrived), TINY_BEAM)
+        summary = ingest(RunConfig(source=announced["source"], root=announced["root"]), TINY_BEAM, arrived=arrived)
         assert summary.published == (number == 0), summary.message
     [manifest] = Spans(announced["root"]).manifests(checked=False)
     assert sorted(s.uri for s in manifest.sources) == new  # only the named files were read
 
-    nightly = ingest(IngestSettings(source=announced["source"], root=announced["root"]), TINY_BEAM)
+    nightly = ingest(RunConfig(source=announced["source"], root=announced["root"]), TINY_BEAM)
     assert nightly.published and nightly.new_sources == 1  # the full listing finds what was not announced
 
     upload(announced, announced["images"][:1])  # the same bytes again: the same ETag, already published

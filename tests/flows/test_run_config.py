@@ -25,9 +25,8 @@ BIN = os.path.dirname(sys.executable)
 
 def test_the_file_and_the_overrides_reach_every_stage_program(pushed_run):
     run = Root(pushed_run["root"]).run("first")
-    for stage in STAGES:  # each program was handed its settings as a file in the run folder
-        assert os.path.exists(run.stage_config(stage.name)), stage.name
-    assert read_json(run.stage_config("preflight"))["sample_mb"] == 4
+    assert not os.path.exists(os.path.join(run.uri, "config"))  # every program read config.json, the one record
+    assert read_json(run.config)["preflight"]["sample_mb"] == 4
     (manifest,) = Spans(pushed_run["root"]).manifests()
     assert manifest.settings["shard_mb"] == 8.0  # what ingest recorded it used
     datacheck = read_result(run.result("datacheck"), DataCheckSummary)
@@ -39,7 +38,7 @@ def test_the_file_and_the_overrides_reach_every_stage_program(pushed_run):
     assert gate.thresholds.min_accuracy == 0.0 and gate.metrics.top_k == 3
     push = read_result(run.result("push"), PushSummary)
     assert push.image.built is False and "push.build_image" in push.image.reason
-    assert read_json(run.stage_config("push"))["keep"] == 2
+    assert read_json(run.config)["push"]["keep"] == 2
 
 
 def test_the_resolved_configuration_is_recorded_before_the_first_stage(pushed_run):
@@ -47,8 +46,8 @@ def test_the_resolved_configuration_is_recorded_before_the_first_stage(pushed_ru
     recorded = RunConfig.model_validate(read_json(run.config))
     assert recorded.preset == "demo" and recorded.train.network == "small_cnn" and recorded.train.epochs == 1
     assert recorded.gate.min_accuracy == 0.0 and recorded.train.steps_per_epoch == 3
-    assert os.path.getmtime(run.config) <= os.path.getmtime(run.stage_config("preflight"))
-    assert os.path.getmtime(run.stage_config("preflight")) <= os.path.getmtime(run.result("preflight"))
+    for stage in STAGES:  # each program read it: written before the first result
+        assert os.path.getmtime(run.config) <= os.path.getmtime(run.result(stage.name)), stage.name
 
 
 def test_a_rerun_from_the_record_resolves_to_the_same_settings_elsewhere(pushed_run, tmp_path):
@@ -150,3 +149,27 @@ def test_the_record_leaves_credentials_out():
             RunConfig(source=source, root=root)
         (error,) = refused.value.errors()
         assert "s3cret" not in error["msg"] and " bucket name: " in error["msg"]
+
+
+@pytest.mark.parametrize("setting, given", [("root", {"root": "ROOT;token=abc"}),
+                                             ("shard_cache", {"shard_cache": {"dir": "/tmp/cache;sig=1"}})])
+def test_a_setting_the_record_would_hide_is_refused_before_anything_runs(tmp_path, setting, given):
+    # The stages read config.json, which holds no credential: a setting it would hide sends them elsewhere.
+    from flows.pipeline import ConfigurationError, configure
+
+    defaults = {name: field.default for name, field in RunConfig.model_fields.items() if not field.is_required()}
+    given = {**defaults, "source": str(tmp_path), "root": str(tmp_path / "root"), **given}
+    given["root"] = given["root"].replace("ROOT", str(tmp_path / "root"))
+    with pytest.raises(ConfigurationError, match=f"^{setting}: holds what reads as a credential") as refused:
+        configure(**given)
+    assert "abc" not in str(refused.value) and "sig=1" not in str(refused.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_run_without_source_is_refused_though_a_stage_by_hand_may_go_without(tmp_path, capsys):
+    from flows import cli
+
+    assert cli.main(["run", "--root", str(tmp_path / "root"), "--json"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == "stoke run: error: source: Field required"
+    assert not (tmp_path / "root").exists()

@@ -56,8 +56,9 @@ def test_a_password_in_source_reads_it_and_is_in_nothing_a_run_leaves(tmp_path, 
     assert f"http://{USER}:***@127.0.0.1:{port}/photos/img/missing.png" in \
         open(Root(root).dead_letter(1)).read()
     run = Root(root).run("secret")
-    assert sorted(os.listdir(os.path.dirname(run.stage_config("ingest")))) == ["datacheck.json", "ingest.json",
-                                                                                  "preflight.json"]
+    assert read_json(run.config)["source"] == f"http://{USER}:***@127.0.0.1:{port}/photos/manifest.csv"  # what
+    # preflight and ingest read, taking the password back from STOKE_SOURCE
+    assert not os.path.exists(os.path.join(run.uri, "config"))
     assert holding(root) == []
     assert not shows(printed.out + printed.err)
     assert not shows(prefect_records(started))

@@ -210,8 +210,8 @@ def test_each_pod_builds_the_tf_config_multi_worker_training_expects(objects, fa
         assert hosts == [f"{job['metadata']['name']}-{i}.{service['metadata']['name']}:{port['port']}" for i in range(workers)]
         argv = started["argv"]
         assert argv[0] == "train"
-        config = program.stage_settings("train", program.stage_arguments("train", argv[1:]))  # every flag is the trainer's
-        assert config.strategy == "multi_worker" and config.run_id == job["metadata"]["name"]
+        config, facts = program.stage_config("train", program.stage_arguments("train", argv[1:]))  # every flag is the trainer's
+        assert config.train.strategy == "multi_worker" and facts.run_id == job["metadata"]["name"]
         assert config.root == work_pools.ROOT_MOUNT
     assert chiefs == [True] + [False] * (workers - 1)  # exactly one chief writes the candidate
 

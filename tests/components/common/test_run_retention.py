@@ -20,7 +20,7 @@ from components.contracts.layout import Root, RunDir
 
 DAY = 24 * 3600.0
 SAMPLE_LINEAGE = pathlib.Path(__file__).parents[1] / "contracts" / "samples" / "stoke_lineage.json"
-RECORD = ["config.json", "config/train.json", "metrics.json", "report.json", "report.md", "gate.json",
+RECORD = ["config.json", "metrics.json", "report.json", "report.md", "gate.json",
           "BLESSED", "curves.png", "confusion_matrix.png"]
 HEAVY = ["candidate/saved_model.pb", "candidate/variables/variables.index",
          "candidate/variables/variables.data-00000-of-00001", "tensorboard/train/events.out.tfevents.1",

@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from components.common import config_files
-from components.common.program import stage_arguments, stage_settings
+from components.common.program import stage_arguments, stage_config
 from flows import cli
 
 BIN = os.path.dirname(sys.executable)
@@ -128,10 +128,10 @@ def test_plain_settings_still_read_as_before(tmp_path):
 def test_a_stage_programs_settings_file_is_read_alike(tmp_path):
     path, says = not_a_file("fifo", tmp_path)
     with pytest.raises(config_files.ConfigError, match=f"^{path} {says}$"):
-        at_once(stage_settings, "train", stage_arguments("train", ["--config", path]))
+        at_once(stage_config, "train", stage_arguments("train", ["--config", path]))
     (tmp_path / "alias.yaml").write_text("root: &r /tmp\nrun_id: *r\n")
     with pytest.raises(config_files.ConfigError, match="alias.yaml: line 2: an alias"):
-        stage_settings("train", stage_arguments("train", ["--config", str(tmp_path / "alias.yaml")]))
+        stage_config("train", stage_arguments("train", ["--config", str(tmp_path / "alias.yaml")]))
 
 
 def test_an_override_nested_past_the_bound_is_one_line(tmp_path, capsys):

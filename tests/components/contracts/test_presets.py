@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from components.common import program
 from components.contracts.config import TrainConfig
-from components.contracts.presets import PRESETS, fill
-from components.contracts.run_config import RunConfig, TrainSettings
+from components.contracts.presets import PRESETS
+from components.contracts.run_config import RunConfig
 
 
 def resolved(preset: str = "production", **train) -> TrainConfig:
@@ -52,8 +53,8 @@ def test_resolving_twice_changes_nothing(preset):
 
 
 def test_the_train_program_by_hand_resolves_the_same_preset_as_a_run():
-    by_hand = fill("demo", "train", TrainSettings(root="/r", preset="demo"))
-    assert by_hand.model_dump(include=set(TrainConfig.model_fields)) == resolved("demo").model_dump()
+    by_hand, _ = program.stage_config("train", program.stage_arguments("train", ["--root", "/r", "--preset", "demo"]))
+    assert by_hand.train == resolved("demo")
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))

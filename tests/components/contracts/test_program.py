@@ -3,7 +3,6 @@ they reach a terminal or a report."""
 import json
 
 import pytest
-from pydantic import ValidationError
 
 from components.common import program
 from components.common.files import write_json
@@ -38,28 +37,31 @@ def test_the_report_shows_dead_letter_names_escaped(tmp_path):
     assert "\x1b" not in markdown and "\u202e" not in markdown and "cat\\x1b[2J" in markdown
 
 
-def test_a_stage_reads_its_settings_file_and_the_options_given_win(tmp_path):
-    settings = tmp_path / "train.json"
-    write_json(str(settings), {"root": "/r", "epochs": 7, "seed": 1, "shard_cache": {"dir": "/c", "max_gb": 5}})
-    args = program.stage_arguments("train", ["--config", str(settings), "--seed", "2", "--shard-cache-max-gb", "9"])
-    config = program.stage_settings("train", args)
-    assert (config.root, config.epochs, config.seed) == ("/r", 7, 2)
-    assert (config.shard_cache.dir, config.shard_cache.max_gb) == ("/c", 9.0)
+def test_a_stage_reads_the_run_configuration_and_the_options_given_win(tmp_path):
+    settings = tmp_path / "config.json"
+    write_json(str(settings), {"root": "/r", "train": {"epochs": 7, "seed": 1}, "gate": {"top_k": 3},
+                               "shard_cache": {"dir": "/c", "max_gb": 5}})
+    args = program.stage_arguments("train", ["--config", str(settings), "--seed", "2", "--shard-cache-max-gb", "9",
+                                             "--run-id", "x"])
+    config, facts = program.stage_config("train", args)
+    assert (config.root, config.train.epochs, config.train.seed, facts.run_id) == ("/r", 7, 2, "x")
+    assert (config.shard_cache.dir, config.shard_cache.max_gb, config.gate.top_k) == ("/c", 9.0, 3)
+    assert config.train.network == "efficientnet_b0"  # the preset filled, once
 
 
-def test_without_a_file_the_options_alone_are_the_settings_and_a_required_one_is_named():
-    config = program.stage_settings("gate", program.stage_arguments("gate", ["--root", "/r", "--run-id", "x"]))
-    assert (config.root, config.run_id, config.top_k) == ("/r", "x", 5)
-    with pytest.raises(ValidationError) as missing:
-        program.stage_settings("gate", program.stage_arguments("gate", ["--root", "/r"]))
-    assert program.settings_message(missing.value) == "--run-id: Field required"
+def test_without_a_file_the_options_alone_are_the_settings_and_a_required_one_is_named(capsys):
+    config, facts = program.stage_config("gate", program.stage_arguments("gate", ["--root", "/r", "--run-id", "x"]))
+    assert (config.root, facts.run_id, config.gate.top_k) == ("/r", "x", 5)
+    args = program.stage_arguments("gate", ["--root", "/r"])
+    assert program.main("stoke gate", False, lambda: program.stage_config("gate", args), str) == program.BAD_SETTINGS
+    assert capsys.readouterr().err.strip() == "stoke gate: error: --run-id: Field required"
 
 
-def test_a_settings_file_with_a_key_the_stage_does_not_take_is_refused(tmp_path, capsys):
-    settings = tmp_path / "push.json"
-    write_json(str(settings), {"root": "/r", "run_id": "x", "epochs": 3})
-    args = program.stage_arguments("push", ["--config", str(settings), "--json"])
-    assert program.main("stoke push", True, lambda: program.stage_settings("push", args), str) == program.BAD_SETTINGS
+def test_a_settings_file_with_a_key_no_stage_takes_is_refused(tmp_path, capsys):
+    settings = tmp_path / "config.json"
+    write_json(str(settings), {"root": "/r", "push": {"keep": 2, "epochs": 3}})
+    args = program.stage_arguments("push", ["--config", str(settings), "--run-id", "x", "--json"])
+    assert program.main("stoke push", True, lambda: program.stage_config("push", args), str) == program.BAD_SETTINGS
     assert capsys.readouterr().err.strip() == "stoke push: error: --epochs: no such setting"
 
 

@@ -227,7 +227,7 @@ def test_a_stage_program_takes_the_source_its_file_holds_without_credentials_fro
     settings.write_text(json.dumps({"source": without_secrets(real), "root": str(tmp_path / "root")}))
     parser = program.stage_parser("ingest", positional=("source",))
     monkeypatch.setenv(SOURCE_ENV, real)
-    assert program.stage_settings("ingest", parser.parse_args(["--config", str(settings)])).source == real
+    assert program.stage_config("ingest", parser.parse_args(["--config", str(settings)]))[0].source == real
     monkeypatch.setenv(SOURCE_ENV, real.replace("9/photos", "9/other"))  # another SOURCE's: not this one's
     assert run(["--config", str(settings), "--json"]) == program.BAD_SETTINGS
     captured = capsys.readouterr()

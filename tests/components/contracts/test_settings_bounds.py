@@ -12,12 +12,11 @@ from pydantic import ValidationError
 
 from beam_jobs import ingest
 from components.common.program import stage_arguments
-from components.common.program import stage_settings as program_stage_settings
+from components.common.program import stage_config as program_stage_settings
 from components.contracts import config
 from components.contracts.config import GateConfig, IngestConfig, PushConfig, ShardCacheConfig, TrainConfig
 from components.contracts.layout import parse_spans
-from components.contracts.run_config import RunConfig, Timeouts, program_model
-from components.contracts.stages import STAGES
+from components.contracts.run_config import RunConfig, RunFacts, Timeouts
 from flows import cli
 
 NON_FINITE = ["inf", "-inf", "nan", "Infinity", "1e308", "1e999"]
@@ -36,8 +35,7 @@ def test_ingest_refuses_non_finite_and_absurd_numbers_as_settings(tmp_path, caps
 
 
 def test_every_settings_model_refuses_nan_and_infinity():
-    programs = [program_model(s) for s in STAGES]
-    for model in (IngestConfig, TrainConfig, GateConfig, PushConfig, ShardCacheConfig, *programs, Timeouts, RunConfig):
+    for model in (IngestConfig, TrainConfig, GateConfig, PushConfig, ShardCacheConfig, RunFacts, Timeouts, RunConfig):
         floats = [name for name, field in model.model_fields.items() if "float" in str(field.annotation)]
         for name in floats:
             base = {"root": "r", "source": "s", "run_id": "x"} if model is not Timeouts else {}
@@ -85,7 +83,7 @@ def numbers(model, prefix=()):
 
 
 def test_every_number_of_every_settings_model_has_an_upper_bound():
-    unbounded = [path for model in (RunConfig, *(program_model(s) for s in STAGES))
+    unbounded = [path for model in (RunConfig, RunFacts)
                  for path, field in numbers(model, (model.__name__,))
                  if not any(isinstance(rule, annotated_types.Le | annotated_types.Lt) for rule in field.metadata)]
     assert unbounded == []
@@ -138,7 +136,7 @@ def test_stoke_run_refuses_absurd_numbers_and_span_lists_when_it_reads_them(tmp_
 @pytest.mark.parametrize("settings", [{"spans": "1-999999999999"}, {"epochs": 10**26}, {"image_size": 100000},
                                       {"trace_steps": "0,5"}])
 def test_the_train_program_refuses_them_from_its_settings_file_and_its_flags(tmp_path, settings):
-    (tmp_path / "train.json").write_text(json.dumps({"root": str(tmp_path), **settings}))
+    (tmp_path / "train.json").write_text(json.dumps({"root": str(tmp_path), "train": settings}))
     args = stage_arguments("train", ["--config", str(tmp_path / "train.json")])
     with pytest.raises(ValidationError, match=next(iter(settings))):
         program_stage_settings("train", args)

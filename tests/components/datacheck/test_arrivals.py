@@ -10,7 +10,7 @@ from beam_jobs.statistics import write_statistics
 from components.common.files import read_result
 from components.common.spans import Spans
 from components.contracts.layout import Root
-from components.contracts.run_config import DataCheckSettings
+from components.contracts.run_config import RunConfig
 from components.contracts.summaries import DataCheckRecord
 from components.datacheck import datacheck, spans
 from tests.components.conftest import tiny_image, write_span
@@ -32,7 +32,7 @@ def arrive(root: str, number: int, mix: dict[str, int]) -> list[str]:
          "mean": 100.0, "std": 20.0, "width": 40, "height": 32}
         for split, part in splits.items() for i, (_, _, label) in enumerate(part)], [], LABELS)
     # min_class_examples=0: no rare-class warning for sand, a label of labels.json, before it has records
-    settings = DataCheckSettings(root=root, min_class_examples=0)
+    settings = RunConfig(root=root, datacheck={"min_class_examples": 0})
     return [(c.span, c.status) for c in datacheck.check_spans(settings).spans]
 
 

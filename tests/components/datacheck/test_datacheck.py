@@ -12,7 +12,7 @@ from beam_jobs.ingest import run as ingest
 from components.common.files import exists, read_result
 from components.common.spans import SpanNotChecked, Spans
 from components.contracts.layout import Root
-from components.contracts.run_config import DataCheckSettings
+from components.contracts.run_config import RunConfig
 from components.contracts.summaries import DataCheckRecord
 from components.datacheck import datacheck, spans
 from components.train import trainer
@@ -64,7 +64,7 @@ def spans_root(tmp_path_factory):
         # would move records between splits and blur the label mix this file checks.
         assert ingest([str(source), "--root", root, "--near-copies", "report", *IN_MEMORY]) == 0
         assert Spans(root).unchecked() == [number]  # published, and not read by training until checked
-        (checked[number],) = datacheck.check_spans(DataCheckSettings(root=root)).spans
+        (checked[number],) = datacheck.check_spans(RunConfig(root=root)).spans
     return root, checked
 
 
@@ -123,7 +123,7 @@ def test_release_lets_the_span_in_and_keeps_the_evidence(spans_root, capsys):
     again = last_json(spans.run(["release", "3", "--root", root, "--json"]), capsys, 1)
     assert "released already, by ana" in again["error"]
     # Checking a released span again reports its anomalies and holds nothing back.
-    (rechecked,) = datacheck.check_spans(DataCheckSettings(root=root, span=3)).spans
+    (rechecked,) = datacheck.check_spans(RunConfig(root=root), span=3).spans
     assert rechecked.status == "released" and rechecked.anomalies and Spans(root).check_record(3).trusted
 
 

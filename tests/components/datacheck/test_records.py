@@ -11,7 +11,7 @@ import pytest
 from components.common.files import read_result, write_json
 from components.common.spans import SpanNotChecked, Spans
 from components.contracts.layout import Root
-from components.contracts.run_config import DataCheckSettings
+from components.contracts.run_config import RunConfig
 from components.contracts.summaries import DATACHECK_VERSION, DataAnomaly, DataCheckRecord
 from components.datacheck import datacheck, spans
 from tests.components.conftest import TRAIN_LABELS, let_in, tiny_records, write_span
@@ -108,7 +108,7 @@ def test_releasing_keeps_the_evidence_in_one_record(root, capsys):
 
 def test_a_span_without_statistics_is_quarantined_not_trusted(tmp_path):
     write_span(str(tmp_path), 1, {"train": tiny_records(4)}, TRAIN_LABELS, {"train": 1}, checked=False)
-    (check,) = datacheck.check_spans(DataCheckSettings(root=str(tmp_path))).spans
+    (check,) = datacheck.check_spans(RunConfig(root=str(tmp_path))).spans
     assert check.status == "quarantined" and [a.kind for a in check.anomalies] == ["no_statistics"]
     assert Spans(str(tmp_path)).shards("train") == []
 
@@ -145,7 +145,7 @@ def test_a_manifest_that_dropped_a_shard_is_quarantined_when_checked_again(root)
     """Checked again, a manifest whose shards no longer hold what it counts is a span changed after publishing:
     quarantined, not let in on half its data."""
     _edit_json(root.manifest(2), lambda m: m.update(shards=[]))
-    (check,) = datacheck.check_spans(DataCheckSettings(root=root.uri)).spans
+    (check,) = datacheck.check_spans(RunConfig(root=root.uri)).spans
     assert check.span == 2 and check.status == "quarantined"
     assert [a.kind for a in check.anomalies if a.severity == "error"] == ["span_changed"]
     assert "lists train shards of 0 records where it counts 4" in check.anomalies[-1].message
@@ -182,7 +182,7 @@ def test_a_record_made_before_records_named_their_manifest_is_checked_again_by_t
         _edit_json(root.datacheck(number), lambda r: r.pop("manifest_sha256"))
     assert Spans(root).shards("train") == [] and Spans(root).unchecked() == [1, 2, 3]
     assert "made before check records named the manifest" in Spans(root).check_record(1).problem
-    summary = datacheck.check_spans(DataCheckSettings(root=root.uri))
+    summary = datacheck.check_spans(RunConfig(root=root.uri))
     assert [(c.span, c.history_spans) for c in summary.spans] == [(1, []), (2, [1]), (3, [1, 2])]
     assert all(c.label_check.status == "skipped" for c in summary.spans)  # no served model: no predictions
     assert Spans(root).unchecked() == [] and {s.span for s in Spans(root).shards("train")} == {1, 2, 3}

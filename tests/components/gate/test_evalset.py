@@ -12,7 +12,7 @@ import pytest
 from components.common.files import write_json
 from components.common.spans import SpanNotChecked
 from components.contracts.layout import Root
-from components.contracts.run_config import GateSettings
+from components.contracts.run_config import RunConfig
 from components.gate import gate
 from components.gate.evalset import eval_spans
 from tests.components.conftest import TRAIN_LABELS, tiny_records, write_span
@@ -67,7 +67,7 @@ def test_a_candidate_that_names_only_the_newest_span_is_gated_on_all_checked_spa
     """A warm-started run trains on the newest span and a replay sample: its metrics.json names span 3
     alone, and the gate still reads the eval records of spans 1, 2 and 3."""
     stand_in_run(checked_root, "warm", [3])
-    inputs = gate.gather(GateSettings.model_validate({"root": checked_root, "run_id": "warm"}))
+    inputs = gate.gather(RunConfig(root=checked_root), "warm")
     assert inputs.spans == [1, 2, 3] and sorted({s.span for s in inputs.shards}) == [1, 2, 3]
     assert sum(inputs.counts.values()) == 3 + 4 + 5 and inputs.floor.total == 12
     assert any(note.startswith("span 5 is left out of the eval records") for note in inputs.served.notes)

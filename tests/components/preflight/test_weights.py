@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from components.common import pretrained
-from components.common.program import stage_arguments, stage_settings
+from components.common.program import stage_arguments, stage_config
 from components.preflight.preflight import run_checks
 from components.preflight.weights import imagenet_check
 
@@ -88,11 +88,8 @@ def test_the_check_runs_only_for_a_run_that_starts_from_imagenet(keras_home, mon
 
 def test_the_flow_and_a_person_name_the_network_alike():
     from components.contracts.run_config import RunConfig
-    from components.contracts.run_config import stage_settings as flow_settings
-    from components.contracts.stages import stage
 
-    by_hand = stage_settings("preflight", stage_arguments("preflight", ["--root", "r", "--imagenet-network", NETWORK]))
+    _, by_hand = stage_config("preflight", stage_arguments("preflight", ["--root", "r", "--imagenet-network", NETWORK]))
     config = RunConfig(source="s", root="r", preset="production").resolved()
     assert config.train.weights == "imagenet"
-    from_flow = flow_settings(stage("preflight"), config, imagenet_network=config.train.network)
-    assert by_hand.imagenet_network == from_flow.imagenet_network == NETWORK
+    assert by_hand.imagenet_network == config.train.network == NETWORK

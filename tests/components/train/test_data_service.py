@@ -168,13 +168,13 @@ def test_a_bad_address_is_one_line_everywhere(address, small_spans_root, capfd):
 def test_the_flow_and_its_deployments_take_the_address_as_a_train_setting():
     from pydantic import ValidationError
 
-    from components.contracts.run_config import RunConfig, stage_settings
-    from components.contracts.stages import stage
+    from components.contracts.run_config import RunConfig
+    from flows.pipeline import recorded
 
     config = RunConfig(source="s", root="r", train=TrainConfig(data_service="127.0.0.1:5050"))
     assert config.train.data_service == "grpc://127.0.0.1:5050"
-    handed = stage_settings(stage("train"), config, run_id="r1").model_dump(mode="json")
-    assert handed["data_service"] == "grpc://127.0.0.1:5050"  # what the train program is given
+    handed = recorded(config)  # config.json, which the train program reads
+    assert handed["train"]["data_service"] == "grpc://127.0.0.1:5050"
     with pytest.raises(ValidationError, match="grpc://HOST:PORT"):
         TrainConfig(data_service="http://127.0.0.1:5050")
 
