@@ -187,10 +187,18 @@ def _last_line(error: BaseException) -> str:
 
 def settings_message(error: ValidationError) -> str:
     """`--eval-fraction: Input should be less than 1` for each rejected setting: a stage group's field by
-    its flag, which leaves the group out (ingest.eval_fraction is `stoke ingest --eval-fraction`)."""
+    its flag, which leaves the group out (ingest.eval_fraction is `stoke ingest --eval-fraction`); a rule
+    between settings (no field of its own) by its message alone."""
     groups = {s.name for s in STAGES}
-    return "; ".join(f"{option([str(part) for part in e['loc']][1 if e['loc'][0] in groups else 0:])}: "
-                     + ("no such setting" if e["type"] == "extra_forbidden" else e["msg"]) for e in error.errors())
+
+    def said(e) -> str:
+        where = [str(part) for part in e["loc"]]
+        where = where[1:] if where[:1] and where[0] in groups else where
+        if not where:
+            return e["msg"].removeprefix("Value error, ")
+        return f"{option(where)}: " + ("no such setting" if e["type"] == "extra_forbidden" else e["msg"])
+
+    return "; ".join(said(e) for e in error.errors())
 
 
 def _fail(prog: str, as_json: bool, message: str, failed: Result | None, code: int) -> int:
