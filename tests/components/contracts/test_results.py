@@ -95,7 +95,7 @@ def test_the_report_of_the_sample_summaries_is_the_sample_report(tmp_path):
         write_json(run.result(stage), read_json(str(WRITTEN / name)))
     report, sample = build_report(run).to_json(), read_json(str(WRITTEN / "report.json"))
     for key in ("status", "message", "blessed", "pushed_version", "reasons", "metrics", "model_uri",
-                "preflight", "ingest", "gate", "push", "stages"):
+                "sections", "ingest", "gate", "push", "stages"):
         assert _without_new_nulls(report[key], sample[key]) == sample[key], key
     train = {k: v for k, v in report["train"].items() if k not in ("profiler", "data_service")}
     assert _without_new_nulls(train, sample["train"]) == sample["train"]  # `start`: None in a record made before
