@@ -9,6 +9,7 @@ import os
 import sys
 import textwrap
 
+import prefect
 import pytest
 from prefect import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
@@ -129,3 +130,22 @@ def test_a_new_stage_is_a_command_a_task_at_its_place_and_a_section_of_the_repor
     markdown = open(run.report_md).read()
     assert "## Census\n\n1 published, 0 let in by the data check\n\n- warning: census: span 1 is not let in\n" in markdown
     assert summary["sections"] == report["sections"]
+
+
+def test_the_registry_s_other_stages_run_at_their_place_in_its_order_and_the_flow_s_own_once(monkeypatch):
+    from components.contracts.results import Result
+    from flows import pipeline as flow
+
+    added = [stages.Stage(name, "nowhere", "a stand-in", None, Result, runs=place)
+             for name, place in (("a", "blessed"), ("b", "training"), ("c", "blessed"), ("d", "checks"))]
+    monkeypatch.setattr(stages, "STAGES", (*stages.STAGES, *added))
+    ran = []
+    monkeypatch.setattr(flow, "run_program", lambda of, config, run: ran.append(of.name))
+
+    @prefect.flow
+    def places():
+        for place in ("checks", "training", "blessed"):
+            flow.run_added(place, None, None)
+
+    places()
+    assert ran == ["d", "b", "a", "c"]
