@@ -33,7 +33,6 @@ from collections.abc import Callable, Iterator
 from beam_jobs import bounded, quality
 from beam_jobs.compare import compare
 from beam_jobs.debris import STAGED_DEAD_LETTERS, STAGED_SHARDS, STAGING_PREFIX, MisplacedSpan, remove, remove_debris
-from beam_jobs.describe import describe
 from beam_jobs.duplicates import Findings, settle
 from beam_jobs.job import JobFailed, run_pipeline, stage_sources
 from beam_jobs.near_copies import stage_published
@@ -342,7 +341,8 @@ def run(argv: list[str] | None = None) -> int:
         # Beam relays every worker's log lines; the summary says what matters.
         logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
     code = program.main("stoke ingest", args.json,
-                        lambda: _run(program.stage_config("ingest", args), pipeline_args, args.json), describe,
+                        lambda: _run(program.stage_config("ingest", args), pipeline_args, args.json),
+                        program.lines_of(IngestSummary),
                         errors=(IngestError, ResultError, OSError), failed=IngestSummary(published=False))
     # The interpreter's collections at exit walk Beam's 300,000 objects several times over (a second after
     # the summary on 2 cores) to free memory the exit frees anyway: frozen, they are left out.

@@ -6,12 +6,15 @@
     2b datacheck components.datacheck   every span not checked yet (the new one, one published by hand or by
                                         a run that died) against the history; errors quarantine it, and
                                         training goes on with the spans the check let in
+       + the registry's other stages that run with the checks (Stage.runs "checks")
        (skip)                           nothing to train on, or (scheduled runs) every span the check let
                                         in is in the served model already
     3 train      components.train       all published spans -> candidate SavedModel (tag `gpu`; never retried:
                                         a rerun of the same run id resumes from its backup instead)
     4 gate       components.gate        TFMA against thresholds and the served baseline -> blessed or not
+       + the registry's other stages that run with training ("training")
     5 push       components.push        blessed only: a new integer version in the model repository
+       + the registry's other stages that run when blessed ("blessed")
     6 report     components/report      report.md, report.json and plots in the run folder + Prefect artifacts
 
 The flow's parameters are the fields of the run configuration (components/contracts/run_config.py),
@@ -31,6 +34,8 @@ who runs the program, and fsspec reads a URL's user info as given (aiohttp's bas
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 from prefect import flow, get_run_logger, task
 from prefect.runtime import flow_run
 
@@ -38,7 +43,7 @@ from components.common import config_files
 from components.common.files import exists, read_result, write_json, write_text
 from components.common.program import option, scrubbed
 from components.common.spans import Spans
-from components.contracts import results, secrets, summaries
+from components.contracts import results, secrets, stages, summaries
 from components.contracts.config import (
     DataCheckConfig,
     GateConfig,
@@ -113,12 +118,16 @@ def pipeline(
             check_machine(config, run)                                                      # 1
         ingest_span(config, run, arrived)                                                   # 2
         held = check_spans(config, run) if Spans(config.root).unchecked() else []             # 2b
+        run_added("checks", config, run)
         skipped = nothing_to_train(config, held, skip_unchanged)
         if skipped:
             return write_report(run, skipped=skipped)
         train_model(config, run)                                                            # 3
-        if gate_model(config, run).blessed:                                                 # 4
+        blessed = gate_model(config, run).blessed                                           # 4
+        run_added("training", config, run)
+        if blessed:
             push_model(config, run)                                                         # 5
+            run_added("blessed", config, run)
         return write_report(run)                                                            # 6
     except Exception as error:
         write_report(run, failed=str(error), return_state=True)  # never hides the cause
@@ -158,25 +167,27 @@ def recorded(config: RunConfig) -> dict:
 # ---------------------------------------------------------------- stages
 
 
-@task(name="preflight", retries=1, retry_delay_seconds=30, retry_condition_fn=only_transient)
+def stage_task(name: str):
+    """Stage `name`'s task as its entry says: its name, `gpu` tag and retries (30 s apart, `only_transient`)."""
+    of = stage(name)
+    return task(name=of.name, tags=[GPU_TAG] if of.gpu else [], retries=of.retries, retry_delay_seconds=30,
+                retry_condition_fn=only_transient)
+
+
+@stage_task("preflight")
 def check_machine(config: RunConfig, run: RunDir) -> summaries.PreflightSummary:
     """Checks SOURCE, disks, read speed, GPUs, /dev/shm and limits; stops the run on a failed check."""
     try:
         # The weights the network starts from, when they are ImageNet's: found before ingest, not after it.
         facts = {"imagenet_network": config.train.network} if config.train.weights == "imagenet" else {}
-        summary = run_program(stage("preflight"), config, run, **facts)
+        return run_program(stage("preflight"), config, run, **facts)
     except StageError as error:
         if error.summary is None:
             raise
-        failed = keep_result(stage("preflight"), error.summary, run)
-        stop = PreflightFailed(failed, error.transient)
-        _log_checks(failed, but=stop.check)  # the check that stops the run is the failure's own line
-        raise stop from None
-    _log_checks(summary)
-    return summary
+        raise PreflightFailed(keep_result(stage("preflight"), error.summary, run), error.transient) from None
 
 
-@task(name="ingest", retries=2, retry_delay_seconds=30, retry_condition_fn=only_transient)
+@stage_task("ingest")
 def ingest_span(config: RunConfig, run: RunDir, arrived: str = "") -> summaries.IngestSummary:
     """Publishes what SOURCE holds beyond the published spans as a new span (or says nothing is new)."""
     facts = {}
@@ -184,28 +195,14 @@ def ingest_span(config: RunConfig, run: RunDir, arrived: str = "") -> summaries.
         write_text(run.arrived, arrived.strip() + "\n")
         facts["arrived"] = run.arrived
     with ProgressArtifact("ingest") as progress:
-        summary = run_program(stage("ingest"), config, run, progress, beam_options(config), **facts)
-    if summary.near_duplicates is not None and summary.near_duplicates.warning:
-        get_run_logger().warning("ingest: %s", summary.near_duplicates.warning)
-    return summary
+        return run_program(stage("ingest"), config, run, progress, beam_options(config), **facts)
 
 
-@task(name="datacheck", retries=1, retry_delay_seconds=30, retry_condition_fn=only_transient)
+@stage_task("datacheck")
 def check_spans(config: RunConfig, run: RunDir) -> list[int]:
     """Checks every span not checked yet against the history; an error quarantines the span, not the run.
     Returns the spans it held back."""
-    summary = run_program(stage("datacheck"), config, run)
-    logger = get_run_logger()
-    for check in summary.spans:
-        for anomaly in (a for a in check.anomalies if a.file is None):  # each flagged file is in the record
-            logger.warning("datacheck span %d %s: %s", check.span, anomaly.severity, anomaly.message)
-        if check.label_check is not None and check.label_check.status == "skipped":
-            logger.info("datacheck span %d: label check skipped: %s", check.span, check.label_check.reason)
-        if check.status == "warning":
-            logger.info("datacheck span %d let in with its warnings: training reads it", check.span)
-    for check in summary.held():
-        logger.warning("%s; training goes on without it", held_back(config.root, check.span))
-    return [check.span for check in summary.held()]
+    return [check.span for check in run_program(stage("datacheck"), config, run).held()]
 
 
 def nothing_to_train(config: RunConfig, held: list[int], skip_unchanged: bool) -> str | None:
@@ -213,7 +210,8 @@ def nothing_to_train(config: RunConfig, held: list[int], skip_unchanged: bool) -
     or, for a scheduled or data-triggered run, a served model trained on every span it let in."""
     root = Root(config.root)
     checked = [n for n in Spans(root).published() if Spans(root).check_record(n).trusted]
-    aside = "".join(f"; {held_back(config.root, span)}" for span in held)
+    aside = "".join(f"; span {span} is quarantined by the data check (release it with `stoke spans release {span} "
+                    f"--root {config.root}`)" for span in held)
     if not checked:
         return f"no span the data check let in to train on{aside}"
     served = served_spans(config)
@@ -223,33 +221,37 @@ def nothing_to_train(config: RunConfig, held: list[int], skip_unchanged: bool) -
     return None
 
 
-@task(name="train", tags=[GPU_TAG], retries=0)
+@stage_task("train")  # never retried: a rerun of the same run id resumes from its backup instead
 def train_model(config: RunConfig, run: RunDir) -> results.TrainMetrics:
-    """Trains on every published span into ROOT/runs/<run-id>/candidate."""
+    """Trains on every published span into ROOT/runs/<run-id>/candidate, holding the GPU slot."""
     done = finished_training(run)
     if done is not None:  # a retried flow run
         return done
-    with ProgressArtifact("train") as progress, gpu_slot(get_run_logger(), f"train of run {run.run_id}") as slot:
-        return run_program(stage("train"), config, run, progress, slot=slot, run_id=run.run_id)
+    with ProgressArtifact("train") as progress:
+        return run_program(stage("train"), config, run, progress)
 
 
-@task(name="gate", tags=[GPU_TAG], retries=1, retry_delay_seconds=30, retry_condition_fn=only_transient)
+@stage_task("gate")
 def gate_model(config: RunConfig, run: RunDir) -> results.GateResult:
-    """Gates the candidate with TFMA: thresholds, and not worse than the served model."""
-    with gpu_slot(get_run_logger(), f"gate of run {run.run_id}") as slot:
-        summary = run_program(stage("gate"), config, run, slot=slot, run_id=run.run_id)
-    reasons = "; ".join(summary.reasons)
-    if summary.blessed:
-        get_run_logger().info("blessed: %s", reasons or "all checks passed")
-    else:
-        get_run_logger().warning("not blessed, nothing will be pushed: %s", reasons)
-    return summary
+    """Gates the candidate with TFMA, holding the GPU slot: thresholds, and not worse than the served model."""
+    return run_program(stage("gate"), config, run)
 
 
-@task(name="push", retries=1, retry_delay_seconds=30, retry_condition_fn=only_transient)
+@stage_task("push")
 def push_model(config: RunConfig, run: RunDir) -> summaries.PushSummary:
     """Pushes the blessed candidate as a new integer version of the served model."""
-    return run_program(stage("push"), config, run, run_id=run.run_id)
+    return run_program(stage("push"), config, run)
+
+
+# The stages above, which the flow runs by name; every other stage of the registry runs at its place (`run_added`).
+OWN = {own.name for own in (check_machine, ingest_span, check_spans, train_model, gate_model, push_model)}
+
+
+def run_added(place: str, config: RunConfig, run: RunDir) -> None:
+    """Runs the registry's other stages of `place` (Stage.runs), in its order, each as a task of its own."""
+    for of in stages.STAGES:
+        if of.runs == place and of.name not in OWN:
+            stage_task(of.name)(run_program)(of, config, run)
 
 
 @task(name="report", retries=1)
@@ -267,7 +269,7 @@ class PreflightFailed(StageError):
     """A failed check, named with its finding and fix; retried when the store behind SOURCE did not answer."""
 
     def __init__(self, summary: summaries.PreflightSummary, transient: bool = False):
-        first = self.check = next(check for check in summary.checks if check.status == "fail")
+        first = next(check for check in summary.checks if check.status == "fail")
         reason = f"{first.name} failed: {first.summary}" + (f" (fix: {first.fix})" if first.fix else "")
         if first.name != SOURCE_CHECK:  # skipping the checks does not make SOURCE readable
             reason += "; fix it or skip the checks (`--no-preflight`, or `--set preflight=null`)"
@@ -285,16 +287,18 @@ quiet_failures("train", errors=QUIET_FAILURES)
 
 
 def run_program(of: Stage, config: RunConfig, run: RunDir, progress: ProgressArtifact | None = None,
-                extra: list[str] = (), slot: int | None = None, **facts):
+                extra: list[str] = (), **facts):
     """Runs the stage's program on the run's configuration and the `facts` of the run (`python -m module
-    --config ROOT/runs/<id>/config.json --run-id ID --json`, holding the GPU `slot` too when given) and keeps
-    its summary in the run folder. SOURCE with its credentials goes to the programs that read SOURCE, in
-    their environment; the others (training, the gate...) get none."""
+    --config ROOT/runs/<id>/config.json --run-id ID --json`: the run id when the stage takes it), holding the
+    GPU slot when its entry says so, and keeps its summary in the run folder. SOURCE with its credentials goes
+    to the programs that read SOURCE, in their environment; the others (training, the gate...) get none."""
+    facts = {"run_id": run.run_id, **facts} if "run_id" in of.inputs else facts
     given = [arg for name, value in facts.items() for arg in (option(name), str(value))]
-    summary = run_stage(of.name, of.program, ["--config", run.config, *given, *extra, "--json"],
-                        timeout=getattr(config.timeouts, of.name) * 60, logger=get_run_logger(), progress=progress,
-                        env={secrets.SOURCE_ENV: config.source if "source" in of.inputs else ""},
-                        pass_fds=() if slot is None else (slot,))
+    with gpu_slot(get_run_logger(), f"{of.name} of run {run.run_id}") if of.gpu else nullcontext() as slot:
+        summary = run_stage(of.name, of.program, ["--config", run.config, *given, *extra, "--json"],
+                            timeout=getattr(config.timeouts, of.name, of.timeout) * 60, logger=get_run_logger(),
+                            progress=progress, env={secrets.SOURCE_ENV: config.source if "source" in of.inputs else ""},
+                            pass_fds=() if slot is None else (slot,))
     return keep_result(of, summary, run)
 
 
@@ -305,11 +309,13 @@ def beam_options(config: RunConfig) -> list[str]:
 
 
 def keep_result(of: Stage, summary: dict, run: RunDir):
-    """The summary as the stage's result model (a renamed key fails here, naming the program). A program
-    given the run wrote it into the run folder itself; the others' is kept there for the report."""
+    """The summary as the stage's result model (a renamed key fails here, naming the program), its lines
+    logged. A program given the run wrote it into the run folder itself; the others' is kept there for the report."""
     result = of.result.check(summary, f"the summary of {of.program}")
-    if not of.writes_result:
+    if "run_id" not in of.inputs:  # a program given the run wrote it itself
         write_json(run.result(of.name), result.to_json())
+    for level, line in result.log_lines():
+        get_run_logger().log(level, "%s", line)
     return result
 
 
@@ -324,20 +330,6 @@ def finished_training(run: RunDir) -> results.TrainMetrics | None:
 def flow_run_id() -> str:
     """The flow run's start and name: a retry of the same flow run keeps it, so training resumes."""
     return new_run_id(flow_run.scheduled_start_time, flow_run.name or "local")
-
-
-def _log_checks(summary: summaries.PreflightSummary, but=None) -> None:
-    logger = get_run_logger()
-    for check in summary.checks:
-        if check is but:
-            continue
-        logger.log(30 if check.status in ("warn", "fail") else 20, "preflight %s %s: %s%s", check.status,
-                   check.name, check.summary, f" (fix: {check.fix})" if check.fix else "")
-
-
-def held_back(root: str, span: int) -> str:
-    """What the data check held back, and how to let it in."""
-    return f"span {span} is quarantined by the data check (release it with `stoke spans release {span} --root {root}`)"
 
 
 def served_spans(config: RunConfig) -> tuple[int, set[int]] | None:

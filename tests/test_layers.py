@@ -14,9 +14,15 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 BELOW_STAGES = ("contracts", "common")
 
 
+def package(stage: stages.Stage) -> str | None:
+    """A stage's package under components/ (`train`), or None for a program elsewhere (beam_jobs)."""
+    parts = stage.program.split(".")
+    return parts[1] if parts[0] == "components" else None
+
+
 def stage_packages() -> tuple[str, ...]:
     """The packages under components/ that the stage registry names."""
-    return tuple(s.package for s in stages.STAGES if s.package)
+    return tuple(package(s) for s in stages.STAGES if package(s))
 
 
 def imports(folder: str) -> dict[str, set[str]]:
@@ -92,8 +98,8 @@ def test_every_package_under_components_is_a_registered_stage_program():
     assert unknown == set(stage_packages()), "register the stage in components/contracts/stages.py"
     for s in stages.STAGES:
         assert importlib.util.find_spec(s.program) is not None, s.program
-        if s.package:
-            assert (REPO / "components" / s.package / "__main__.py").exists(), s.name
+        if package(s):
+            assert (REPO / "components" / package(s) / "__main__.py").exists(), s.name
 
 
 def test_an_unregistered_package_is_its_own_part_and_fails_the_sibling_rule(monkeypatch):

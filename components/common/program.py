@@ -17,11 +17,12 @@ from pydantic.fields import FieldInfo
 from components.common import config_files
 from components.common.config_files import argument_type, leaves
 from components.common.store_errors import transient
+from components.contracts import stages
 from components.contracts.results import Result
 from components.contracts.run_config import RunConfig, RunFacts
 from components.contracts.secrets import given as given_source
 from components.contracts.secrets import without_secrets
-from components.contracts.stages import STAGES, stage
+from components.contracts.stages import stage
 from components.contracts.summaries import Progress
 
 BAD_SETTINGS = 2  # argparse's exit code for a command line it cannot use
@@ -46,12 +47,13 @@ def stage_parser(name: str, positional=()) -> argparse.ArgumentParser:
     of the run the registry says it takes (`--root`, `--run-id`). Built from the contracts alone, so
     `--help` answers before the program imports TensorFlow or Beam."""
     of = stage(name)
-    parser = arguments(f"stoke {name}", of.settings.__doc__ or of.summary)
+    parser = arguments(f"stoke {name}", (of.settings and of.settings.__doc__) or of.summary)
     parser.add_argument("--config", metavar="FILE", help="run configuration (YAML or JSON; a run's "
                         "ROOT/runs/<id>/config.json reruns the stage as that run had it); options given here win over it")
     add_options(parser, RunConfig, positional, only=of.inputs)
     add_options(parser, RunFacts, only=of.inputs, under=(FACTS,))
-    add_options(parser, of.settings, under=(name,))
+    if of.settings is not None:
+        add_options(parser, of.settings, under=(name,))
     return parser
 
 
@@ -102,6 +104,11 @@ def main(prog: str, as_json: bool, work: Callable[[], Result | dict], describe: 
         summary = summary.to_json()
     print(json.dumps(scrubbed(summary), sort_keys=True) if as_json else describe(printable(summary)), flush=True)
     return 0
+
+
+def lines_of(model: type[Result]) -> Callable[[dict], str]:
+    """`main`'s `describe` for a summary that says itself: the lines its model logs (Result.log_lines)."""
+    return lambda summary: "\n".join(line for _, line in model.model_validate(summary).log_lines())
 
 
 def progress_printer(as_json: bool) -> Callable[[Progress], None]:
@@ -189,7 +196,7 @@ def settings_message(error: ValidationError) -> str:
     """`--eval-fraction: Input should be less than 1` for each rejected setting: a stage group's field by
     its flag, which leaves the group out (ingest.eval_fraction is `stoke ingest --eval-fraction`); a rule
     between settings (no field of its own) by its message alone."""
-    groups = {s.name for s in STAGES}
+    groups = {s.name for s in stages.STAGES}
 
     def said(e) -> str:
         where = [str(part) for part in e["loc"]]

@@ -9,6 +9,7 @@ one, so a key renamed on one side fails loudly in a test instead of turning into
 from __future__ import annotations
 
 import json
+import logging
 import typing
 from typing import Literal
 
@@ -33,6 +34,14 @@ class Result(BaseModel):
     def to_json(self) -> dict:
         """The plain JSON object, as written to the file and printed as a stage's summary."""
         return self.model_dump(mode="json")
+
+    def in_words(self) -> str:
+        """A stage's result in one line: its section of the report, when the report has none of its own for it."""
+        return (type(self).__doc__ or type(self).__name__).strip().split("\n")[0]
+
+    def log_lines(self) -> list[tuple[int, str]]:
+        """What the flow logs of a stage's result, (logging level, line); those at WARNING are its warnings."""
+        return []
 
 
 def parse_json(data: bytes, uri: str):
@@ -406,3 +415,8 @@ class GateResult(Result):
     warmup_uri: str
     gate_uri: str
     gated_at: str
+
+    def log_lines(self) -> list[tuple[int, str]]:
+        verdict = f"{'BLESSED' if self.blessed else 'NOT BLESSED'}: accuracy {self.metrics.accuracy:.4f}"
+        return [(logging.INFO if self.blessed else logging.WARNING, verdict),
+                *((logging.INFO, f"  - {reason}") for reason in self.reasons + self.notes)]

@@ -13,9 +13,9 @@ they travel beside the configuration (`RunFacts`).
 """
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from components.contracts import presets
+from components.contracts import presets, stages
 from components.contracts.beam_options import BeamArgs
 from components.contracts.config import (
     MAX_SPAN,
@@ -34,26 +34,17 @@ from components.contracts.config import (
     SourceLocation,
     TrainConfig,
 )
-from components.contracts.stages import STAGES
 
 MAX_TIMEOUT_MINUTES = 30 * 24 * 60  # a stage that may run for a month
 
 
-def _minutes(stage: str, default: float):
-    return Field(default, gt=0, le=MAX_TIMEOUT_MINUTES, description=f"minutes for {stage}")
-
-
-class Timeouts(BaseModel):
-    """Minutes each stage program may run before it is stopped (SIGTERM, then SIGKILL)."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    preflight: float = _minutes("preflight", 10)
-    ingest: float = _minutes("ingest", 240)
-    datacheck: float = _minutes("datacheck", 30)
-    train: float = _minutes("train", 24 * 60)
-    gate: float = _minutes("gate", 120)
-    push: float = _minutes("push", 30)
+# One setting per stage of the registry, `timeouts.<name>`, its default the entry's `timeout`: a stage added
+# there has its timeout here without an edit.
+Timeouts = create_model(
+    "Timeouts", __config__=ConfigDict(extra="forbid", allow_inf_nan=False), __module__=__name__,
+    __doc__="Minutes each stage program may run before it is stopped (SIGTERM, then SIGKILL).",
+    **{s.name: (float, Field(s.timeout, gt=0, le=MAX_TIMEOUT_MINUTES, description=f"minutes for {s.name}"))
+       for s in stages.STAGES})
 
 
 class RunConfig(BaseModel):
@@ -87,8 +78,8 @@ class RunConfig(BaseModel):
 
     def resolved(self) -> RunConfig:
         """This configuration with the preset's values in every field left unset."""
-        groups = {s.name: presets.fill(self.preset, s.name, getattr(self, s.name)) for s in STAGES
-                  if getattr(self, s.name) is not None}
+        groups = {s.name: presets.fill(self.preset, s.name, getattr(self, s.name)) for s in stages.STAGES
+                  if s.settings is not None and getattr(self, s.name) is not None}
         return self.model_copy(update=groups)
 
 

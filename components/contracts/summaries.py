@@ -5,6 +5,8 @@ progress events programs print while they work. Strict both ways, like every res
 from __future__ import annotations
 
 import json
+import logging
+import posixpath
 from typing import Literal
 
 from pydantic import ConfigDict, Field
@@ -96,6 +98,37 @@ class IngestSummary(Summary):
     near_duplicates: NearDuplicates | None = None
     quality: list[QualityFinding] | None = None  # image-quality issues of records kept (reported)
 
+    def log_lines(self) -> list[tuple[int, str]]:
+        """The span in figures; what was not new, kept out or set aside; near-copies, and an eval share they moved."""
+        if not self.published:
+            return [(logging.INFO, self.message or "nothing published")]
+        counts, near = self.counts, self.near_duplicates or NearDuplicates(count=0, examples=[])
+        said = [f"{posixpath.basename(self.span_uri)}: {counts.train:,} train + {counts.eval:,} eval records in "
+                f"{self.shards} shards; {self.new_sources:,} new files in {self.seconds:,.1f} s "
+                f"({self.images_per_sec or 0:,.0f} images/s)"]
+        if self.unchanged:
+            said.append(f"{self.unchanged} files with a new version but published content were not new (recognised by "
+                        "content)")
+        if counts.duplicates:
+            said.append(f"{counts.duplicates} copies (and near-copies set aside) of images already published or listed "
+                        "were kept out")
+        if near.count:
+            said.append(f"{near.count} new images are near-copies of another (re-encoded, resized, cropped or mirrored): "
+                        f"{near.moved} joined their original's split, {near.set_aside} set aside, {near.across} left in "
+                        "the other split")
+            said += [f"  {p.uri} ({p.split}) ~ {p.other_uri} ({p.other_split})" for p in near.examples]
+        if near.crowded:
+            said.append(f"{near.crowded} new images lie among pictures alike at dHash's 9x8 (a fixed camera, scans, "
+                        "products on white): judged by their block colours, the distinct ones kept their own split")
+        for finding in self.quality or []:
+            where = ", ".join(f"{count} in {folder}" for folder, count in finding.folders.items())
+            said.append(f"{finding.count} {finding.kind.replace('_', ' ')} images kept ({where}), e.g. "
+                        f"{finding.examples[0]}")
+        if counts.dead_letter:
+            said.append(f"{counts.dead_letter} set aside, reasons in {self.dead_letter_uri}:")
+            said += [f"  {d.uri}: {d.reason}" for d in self.dead_letters or []]
+        return [(logging.INFO, line) for line in said] + ([(logging.WARNING, near.warning)] if near.warning else [])
+
 
 class Check(Result):
     """One preflight finding, with the flag or command that fixes it."""
@@ -113,6 +146,16 @@ class PreflightSummary(Summary):
     status: Literal["ok", "warn", "fail", "skip"]
     failed: list[str]
     checks: list[Check]
+
+    def in_words(self) -> str:
+        return f"Status: {self.status}" + (f"; failed: {', '.join(self.failed)}" if self.failed else "")
+
+    def log_lines(self) -> list[tuple[int, str]]:
+        """Every check but the first that failed: that one stops the run, whose failure is its line."""
+        first = next((check for check in self.checks if check.status == "fail"), None)
+        return [(logging.WARNING if c.status in ("warn", "fail") else logging.INFO,
+                 f"{c.name} ({c.status}): {c.summary}" + (f" (fix: {c.fix})" if c.fix else ""))
+                for c in self.checks if c is not first]
 
 
 class HeadlineMetrics(Result):
@@ -181,6 +224,14 @@ class PushSummary(Summary):
     trained_tensorflow: str | None = None
     labels: ServingLabels | None = None
     metrics: HeadlineMetrics | None = None
+
+    def log_lines(self) -> list[tuple[int, str]]:
+        if not self.pushed:
+            return [(logging.INFO, self.message or "nothing pushed")]
+        said = [f"pushed {self.run_id} as version {self.version} of {self.model_name}: {self.model_uri}",
+                f"  build: {self.commands.docker_build}", f"  run:   {self.commands.docker_run}"]
+        said += [f"  set aside {a.name!r} as {a.moved_to}: {a.reason}" for a in self.set_aside or []]
+        return [(logging.INFO, line) for line in said]
 
 
 # ---------------------------------------------------------------- the data check
@@ -266,6 +317,24 @@ class DataCheckSummary(Summary):
     def held(self) -> list[SpanCheck]:
         return [check for check in self.spans if check.status == "quarantined"]
 
+    def log_lines(self) -> list[tuple[int, str]]:
+        """Each span's status, its findings (the first ten about single files), and how to let a held one in."""
+        if not self.spans:
+            return [(logging.INFO, self.message or self.error or "nothing checked")]
+        lines = []
+        for check in self.spans:
+            files = [a for a in check.anomalies if a.file]
+            lines += [(logging.INFO, f"span {check.span}: {check.status}")]
+            lines += [(logging.WARNING, f"  {a.severity}: {a.message}") for a in check.anomalies if not a.file]
+            lines += [(logging.INFO, f"    {a.file}: {a.message}") for a in files[:10]]
+            lines += [(logging.INFO, f"    ... and {len(files) - 10} more in {check.record_uri}")] if len(files) > 10 else []
+            if check.label_check is not None and check.label_check.status == "skipped":
+                lines.append((logging.INFO, f"  label check skipped: {check.label_check.reason}"))
+            if check.status == "quarantined":
+                lines.append((logging.WARNING, f"  held back from training; after a look: stoke spans release "
+                                               f"{check.span} --root ROOT"))
+        return lines
+
 
 class SpanStatus(Result):
     """A row of `stoke spans`."""
@@ -289,12 +358,6 @@ class SpansSummary(Summary):
 
 
 # ---------------------------------------------------------------- the run report
-
-
-class PreflightSection(Result):
-    status: Literal["ok", "warn", "fail", "skip"]
-    failed: list[str]
-    warnings: list[str]  # "name: summary" of each check that warned
 
 
 class TrainSection(Result):
@@ -337,6 +400,13 @@ class GateSection(Result):
     comparison: Comparison | None = None  # None: no served version to compare with
 
 
+class StageSection(Result):
+    """A stage's section of the report when it has none of its own: its result in one line, and its warnings."""
+
+    summary: str
+    warnings: list[str]
+
+
 class RunReport(Summary):
     """ROOT/runs/<id>/report.json: what one run did, one section per stage that left a summary.
 
@@ -354,12 +424,12 @@ class RunReport(Summary):
     reasons: list[str]
     metrics: HeadlineMetrics | NoMetrics
     model_uri: str | None
-    preflight: PreflightSection | None = None
     ingest: IngestSummary | None = None  # the summary's keys a report shows, those not null
     train: TrainSection | None = None
     gate: GateSection | None = None
     push: PushSummary | None = None  # the summary's keys a report shows, null when the push has none
     datacheck: DataCheckSummary | None = None
+    sections: dict[str, StageSection] = {}  # the stages without a section of their own (preflight...), by name
     unserved_spans: list[str] = []  # published spans the served model was not trained on, with their status
     run_folders: str | None = None  # what the retention rule did to ROOT/runs as the run ended (retention.py)
     plots: dict[str, str]  # curves, gpus, confusion_matrix, throughput: PNG URIs

@@ -204,19 +204,4 @@ def content(root: Root, number: int, *, dhashes: bool = True) -> tuple[dict[str,
     return verified(root, scan)
 
 
-def describe(summary: dict) -> str:
-    if not summary.get("spans"):
-        return summary.get("message") or "nothing checked"
-    lines = []
-    for check in summary["spans"]:
-        lines.append(f"span {check['span']}: {check['status']}")
-        lines += [f"  {a['severity']}: {a['message']}" for a in check["anomalies"] if not a.get("file")]
-        files = [a for a in check["anomalies"] if a.get("file")]
-        lines += [f"    {a['file']}: {a['message']}" for a in files[:10]]
-        lines += [f"    ... and {len(files) - 10} more in {check['record_uri']}"] if len(files) > 10 else []
-        labels = check.get("label_check") or {}
-        if labels.get("status") == "skipped":
-            lines.append(f"  label check skipped: {labels['reason']}")
-        if check["status"] == "quarantined":
-            lines.append(f"  held back from training; after a look: stoke spans release {check['span']} --root ROOT")
-    return "\n".join(lines)
+describe = program.lines_of(summaries.DataCheckSummary)

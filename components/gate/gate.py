@@ -66,13 +66,7 @@ def run(argv: list[str] | None = None) -> int:
     quiet_tensorflow_python()  # TFMA's reads of its own results call TensorFlow's deprecated record reader
     return program.main("stoke gate", args.json, on_root(lambda config, facts: gate(config, run_id=facts.run_id),
                                                          lambda: program.stage_config("gate", args)),
-                        _describe, errors=(GateError, RepositoryError, ResultError, UnsafeKey, OSError))
-
-
-def _describe(summary: dict) -> str:
-    verdict = "BLESSED" if summary["blessed"] else "NOT BLESSED"
-    return (f"{verdict}: accuracy {summary['metrics']['accuracy']:.4f}"
-            + "".join(f"\n  - {reason}" for reason in summary["reasons"] + summary["notes"]))
+                        program.lines_of(GateResult), errors=(GateError, RepositoryError, ResultError, UnsafeKey, OSError))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -40,19 +40,9 @@ class PushError(Exception):
 def run(argv: list[str] | None = None) -> int:
     args = program.stage_arguments("push", argv)
     return program.main("stoke push", args.json, on_root(lambda config, facts: push(config, run_id=facts.run_id),
-                                                         lambda: program.stage_config("push", args)), _describe,
-                        errors=(PushError, RepositoryError, ServingError, ResultError, OSError),
+                                                         lambda: program.stage_config("push", args)),
+                        program.lines_of(PushSummary), errors=(PushError, RepositoryError, ServingError, ResultError, OSError),
                         failed=PushSummary(pushed=False))
-
-
-def _describe(summary: dict) -> str:
-    if not summary["pushed"]:
-        return summary["message"]
-    return (f"pushed {summary['run_id']} as version {summary['version']} of {summary['model_name']}: "
-            f"{summary['model_uri']}\n  build: {summary['commands']['docker_build']}\n"
-            f"  run:   {summary['commands']['docker_run']}"
-            + "".join(f"\n  set aside {aside['name']!r} as {aside['moved_to']}: {aside['reason']}"
-                      for aside in summary.get("set_aside") or []))
 
 
 def push(config: RunConfig, *, run_id: str) -> PushSummary:

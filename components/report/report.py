@@ -8,6 +8,7 @@ about it, so `write_report` can rebuild the report of any run, also one that fai
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 from components.common import plots as draw
@@ -18,14 +19,11 @@ from components.contracts import stages
 from components.contracts.layout import Root, RunDir
 from components.contracts.results import Comparison, GateMetrics, GateResult, TrainMetrics
 from components.contracts.retention import RetentionSummary
-from components.contracts.summaries import PushSummary, RunReport
+from components.contracts.summaries import PushSummary, RunReport, StageSection
 from components.report import datacheck as datacheck_section
 from components.report.alerts import alerts
 from components.report.input_verdict import figure, verdict
 
-# The stages whose summaries have sections of their own (a stage added to the registry is listed in
-# report.json's `stages` before it has one).
-SECTIONS = ("preflight", "ingest", "datacheck", "train", "gate", "push")
 # The keys of a stage's summary that its section of the report shows.
 INGEST_KEYS = {"published", "span", "span_uri", "counts", "new_sources", "images_per_sec", "seconds",
                "dead_letters", "dead_letter_uri", "message", "error", "duplicates", "near_duplicates", "set_aside",
@@ -35,10 +33,11 @@ PUSH_KEYS = {"pushed", "already_pushed", "version", "previous_version", "model_u
 
 
 def build_report(run: RunDir, skipped: str | None = None, failed: str | None = None) -> RunReport:
-    """The report: one section per stage that left a summary."""
-    found = {s.name: _read(run, s) for s in stages.STAGES}
-    present = {name: summary for name, summary in found.items() if summary is not None}
-    preflight, ingest, datacheck, train, gate, push = (present.get(name) for name in SECTIONS)
+    """The report: one section per stage that left a result, its own (a field of RunReport named after the
+    stage) or, for another stage of the registry, its result in one line and its warnings."""
+    present = {s.name: read_result(run.result(s.name), s.result) for s in stages.STAGES if exists(run.result(s.name))}
+    preflight, ingest, datacheck = present.get("preflight"), present.get("ingest"), present.get("datacheck")
+    train, gate, push = present.get("train"), present.get("gate"), present.get("push")
     status, message = _outcome(gate, push, skipped, failed)
     for check in datacheck.held() if datacheck is not None and not skipped else []:
         message += f" Span {check.span} was held back: the data check quarantined it (see Data check)."
@@ -57,9 +56,6 @@ def build_report(run: RunDir, skipped: str | None = None, failed: str | None = N
         plots={}, report_md=run.report_md, report_json=run.report_json,
         config=config, config_json=run.config if config is not None else None,
     )
-    if preflight is not None:
-        report.preflight = {"status": preflight.status, "failed": preflight.failed,
-                            "warnings": [f"{c.name}: {c.summary}" for c in preflight.checks if c.status == "warn"]}
     if ingest is not None:
         report.ingest = ingest.model_dump(include=INGEST_KEYS, exclude_none=True)
     if train is not None:
@@ -85,6 +81,9 @@ def build_report(run: RunDir, skipped: str | None = None, failed: str | None = N
     if push is not None:
         report.push = push.model_dump(include=PUSH_KEYS)
     report.datacheck = datacheck
+    report.sections = {name: StageSection(summary=result.in_words(), warnings=[
+        line for level, line in result.log_lines() if level >= logging.WARNING])
+        for name, result in present.items() if name not in RunReport.model_fields}
     report.unserved_spans = _unserved(run, config)
     report.run_folders = _run_folders(run, report.alerts)
     report.plots = {**_plots(run, report, train, gate), **datacheck_section.plot(run, datacheck)}
@@ -118,10 +117,9 @@ def _staging(staging: dict | None, preflight) -> str | None:
 def render_markdown(report: RunReport) -> str:
     lines = [f"# Run {report.run_id}: {report.status}", "", report.message, ""]
     lines += [f"> **Warning.** {alert}\n" for alert in report.alerts]
-    if report.preflight is not None:
-        p = report.preflight
-        lines += ["## Preflight", "", f"Status: **{p.status}**" + (f"; failed: {', '.join(p.failed)}" if p.failed else ""), ""]
-        lines += [f"- warning: {w}" for w in p.warnings] + ([""] if p.warnings else [])
+    for name, section in report.sections.items():
+        lines += [f"## {name.capitalize()}", "", section.summary, ""] + [f"- warning: {w}" for w in section.warnings]
+        lines += [""] if section.warnings else []
     if report.ingest is not None:
         i = report.ingest
         lines += ["## Ingest", ""]
@@ -397,8 +395,3 @@ def _train_records(run: RunDir, train: TrainMetrics | None) -> int | None:
         return sum(m.counts.train for m in Spans(run.root).each_manifest(train.spans, checked=False, sources=False))
     except (OSError, ValueError):
         return None
-
-
-def _read(run: RunDir, stage: stages.Stage):
-    """A stage's result, read through its model: None when the stage did not run."""
-    return read_result(run.result(stage.name), stage.result) if exists(run.result(stage.name)) else None

@@ -1,6 +1,7 @@
 """Results are strict both ways: a sample of each file loads and writes back the same, and a renamed
 key anywhere fails loudly."""
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -95,7 +96,7 @@ def test_the_report_of_the_sample_summaries_is_the_sample_report(tmp_path):
         write_json(run.result(stage), read_json(str(WRITTEN / name)))
     report, sample = build_report(run).to_json(), read_json(str(WRITTEN / "report.json"))
     for key in ("status", "message", "blessed", "pushed_version", "reasons", "metrics", "model_uri",
-                "preflight", "ingest", "gate", "push", "stages"):
+                "sections", "ingest", "gate", "push", "stages"):
         assert _without_new_nulls(report[key], sample[key]) == sample[key], key
     train = {k: v for k, v in report["train"].items() if k not in ("profiler", "data_service")}
     assert _without_new_nulls(train, sample["train"]) == sample["train"]  # `start`: None in a record made before
@@ -186,3 +187,16 @@ def test_write_json_reaches_the_disk_before_it_takes_the_name(tmp_path, monkeypa
     assert read_json(str(target)) == {"a": 1}
     assert (str(target) + ".tmp", False) in synced  # the data, before the rename
     assert (str(target.parent), True) in synced  # the folder, so the rename itself survives
+
+
+def test_a_summary_says_itself_in_lines_and_its_warnings_are_the_warning_ones():
+    ingest = summaries.IngestSummary.model_validate(read_json(str(WRITTEN / "ingest-summary.json")))
+    level, line = ingest.log_lines()[0]
+    assert level == logging.INFO and "eval records in" in line
+    near = {"count": 1, "examples": [], "warning": "the eval share moved to 0.4"}
+    assert ingest.model_copy(update={"near_duplicates": summaries.NearDuplicates(**near)}).log_lines()[-1] == (
+        logging.WARNING, "the eval share moved to 0.4")
+    gate = results.GateResult.model_validate(read_json(str(WRITTEN / "gate.json")))
+    refused = gate.model_copy(update={"blessed": False, "reasons": ["accuracy 0.1 below 0.5"]})
+    assert refused.log_lines()[0][0] == logging.WARNING and refused.log_lines()[0][1].startswith("NOT BLESSED: accuracy")
+    assert (logging.INFO, "  - accuracy 0.1 below 0.5") in refused.log_lines()
