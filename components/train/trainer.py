@@ -413,7 +413,7 @@ def fit(settings: TrainConfig, plan: RunPlan, model, train_data, eval_data, mine
             raise
         raise TrainError(str(data.CorruptShardError(bad))) from None
     if plan.placement.is_chief:
-        drop_backups(plan.work, plan.run, plan.phases)
+        drop_backups(plan.work, plan.run)
     return Fitted(history=history, total_steps=done, resumed_from_step=resumed, step_seconds=timer.step_seconds(),
                   images_per_sec=timer.images_per_sec(plan.global_batch), gpu=sampler.to_dict(),
                   profiler=measure.input_pipeline_verdict(mine.tensorboard) if profiled else None, phases=records)
@@ -477,14 +477,13 @@ def backup(settings: TrainConfig, work: RunDir, phases: list[Phase], phase: Phas
     return keras.callbacks.BackupAndRestore(folder, save_freq=save_freq)
 
 
-def drop_backups(work: RunDir, run: RunDir, phases: list[Phase]) -> None:
-    """Once the last phase is done, the backups phases kept (BackupAndRestore drops the last one's), and
-    with a ROOT in a bucket the uploaded backup, as a run of one phase leaves them."""
-    for phase in phases:
-        if exists(work.phase_backup(phase.name)):
-            remove(work.phase_backup(phase.name))
-    if work is not run and exists(run.backup):
-        remove(run.backup)
+def drop_backups(work: RunDir, run: RunDir) -> None:
+    """Once the last phase is done, the backup folder whole: the backups phases kept, the folder
+    BackupAndRestore empties but leaves, and with a ROOT in a bucket the uploaded backup. Not before: a run
+    killed while training resumes from it."""
+    for folder in {work.backup, run.backup}:
+        if exists(folder):
+            remove(folder)
 
 
 class ResumePoint(keras.callbacks.Callback):
