@@ -41,8 +41,9 @@ from beam_jobs.sources import Source, each_listed, list_named
 from beam_jobs.statistics import label_conflicts, write_statistics
 from beam_jobs.unchanged import without_unchanged
 from components.common import clock, program
+from components.common.config_files import read_option_file
 from components.common.content_index import write_index
-from components.common.files import NotASmallFile, exists, filesystem, join, read_json, read_small, write_json, write_text
+from components.common.files import exists, filesystem, join, read_json, write_json, write_text
 from components.common.lease import LeaseError, LeaseHeld, exclusive
 from components.common.source_files import no_images
 from components.common.spans import Spans
@@ -186,14 +187,7 @@ ARRIVED_BYTES = 256 * 1024 * 1024  # an --arrived file: some two million URIs
 
 def announced(uri: str) -> list[str]:
     """The URIs of an --arrived file, one a line: a regular file of at most ARRIVED_BYTES."""
-    try:
-        text = read_small(uri, ARRIVED_BYTES, "an --arrived file").decode("utf-8")
-    except FileNotFoundError:
-        raise ValueError(f"--arrived {uri} does not exist") from None
-    except NotASmallFile as error:
-        raise ValueError(f"--arrived {error}") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"--arrived {uri} is not UTF-8 text") from None
+    text = read_option_file(uri, "--arrived", ARRIVED_BYTES)
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 

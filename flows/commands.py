@@ -30,7 +30,7 @@ from components.contracts.beam_options import BEAM_ARGS_ENV
 from components.contracts.layout import Root, new_run_id
 from components.contracts.run_config import RunConfig
 from components.contracts.secrets import SOURCE_ENV, without_secrets
-from flows.parameters import read_beam_args, read_option_file
+from flows.parameters import read_beam_args
 from flows.run_options import FIELDS, POLL_SECONDS_MAX, add_config_arguments, bounded, config_from
 from flows.work_pools import add_notifications_argument
 
@@ -315,7 +315,7 @@ def _server_environment(args: argparse.Namespace) -> tuple[str, str]:
     (set before Prefect is imported here)."""
     # The files first: one refused (ConfigError) leaves this process's environment as it was.
     beam_args = read_beam_args(args.beam_args_file) if args.beam_args_file else None
-    auth = read_option_file(args.auth_string_file, "--auth-string-file").strip() if args.auth_string_file else None
+    auth = config_files.read_option_file(args.auth_string_file, "--auth-string-file").strip() if args.auth_string_file else None
     home = os.path.expanduser(os.environ.get("PREFECT_HOME") or "~/.prefect")
     os.makedirs(home, exist_ok=True)
     url = f"http://127.0.0.1:{args.port}"

@@ -5,31 +5,12 @@ from __future__ import annotations
 import os
 import shlex
 
-from components.common.config_files import ConfigError
-from components.common.files import NotASmallFile, read_small
+from components.common.config_files import read_option_file
 from components.contracts.beam_options import BEAM_ARGS_ENV
 
 # The demo's data and artifact ROOT, relative to where `make run` runs.
 DEMO_SOURCE = ".stoke/demo/digits"
 DEMO_ROOT = ".stoke/root"
-
-
-OPTION_FILE_BYTES = 64 * 1024  # a Beam options file, a password, a job template: a few lines each
-
-
-def read_option_file(path: str, option: str) -> str:
-    """The text of the small file an option such as --beam-args-file names, or a ConfigError naming both:
-    a regular UTF-8 file of at most OPTION_FILE_BYTES (a FIFO or /dev/zero would hang or fill memory)."""
-    try:
-        return read_small(path, OPTION_FILE_BYTES, f"the file of {option}").decode("utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{option} {path}: no such file") from None
-    except NotASmallFile as error:
-        raise ConfigError(f"{option} {error}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{option} {path} is not UTF-8 text") from None
-    except OSError as error:
-        raise ConfigError(f"{option} {path} cannot be read: {error.strerror or error}") from None
 
 
 def read_beam_args(path: str) -> str:

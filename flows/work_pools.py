@@ -33,11 +33,11 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from components.common import config_files
-from components.common.config_files import ConfigError
+from components.common.config_files import ConfigError, read_option_file
 from components.common.program import BAD_SETTINGS, printable
 from components.contracts.beam_options import BEAM_ARGS_ENV
 from components.contracts.run_config import RunConfig
-from flows.parameters import OPEN_VARIABLES, read_beam_args, read_option_file
+from flows.parameters import OPEN_VARIABLES, read_beam_args
 
 POOL_ENV = "STOKE_WORK_POOL"
 POOL_TYPES = ("process", "docker", "kubernetes")

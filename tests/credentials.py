@@ -4,13 +4,12 @@ for it, gzip members (TFRecord shards, indexes) opened."""
 from __future__ import annotations
 
 import base64
-import functools
 import gzip
 import http.server
 import os
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
+
+from tests.waiting import web_server
 
 USER = "alice"
 TOKEN = "S3CRETPASS"  # what every search looks for: any spelling of the password holds it
@@ -21,8 +20,7 @@ DECODED = PASSWORD.replace("%40", "@")  # what the server is sent (aiohttp decod
 NEEDLES = (TOKEN.encode(), base64.b64encode(f"{USER}:{DECODED}".encode()))
 
 
-@contextmanager
-def basic_auth_server(folder: str) -> Iterator[int]:
+def basic_auth_server(folder: str) -> AbstractContextManager[int]:
     """Serves `folder` on 127.0.0.1 (the port is yielded) to requests that send USER:DECODED; 401 to others."""
     expected = "Basic " + base64.b64encode(f"{USER}:{DECODED}".encode()).decode()
 
@@ -47,15 +45,7 @@ def basic_auth_server(folder: str) -> Iterator[int]:
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=folder))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_port
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    return web_server(Handler, folder)
 
 
 def holding(folder: str) -> list[str]:

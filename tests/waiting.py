@@ -1,7 +1,12 @@
-"""For tests that start servers and processes: free loopback ports, and one way to wait for them."""
+"""For tests that start servers and processes: free loopback ports, a web server on one, and one way to wait for
+them."""
+import functools
+import http.server
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -20,6 +25,23 @@ def free_ports(count: int) -> list[int]:
 
 def free_port() -> int:
     return free_ports(1)[0]
+
+
+@contextmanager
+def web_server(handler, folder=None) -> Iterator[int]:
+    """A web server on 127.0.0.1 answering with `handler` (given `folder`, a SimpleHTTPRequestHandler serving
+    it) on a thread of its own; yields its port. Shut down, closed and joined on the way out, passed or failed."""
+    if folder is not None:
+        handler = functools.partial(handler, directory=str(folder))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_port
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
 
 
 def listening(port: int) -> bool:

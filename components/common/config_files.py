@@ -24,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
 from components.common.files import NotASmallFile, read_small
+from components.common.store_errors import transient
 
 
 class ConfigError(ValueError):
@@ -31,6 +32,25 @@ class ConfigError(ValueError):
 
 
 MAX_FILE_BYTES = 1024 * 1024  # a settings file is a few KB, a run's config.json some ten
+OPTION_FILE_BYTES = 64 * 1024  # a Beam options file, a password, a job template: a few lines each
+
+
+def read_option_file(path: str, option: str, limit: int = OPTION_FILE_BYTES) -> str:
+    """The text of the small file an option such as --beam-args-file names, or a ConfigError naming both:
+    a regular UTF-8 file of at most `limit` bytes (a FIFO or /dev/zero would hang or fill memory). A store
+    that is away is raised as it is: the weather, which a retry may outlast, not a mistake in the option."""
+    try:
+        return read_small(path, limit, f"the file of {option}").decode("utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{option} {path}: no such file") from None
+    except NotASmallFile as error:
+        raise ConfigError(f"{option} {error}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{option} {path} is not UTF-8 text") from None
+    except OSError as error:
+        if transient(error):
+            raise
+        raise ConfigError(f"{option} {path} cannot be read: {error.strerror or error}") from None
 
 
 def read_file(uri: str) -> dict:

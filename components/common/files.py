@@ -12,6 +12,8 @@ from contextlib import contextmanager
 
 import fsspec
 
+from components.contracts.paths import join as join  # the layout's own join, for every caller of this module
+
 # No listing cache on object stores: a stage program, another run or an operator writes under ROOT
 # while this process holds a listing of it, and s3fs and gcsfs would answer `ls` and `exists` from a
 # listing taken before (a span published since would not be seen, a record written since not found).
@@ -22,12 +24,6 @@ for _protocol in ("s3", "s3a", "gs", "gcs"):
 def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
     """The fsspec filesystem behind a URI and the path within it."""
     return fsspec.core.url_to_fs(uri)
-
-
-def join(base: str, *parts: str) -> str:
-    """Joins path parts onto a local path or a URI without touching its scheme (as components/contracts/layout.py
-    does: contracts import nothing of Stoke, and the image workers must not load the layout's settings models)."""
-    return posixpath.join(base.rstrip("/") if base != "/" else base, *parts)
 
 
 def exists(uri: str) -> bool:

@@ -14,6 +14,7 @@ import posixpath
 import re
 
 from components.contracts.config import check_run_id, span_ranges
+from components.contracts.paths import join
 from components.contracts.schema import SPLITS
 
 MANIFEST = "_MANIFEST.json"
@@ -192,11 +193,6 @@ class Shard:
     span: int
     bytes: int | None = None  # as the manifest records it
     sha256: str | None = None  # as the manifest records it: a cached copy is used only when it matches
-
-
-def join(base: str, *parts: str) -> str:
-    """Joins path parts onto a local path or a URI without touching its scheme."""
-    return posixpath.join(base.rstrip("/") if base != "/" else base, *parts)
 
 
 def parse_spans(text: str | None) -> list[int] | None:

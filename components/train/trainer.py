@@ -41,7 +41,6 @@ from components.common.shard_scan import scan_shards
 from components.common.spans import SpanNotChecked, Spans
 from components.common.store_errors import on_root
 from components.common.tf_files import pull, push, tf_reads
-from components.contracts import schema
 from components.contracts.config import DEFAULT_BATCH, MIN_STEPS_PER_EPOCH, SMALL_BATCH, TrainConfig, trace_range
 from components.contracts.layout import Root, RunDir, Shard, new_run_id, parse_spans
 from components.contracts.results import ResultError, TrainMetrics
@@ -413,7 +412,7 @@ def fit(settings: TrainConfig, plan: RunPlan, model, train_data, eval_data, mine
             raise
         raise TrainError(str(data.CorruptShardError(bad))) from None
     if plan.placement.is_chief:
-        drop_backups(plan.work, plan.run, plan.phases)
+        drop_backups(plan.work, plan.run)
     return Fitted(history=history, total_steps=done, resumed_from_step=resumed, step_seconds=timer.step_seconds(),
                   images_per_sec=timer.images_per_sec(plan.global_batch), gpu=sampler.to_dict(),
                   profiler=measure.input_pipeline_verdict(mine.tensorboard) if profiled else None, phases=records)
@@ -477,14 +476,13 @@ def backup(settings: TrainConfig, work: RunDir, phases: list[Phase], phase: Phas
     return keras.callbacks.BackupAndRestore(folder, save_freq=save_freq)
 
 
-def drop_backups(work: RunDir, run: RunDir, phases: list[Phase]) -> None:
-    """Once the last phase is done, the backups phases kept (BackupAndRestore drops the last one's), and
-    with a ROOT in a bucket the uploaded backup, as a run of one phase leaves them."""
-    for phase in phases:
-        if exists(work.phase_backup(phase.name)):
-            remove(work.phase_backup(phase.name))
-    if work is not run and exists(run.backup):
-        remove(run.backup)
+def drop_backups(work: RunDir, run: RunDir) -> None:
+    """Once the last phase is done, the backup folder whole: the backups phases kept, the folder
+    BackupAndRestore empties but leaves, and with a ROOT in a bucket the uploaded backup. Not before: a run
+    killed while training resumes from it."""
+    for folder in {work.backup, run.backup}:
+        if exists(folder):
+            remove(folder)
 
 
 class ResumePoint(keras.callbacks.Callback):
@@ -680,7 +678,8 @@ def warnings(settings: TrainConfig, plan: RunPlan, history: dict) -> list[str]:
     model memorised the training images: on 150 photos, efficientnet_b0 from scratch scores 1.00 on
     them and the majority's 0.33 on the eval split, epoch after epoch)."""
     found = [] if plan.start.warm else short_run_warnings(plan.total, settings.weights)
-    flat = learned_nothing(history, plan.eval_records, lambda: eval_labels(plan.eval_shards, settings.skip_corrupt))
+    flat = learned_nothing(history, plan.eval_records, lambda: [label for label, _ in warm.labelled_sources(
+        plan.eval_shards, settings.skip_corrupt)])
     if flat:
         per_class = round(plan.train_records / len(plan.labels)) if plan.labels else None
         majority, count = flat
@@ -721,19 +720,6 @@ def learned_nothing(history: dict, eval_records: int, labels) -> tuple[int, int]
     if trained[-1] - trained[0] < RISE or trained[-1] < share + RISE:
         return None
     return majority, count
-
-
-def eval_labels(shards: list[Shard], skip_corrupt: bool) -> list[int]:
-    """The label of every eval record, read without decoding an image."""
-    spec = {schema.LABEL: schema.feature_spec()[schema.LABEL]}
-    labels = []
-    for shard in shards:
-        records = tf.data.TFRecordDataset(shard.uri, compression_type=shard.compression)
-        if skip_corrupt:
-            records = records.ignore_errors()
-        parsed = records.batch(1024).map(lambda batch: tf.io.parse_example(batch, spec)[schema.LABEL])
-        labels += [int(v) for batch in parsed for v in batch.numpy().reshape(-1)]
-    return labels
 
 
 def _best_epoch(history: dict, first: int) -> dict | None:

@@ -3,11 +3,8 @@ no file under ROOT and no printed line holds; its relative rows are files beside
 query (a signature signs one file). A web server on 127.0.0.1 that serves the manifest to its signature only."""
 from __future__ import annotations
 
-import functools
 import http.server
 import json
-import threading
-from contextlib import contextmanager
 
 import pytest
 
@@ -16,6 +13,7 @@ from components.contracts.schema import SOURCE
 from tests.beam_jobs import images
 from tests.beam_jobs.test_ingest import IN_MEMORY, dead_letters, ingest, records
 from tests.credentials import TOKEN, holding, shows
+from tests.waiting import web_server
 
 # As S3 presigns a GET; the credential spelled with its slashes unencoded, as a hand-pasted URL may hold it.
 QUERY = ("X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIAEXAMPLE/20260101/us-east-1/s3/aws4_request"
@@ -49,19 +47,6 @@ class _Signed(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-@contextmanager
-def signing_server(folder):
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Signed, directory=str(folder)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_port
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
-
-
 @pytest.mark.parametrize("manifest", ["m.csv", "m.jsonl"])
 def test_a_presigned_manifest_is_read_with_its_query_and_named_without_it(manifest, tmp_path, capsys):
     bucket = tmp_path / "site" / "bucket"
@@ -73,7 +58,7 @@ def test_a_presigned_manifest_is_read_with_its_query_and_named_without_it(manife
     (bucket / manifest).write_text("".join(json.dumps(row) + "\n" for row in rows) if manifest.endswith(".jsonl")
                                    else "uri,label\n" + "".join(f"{r['uri']},{r.get('label', '')}\n" for r in rows))
     root = tmp_path / "root"
-    with signing_server(tmp_path / "site") as port:
+    with web_server(_Signed, tmp_path / "site") as port:
         site = f"http://127.0.0.1:{port}/bucket"
         code, summary = ingest(f"{site}/{manifest}?{QUERY}", root, *IN_MEMORY, "--max-bad-fraction", "0.9",
                                "--near-copies", "report", capsys=capsys)
@@ -93,7 +78,7 @@ def test_preflight_takes_a_presigned_manifest_for_a_manifest(tmp_path):
 
     (tmp_path / "bucket").mkdir()
     (tmp_path / "bucket" / "m.csv").write_text("uri,label\ncat/a.jpg,cat\n")
-    with signing_server(tmp_path) as port:
+    with web_server(_Signed, tmp_path) as port:
         check = source_check(f"http://127.0.0.1:{port}/bucket/m.csv?{QUERY}")
     assert check.status == "ok" and check.facts["kind"] == "manifest", check
 
@@ -104,7 +89,7 @@ def test_a_manifest_url_whose_signature_the_server_refuses_says_so_in_one_line(t
 
     (tmp_path / "bucket").mkdir()
     (tmp_path / "bucket" / "m.csv").write_text("uri,label\ncat/a.jpg,cat\n")
-    with signing_server(tmp_path) as port:
+    with web_server(_Signed, tmp_path) as port:
         source = f"http://127.0.0.1:{port}/bucket/m.csv?{QUERY.replace(TOKEN, 'EXPIRED')}"
         code, _ = ingest(source, tmp_path / "root", capsys=None)
         check = source_check(source)

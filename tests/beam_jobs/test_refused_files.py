@@ -5,11 +5,9 @@ listed or only when it is read; a bucket's missing key, missing bucket or Access
 emulator, a web server)."""
 from __future__ import annotations
 
-import functools
 import http.server
 import json
 import re
-import threading
 import urllib.request
 from contextlib import contextmanager
 
@@ -21,6 +19,7 @@ from components.common.program import TRANSIENT
 from tests.beam_jobs import images
 from tests.beam_jobs.test_ingest import IN_MEMORY, dead_letters, ingest
 from tests.credentials import PASSWORD, TOKEN, USER, holding, shows
+from tests.waiting import web_server
 
 LENIENT = ["--max-bad-fraction", "0.9", "--near-copies", "report"]
 GOOD = ["cat/a.jpg", "cat/b.jpg"]
@@ -56,19 +55,6 @@ class _Answering(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-@contextmanager
-def web_server(folder):
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Answering, directory=str(folder)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_port
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
-
-
 def site(tmp_path, rows: list[str]):
     """Two good images and m.csv naming them and `rows`, under tmp_path/site."""
     folder = tmp_path / "site"
@@ -92,7 +78,7 @@ def test_files_a_web_server_refuses_are_dead_letters_with_its_answer(tmp_path, c
                "answer/200/403/cat/a.jpg": "refused: the server answered HTTP 403 Forbidden",
                "answer/200/404/cat/b.jpg": "not found: the server answered HTTP 404 Not Found"}
     folder, root = site(tmp_path, [*refused, "moved/x.jpg"]), tmp_path / "root"
-    with web_server(folder) as port:
+    with web_server(_Answering, folder) as port:
         source = f"http://{USER}:{PASSWORD}@127.0.0.1:{port}/m.csv"
         code, summary = ingest(source, root, *IN_MEMORY, *LENIENT, capsys=capsys)
     assert code == 0 and summary["counts"]["train"] + summary["counts"]["eval"] == len(GOOD), summary
@@ -108,7 +94,7 @@ def test_files_a_web_server_refuses_are_dead_letters_with_its_answer(tmp_path, c
 @pytest.mark.parametrize("row", ["answer/503/503/x.jpg", "answer/429/429/x.jpg", "answer/200/503/cat/a.jpg"])
 def test_a_file_a_web_server_is_too_busy_to_serve_fails_the_run_as_transient(row, tmp_path, capsys):
     folder, root = site(tmp_path, [row]), tmp_path / "root"
-    with web_server(folder) as port:
+    with web_server(_Answering, folder) as port:
         code = ingest(f"http://127.0.0.1:{port}/m.csv", root, *IN_MEMORY, *LENIENT)[0]
     printed = capsys.readouterr()
     assert code == TRANSIENT and "Traceback" not in printed.err, printed.err

@@ -16,7 +16,7 @@ import pytest
 from beam_jobs.ingest import run
 from components.common.program import TRANSIENT
 from components.preflight.source import source_check
-from tests.waiting import free_port
+from tests.waiting import free_port, web_server
 
 
 class _Answers(http.server.BaseHTTPRequestHandler):
@@ -37,11 +37,8 @@ class _Answers(http.server.BaseHTTPRequestHandler):
 def answering(request):
     """A server on 127.0.0.1 answering every request with the parametrized status; its port."""
     handler = type("Handler", (_Answers,), {"status": request.param})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server.server_address[1]
-    server.shutdown()
-    server.server_close()
+    with web_server(handler) as port:
+        yield port
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import tomllib
 
 import dockerfile
@@ -18,7 +17,7 @@ import pytest
 from components.push import serving_image as serving
 from flows import work_pools
 from tests.infra.conftest import REPO, infra, run_tool
-from tests.waiting import free_port
+from tests.waiting import free_port, web_server
 
 TRAINING = infra("training", "Dockerfile")
 
@@ -161,14 +160,9 @@ class _Status(http.server.BaseHTTPRequestHandler):
 def test_health_check_passes_only_once_the_model_is_available(rendered, state, healthy):
     """The image's HEALTHCHECK itself, run by bash against a stand-in of TF Serving's model status."""
     handler = type("Status", (_Status,), {"state": state})
-    server = http.server.HTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        command = [part.replace(f"/{serving.REST_PORT} ", f"/{server.server_port} ") for part in healthcheck_command(rendered)]
+    with web_server(handler) as port:
+        command = [part.replace(f"/{serving.REST_PORT} ", f"/{port} ") for part in healthcheck_command(rendered)]
         assert subprocess.run(command, timeout=10).returncode == (0 if healthy else 1)
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_health_check_fails_with_no_server(rendered):

@@ -4,6 +4,7 @@ tags beyond JSON's types and deep nesting are refused where the parser meets the
 naming the file, exit 2, from every entry point that reads one, before anything is written."""
 from __future__ import annotations
 
+import errno
 import os
 import resource
 import subprocess
@@ -145,7 +146,7 @@ def test_an_override_nested_past_the_bound_is_one_line(tmp_path, capsys):
 @pytest.mark.parametrize("option", ["--config", "--beam-args-file", "--auth-string-file"])
 @pytest.mark.parametrize("kind", ["fifo", "device", "too big"])
 def test_stoke_up_reads_the_files_it_is_given_alike(option, kind, tmp_path, capsys):
-    from flows.parameters import OPTION_FILE_BYTES
+    from components.common.config_files import OPTION_FILE_BYTES
 
     path, says = not_a_file(kind, tmp_path) if option == "--config" else not_a_file(
         kind, tmp_path, f"the file of {option}", OPTION_FILE_BYTES)
@@ -178,18 +179,38 @@ def test_config_show_reads_its_file_alike(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == f"stoke config: error: {path} {says}"
 
 
-def test_ingest_reads_an_arrived_file_alike(tmp_path, capsys):
+def unreadable(kind: str, tmp_path) -> tuple[str, str]:
+    """A path that names no readable text of `kind`, and what the error line says of it after the path."""
+    if kind == "missing":
+        return str(tmp_path / "nowhere"), ": no such file"
+    if kind == "latin-1":
+        (tmp_path / "latin-1").write_bytes("caf\xe9\n".encode("latin-1"))
+        return str(tmp_path / "latin-1"), " is not UTF-8 text"
+    if kind == "below a file":
+        (tmp_path / "file").write_text("")
+        return str(tmp_path / "file" / "arrived"), " cannot be read: Not a directory"
+    os.symlink(tmp_path / "loop", tmp_path / "loop")
+    return str(tmp_path / "loop"), " cannot be read: Too many levels of symbolic links"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "missing", "latin-1", "below a file", "link loop"])
+def test_ingest_reads_an_arrived_file_alike(kind, tmp_path, capsys):
+    """As the flows read the files their options name: one line naming --arrived and the file, exit 1."""
     import json
 
     from beam_jobs import ingest
 
     (tmp_path / "images" / "cat").mkdir(parents=True)
-    path, _ = not_a_file("fifo", tmp_path)
+    if kind == "fifo":
+        path, says = not_a_file("fifo", tmp_path, "the file of --arrived")
+        says = f" {says}"
+    else:
+        path, says = unreadable(kind, tmp_path)
     code = at_once(ingest.run, [str(tmp_path / "images"), "--root", str(tmp_path / "root"), "--arrived", path,
                                 "--json"])
-    assert code == 1
-    error = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
-    assert error == f"--arrived {path} is a FIFO, not an --arrived file: name a regular file"
+    captured = capsys.readouterr()
+    assert code == 1 and "Traceback" not in captured.err, captured.err
+    assert json.loads(captured.out.strip().splitlines()[-1])["error"] == f"--arrived {path}{says}"
 
 
 HELD = [
@@ -210,3 +231,13 @@ def test_what_a_settings_file_could_always_not_say_is_still_one_line(text, says,
     (tmp_path / "settings.yaml").write_text(text, encoding="utf-8")
     line = run_with(str(tmp_path / "settings.yaml"), tmp_path, capsys)
     assert line.startswith(f"stoke run: error: {says}"), line
+
+
+def test_a_store_that_is_away_is_raised_as_it_is_for_a_retry(monkeypatch):
+    """A reset connection is the weather: the program's exit 75 retries it, where a ConfigError would not."""
+    def reset(*args):
+        raise ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
+
+    monkeypatch.setattr(config_files, "read_small", reset)
+    with pytest.raises(ConnectionResetError):
+        config_files.read_option_file("s3://bucket/arrived.txt", "--arrived")

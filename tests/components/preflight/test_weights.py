@@ -4,7 +4,6 @@ from __future__ import annotations
 import hashlib
 import http.server
 import socket
-import threading
 
 import pytest
 
@@ -12,6 +11,7 @@ from components.common import pretrained
 from components.common.program import stage_arguments, stage_config
 from components.preflight.preflight import run_checks
 from components.preflight.weights import imagenet_check
+from tests.waiting import web_server
 
 NETWORK = "efficientnet_b0"
 
@@ -36,10 +36,8 @@ def server():
         def log_message(self, *args):
             pass
 
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
-    httpd.shutdown()
+    with web_server(Handler) as port:
+        yield f"http://127.0.0.1:{port}/"
 
 
 def at(monkeypatch, base: str, name: str = "weights.h5", md5: str = "0" * 32):

@@ -12,6 +12,7 @@ import pytest
 
 from components.push import predict
 from tests.components.conftest import tiny_image
+from tests.waiting import web_server
 
 HTML = b"<html><head><title>502 Bad Gateway</title></head><body>nginx</body></html>"
 
@@ -65,10 +66,8 @@ class OddServer(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def odd_server():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), OddServer)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with web_server(OddServer) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 @pytest.fixture

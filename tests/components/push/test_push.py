@@ -8,7 +8,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 
 import pytest
 
@@ -17,6 +16,7 @@ from components.push import lineage, predict, rollback
 from tests.components.conftest import tiny_image
 from tests.components.gate_runs import copy_root, gate_scenario, listing, push_run, validate_run
 from tests.credentials import PASSWORD, USER, holding, shows
+from tests.waiting import web_server
 
 
 @pytest.fixture(scope="session")
@@ -363,13 +363,8 @@ def test_predict_locally_and_over_rest(trained_runs, tmp_path):
     assert all(abs(sum(p["probabilities"]) - 1) < 1e-4 for p in local["predictions"])
 
     FakeServing.model_dir = local["model"]
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeServing)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/v1/models/stoke"
-        remote = predict.predict(url, images)
-    finally:
-        server.shutdown()
+    with web_server(FakeServing) as port:
+        remote = predict.predict(f"http://127.0.0.1:{port}/v1/models/stoke", images)
     path, body = FakeServing.bodies[-1]
     assert base64.b64decode(body["instances"][0]["image_bytes"]["b64"]) == open(images[0], "rb").read()
     assert [p["label"] for p in remote["predictions"]] == [p["label"] for p in local["predictions"]]

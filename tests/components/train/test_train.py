@@ -88,7 +88,7 @@ def test_float32_run_writes_every_artifact(float32_run, small_spans_root):
     assert open(os.path.join(run_dir, "curves.png"), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     profiles = os.path.join(run_dir, "tensorboard", "plugins", "profile")
     assert os.listdir(profiles), "the profiled step range left no trace"
-    assert not os.listdir(os.path.join(run_dir, "backup"))  # a finished run drops its backup
+    assert not os.path.exists(os.path.join(run_dir, "backup"))  # a finished run drops its backup, folder and all
     assert float32_run["batch_size"] == 8 and float32_run["exported_weights"] == "ema"
     assert float32_run["schedule"]["kind"] == "cosine" and float32_run["schedule"]["warmup_steps"] == 2  # capped
     assert float32_run["best_epoch"]["epoch"] in (1, 2)
@@ -256,6 +256,7 @@ def test_killed_run_resumes_from_backup_with_the_same_step_count(small_spans_roo
     schedule = recipe.WarmupCosine(summary["schedule"]["peak_learning_rate"], summary["schedule"]["warmup_steps"], 12)
     assert summary["history"]["learning_rate"] == [pytest.approx(float(schedule(11)), rel=1e-5)]
     assert summary["best_epoch"]["epoch"] == 2
+    assert not os.path.exists(backup)  # resumed and finished: the backup goes, folder and all
 
 
 @pytest.fixture(scope="module")

@@ -113,7 +113,7 @@ def test_a_run_killed_while_fine_tuning_resumes_fine_tuning(resumed):
     assert summary["resumed_from_step"] == 7 and summary["total_steps"] == 9
     assert len(summary["history"]["loss"]) == 1  # the rest of epoch 3
     assert max(summary["history"]["learning_rate"]) <= 1e-4  # the fine-tuning schedule's, not the head's
-    assert not os.listdir(resumed["backup"])  # the kept head backup goes once the run is done
+    assert not os.path.exists(resumed["backup"])  # the kept head backup goes once the run is done, folder and all
 
 
 @pytest.mark.parametrize("weights, network, head_epochs, phases", [
