@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import posixpath
+import shlex
 from typing import Literal
 
 from pydantic import ConfigDict, Field
@@ -313,6 +314,7 @@ class DataCheckSummary(Summary):
     spans: list[SpanCheck] = []
     message: str | None = None
     error: str | None = None
+    root: str | None = None  # where the spans are: the hints to release a held one name it
 
     def held(self) -> list[SpanCheck]:
         return [check for check in self.spans if check.status == "quarantined"]
@@ -325,15 +327,19 @@ class DataCheckSummary(Summary):
         for check in self.spans:
             files = [a for a in check.anomalies if a.file]
             lines += [(logging.INFO, f"span {check.span}: {check.status}")]
-            lines += [(logging.WARNING, f"  {a.severity}: {a.message}") for a in check.anomalies if not a.file]
+            # A record says ROOT, as the folder may move; the lines say where it is now, so a hint runs as printed.
+            lines += [(logging.WARNING, f"  {a.severity}: {self._here(a.message)}") for a in check.anomalies if not a.file]
             lines += [(logging.INFO, f"    {a.file}: {a.message}") for a in files[:10]]
             lines += [(logging.INFO, f"    ... and {len(files) - 10} more in {check.record_uri}")] if len(files) > 10 else []
             if check.label_check is not None and check.label_check.status == "skipped":
                 lines.append((logging.INFO, f"  label check skipped: {check.label_check.reason}"))
             if check.status == "quarantined":
-                lines.append((logging.WARNING, f"  held back from training; after a look: stoke spans release "
-                                               f"{check.span} --root ROOT"))
+                lines.append((logging.WARNING, self._here(f"  held back from training; after a look: stoke spans "
+                                                          f"release {check.span} --root ROOT")))
         return lines
+
+    def _here(self, line: str) -> str:
+        return line.replace("--root ROOT", f"--root {shlex.quote(self.root)}") if self.root else line
 
 
 class SpanStatus(Result):

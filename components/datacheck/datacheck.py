@@ -71,14 +71,14 @@ def check_spans(config: RunConfig, *, span: int | None = None) -> DataCheckSumma
     root = Root(config.root)
     published = {m.span: m for m in Spans(root).each_manifest(checked=False, sources=False)}
     if not published:
-        return DataCheckSummary(message=f"no published span under {root.spans} to check")
+        return DataCheckSummary(message=f"no published span under {root.spans} to check", root=config.root)
     if span is not None and span not in published:
         raise DataCheckError(f"span {span} is not published under {root.spans}")
     numbers = [span] if span is not None else \
         [n for n, manifest in published.items() if Spans(root).check_record(n, manifest.sha256).record is None]
     if not numbers:
-        return DataCheckSummary(message=f"every published span under {root.spans} is checked already")
-    return DataCheckSummary(spans=[check_span(root, published, n, config) for n in numbers])
+        return DataCheckSummary(message=f"every published span under {root.spans} is checked already", root=config.root)
+    return DataCheckSummary(spans=[check_span(root, published, n, config) for n in numbers], root=config.root)
 
 
 def check_span(root: Root, published: dict[int, SpanManifest], number: int, config: RunConfig) -> SpanCheck:
