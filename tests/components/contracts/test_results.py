@@ -200,3 +200,15 @@ def test_a_summary_says_itself_in_lines_and_its_warnings_are_the_warning_ones():
     refused = gate.model_copy(update={"blessed": False, "reasons": ["accuracy 0.1 below 0.5"]})
     assert refused.log_lines()[0][0] == logging.WARNING and refused.log_lines()[0][1].startswith("NOT BLESSED: accuracy")
     assert (logging.INFO, "  - accuracy 0.1 below 0.5") in refused.log_lines()
+
+
+def test_the_hints_to_let_a_held_span_in_name_the_root_it_is_under(tmp_path):
+    root = str(tmp_path / "my root")
+    finding = summaries.DataAnomaly(kind="new_label", severity="error", count=3, message="label 'x' is new: let the "
+                                    "span in with `stoke spans release 2 --root ROOT`")
+    held = summaries.DataCheckSummary(root=root, spans=[summaries.SpanCheck(
+        span=2, status="quarantined", anomalies=[finding], history_spans=[1], label_counts={"x": 3},
+        record_uri=f"{root}/spans/span-2/_DATACHECK.json")])
+    said = [line for level, line in held.log_lines() if level == logging.WARNING]
+    assert len(said) == 2 and all(f"--root '{root}'" in line and "ROOT`" not in line for line in said), said
+    assert "--root ROOT" in held.model_copy(update={"root": None}).log_lines()[-1][1]  # by hand, a record alone
