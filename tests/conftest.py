@@ -20,10 +20,9 @@ LONG_FILES = (
     "tests/components/train/test_transfer.py",
     "tests/components/gate/test_gate.py",
     "tests/components/train/test_train.py",
-    "tests/flows/test_train_flow_gcs.py",
+    "tests/flows/test_datacheck_flow.py",
     "tests/flows/test_train_flow.py",
     "tests/flows/test_gpus.py",
-    "tests/flows/test_datacheck_flow.py",
 )
 
 
