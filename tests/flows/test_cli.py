@@ -4,11 +4,13 @@ Prefect server on 127.0.0.1 with its SQLite under PREFECT_HOME, the deployments 
 from __future__ import annotations
 
 import base64
+import contextlib
 import glob
 import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import urllib.error
@@ -19,15 +21,16 @@ import pytest
 from components.common.files import read_json
 from components.contracts.layout import Root
 from tests.flows.conftest import copy_of
+from tests.prefect_homes import migrated_home
 from tests.waiting import free_port, listening, wait_for
 
 BIN = os.path.dirname(sys.executable)
 
 
-def test_run_passes_its_configuration_to_the_flow_and_prints_the_summary_last(pushed_run, tmp_path):
+def test_run_passes_its_configuration_to_the_flow_and_prints_the_summary_last(pushed_run, tmp_path, tmp_path_factory):
     source, root = copy_of(pushed_run, tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
-    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")  # its own ephemeral server and database
+    env["PREFECT_HOME"] = str(migrated_home(tmp_path_factory, tmp_path / "prefect-home"))  # its own ephemeral server and database
     done = subprocess.run([os.path.join(BIN, "stoke"), "run", source, "--root", root,
                            "--config", pushed_run["config_file"], "--skip-unchanged", "--no-preflight", "--run-id",
                            "from-cli", "--set", "ingest.compression=zlib", "--json"],
@@ -61,11 +64,11 @@ def test_the_flow_refuses_a_run_id_that_leaves_runs(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
-def test_up_serves_the_deployments_until_ctrl_c(pushed_run, tmp_path):
+def test_up_serves_the_deployments_until_ctrl_c(pushed_run, tmp_path, tmp_path_factory):
     source, root = copy_of(pushed_run, tmp_path)
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
-    home = tmp_path / "prefect-home"
+    home = migrated_home(tmp_path_factory, tmp_path / "prefect-home")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     env.update(PREFECT_HOME=str(home), PREFECT_RUNNER_POLL_FREQUENCY="1")
     secret = tmp_path / "auth"
@@ -108,7 +111,8 @@ def test_up_serves_the_deployments_until_ctrl_c(pushed_run, tmp_path):
     assert json.loads(out.strip().splitlines()[-1]) == {
         "api_url": api, "ui_url": api[:-4], "prefect_home": str(home), "source": source,
         "root": root, "deployments": ["train/nightly", "watch-bucket/poll"], "stopped": True}
-    assert (home / "prefect.db").exists()
+    with contextlib.closing(sqlite3.connect(home / "prefect.db")) as database:  # the server kept its runs there
+        assert database.execute("SELECT count(*) FROM flow_run WHERE id = ?", (run["id"],)).fetchone() == (1,)
     assert not listening(port), "the server still listens after Ctrl-C"
 
 
@@ -137,12 +141,12 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
-def test_up_killed_outright_takes_its_server_down(tmp_path):
+def test_up_killed_outright_takes_its_server_down(tmp_path, tmp_path_factory):
     """SIGKILL (or a container stop past its grace period) gives `stoke up` no chance to stop its
     Prefect server; the server must end with it instead of holding the port, orphaned."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
-    env.update(PREFECT_HOME=str(tmp_path / "home"))
+    env.update(PREFECT_HOME=str(migrated_home(tmp_path_factory, tmp_path / "home")))
     (tmp_path / "in").mkdir()
     up = subprocess.Popen([os.path.join(BIN, "stoke"), "up", "--source", str(tmp_path / "in"), "--root",
                            str(tmp_path / "root"), "--port", str(port), "--poll-seconds", "3600"],
@@ -160,8 +164,8 @@ def test_up_killed_outright_takes_its_server_down(tmp_path):
 
 @pytest.fixture(scope="module")
 def prefect_home(tmp_path_factory):
-    """One PREFECT_HOME for the temporary servers of this module's `stoke run`s: its database is made once."""
-    return str(tmp_path_factory.mktemp("prefect-home"))
+    """One PREFECT_HOME for the temporary servers of this module's `stoke run`s."""
+    return str(migrated_home(tmp_path_factory, tmp_path_factory.mktemp("prefect-home")))
 
 
 def _alive_now(process) -> bool:

@@ -13,6 +13,7 @@ import threading
 
 from flows.gpus import gpu_slot
 from tests.flows.conftest import TINY_BEAM
+from tests.prefect_homes import migrated_home
 from tests.waiting import first_line, wait_for
 
 BIN = os.path.dirname(sys.executable)
@@ -69,10 +70,11 @@ def _trainer_of(pid: int) -> int | None:
     return None
 
 
-def test_a_run_killed_during_training_leaves_the_next_one_free_to_train(digits, tmp_path):
+def test_a_run_killed_during_training_leaves_the_next_one_free_to_train(digits, tmp_path, tmp_path_factory):
     root = str(tmp_path / "root")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
-    env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), STOKE_GPU_LOCK=str(tmp_path / "gpus.lock"),
+    env.update(PREFECT_HOME=str(migrated_home(tmp_path_factory, tmp_path / "prefect-home")),
+               STOKE_GPU_LOCK=str(tmp_path / "gpus.lock"),
                PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="180")
     common = [os.path.join(BIN, "stoke"), "run", digits, "--root", root, "--no-preflight", "--preset", "demo",
               "--set", f"beam_args={json.dumps(TINY_BEAM)}", "--set", "train.input_probe_steps=0",

@@ -1,8 +1,11 @@
 """flows/programs.py: stage programs as subprocesses, their output streamed, their summary read."""
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import pickle
+import tempfile
 
 import pytest
 
@@ -125,25 +128,38 @@ def test_the_programs_own_error_line_is_said_once_by_the_failure(logger, tmp_pat
     assert (logging.DEBUG, "fake: stoke fake: error: the source is empty") in lines.records
 
 
+@functools.cache
+def tensorflow_stage(debug: bool) -> tuple[list[tuple[int, str]], dict]:
+    """The records logged and the summary returned by a stage program that starts TensorFlow (a process
+    importing it costs seconds of CPU), run once per module for each STOKE_DEBUG: the tests below read
+    the same run. Called from a test, after the session's environment was restored for it."""
+    log, lines = logging.getLogger(f"test-tensorflow-stage-{debug}"), Lines()
+    log.setLevel(logging.DEBUG)
+    log.addHandler(lines)
+    with tempfile.TemporaryDirectory() as folder, pytest.MonkeyPatch.context() as patch:
+        patch.delenv("STOKE_DEBUG", raising=False)
+        if debug:
+            patch.setenv("STOKE_DEBUG", "1")
+        summary = run_stage("fake", PROGRAM, ["tensorflow", os.path.join(folder, "pid")], timeout=300, logger=log)
+    log.removeHandler(lines)
+    return lines.records, summary
+
+
 @pytest.mark.parametrize("debug", [False, True])
-def test_tensorflows_start_up_log_is_for_stoke_debug(logger, tmp_path, monkeypatch, debug):
+def test_tensorflows_start_up_log_is_for_stoke_debug(debug):
     """What TensorFlow's runtime says as it starts (no CUDA driver, oneDNN...) is not a line of the run;
     STOKE_DEBUG=1 shows it."""
     import re
 
-    log, lines = logger
-    monkeypatch.delenv("STOKE_DEBUG", raising=False)
-    if debug:
-        monkeypatch.setenv("STOKE_DEBUG", "1")
-    run_stage("fake", PROGRAM, ["tensorflow", str(tmp_path / "pid")], timeout=300, logger=log)
-    shown = [message for level, message in lines.records if level >= logging.INFO]
+    records, _ = tensorflow_stage(debug)
+    shown = [message for level, message in records if level >= logging.INFO]
     runtime = [message for message in shown if re.match(r"fake: ([IWEF]\d{4} |WARNING: All log messages)", message)]
     assert bool(runtime) == debug, shown
 
 
-def test_a_stage_program_gets_no_keras_setting_from_a_test_that_imported_training(logger, tmp_path):
+def test_a_stage_program_gets_no_keras_setting_from_a_test_that_imported_training():
     """Importing components.train sets TF_USE_LEGACY_KERAS in the importing process (for the trainer's own
     TensorFlow); in the test process, where many test modules import it, it must not reach the programs
     other tests start, as it never reaches them from `stoke run`."""
-    summary = run_stage("fake", PROGRAM, ["tensorflow", str(tmp_path / "pid")], timeout=300, logger=logger[0])
+    _, summary = tensorflow_stage(False)
     assert summary == {"legacy_keras": None}

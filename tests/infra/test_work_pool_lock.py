@@ -14,6 +14,7 @@ from flows import work_pools
 from flows.parameters import check_job_variables
 from flows.work_pools import WorkPool
 from tests.infra.conftest import prefect_server
+from tests.prefect_homes import migrated_home
 from tests.waiting import free_port
 
 BIN = os.path.dirname(sys.executable)
@@ -22,7 +23,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    home, port = tmp_path_factory.mktemp("prefect_home"), free_port()
+    home, port = migrated_home(tmp_path_factory, tmp_path_factory.mktemp("prefect_home")), free_port()
     env = {**os.environ, "PATH": BIN + os.pathsep + os.environ["PATH"], "PREFECT_HOME": str(home),
            "PREFECT_API_URL": f"http://127.0.0.1:{port}/api", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PREFECT_WORKER_QUERY_SECONDS": "1", "PYTHONPATH": REPO}
