@@ -34,7 +34,8 @@ def web_server(handler, folder=None) -> Iterator[int]:
     if folder is not None:
         handler = functools.partial(handler, directory=str(folder))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # shutdown() waits for the serving loop's next look at its flag: every 0.05 s, not the default 0.5 s.
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
         yield server.server_port

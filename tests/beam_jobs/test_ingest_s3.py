@@ -86,12 +86,12 @@ def test_a_second_ingest_into_a_bucket_waits_its_time_then_is_refused_while_the_
 
         # In a child with a timeout, should an ingest that is not refused hang too.
         second = subprocess.run([sys.executable, "-m", "beam_jobs.ingest", str(source), "--root", root, "--json",
-                                 "--wait-minutes", "0.05"], capture_output=True, text=True, timeout=120)
+                                 "--wait-minutes", "0.01"], capture_output=True, text=True, timeout=120)
         assert second.returncode == 1
         assert f"stoke ingest: another ingest is writing into {root} (ingest (pid {first.pid} on " in second.stderr
-        assert "waiting up to 0.05 min for it to finish" in second.stderr
+        assert "waiting up to 0.01 min for it to finish" in second.stderr
         error = json.loads(second.stdout.strip().splitlines()[-1])["error"]
-        assert error.startswith(f"another ingest is still writing into {root} after 0.05 min (ingest.wait_minutes); "
+        assert error.startswith(f"another ingest is still writing into {root} after 0.01 min (ingest.wait_minutes); "
                                 "run again when it has finished (")
         assert re.search(rf"ingest \(pid {first.pid} on [^)]+\) holds {root}/data/\.ingest\.lock", error), error
         fs.invalidate_cache()

@@ -12,6 +12,7 @@ tests on every pytest-xdist worker at once.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -88,3 +89,35 @@ def copy_root(scenario: dict, tmp_path) -> str:
     target = str(tmp_path / "root")
     shutil.copytree(scenario["root"], target, symlinks=True)
     return target
+
+
+def _digest(*paths: str) -> str:
+    """Of every file under `paths`, by its path relative to its own folder and its bytes."""
+    digest = hashlib.sha256()
+    for path in paths:
+        files = [path] if os.path.isfile(path) else sorted(
+            os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs)
+        for name in files:
+            digest.update(os.path.relpath(name, path).encode() + b"\0" + open(name, "rb").read())
+    return digest.hexdigest()
+
+
+def scenario_serving_checks(scenario: dict, monkeypatch) -> None:
+    """The gate's serving check answered from the scenario's own report for the very SavedModel and
+    warm-up requests its gate runs checked: a test that gates one of its runs again is about the
+    decision, and the check's fresh process costs seconds of CPU loading TensorFlow to report the same
+    on the same files (test_gate.py checks its report). Any other model is checked for real."""
+    from components.contracts.layout import Root
+    from components.gate import gate as validate
+
+    reports = {}
+    for run_id, (_, summary) in scenario["validate"].items():
+        run = Root(scenario["root"]).run(run_id)
+        reports[_digest(run.candidate, run.warmup)] = summary["serving_check"]
+    real = validate.serving_check
+
+    def check(model_dir: str, warmup_path: str, model_name: str) -> dict:
+        report = reports.get(_digest(model_dir, warmup_path))
+        return dict(report, model_dir=model_dir) if report else real(model_dir, warmup_path, model_name)
+
+    monkeypatch.setattr(validate, "serving_check", check)

@@ -12,7 +12,7 @@ from PIL import Image
 from components.common.repository import Repository
 from components.gate.warmup import read_prediction_logs, request_images
 from tests.components.conftest import TRAIN_LABELS, tiny_records, write_span
-from tests.components.gate_runs import copy_root, gate_scenario, train_run, validate_run
+from tests.components.gate_runs import copy_root, gate_scenario, scenario_serving_checks, train_run, validate_run
 
 
 @pytest.fixture(scope="session")
@@ -101,7 +101,8 @@ def test_a_class_the_candidate_lost_is_named_with_its_figures(trained_runs):
     assert "worse" not in {row["verdict"] for row in mixed["comparison"]["per_class"]["classes"]}
 
 
-def test_point_decision_keeps_the_point_rule_and_its_wording(trained_runs, tmp_path):
+def test_point_decision_keeps_the_point_rule_and_its_wording(trained_runs, tmp_path, monkeypatch):
+    scenario_serving_checks(trained_runs, monkeypatch)
     root = copy_root(trained_runs, tmp_path)
     code, summary = validate_run(root, "flat", "--decision", "point")
     accuracy, served = summary["metrics"]["accuracy"], summary["baseline"]["accuracy"]
@@ -131,7 +132,8 @@ def test_warmup_requests_are_real_eval_images(trained_runs):
     assert request_images(logs[0])[0][:2] == b"\xff\xd8"  # a JPEG from the eval split
 
 
-def test_a_candidate_missing_a_served_class_is_refused_whatever_its_accuracy(trained_runs, tmp_path):
+def test_a_candidate_missing_a_served_class_is_refused_whatever_its_accuracy(trained_runs, tmp_path, monkeypatch):
+    scenario_serving_checks(trained_runs, monkeypatch)
     root = copy_root(trained_runs, tmp_path)
     repo = Repository(root, "stoke")
     newest = repo.newest()

@@ -14,7 +14,7 @@ import pytest
 from components.common.repository import KILL_AFTER_FILES_ENV, KILL_AFTER_STEP_ENV, KILL_STEPS, Repository
 from components.push import lineage, predict, rollback
 from tests.components.conftest import tiny_image
-from tests.components.gate_runs import copy_root, gate_scenario, listing, push_run, validate_run
+from tests.components.gate_runs import copy_root, gate_scenario, listing, push_run, scenario_serving_checks, validate_run
 from tests.credentials import PASSWORD, USER, holding, shows
 from tests.waiting import web_server
 
@@ -121,14 +121,27 @@ def test_a_retry_of_an_old_push_leaves_newer_pushes_alone(trained_runs, tmp_path
     assert code == 0 and again["already_pushed"] and repo.versions() == before and again["retired"] == []
 
 
-# `stoke push` in a child process whose publish starts 3 s late: long enough that a second push,
-# started at the same moment, has done all its checks before the first version exists.
+# `stoke push` in a child process that marks its arrival at the repository's lock in FOLDER (its first
+# argument) and publishes only once both pushes have arrived there: the second push has done all its
+# checks before the first version exists, as two pushes started at the same moment may.
 SLOW_PUSH = """
-import sys, time
+import os, sys, time
 from components.common import repository
 from components.push import push
-publish = repository.Repository.publish
-repository.Repository.publish = lambda *a, **k: (time.sleep(3), publish(*a, **k))[1]
+folder = sys.argv.pop(1)
+lock, publish = repository.Repository.lock, repository.Repository.publish
+
+def arriving(self, *args, **kwargs):
+    open(os.path.join(folder, str(os.getpid())), "w").close()
+    return lock(self, *args, **kwargs)
+
+def after_both_arrived(*args, **kwargs):
+    deadline = time.monotonic() + 120
+    while len(os.listdir(folder)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return publish(*args, **kwargs)
+
+repository.Repository.lock, repository.Repository.publish = arriving, after_both_arrived
 sys.exit(push.run(sys.argv[1:]))
 """
 
@@ -141,7 +154,10 @@ def test_two_pushes_at_once_take_turns(trained_runs, tmp_path):
     shutil.rmtree(os.path.join(root, "models", "stoke", str(third)))
     os.remove(os.path.join(root, "runs", "mixed", "pushed.json"))
     shutil.copytree(os.path.join(root, "runs", "mixed"), os.path.join(root, "runs", "twin"))
-    pushes = [subprocess.Popen([sys.executable, "-c", SLOW_PUSH, "--root", root, "--run-id", run_id, "--json"],
+    arrived = tmp_path / "arrived"
+    arrived.mkdir()
+    pushes = [subprocess.Popen([sys.executable, "-c", SLOW_PUSH, str(arrived), "--root", root, "--run-id", run_id,
+                                "--json"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for run_id in ("mixed", "twin")]
     results = [(p.wait(timeout=300), json.loads(p.communicate()[0].strip().splitlines()[-1])) for p in pushes]
     pushed = [summary for code, summary in results if code == 0 and summary["pushed"]]
@@ -174,9 +190,10 @@ def test_a_push_reads_the_trained_tensorflow_without_loading_tensorflow(trained_
     assert written.meta_graphs[0].meta_info_def.tensorflow_version.startswith("2.")
 
 
-def test_a_push_stopped_before_recording_it_is_not_repeated(trained_runs, tmp_path):
+def test_a_push_stopped_before_recording_it_is_not_repeated(trained_runs, tmp_path, monkeypatch):
     """Killed after the version appeared and before pushed.json: a retry, or a new validation and
     push, finds the version by its lineage instead of refusing or pushing the run a second time."""
+    scenario_serving_checks(trained_runs, monkeypatch)
     root = copy_root(trained_runs, tmp_path)
     third = trained_runs["push"]["mixed"][1]["version"]
     pushed_json = os.path.join(root, "runs", "mixed", "pushed.json")

@@ -66,8 +66,9 @@ def test_retention_takes_saved_model_out_before_deleting(tmp_path):
 
 
 # A child process that waits for the start signal (a file), then publishes version 7 or holds the
-# lock for `hold` seconds: two of them started together race for real. "push-then-publish" holds the
-# lock (its bucket lease lapsing `ttl` s after its last renewal) and publishes when the file go.publish appears.
+# lock for `hold` seconds or until the file go.release appears: two of them started together race for
+# real. "push-then-publish" holds the lock (its bucket lease lapsing `ttl` s after its last renewal) and
+# publishes when the file go.publish appears.
 RACER = textwrap.dedent("""
     import os, sys, time
     from components.common.repository import Repository, RepositoryError
@@ -88,8 +89,10 @@ RACER = textwrap.dedent("""
                     while not os.path.exists(go + ".publish"):
                         time.sleep(0.01)
                     repo.publish(extra, 7, {"assets.extra/stoke_lineage.json": b"{}"})
-                else:
-                    time.sleep(float(hold))
+                else:  # until `hold` s have passed or the test lets go (go.release)
+                    deadline = time.monotonic() + float(hold)
+                    while time.monotonic() < deadline and not os.path.exists(go + ".release"):
+                        time.sleep(0.01)
         print("done", flush=True)
     except RepositoryError as error:
         print(error, flush=True)
@@ -104,8 +107,12 @@ def start(tmp_path, root: str, action: str, extra: str = "", hold: float = 1.5, 
 
 def race(tmp_path, root: str, action: str, extra: str = "") -> list[tuple[int, str]]:
     racers = [start(tmp_path, root, action, extra) for _ in range(2)]
-    wait_for(lambda: all((tmp_path / f"go.ready-{p.pid}").exists() for p in racers), "both racers to poll", 120)
+    wait_for(lambda: all((tmp_path / f"go.ready-{p.pid}").exists() for p in racers), "both racers to poll", 120,
+             every=0.05)
     (tmp_path / "go").write_text("go")
+    # A holder lets go once the other racer has finished (refused): it need not sit out its whole hold.
+    wait_for(lambda: any(p.poll() is not None for p in racers), "a racer to finish", 120, every=0.01)
+    (tmp_path / "go.release").write_text("go")
     outputs = [p.communicate(timeout=120)[0] for p in racers]
     return sorted((p.returncode, out) for p, out in zip(racers, outputs))
 
