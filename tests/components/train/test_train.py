@@ -52,8 +52,19 @@ def _spawn(root, *args, **env) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(**env))
 
 
+def finish(process: subprocess.Popen, timeout: float) -> tuple[str, str]:
+    """Its stdout and stderr once it exits; past `timeout` it is killed before the test fails, so that a
+    run that hangs does not go on taking a core from every test after it."""
+    try:
+        return process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        raise
+
+
 def _summary(process: subprocess.Popen) -> dict:
-    out, err = process.communicate(timeout=240)
+    out, err = finish(process, 240)
     assert process.returncode == 0, err[-3000:]
     return json.loads(out.strip().splitlines()[-1])
 
@@ -243,7 +254,7 @@ def test_multi_worker_on_two_local_processes(small_spans_root, tmp_path):
 def test_killed_run_resumes_from_backup_with_the_same_step_count(small_spans_root, capsys):
     args = ["--run-id", "resume", "--epochs", "2", "--backup-every", "2", "--no-xla"]
     killed = _spawn(small_spans_root, *args, STOKE_KILL_AT_STEP="7")
-    killed.communicate(timeout=240)
+    finish(killed, 240)
     assert killed.returncode == -signal.SIGKILL
     backup = os.path.join(small_spans_root, "runs", "resume", "backup")
     assert os.listdir(backup)

@@ -13,7 +13,7 @@ import pytest
 
 from components.common import shard_cache
 from components.train import trainer as train
-from tests.components.train.test_train import TINY, _env
+from tests.components.train.test_train import TINY, _env, finish
 
 SHARDS = 4  # span 1 of small_spans_root: 3 train shards, 1 eval shard
 
@@ -65,7 +65,7 @@ def test_a_killed_run_resumes_from_the_bucket_on_a_fresh_cache(bucket_root, tmp_
                                "--shard-cache-dir", str(tmp_path / "first"), "--json", *args],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=_env(STOKE_KILL_AT_STEP="7"))
-    killed.communicate(timeout=240)
+    finish(killed, 240)
     assert killed.returncode == -signal.SIGKILL
     assert fsspec.filesystem("s3").find("train-root/root/runs/s3-resume/backup")
 
