@@ -29,6 +29,7 @@ class Program:
     process: subprocess.Popen
     lines: list  # stderr, as it arrives
     reader: threading.Thread
+    settled: threading.Event  # set once it serves or its stderr has ended (it exited)
 
     def serving(self) -> str | None:
         return next((line for line in self.lines if ": serving at " in line), None)
@@ -55,12 +56,24 @@ def launch(*argv: str, prefix=(), wait: bool = True) -> Program:
     process = subprocess.Popen([*prefix, *PROGRAM, *argv, "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True)
     lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(process.stderr), daemon=True)
+    settled = threading.Event()
+
+    def read():
+        for line in process.stderr:
+            lines.append(line)
+            if ": serving at " in line:
+                settled.set()
+        settled.set()
+
+    reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    program = Program(process, lines, reader)
+    program = Program(process, lines, reader, settled)
     _LAUNCHED.append(program)
-    if wait:
-        wait_for(lambda: process.poll() is not None or program.serving(), "the server to serve or refuse")
+    # An event, not a poll: most of these programs refuse in a moment, and a poll's interval would be
+    # most of each test's time. The bound is for a hung program: one that imports TensorFlow on a busy
+    # machine can take a minute to serve.
+    if wait and not settled.wait(180):
+        pytest.fail("gave up waiting for the server to serve or refuse")
     return program
 
 
@@ -216,7 +229,7 @@ def _inner(program: Program, as_init: bool) -> int:
     if not as_init:
         return program.process.pid
     pid = program.process.pid
-    return int(wait_for(lambda: open(f"/proc/{pid}/task/{pid}/children").read().split(), "unshare's child")[0])
+    return int(wait_for(lambda: open(f"/proc/{pid}/task/{pid}/children").read().split(), "unshare's child", every=0.05)[0])
 
 
 @pytest.mark.parametrize("as_init", [False, True], ids=["process", "pid-1"])

@@ -5,6 +5,8 @@ subprocesses; the rest call `train.run` in this process.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -50,26 +52,38 @@ def _spawn(root, *args, **env) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(**env))
 
 
+def finish(process: subprocess.Popen, timeout: float) -> tuple[str, str]:
+    """Its stdout and stderr once it exits; past `timeout` it is killed before the test fails, so that a
+    run that hangs does not go on taking a core from every test after it."""
+    try:
+        return process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        raise
+
+
 def _summary(process: subprocess.Popen) -> dict:
-    out, err = process.communicate(timeout=240)
+    out, err = finish(process, 240)
     assert process.returncode == 0, err[-3000:]
     return json.loads(out.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
-def float32_run(small_spans_root, capsys_module):
-    return capsys_module(small_spans_root, "--run-id", "f32", "--epochs", "2", "--precision", "float32",
-                         "--no-xla", "--trace-steps", "2,3", "--ema")
+def float32_json(small_spans_root):
+    """The float32 run, with --json: its metrics.json and the lines it printed (capsys is function-scoped).
+    One run for the tests of its artifacts and of its progress events."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert train.run(["--root", small_spans_root, *TINY, "--run-id", "f32", "--epochs", "2", "--precision",
+                          "float32", "--no-xla", "--trace-steps", "2,3", "--ema", "--json"]) == 0
+    metrics = json.loads(open(os.path.join(small_spans_root, "runs", "f32", "metrics.json")).read())
+    return metrics, out.getvalue().strip().splitlines()
 
 
 @pytest.fixture(scope="module")
-def capsys_module():
-    """train.run for module-scoped fixtures (capsys is function-scoped): reads the summary file."""
-    def run(root, *args):
-        assert train.run(["--root", root, *TINY, *args]) == 0
-        run_id = args[args.index("--run-id") + 1]
-        return json.loads(open(os.path.join(root, "runs", run_id, "metrics.json")).read())
-    return run
+def float32_run(float32_json):
+    return float32_json[0]
 
 
 def test_float32_run_writes_every_artifact(float32_run, small_spans_root):
@@ -202,10 +216,8 @@ def test_xla_on_one_device(small_spans_root, capsys):
     assert np.isfinite(summary["eval"]["loss"])
 
 
-def test_with_json_each_epoch_is_a_progress_event_before_the_summary(small_spans_root, capsys):
-    assert train.run(["--root", small_spans_root, *TINY, "--run-id", "events", "--epochs", "2",
-                      "--steps-per-epoch", "2", "--json"]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
+def test_with_json_each_epoch_is_a_progress_event_before_the_summary(float32_json):
+    lines = float32_json[1]
     events = [e for e in map(summaries.event, lines) if e is not None]
     assert [(e.stage, e.done, e.total, e.unit) for e in events] == [("train", 1, 2, "epochs"), ("train", 2, 2, "epochs")]
     assert summaries.event(lines[-1]) is None and json.loads(lines[-1])["epochs"] == 2
@@ -242,7 +254,7 @@ def test_multi_worker_on_two_local_processes(small_spans_root, tmp_path):
 def test_killed_run_resumes_from_backup_with_the_same_step_count(small_spans_root, capsys):
     args = ["--run-id", "resume", "--epochs", "2", "--backup-every", "2", "--no-xla"]
     killed = _spawn(small_spans_root, *args, STOKE_KILL_AT_STEP="7")
-    killed.communicate(timeout=240)
+    finish(killed, 240)
     assert killed.returncode == -signal.SIGKILL
     backup = os.path.join(small_spans_root, "runs", "resume", "backup")
     assert os.listdir(backup)

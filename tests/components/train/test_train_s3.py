@@ -13,7 +13,7 @@ import pytest
 
 from components.common import shard_cache
 from components.train import trainer as train
-from tests.components.train.test_train import TINY, _env
+from tests.components.train.test_train import TINY, _env, finish
 
 SHARDS = 4  # span 1 of small_spans_root: 3 train shards, 1 eval shard
 
@@ -33,7 +33,8 @@ def _run(capsys, root, cache, *args) -> tuple[int, dict]:
 
 
 def test_training_reads_through_the_cache_and_uploads_the_candidate(bucket_root, tmp_path, capsys):
-    code, summary = _run(capsys, bucket_root, tmp_path, "--run-id", "s3-first")
+    # Two epochs, not the cpu preset's 600 steps: the staging and the uploads are the same after any epochs.
+    code, summary = _run(capsys, bucket_root, tmp_path, "--run-id", "s3-first", "--epochs", "2")
     assert code == 0, summary
     fs = fsspec.filesystem("s3")
     run = "train-root/root/runs/s3-first"
@@ -64,7 +65,7 @@ def test_a_killed_run_resumes_from_the_bucket_on_a_fresh_cache(bucket_root, tmp_
                                "--shard-cache-dir", str(tmp_path / "first"), "--json", *args],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=_env(STOKE_KILL_AT_STEP="7"))
-    killed.communicate(timeout=240)
+    finish(killed, 240)
     assert killed.returncode == -signal.SIGKILL
     assert fsspec.filesystem("s3").find("train-root/root/runs/s3-resume/backup")
 
