@@ -14,15 +14,23 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 # read it come up. --durations says how long each takes; a stale order costs minutes, never a result.
 # The rest keep their collection order (--no-loadscope-reorder).
 LONG_FILES = (
-    "tests/flows/test_train_flow_s3.py",
-    "tests/flows/test_photos.py",
-    "tests/infra/test_prefect_postgres.py",
     "tests/components/train/test_transfer.py",
-    "tests/components/gate/test_gate.py",
     "tests/components/train/test_train.py",
-    "tests/flows/test_datacheck_flow.py",
+    "tests/flows/test_photos.py",
+    "tests/flows/test_train_flow_s3.py",
+    "tests/components/gate/test_gate.py",
     "tests/flows/test_train_flow.py",
+    "tests/infra/test_prefect_postgres.py",
+    "tests/flows/test_datacheck_flow.py",
+    "tests/flows/test_cli.py",
+    "tests/flows/test_one_line_errors.py",
+    "tests/flows/test_deployments.py",
+    "tests/components/train/test_data_service.py",
+    "tests/components/train/test_profile.py",
+    "tests/components/train/test_data_service_exposure.py",
     "tests/flows/test_gpus.py",
+    "tests/flows/test_notifications.py",
+    "tests/components/train/test_train_s3.py",
 )
 
 
