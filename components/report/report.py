@@ -115,54 +115,17 @@ def _staging(staging: dict | None, preflight) -> str | None:
 
 
 def render_markdown(report: RunReport) -> str:
+    """report.md: the outcome and alerts, then each stage's section in the registry's order (its own, or the
+    generic one: its result in a line and its warnings), the run folders and the configuration."""
     lines = [f"# Run {report.run_id}: {report.status}", "", report.message, ""]
     lines += [f"> **Warning.** {alert}\n" for alert in report.alerts]
-    for name, section in report.sections.items():
-        lines += [f"## {name.capitalize()}", "", section.summary, ""] + [f"- warning: {w}" for w in section.warnings]
-        lines += [""] if section.warnings else []
-    if report.ingest is not None:
-        i = report.ingest
-        lines += ["## Ingest", ""]
-        if i.published:
-            counts = i.counts
-            lines += ["| span | train | eval | dead letters | new files | images/s |",
-                      "| --- | --- | --- | --- | --- | --- |",
-                      f"| {i.span} | {counts.train} | {counts.eval} | "
-                      f"{counts.dead_letter} | {i.new_sources} | {figure(i.images_per_sec)} |", ""]
-            if i.dead_letters:
-                lines += [f"Dead letters (all in `{i.dead_letter_uri}`):", ""]
-                lines += [f"- `{d.uri}`: {d.reason}" for d in i.dead_letters] + [""]
-        else:
-            lines += [i.message or i.error or "nothing published", ""]
-    lines += datacheck_section.section(report.datacheck, report.ingest, RunDir(report.run_dir).root, report.plots,
-                                       report.unserved_spans)
-    if report.train is not None:
-        lines += _training_lines(report.train, report.plots)
-    if report.gate is not None:
-        v = report.gate
-        lines += ["## Gate", "", f"**{'Blessed' if v.blessed else 'Not blessed'}**"
-                  + (f" against served version {v.baseline_version}" if v.baseline_version else
-                     " (no served version to compare with)"), ""]
-        lines += [f"- {reason}" for reason in v.reasons]
-        lines += [f"- note: {note}" for note in v.notes] + [""]
-        if v.comparison is not None:
-            lines += comparison_in_words(v.comparison, v.thresholds.max_regression)
-            if report.plots.get("comparison"):
-                lines += [f"![paired difference]({os.path.basename(report.plots['comparison'])})", ""]
-        lines += _metrics_table(v.metrics, len(v.labels))
-        lines += _per_class_table(v.metrics, v.comparison)
-        if report.plots.get("confusion_matrix"):
-            lines += [f"![confusion matrix]({os.path.basename(report.plots['confusion_matrix'])})", ""]
-    if report.push is not None:
-        p = report.push
-        lines += ["## Push", "", f"Version **{p.version}** of `{p.model_uri}`"
-                  f"; serving image build context `{p.serving_uri}`"
-                  + ("; image built." if p.image and p.image.built else
-                     f"; image not built ({p.image.reason or 'no container engine'})." if p.image else "."), ""]
-        lines += [f"Set aside `{a.name}` as `{a.moved_to}`: {a.reason}." for a in p.set_aside or []]
-        lines += [""] if p.set_aside else []
-        if p.commands:
-            lines += ["```sh"] + [f"# {name}\n{cmd}" for name, cmd in p.commands.to_json().items()] + ["```", ""]
+    for of in stages.STAGES:
+        section = report.sections.get(of.name)
+        if section is not None:
+            lines += [f"## {of.name.capitalize()}", "", section.summary, ""] + [f"- warning: {w}" for w in section.warnings]
+            lines += [""] if section.warnings else []
+        elif of.name in OWN_SECTIONS:
+            lines += OWN_SECTIONS[of.name](report)
     lines += ["## Run folders", "", report.run_folders, ""] if report.run_folders else []
     if report.config is not None:
         lines += ["## Configuration", "", f"What the run was asked to do, resolved: [`config.json`]({report.config_json}) "
@@ -170,6 +133,70 @@ def render_markdown(report: RunReport) -> str:
                   "<details><summary>Run configuration</summary>", "", "```json",
                   json.dumps(report.config, indent=2), "```", "", "</details>", ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _ingest_section(report: RunReport) -> list[str]:
+    i = report.ingest
+    if i is None:
+        return []
+    if not i.published:
+        return ["## Ingest", "", i.message or i.error or "nothing published", ""]
+    lines = ["## Ingest", "", "| span | train | eval | dead letters | new files | images/s |",
+             "| --- | --- | --- | --- | --- | --- |",
+             f"| {i.span} | {i.counts.train} | {i.counts.eval} | {i.counts.dead_letter} | {i.new_sources} | "
+             f"{figure(i.images_per_sec)} |", ""]
+    if i.dead_letters:
+        lines += [f"Dead letters (all in `{i.dead_letter_uri}`):", ""]
+        lines += [f"- `{d.uri}`: {d.reason}" for d in i.dead_letters] + [""]
+    return lines
+
+
+def _datacheck_section(report: RunReport) -> list[str]:
+    return datacheck_section.section(report.datacheck, report.ingest, RunDir(report.run_dir).root, report.plots,
+                                     report.unserved_spans)
+
+
+def _train_section(report: RunReport) -> list[str]:
+    return _training_lines(report.train, report.plots) if report.train is not None else []
+
+
+def _gate_section(report: RunReport) -> list[str]:
+    v = report.gate
+    if v is None:
+        return []
+    lines = ["## Gate", "", f"**{'Blessed' if v.blessed else 'Not blessed'}**"
+             + (f" against served version {v.baseline_version}" if v.baseline_version else
+                " (no served version to compare with)"), ""]
+    lines += [f"- {reason}" for reason in v.reasons]
+    lines += [f"- note: {note}" for note in v.notes] + [""]
+    if v.comparison is not None:
+        lines += comparison_in_words(v.comparison, v.thresholds.max_regression)
+        if report.plots.get("comparison"):
+            lines += [f"![paired difference]({os.path.basename(report.plots['comparison'])})", ""]
+    lines += _metrics_table(v.metrics, len(v.labels))
+    lines += _per_class_table(v.metrics, v.comparison)
+    if report.plots.get("confusion_matrix"):
+        lines += [f"![confusion matrix]({os.path.basename(report.plots['confusion_matrix'])})", ""]
+    return lines
+
+
+def _push_section(report: RunReport) -> list[str]:
+    p = report.push
+    if p is None:
+        return []
+    lines = ["## Push", "", f"Version **{p.version}** of `{p.model_uri}`; serving image build context `{p.serving_uri}`"
+             + ("; image built." if p.image and p.image.built else
+                f"; image not built ({p.image.reason or 'no container engine'})." if p.image else "."), ""]
+    lines += [f"Set aside `{a.name}` as `{a.moved_to}`: {a.reason}." for a in p.set_aside or []]
+    lines += [""] if p.set_aside else []
+    if p.commands:
+        lines += ["```sh"] + [f"# {name}\n{cmd}" for name, cmd in p.commands.to_json().items()] + ["```", ""]
+    return lines
+
+
+# The stages with a section of their own in report.md; every other stage gets the generic one.
+OWN_SECTIONS = {"ingest": _ingest_section, "datacheck": _datacheck_section, "train": _train_section,
+                "gate": _gate_section, "push": _push_section}
 
 
 # ---------------------------------------------------------------- pieces

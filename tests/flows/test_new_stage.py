@@ -129,6 +129,7 @@ def test_a_new_stage_is_a_command_a_task_at_its_place_and_a_section_of_the_repor
                                                  "warnings": ["census: span 1 is not let in"]}}
     markdown = open(run.report_md).read()
     assert "## Census\n\n1 published, 0 let in by the data check\n\n- warning: census: span 1 is not let in\n" in markdown
+    assert markdown.index("## Ingest") < markdown.index("## Census")  # at its place in the flow, as listed
     assert summary["sections"] == report["sections"]
 
 
