@@ -83,7 +83,7 @@ def build_report(run: RunDir, skipped: str | None = None, failed: str | None = N
     report.datacheck = datacheck
     report.sections = {name: StageSection(summary=result.in_words(), warnings=[
         line for level, line in result.log_lines() if level >= logging.WARNING])
-        for name, result in present.items() if name not in RunReport.model_fields}
+        for name, result in present.items() if name not in OWN_SECTIONS}
     report.unserved_spans = _unserved(run, config)
     report.run_folders = _run_folders(run, report.alerts)
     report.plots = {**_plots(run, report, train, gate), **datacheck_section.plot(run, datacheck)}
