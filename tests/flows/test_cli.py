@@ -191,7 +191,8 @@ def test_stoke_run_stopped_or_killed_mid_stage_leaves_no_process_behind(how, tmp
     with open(tmp_path / "stderr", "wb") as stderr:
         run = subprocess.Popen([sys.executable, "-m", "tests.flows.run_with_held_stage", "run", str(tmp_path / "photos"),
                                 "--root", str(tmp_path / "root"), "--run-id", "held"],
-                               stdout=subprocess.DEVNULL, stderr=stderr, env=env, start_new_session=True)
+                               stdout=subprocess.DEVNULL, stderr=stderr, env=env, start_new_session=True,
+                               preexec_fn=_sigint_as_in_a_terminal)
     family = []
     try:
         wait_for(lambda: (tmp_path / "pids").exists(), "the stage to start", 300, process=run)
@@ -217,6 +218,12 @@ def test_stoke_run_stopped_or_killed_mid_stage_leaves_no_process_behind(how, tmp
         said = (tmp_path / "stderr").read_text()
         assert code == 130 and "Traceback" not in said, said[-3000:]
         assert said.strip().splitlines()[-1] == "stoke run: stopped; run it again with --run-id held to resume"
+
+
+def _sigint_as_in_a_terminal() -> None:
+    """SIGINT at its default in the child, as a terminal starts `stoke run`: a suite started in the
+    background by a shell inherits SIGINT ignored, and the child would inherit that too."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_up_refuses_a_port_in_use(tmp_path):
