@@ -307,7 +307,7 @@ def _check_schedule(cron: str | None, timezone: str) -> None:
         CronSchedule(cron=cron or NIGHTLY_CRON, timezone=timezone)
     except ValidationError as error:
         raise config_files.ConfigError(f"--cron {cron or NIGHTLY_CRON!r} --timezone {timezone!r}: "
-                                    f"{error.errors()[0]['msg']}") from None
+                                    f"{config_files.said(error.errors()[0])}") from None
 
 
 def _server_environment(args: argparse.Namespace) -> tuple[str, str]:

@@ -141,9 +141,15 @@ def problems(error: ValidationError, limit: int = 3) -> str:
             shown.append(f"{path}: no such setting")
         else:
             got = problem.get("input")
-            shown.append(f"{path}: {problem['msg']}" + (f" (got {_shown(got)})" if isinstance(got, str | int | float) else ""))
+            shown.append(f"{path}: {said(problem)}" + (f" (got {_shown(got)})" if isinstance(got, str | int | float) else ""))
     more = len(error.errors()) - limit
     return "; ".join(shown) + (f"; and {more} more" if more > 0 else "")
+
+
+def said(problem: dict) -> str:
+    """A validation problem's message as Stoke says it: a check's own words without pydantic's
+    "Value error, " before them."""
+    return problem["msg"].removeprefix("Value error, ")
 
 
 def leaves(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], FieldInfo]]:

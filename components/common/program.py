@@ -202,8 +202,8 @@ def settings_message(error: ValidationError) -> str:
         where = [str(part) for part in e["loc"]]
         where = where[1:] if where[:1] and where[0] in groups else where
         if not where:
-            return e["msg"].removeprefix("Value error, ")
-        return f"{option(where)}: " + ("no such setting" if e["type"] == "extra_forbidden" else e["msg"])
+            return config_files.said(e)
+        return f"{option(where)}: " + ("no such setting" if e["type"] == "extra_forbidden" else config_files.said(e))
 
     return "; ".join(said(e) for e in error.errors())
 

@@ -83,9 +83,10 @@ def test_config_show_prints_a_file_that_config_takes_back(pushed_run, tmp_path):
     (["--set", "train.epochs.x=1"], "train.epochs.x: train.epochs is a single setting, not a group"),
     (["--set", "epochs"], "--set 'epochs': GROUP.FIELD=VALUE is needed, e.g. train.epochs=3"),
     (["--set", "gate.min_accuracy=1.5"], "gate.min_accuracy: Input should be less than or equal to 1 (got 1.5)"),
-    (["--set", "model_name=../x"], "model_name: Value error, bad model name '../x': letters, digits, '_' and '-' "
+    (["--set", "model_name=../x"], "model_name: bad model name '../x': letters, digits, '_' and '-' "
                                    "only (1 to 64) (got '../x')"),
-    (["--set", "beam_args=[\"--runner=DirectRunner\"]"], "beam_args: Value error, '--runner' is not an option a run"),
+    (["--set", "beam_args=[\"--runner=DirectRunner\"]"], "beam_args: '--runner' is not an option a run"),
+    (["--set", "runs.keep=5", "--set", "runs.keep_records=2"], "runs: keep_records (2) must be at least keep (5)"),
 ])
 def test_a_bad_key_or_value_is_one_line_naming_its_path(argv, line, tmp_path):
     (tmp_path / "images").mkdir()

@@ -220,8 +220,8 @@ HELD = [
     ("train: null\n", "train: Input should be a valid dictionary or instance of TrainConfig"),
     ("train:\n  learning_rate: 1.0e999\n", "train.learning_rate: Input should be a finite number"),
     ("ingest:\n  shard_mb: .inf\n", "ingest.shard_mb: Input should be a finite number"),
-    ("model_name: ../x\n", "model_name: Value error, bad model name '../x'"),
-    ("beam_args: ['--direct_num_workers=100000']\n", "beam_args: Value error, '--direct_num_workers=100000': a whole "
+    ("model_name: ../x\n", "model_name: bad model name '../x'"),
+    ("beam_args: ['--direct_num_workers=100000']\n", "beam_args: '--direct_num_workers=100000': a whole "
      "number from 1 to at most"),
 ]
 

@@ -90,17 +90,17 @@ def test_every_number_of_every_settings_model_has_an_upper_bound():
 
 
 ABSURD = [
-    ("train.spans=1-999999999999", "train.spans: Value error, span 999999999999 in '1-999999999999' is past the "
+    ("train.spans=1-999999999999", "train.spans: span 999999999999 in '1-999999999999' is past the "
                                    "highest span number, 999,999,999"),
-    ("train.spans=1-999999999", "train.spans: Value error, span list '1-999999999' names 999,999,999 spans"),
-    ("train.spans=1-100001", "train.spans: Value error, span list '1-100001' names 100,001 spans: at most 100,000"),
+    ("train.spans=1-999999999", "train.spans: span list '1-999999999' names 999,999,999 spans"),
+    ("train.spans=1-100001", "train.spans: span list '1-100001' names 100,001 spans: at most 100,000"),
     ("train.spans=1-60000,60001-120000", "names 120,000 spans"),
-    ("train.spans=0", "train.spans: Value error, bad span range '0'"),
-    ("train.spans=5-3", "train.spans: Value error, bad span range '5-3'"),
-    ("train.spans=1,,2", "train.spans: Value error, bad span list '1,,2'"),
-    ("train.spans=" + "9" * 5000, "train.spans: Value error, span list of 5000 characters: at most 1000"),
-    ("train.spans=" + "9" * 30, "train.spans: Value error, bad span list '999999999999999999999999999999'"),
-    ("train.spans=" + ",".join(["1"] * 600), "train.spans: Value error, span list of 1199 characters"),
+    ("train.spans=0", "train.spans: bad span range '0'"),
+    ("train.spans=5-3", "train.spans: bad span range '5-3'"),
+    ("train.spans=1,,2", "train.spans: bad span list '1,,2'"),
+    ("train.spans=" + "9" * 5000, "train.spans: span list of 5000 characters: at most 1000"),
+    ("train.spans=" + "9" * 30, "train.spans: bad span list '999999999999999999999999999999'"),
+    ("train.spans=" + ",".join(["1"] * 600), "train.spans: span list of 1199 characters"),
     ("train.epochs=100000000000000000000000000", "train.epochs: Input should be less than or equal to 100000"),
     ("train.epochs=1e26", "train.epochs: Unable to parse input string as an integer, exceeded maximum size"),
     ("train.image_size=100000", "train.image_size: Input should be less than or equal to 2048"),
@@ -111,8 +111,8 @@ ABSURD = [
     ("train.seed=18446744073709551616", "train.seed: Input should be less than or equal to 4294967295"),
     ("train.cpu_devices=100000", "train.cpu_devices: Input should be less than or equal to 256"),
     ("train.learning_rate=1e300", "train.learning_rate: Input should be less than or equal to 10"),
-    ("train.trace_steps=20,10", "train.trace_steps: Value error, bad trace steps '20,10'"),
-    ("train.trace_steps=1,1000000000000", "train.trace_steps: Value error, bad trace steps"),
+    ("train.trace_steps=20,10", "train.trace_steps: bad trace steps '20,10'"),
+    ("train.trace_steps=1,1000000000000", "train.trace_steps: bad trace steps"),
     ("gate.top_k=10000000", "gate.top_k: Input should be less than or equal to 100000"),
     ("push.keep=10000000", "push.keep: Input should be less than or equal to 10000"),
     ("preflight.sample_mb=100000000", "preflight.sample_mb: Input should be less than or equal to 16384"),
@@ -175,7 +175,7 @@ def test_a_root_no_other_process_can_write_is_refused_when_the_configuration_is_
     captured = capsys.readouterr()
     assert code == 2, captured.err
     (line,) = captured.err.strip().splitlines()
-    assert line.startswith("stoke run: error: root: Value error, ") and "Traceback" not in captured.err
+    assert line.startswith("stoke run: error: root: ") and "Traceback" not in captured.err
     assert line.endswith(f"name a local path, file://, s3:// or gs:// (got {root!r})"), line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["images"]
 
@@ -185,7 +185,7 @@ def test_a_source_ingest_cannot_read_from_its_own_process_is_refused_alike(sourc
     code = cli.main(["run", source, "--root", str(tmp_path / "root")])
     assert code == 2
     line = capsys.readouterr().err.strip()
-    assert line.startswith("stoke run: error: source: Value error, ") and "is not taken for SOURCE" in line
+    assert line.startswith("stoke run: error: source: ") and "is not taken for SOURCE" in line
     assert "name a local path, file://, s3://, gs://, http:// or https://" in line and not (tmp_path / "root").exists()
 
 
@@ -194,7 +194,7 @@ def test_the_stage_programs_and_the_flow_refuse_them_alike(tmp_path, capsys, pre
 
     (tmp_path / "images").mkdir()
     assert ingest.run([str(tmp_path / "images"), "--root", "memory://x", "--json"]) == 2
-    assert "--root: Value error, 'memory://x': memory:// is not taken for ROOT" in capsys.readouterr().err
+    assert "--root: 'memory://x': memory:// is not taken for ROOT" in capsys.readouterr().err
     for name in ("preflight", "train", "gate", "push", "datacheck"):
         with pytest.raises(ValidationError, match="memory:// is not taken for ROOT"):
             program_stage_settings(name, stage_arguments(name, ["--root", "memory://x", "--run-id", "r"]
@@ -232,8 +232,8 @@ def test_stoke_up_and_deploy_refuse_a_port_or_a_poll_out_of_bounds_before_anythi
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["--timezone", "Mars/Phobos"], "--cron '0 2 * * *' --timezone 'Mars/Phobos': Value error, Invalid timezone"),
-    (["--cron", "every night"], "--cron 'every night' --timezone 'UTC': Value error, Invalid cron string"),
+    (["--timezone", "Mars/Phobos"], "--cron '0 2 * * *' --timezone 'Mars/Phobos': Invalid timezone"),
+    (["--cron", "every night"], "--cron 'every night' --timezone 'UTC': Invalid cron string"),
 ])
 def test_stoke_up_refuses_a_schedule_prefect_cannot_read_before_its_server_starts(argv, says, tmp_path, capsys,
                                                                                  monkeypatch):
