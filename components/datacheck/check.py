@@ -14,6 +14,7 @@ from collections import Counter
 
 from tensorflow_metadata.proto.v0 import statistics_pb2
 
+from components.common.program import setting_hint
 from components.contracts import schema
 from components.contracts.config import DataCheckConfig
 from components.contracts.results import Anomaly, QualityFinding, SamePicture
@@ -173,8 +174,8 @@ def image_quality(found: list[QualityFinding]) -> list[DataAnomaly]:
             kind="image_quality", severity="warning", issue=finding.kind, count=finding.count,
             examples=finding.examples[:EXAMPLES], folders=finding.folders,
             message=f"{finding.count} {'image is' if finding.count == 1 else 'images are'} {QUALITY_WORDS[finding.kind]}, "
-                    f"from {folders}; kept (set {'it' if finding.count == 1 else 'them'} aside with "
-                    f"ingest.quality_set_aside={finding.kind})"))
+                    f"from {folders}; kept: set {'it' if finding.count == 1 else 'them'} aside with "
+                    f"{setting_hint('ingest', {'ingest.quality_set_aside': finding.kind})}"))
     return anomalies
 
 

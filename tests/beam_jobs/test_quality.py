@@ -95,6 +95,8 @@ def test_quality_issues_are_reported_by_folder_and_the_data_check_names_them(tmp
     warned = {a.issue: a for a in record.anomalies if a.kind == "image_quality"}
     assert record.status == "warning" and set(warned) == {"blurry", "dark", "odd_aspect_ratio", "odd_size"}
     assert warned["odd_aspect_ratio"].folders == {str(source / "dog" / "strips"): 2}
+    assert warned["blurry"].message.endswith("; kept: set them aside with `--set ingest.quality_set_aside=blurry` "
+                                             "(by hand: `stoke ingest --quality-set-aside blurry`)")
 
     code, summary = ingest(source, tmp_path / "aside", "--quality-set-aside", "blurry,dark,odd_aspect_ratio",
                            *IN_MEMORY, capsys=capsys)  # 8 of 20 set aside: no bad files, so the arrival passes
