@@ -198,14 +198,14 @@ def settings_message(error: ValidationError) -> str:
     between settings (no field of its own) by its message alone."""
     groups = {s.name for s in stages.STAGES}
 
-    def said(e) -> str:
+    def one(e) -> str:
         where = [str(part) for part in e["loc"]]
         where = where[1:] if where[:1] and where[0] in groups else where
         if not where:
             return config_files.said(e)
         return f"{option(where)}: " + ("no such setting" if e["type"] == "extra_forbidden" else config_files.said(e))
 
-    return "; ".join(said(e) for e in error.errors())
+    return "; ".join(one(e) for e in error.errors())
 
 
 def _fail(prog: str, as_json: bool, message: str, failed: Result | None, code: int) -> int:
