@@ -210,8 +210,8 @@ def nothing_to_train(config: RunConfig, held: list[int], skip_unchanged: bool) -
     or, for a scheduled or data-triggered run, a served model trained on every span it let in."""
     root = Root(config.root)
     checked = [n for n in Spans(root).published() if Spans(root).check_record(n).trusted]
-    aside = "".join(f"; span {span} is quarantined by the data check (release it with `stoke spans release {span} "
-                    f"--root {config.root}`)" for span in held)
+    aside = "".join(f"; span {span} is quarantined by the data check (release it with "
+                    f"`{summaries.release_command(span, config.root)}`)" for span in held)
     if not checked:
         return f"no span the data check let in to train on{aside}"
     served = served_spans(config)

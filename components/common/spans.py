@@ -14,12 +14,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import posixpath
+import shlex
 from collections.abc import Callable, Iterator
 
 from components.common.files import exists, filesystem, read_bytes, read_result
 from components.contracts.layout import MANIFEST, SPAN_PATTERN, TF_COMPRESSION, Root, Shard, join
 from components.contracts.results import ResultError, SpanManifest, parse_json
-from components.contracts.summaries import TRUSTED, DataCheckRecord, verdict
+from components.contracts.summaries import TRUSTED, DataCheckRecord, release_command, verdict
 
 
 class SpanNotChecked(ValueError):
@@ -141,10 +142,10 @@ class CheckRecord:
         """Why training may not read the span, with what to do; None when it may."""
         if self.trusted:
             return None
-        check = f"`stoke datacheck --root {root} --span {self.span}`"
+        check = f"`stoke datacheck --root {shlex.quote(root)} --span {self.span}`"
         if self.record is not None:
             return (f"span {self.span} is quarantined by the data check ({'; '.join(self.record.reasons[:1])}); "
-                    f"after looking at it, let it in with `stoke spans release {self.span} --root {root}`")
+                    f"after looking at it, let it in with `{release_command(self.span, root)}`")
         if self.problem:
             return f"span {self.span} has no valid data-check record ({self.problem}); check it again with {check}"
         return f"span {self.span} has not been data-checked; check it with {check}"

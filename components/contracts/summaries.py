@@ -307,6 +307,12 @@ class SpanCheck(Result):
     label_check: LabelCheck | None = None
 
 
+def release_command(span: int, root: str | None) -> str:
+    """The command that lets a held span in, runnable as printed: ROOT shell-quoted (a folder with a space
+    in it), or the word ROOT where the root is not known (a record, whose folder may move)."""
+    return f"stoke spans release {span} --root {shlex.quote(root) if root else 'ROOT'}"
+
+
 class DataCheckSummary(Summary):
     """The data check: each span it checked (every span without a valid record, or the one asked for);
     or why nothing was checked."""
@@ -334,11 +340,12 @@ class DataCheckSummary(Summary):
             if check.label_check is not None and check.label_check.status == "skipped":
                 lines.append((logging.INFO, f"  label check skipped: {check.label_check.reason}"))
             if check.status == "quarantined":
-                lines.append((logging.WARNING, self._here(f"  held back from training; after a look: stoke spans "
-                                                          f"release {check.span} --root ROOT")))
+                lines.append((logging.WARNING, f"  held back from training; after a look: "
+                                               f"{release_command(check.span, self.root)}"))
         return lines
 
     def _here(self, line: str) -> str:
+        """A finding's message, its release hint naming where the spans are now."""
         return line.replace("--root ROOT", f"--root {shlex.quote(self.root)}") if self.root else line
 
 

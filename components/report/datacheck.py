@@ -8,7 +8,7 @@ import posixpath
 from components.common import plots as draw
 from components.common.files import exists, filesystem
 from components.contracts.layout import RunDir
-from components.contracts.summaries import DataCheckSummary, IngestSummary, SpanCheck
+from components.contracts.summaries import DataCheckSummary, IngestSummary, SpanCheck, release_command
 
 LISTED = 50  # suspected label errors listed file by file; the record holds them all
 
@@ -48,7 +48,7 @@ def section(data: DataCheckSummary | None, ingest: IngestSummary | None, root: s
         lines += [f"Span {check.span}, {against}: **{check.status}**{drift}.", ""]
         if check.status == "quarantined":
             lines += [f"**Held back**: span {check.span} is quarantined and this run trained without it. After a "
-                      f"look at the examples below, let it in with `stoke spans release {check.span} --root {root}`.",
+                      f"look at the examples below, let it in with `{release_command(check.span, root)}`.",
                       ""]
         elif check.status == "warning":
             lines += [f"Let in with its warnings: span {check.span} is trained on (a warning, such as a change of "

@@ -212,3 +212,21 @@ def test_the_hints_to_let_a_held_span_in_name_the_root_it_is_under(tmp_path):
     said = [line for level, line in held.log_lines() if level == logging.WARNING]
     assert len(said) == 2 and all(f"--root '{root}'" in line and "ROOT`" not in line for line in said), said
     assert "--root ROOT" in held.model_copy(update={"root": None}).log_lines()[-1][1]  # by hand, a record alone
+
+
+def test_every_hint_to_let_a_held_span_in_runs_as_printed_under_a_root_with_a_space(tmp_path):
+    """The log, the report, training's refusal and a skipped run's reason each name the same command."""
+    from components.common.spans import CheckRecord
+    from components.report.datacheck import section
+
+    root = str(tmp_path / "my root")
+    command = f"stoke spans release 2 --root '{root}'"
+    assert summaries.release_command(2, root) == command and summaries.release_command(2, None).endswith("--root ROOT")
+    held = summaries.DataCheckSummary(root=root, spans=[summaries.SpanCheck(
+        span=2, status="quarantined", anomalies=[], history_spans=[1], label_counts={"x": 3},
+        record_uri=f"{root}/spans/span-2/_DATACHECK.json")])
+    assert f"`{command}`" in "\n".join(section(held, None, root, {}))
+    record = summaries.DataCheckRecord(span=2, check_version=summaries.DATACHECK_VERSION, status="quarantined",
+                                       checked_at="2026-12-05T00:00:00Z", reasons=["label 'x' is new"], anomalies=[])
+    assert f"`{command}`" in CheckRecord(2, record, None).refusal(root)
+    assert f"`stoke datacheck --root '{root}' --span 2`" in CheckRecord(2, None, None).refusal(root)
