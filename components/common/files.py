@@ -117,7 +117,14 @@ def _write_json(uri: str, value) -> None:
         folder = posixpath.dirname(path)
         fs.makedirs(folder, exist_ok=True)
         tmp = f"{path}.tmp"
-        with open(tmp, "wb") as f:
+        # What holds that name is an old attempt's leftover: it goes, a link itself, and the new one is
+        # made without following a link (one put there meanwhile fails), never written through one.
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666),
+                       "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
