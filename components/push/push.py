@@ -65,7 +65,7 @@ def push(config: RunConfig, *, run_id: str) -> PushSummary:
         earlier = earlier_push(repo, run)
         summary = (_finish(config, root, run, repo, earlier) if earlier is not None
                    else _publish(config, root, run, repo, validation))
-    summary.image = (serving.build_image(summary.serving_uri, summary.commands.docker_build)
+    summary.image = (serving.build_image(root.serving, config.model_name, summary.versions[-1])
                      if config.push.build_image else {"built": False, "reason": "not asked (push.build_image false)"})
     write_json(run.result("push"), summary.to_json())  # the run's record of the push, for its report
     return summary
@@ -74,15 +74,15 @@ def push(config: RunConfig, *, run_id: str) -> PushSummary:
 def _finish(config: RunConfig, root: Root, run: RunDir, repo: Repository, earlier: Pushed) -> PushSummary:
     """A run pushed before: the steps after its version appeared are finished if a kill stopped them.
     Retention only while its version is the newest (a later push applied its own --keep); the
-    serving context is rendered again when it does not hold the repository's versions."""
+    serving context is rendered again, so what the push builds and prints is what Stoke writes, never
+    what it finds there (it says so when the context did not hold the repository's versions)."""
     from components.push import serving_image as serving
 
     retired = repo.apply_retention(config.push.keep, clock.now()) if repo.newest() == earlier.version else []
     rendered_uri = join(root.serving, "commands.json")
-    rendered = read_json(rendered_uri) if exists(rendered_uri) else None
-    stale = rendered is None or rendered.get("versions") != repo.versions()
-    if stale:
-        rendered = serving.render(root, config.model_name)
+    found = read_json(rendered_uri) if exists(rendered_uri) else None
+    stale = not isinstance(found, dict) or found.get("versions") != repo.versions()
+    rendered = serving.render(root, config.model_name)
     finished = (f"; finished what it left undone: {'retired ' + str(retired) + ', ' if retired else ''}"
                 f"rendered {rendered['serving_uri']}") if retired or stale else "; nothing to do"
     return PushSummary(

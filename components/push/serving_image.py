@@ -127,15 +127,24 @@ BUCKET_ENV = {"s3": ("AWS_REGION", "S3_ENDPOINT", "S3_USE_HTTPS", "S3_VERIFY_SSL
               "gs": ("GOOGLE_APPLICATION_CREDENTIALS",)}
 
 
+def image_name(model_name: str, newest: int) -> str:
+    return f"stoke-serving-{model_name}:{newest}".lower()
+
+
+def build_arguments(serving_uri: str, model_name: str, newest: int) -> list[str]:
+    """`docker build` of the context as an argument list, made from its folder and the newest version: what
+    push runs. commands.json holds the same as text for the user, and is never read back to be run."""
+    return ["docker", "build", "-t", image_name(model_name, newest), serving_uri]
+
+
 def commands(serving_uri: str, model_name: str, newest: int) -> dict[str, str]:
-    image = f"stoke-serving-{model_name}:{newest}".lower()
-    context = shlex.quote(serving_uri)
+    image = image_name(model_name, newest)
     ports = f"-p {GRPC_PORT}:{GRPC_PORT} -p {REST_PORT}:{REST_PORT}"
     return {
         "image": image,
-        "docker_build": f"docker build -t {image} {context}",
-        "docker_build_gpu": f"docker build -f {shlex.quote(join(serving_uri, 'Dockerfile.gpu'))} "
-                            f"-t {image}-gpu {context}",
+        "docker_build": shlex.join(build_arguments(serving_uri, model_name, newest)),
+        "docker_build_gpu": shlex.join(["docker", "build", "-f", join(serving_uri, "Dockerfile.gpu"),
+                                        "-t", f"{image}-gpu", serving_uri]),
         "docker_run": f"docker run --rm {ports} {image}",
         "docker_run_gpu": f"docker run --rm --gpus all {ports} {image}-gpu",
         "predict": f"stoke predict http://localhost:{REST_PORT}/v1/models/{model_name} IMAGE...",
@@ -232,8 +241,9 @@ def _lineage_copy(fs, version: str, dest: str) -> None:
     fs.pipe_file(out, without_secrets(text).encode())
 
 
-def build_image(serving_uri: str, command: str) -> dict:
-    """Builds the image when a container engine answers and the base image's tag exists; otherwise says why not."""
+def build_image(serving_uri: str, model_name: str, newest: int) -> dict:
+    """Builds the image of the context `serving_uri` (build_arguments) when a container engine answers and
+    the base image's tag exists; otherwise says why not."""
     fs, _ = filesystem(serving_uri)
     if not is_local(fs):
         return {"built": False, "reason": "the build context is on an object store; copy it locally to build"}
@@ -243,7 +253,7 @@ def build_image(serving_uri: str, command: str) -> dict:
     if problem:
         return {"built": False, "reason": problem}
     try:
-        result = processes.run(shlex.split(command), timeout=BUILD_SECONDS)
+        result = processes.run(build_arguments(serving_uri, model_name, newest), timeout=BUILD_SECONDS)
     except subprocess.TimeoutExpired:
         return {"built": False, "reason": f"docker build did not finish within {BUILD_SECONDS} s"}
     if result.returncode != 0:

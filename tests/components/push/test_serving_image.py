@@ -157,8 +157,43 @@ def test_the_build_starts_only_from_a_base_image_the_engine_holds_or_pulls(tmp_p
     log = fake_docker(tmp_path, monkeypatch, **scenario)
     context = tmp_path / "serving"
     context.mkdir()
-    result = serving.build_image(str(context), f"docker build -t stoke-serving-stoke:3 {context}")
+    result = serving.build_image(str(context), "stoke", 3)
     assert result["built"] is built and calls(log) == expected_calls, result
     if scenario.get("pull") == "offline":
         assert result["reason"] == f"cannot pull {BASE}, the base of the serving image: Error response from daemon: " \
                                    "Get https://registry-1.docker.io/v2/: dial tcp: lookup registry-1.docker.io: no such host"
+
+
+@pytest.mark.parametrize("written", [
+    {"commands": {"docker_build": "/bin/sh -c 'id > {proof}'"}},  # any program at all
+    {"commands": {"docker_build": "docker build -t example.com/other:latest -f {proof} /"}},  # docker, elsewhere
+    {"serving_uri": "{proof}", "commands": {"docker_build": "docker build -t stoke-serving-stoke:1 {proof}"}},
+])
+def test_a_retry_builds_the_context_it_rendered_never_a_command_read_back_from_root(trained_runs, tmp_path,
+                                                                                   monkeypatch, written):
+    """commands.json holds the commands as text for the user: a push that finds its run already pushed (a
+    retry) builds from an argument list of its own, ROOT/serving and the newest version, whatever that file says."""
+    import json
+
+    from tests.components.gate_runs import copy_root, push_run
+
+    root = copy_root(trained_runs, tmp_path)
+    proof = tmp_path / "ran"
+    rendered = os.path.join(root, "serving", "commands.json")
+    record = json.load(open(rendered))
+    for key, value in written.items():
+        value = json.loads(json.dumps(value).replace("{proof}", str(proof)))
+        record[key] = record[key] | value if isinstance(value, dict) else value
+    json.dump(record, open(rendered, "w"))
+    log = fake_docker(tmp_path, monkeypatch, local=True)
+
+    code, summary = push_run(root, "mixed", "--build-image")
+
+    newest = trained_runs["push"]["mixed"][1]["version"]
+    context = os.path.join(root, "serving")
+    assert code == 0 and summary["already_pushed"] and summary["image"] == {"built": True}, summary
+    assert not proof.exists()
+    assert open(log).read().splitlines()[-1] == f"build -t stoke-serving-stoke:{newest} {context}"
+    assert summary["serving_uri"] == context
+    assert summary["commands"]["docker_build"] == f"docker build -t stoke-serving-stoke:{newest} {context}"
+    assert json.load(open(rendered))["commands"] == summary["commands"]  # the text, rendered again
