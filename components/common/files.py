@@ -104,15 +104,19 @@ def read_bytes(uri: str) -> bytes:
 
 
 def write_json(uri: str, value) -> None:
-    """Writes JSON in one request on object stores; locally through a temp file and a rename, each
-    synced to the disk first, so that a power cut leaves the old file or the new one, never an empty one."""
+    write_whole(uri, json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False).encode() + b"\n")
+
+
+def write_whole(uri: str, data: bytes) -> None:
+    """Writes the file in one step: in one request on object stores; locally through a temp file and a
+    rename, each synced to the disk first, so that a power cut leaves the old file or the new one, never an
+    empty one, and a link at the name is replaced, never written through."""
     with _naming(uri):
-        _write_json(uri, value)
+        _write_whole(uri, data)
 
 
-def _write_json(uri: str, value) -> None:
+def _write_whole(uri: str, data: bytes) -> None:
     fs, path = filesystem(uri)
-    data = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False).encode() + b"\n"
     if is_local(fs):
         folder = posixpath.dirname(path)
         fs.makedirs(folder, exist_ok=True)

@@ -21,7 +21,7 @@ import json
 import subprocess
 
 from components.common import clock, processes, program
-from components.common.files import exists, filesystem, join, read_json, read_result, remove, write_json
+from components.common.files import exists, filesystem, read_result, remove, write_json
 from components.common.repository import ASSETS_EXTRA, LINEAGE_FILE, Repository, RepositoryError, kill_drill
 from components.common.store_errors import on_root
 from components.contracts.layout import WARMUP_FILE, Root, RunDir
@@ -75,16 +75,14 @@ def _finish(config: RunConfig, root: Root, run: RunDir, repo: Repository, earlie
     """A run pushed before: the steps after its version appeared are finished if a kill stopped them.
     Retention only while its version is the newest (a later push applied its own --keep); the
     serving context is rendered again, so what the push builds and prints is what Stoke writes, never
-    what it finds there (it says so when the context did not hold the repository's versions)."""
+    what it finds there (it says what it changed: versions it did not hold, or held otherwise)."""
     from components.push import serving_image as serving
 
     retired = repo.apply_retention(config.push.keep, clock.now()) if repo.newest() == earlier.version else []
-    rendered_uri = join(root.serving, "commands.json")
-    found = read_json(rendered_uri) if exists(rendered_uri) else None
-    stale = not isinstance(found, dict) or found.get("versions") != repo.versions()
     rendered = serving.render(root, config.model_name)
-    finished = (f"; finished what it left undone: {'retired ' + str(retired) + ', ' if retired else ''}"
-                f"rendered {rendered['serving_uri']}") if retired or stale else "; nothing to do"
+    done = ([f"retired {retired}"] if retired else []) + (
+        [f"rendered {rendered['serving_uri']}: {', '.join(rendered['changed'])}"] if rendered["changed"] else [])
+    finished = f"; finished what it left undone: {', '.join(done)}" if done else "; nothing to do"
     return PushSummary(
         pushed=False, already_pushed=True, run_id=run.run_id, model_name=config.model_name,
         version=earlier.version, model_uri=earlier.model_uri, serving_uri=rendered["serving_uri"],

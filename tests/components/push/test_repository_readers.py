@@ -97,3 +97,25 @@ def test_lineage_takes_a_version_as_stoke_writes_them(root, given, capsys):
     with pytest.raises(SystemExit) as exit_:
         run([given, "--root", root])
     assert exit_.value.code == 2 and "is no version number" in capsys.readouterr().err
+
+
+def test_a_render_replaces_a_link_in_the_context_and_never_writes_through_it(root, tmp_path):
+    """The context's files are written whole and renamed into place: a link put at one of their names goes,
+    and what it points to (here the served versions' graphs) stays as it was."""
+    from components.push.serving_image import render
+
+    render(root, "stoke")
+    serving, repository = pathlib.Path(root, "serving"), pathlib.Path(root, "models", "stoke")
+    targets = {"models.config": repository / "200" / "saved_model.pbtxt", "Dockerfile": repository / "100" / "saved_model.pb",
+               "models/stoke/200/assets.extra/stoke_lineage.json": repository / "200" / "assets.extra" / "stoke_lineage.json"}
+    before = {name: target.read_bytes() for name, target in targets.items()}
+    for name, target in targets.items():
+        (serving / name).unlink()
+        (serving / name).symlink_to(target)
+
+    render(root, "stoke")
+
+    assert {name: target.read_bytes() for name, target in targets.items()} == before
+    assert not any((serving / name).is_symlink() for name in targets)
+    assert "versions: 200" in (serving / "models.config").read_text()
+    assert "FROM tensorflow/serving" in (serving / "Dockerfile").read_text()
