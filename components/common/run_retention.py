@@ -140,7 +140,7 @@ def held_by_repository(root: Root) -> dict[str, str]:
         for version, how in [(v, "") for v in repository.versions()] + [(v, ", rolled back")
                                                                       for v in repository.rolled_back()]:
             try:
-                lineage = repository.lineage(version)
+                lineage = repository.lineage(version, rolled_back=bool(how))
             except (OSError, ValueError) as error:
                 raise RetentionError(f"the lineage of version {version} of model {name} cannot be read ({error}), "
                                      "so it could name any run: no run folder is pruned until it can be") from None

@@ -148,8 +148,9 @@ def earlier_push(repo: Repository, run: RunDir) -> Pushed | None:
         return read_result(run.pushed, Pushed)
     complete = set(repo.versions() + repo.rolled_back() + repo.retired())
     intended = [read_result(run.push_intent, PushIntent).version] if exists(run.push_intent) else []
-    for version in [v for v in intended if v in complete] + repo.versions()[::-1] + repo.rolled_back()[::-1]:
-        lineage = repo.lineage(version)
+    for version, aside in ([(v, False) for v in intended if v in complete] + [(v, False) for v in repo.versions()[::-1]]
+                           + [(v, True) for v in repo.rolled_back()[::-1]]):
+        lineage = repo.lineage(version, rolled_back=aside)
         if lineage is not None and lineage.run_id == run.run_id:
             pushed = Pushed(version=version, model_uri=repo.version_uri(version), pushed_at=lineage.pushed_at)
             write_json(run.pushed, pushed.to_json())
