@@ -215,7 +215,7 @@ def _mirror_versions(repo: Repository, versions: list[int], fs, target: str) -> 
     present = {posixpath.basename(p.rstrip("/")) for p in fs.ls(target, detail=False)} if fs.exists(target) else set()
     for name in sorted(present - {str(v) for v in versions}):
         _remove(fs, posixpath.join(target, name))
-        changed.append(f"dropped {name}")
+        changed.append(f"removed {name}, no longer kept")
     for version in versions:
         dest, source = posixpath.join(target, str(version)), posixpath.join(repo.path, str(version))
         if str(version) in present:
