@@ -104,20 +104,31 @@ def read_bytes(uri: str) -> bytes:
 
 
 def write_json(uri: str, value) -> None:
-    """Writes JSON in one request on object stores; locally through a temp file and a rename, each
-    synced to the disk first, so that a power cut leaves the old file or the new one, never an empty one."""
+    write_whole(uri, json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False).encode() + b"\n")
+
+
+def write_whole(uri: str, data: bytes) -> None:
+    """Writes the file in one step: in one request on object stores; locally through a temp file and a
+    rename, each synced to the disk first, so that a power cut leaves the old file or the new one, never an
+    empty one, and a link at the name is replaced, never written through."""
     with _naming(uri):
-        _write_json(uri, value)
+        _write_whole(uri, data)
 
 
-def _write_json(uri: str, value) -> None:
+def _write_whole(uri: str, data: bytes) -> None:
     fs, path = filesystem(uri)
-    data = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False).encode() + b"\n"
     if is_local(fs):
         folder = posixpath.dirname(path)
         fs.makedirs(folder, exist_ok=True)
         tmp = f"{path}.tmp"
-        with open(tmp, "wb") as f:
+        # What holds that name is an old attempt's leftover: it goes, a link itself, and the new one is
+        # made without following a link (one put there meanwhile fails), never written through one.
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666),
+                       "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

@@ -161,17 +161,21 @@ class Repository:
         return join(self.uri, str(version))
 
     def lineage_uri(self, version: int) -> str:
-        """Where the lineage of `version` lives now: in the version, aside after rollback, or retired."""
-        for folder in (str(version), f"{ROLLED_BACK_PREFIX}{version}"):
-            uri = join(self.uri, folder, ASSETS_EXTRA, LINEAGE_FILE)
-            if self.fs.exists(filesystem(uri)[1]):
-                return uri
-        return join(self.uri, RETIRED, f"{version}.json")
+        """Where the lineage of `version` lives now: in its folder while one holds the number, else aside after
+        rollback, else retired. A lineage belongs to its folder: a model put at a number rolled back or retired
+        does not inherit that version's lineage (it has its own, or none)."""
+        if self.fs.exists(posixpath.join(self.path, str(version))):
+            return join(self.uri, str(version), ASSETS_EXTRA, LINEAGE_FILE)
+        aside = self._aside_lineage_uri(version)
+        return aside if self.fs.exists(filesystem(aside)[1]) else join(self.uri, RETIRED, f"{version}.json")
 
-    def lineage(self, version: int) -> Lineage | None:
-        """The lineage of `version`; None for a version Stoke did not push (nothing records its
-        origin, and retirement only its number)."""
-        uri = self.lineage_uri(version)
+    def _aside_lineage_uri(self, version: int) -> str:
+        return join(self.uri, f"{ROLLED_BACK_PREFIX}{version}", ASSETS_EXTRA, LINEAGE_FILE)
+
+    def lineage(self, version: int, rolled_back: bool = False) -> Lineage | None:
+        """The lineage of `version` (lineage_uri), or with `rolled_back` the one rolled-back-<version> keeps;
+        None for a version Stoke did not push (nothing records its origin, and retirement only its number)."""
+        uri = self._aside_lineage_uri(version) if rolled_back else self.lineage_uri(version)
         if not self.fs.exists(filesystem(uri)[1]):
             return None
         record = read_json(uri)

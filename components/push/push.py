@@ -21,7 +21,7 @@ import json
 import subprocess
 
 from components.common import clock, processes, program
-from components.common.files import exists, filesystem, join, read_json, read_result, remove, write_json
+from components.common.files import exists, filesystem, read_result, remove, write_json
 from components.common.repository import ASSETS_EXTRA, LINEAGE_FILE, Repository, RepositoryError, kill_drill
 from components.common.store_errors import on_root
 from components.contracts.layout import WARMUP_FILE, Root, RunDir
@@ -65,7 +65,7 @@ def push(config: RunConfig, *, run_id: str) -> PushSummary:
         earlier = earlier_push(repo, run)
         summary = (_finish(config, root, run, repo, earlier) if earlier is not None
                    else _publish(config, root, run, repo, validation))
-    summary.image = (serving.build_image(summary.serving_uri, summary.commands.docker_build)
+    summary.image = (serving.build_image(root.serving, config.model_name, summary.versions[-1])
                      if config.push.build_image else {"built": False, "reason": "not asked (push.build_image false)"})
     write_json(run.result("push"), summary.to_json())  # the run's record of the push, for its report
     return summary
@@ -74,17 +74,15 @@ def push(config: RunConfig, *, run_id: str) -> PushSummary:
 def _finish(config: RunConfig, root: Root, run: RunDir, repo: Repository, earlier: Pushed) -> PushSummary:
     """A run pushed before: the steps after its version appeared are finished if a kill stopped them.
     Retention only while its version is the newest (a later push applied its own --keep); the
-    serving context is rendered again when it does not hold the repository's versions."""
+    serving context is rendered again, so what the push builds and prints is what Stoke writes, never
+    what it finds there (it says what it changed: versions it did not hold, or held otherwise)."""
     from components.push import serving_image as serving
 
     retired = repo.apply_retention(config.push.keep, clock.now()) if repo.newest() == earlier.version else []
-    rendered_uri = join(root.serving, "commands.json")
-    rendered = read_json(rendered_uri) if exists(rendered_uri) else None
-    stale = rendered is None or rendered.get("versions") != repo.versions()
-    if stale:
-        rendered = serving.render(root, config.model_name)
-    finished = (f"; finished what it left undone: {'retired ' + str(retired) + ', ' if retired else ''}"
-                f"rendered {rendered['serving_uri']}") if retired or stale else "; nothing to do"
+    rendered = serving.render(root, config.model_name)
+    done = ([f"retired {retired}"] if retired else []) + (
+        [f"rendered {rendered['serving_uri']}: {', '.join(rendered['changed'])}"] if rendered["changed"] else [])
+    finished = f"; finished what it left undone: {', '.join(done)}" if done else "; nothing to do"
     return PushSummary(
         pushed=False, already_pushed=True, run_id=run.run_id, model_name=config.model_name,
         version=earlier.version, model_uri=earlier.model_uri, serving_uri=rendered["serving_uri"],
@@ -150,8 +148,9 @@ def earlier_push(repo: Repository, run: RunDir) -> Pushed | None:
         return read_result(run.pushed, Pushed)
     complete = set(repo.versions() + repo.rolled_back() + repo.retired())
     intended = [read_result(run.push_intent, PushIntent).version] if exists(run.push_intent) else []
-    for version in [v for v in intended if v in complete] + repo.versions()[::-1] + repo.rolled_back()[::-1]:
-        lineage = repo.lineage(version)
+    for version, aside in ([(v, False) for v in intended if v in complete] + [(v, False) for v in repo.versions()[::-1]]
+                           + [(v, True) for v in repo.rolled_back()[::-1]]):
+        lineage = repo.lineage(version, rolled_back=aside)
         if lineage is not None and lineage.run_id == run.run_id:
             pushed = Pushed(version=version, model_uri=repo.version_uri(version), pushed_at=lineage.pushed_at)
             write_json(run.pushed, pushed.to_json())
