@@ -18,7 +18,7 @@ from importlib import resources
 from components.common import processes
 from components.common.files import filesystem, is_local, join, write_json
 from components.common.model_folders import SAVED_MODEL, SAVED_MODEL_TEXT, SERVING_FILES
-from components.common.repository import ASSETS_EXTRA, LINEAGE_FILE, Repository
+from components.common.repository import ANSWERS_FILE, ASSETS_EXTRA, LINEAGE_FILE, Repository
 from components.common.serving import SERVING_IMAGE, SERVING_VERSION, docker_engine
 from components.contracts.layout import Root
 from components.contracts.secrets import without_secrets
@@ -185,7 +185,8 @@ def render(root: Root | str, model_name: str) -> dict:
 def _mirror_versions(repo: Repository, versions: list[int], fs, target: str) -> None:
     """Makes target/<v> match the kept versions: hard links on one local disk (no second copy of
     the weights), copies elsewhere; saved_model.pb (or .pbtxt) last, as in the repository. Each lineage is
-    written without credentials (`_lineage_copy`): the image holds what the context holds."""
+    written without credentials (`_lineage_copy`): the image holds what the context holds. The answers the
+    gate recorded stay in the repository."""
     import os
 
     fs.makedirs(target, exist_ok=True)
@@ -202,6 +203,8 @@ def _mirror_versions(repo: Repository, versions: list[int], fs, target: str) -> 
         files = sorted(fs.find(source), key=lambda p: posixpath.relpath(p, source) in SERVING_FILES)
         for path in files:
             out = posixpath.join(dest, posixpath.relpath(path, source))
+            if out.endswith(ANSWERS):
+                continue  # the gate's record of the version, for later gates: nothing the server reads
             fs.makedirs(posixpath.dirname(out), exist_ok=True)
             if out.endswith(LINEAGE):
                 _lineage_copy(fs, source, dest)
@@ -216,6 +219,7 @@ def _mirror_versions(repo: Repository, versions: list[int], fs, target: str) -> 
 
 
 LINEAGE = f"/{ASSETS_EXTRA}/{LINEAGE_FILE}"
+ANSWERS = f"/{ASSETS_EXTRA}/{ANSWERS_FILE}"
 
 
 def _lineage_copy(fs, version: str, dest: str) -> None:

@@ -1,16 +1,26 @@
 """The reference a candidate is held to class by class, beside the newest served version: on figures through
-the gate's decision (answers as lists, no model, no TFMA, no TensorFlow)."""
+the gate's decision (answers as lists, no model, no TFMA, no TensorFlow), and which version it is on a model
+repository laid out by hand."""
 from __future__ import annotations
 
 import gzip
+import json
+import os
+import posixpath
 import random
+from pathlib import Path
 
 import pytest
 
-from components.contracts.results import ResultError
-from components.gate import answers
+from components.common.files import exists
+from components.common.repository import ANSWERS_FILE, ASSETS_EXTRA, LINEAGE_FILE, Repository
+from components.contracts.results import GateReference, ResultError
+from components.gate import answers, gate, records, reference
 from components.gate.decision import Floor, decide
 from components.gate.rule import Evidence, Reference
+from components.push import rollback
+from components.push.push import reference_after
+from tests.components.conftest import fake_model
 
 SERVED = {"ok": True, "problems": [], "real_server": {"status": "passed"}}
 CLASSES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
@@ -141,3 +151,177 @@ def test_a_record_that_is_not_one_is_one_line_naming_it():
         answers.decode(gzip.compress(b'{"labels": ["red"], "records": {"a": [0]}}'), "x/answers.json.gz")
     with pytest.raises(ValueError, match="differ in length"):
         answers.record(["a"], [0, 1], [0], ["red"])
+
+
+# ---------------------------------------------------------------- which version is the reference
+
+
+SAMPLE = Path(__file__).parents[1] / "contracts" / "samples" / "stoke_lineage.json"
+COLOURS = ["red", "green", "blue"]
+NOW = "2026-12-31T12:00:00Z"  # when the gates below run
+RECORDS = {"red": ["r1", "r2"], "green": ["g1", "g2"], "blue": ["b1", "b2"], "white": ["w1", "w2"]}
+
+
+def recorded_answers(labels: list[str]) -> bytes:
+    """A version's answers to the eval records of its classes: all right."""
+    keys = [key for name in labels for key in RECORDS[name]]
+    ids = [labels.index(name) for name in labels for _ in RECORDS[name]]
+    return answers.encode(answers.record(keys, ids, ids, labels))
+
+
+def push(repo: Repository, source: str, version: int, kind: str, labels: list[str] = COLOURS,
+         recorded: bool = True) -> None:
+    """A push as the gate and push make it: the gate chooses the reference from the newest served version's
+    lineage, the push records the one later candidates are held to, and retention keeps push.keep versions."""
+    newest = repo.newest()
+    chosen = reference.choose(repo, newest, repo.lineage(newest), labels, NOW) if newest is not None else None
+    held = GateReference(version=chosen.version, kept=kind == "warm") if chosen and chosen.version else None
+    lineage = json.loads(SAMPLE.read_text()) | {
+        "version": version, "pushed_at": f"2026-12-{version % 100:02d}T02:00:00Z", "labels": labels,
+        "rolled_back": None, "reference": reference_after(held, version, recorded)}
+    extra = {f"{ASSETS_EXTRA}/{LINEAGE_FILE}": json.dumps(lineage).encode()}
+    if recorded:
+        extra[f"{ASSETS_EXTRA}/{ANSWERS_FILE}"] = recorded_answers(labels)
+    with repo.lock("push"):
+        repo.publish(source, version, extra)
+        repo.apply_retention(KEEP, "2026-12-31T00:00:00Z")
+
+
+def held(repo: Repository, labels: list[str] = COLOURS) -> reference.Chosen:
+    """The reference the next candidate is held to."""
+    newest = repo.newest()
+    return reference.choose(repo, newest, repo.lineage(newest), labels, NOW)
+
+
+@pytest.fixture
+def repo(tmp_path) -> tuple[Repository, str]:
+    return Repository(str(tmp_path / "root"), "stoke"), fake_model(tmp_path / "model")
+
+
+def test_warm_nights_keep_the_reference_and_a_retired_reference_keeps_its_answers(repo):
+    warm_nights_and_retirement(*repo)
+
+
+def test_on_a_bucket_a_retired_reference_keeps_its_answers_too(s3_bucket, tmp_path):
+    warm_nights_and_retirement(Repository(f"s3://{s3_bucket}/root", "stoke"), fake_model(tmp_path / "model"))
+
+
+def warm_nights_and_retirement(repo: Repository, source: str) -> None:
+    push(repo, source, 101, "full")
+    for version in (102, 103, 104, 105):
+        push(repo, source, version, "warm")
+    assert repo.versions() == [103, 104, 105] and repo.retired() == [101, 102]
+    chosen = held(repo)
+    assert (chosen.version, chosen.pushed_at, chosen.days, chosen.since, chosen.notes) == (
+        101, "2026-12-01T02:00:00Z", 30, 4, [])
+    assert chosen.recorded == answers.decode(recorded_answers(COLOURS), "")
+    assert repo.answers_uri(101).endswith("/_retired/101.answers.json.gz")
+    assert not exists(repo.answers_uri(102))  # no kept version is held to 102: its answers went with it
+    # A full retrain, held to 101 at its gate, is the reference once pushed; 101's answers stay while a kept
+    # version is held to it, and go once none is.
+    push(repo, source, 106, "full")
+    assert held(repo).version == 106 and held(repo).recorded is None  # the newest served version, answered anew
+    assert exists(repo.answers_uri(101))
+    push(repo, source, 107, "warm")
+    push(repo, source, 108, "warm")
+    assert repo.versions() == [106, 107, 108] and held(repo).version == 106
+    retired = sorted(posixpath.basename(p) for p in repo.fs.ls(posixpath.join(repo.path, "_retired"), detail=False))
+    assert retired == [f"{v}.json" for v in range(101, 106)]
+
+
+def test_after_a_rollback_the_reference_is_the_one_the_served_version_was_held_to(repo):
+    repo, source = repo
+    push(repo, source, 101, "full")
+    push(repo, source, 102, "warm")
+    push(repo, source, 103, "full")
+    push(repo, source, 104, "warm")
+    assert held(repo).version == 103
+    rollback.rollback(repo.root.uri, "stoke", reason="canary errors")
+    assert held(repo).version == 103 and held(repo).recorded is None  # 103 is served again
+    rollback.rollback(repo.root.uri, "stoke", reason="still wrong")
+    chosen = held(repo)  # 102 is served, held to 101: 103, rolled back, is no reference
+    assert chosen.version == 101 and chosen.recorded is not None and chosen.since == 3
+    # A lineage naming a rolled-back version (written by hand) does not make it one.
+    lineage = repo.lineage(102).model_copy(update={"reference": 103})
+    with open(repo.lineage_uri(102), "w") as f:
+        json.dump(lineage.to_json(), f)
+    chosen = held(repo)
+    assert (chosen.version, chosen.recorded) == (102, None) and chosen.notes == [
+        "the reference version 103 was rolled back: class by class the candidate is compared with the served "
+        "version 102 alone, the reference from now on"]
+
+
+def test_after_a_released_new_class_the_full_retrain_is_the_reference(repo):
+    repo, source = repo
+    push(repo, source, 101, "full")
+    push(repo, source, 102, "warm")
+    wider = [*COLOURS, "white"]
+    chosen = held(repo, wider)  # the candidate that learnt white is held to 101 on the classes 101 knew
+    assert chosen.version == 101
+    candidate, earlier, labels = answers.paired(chosen.recorded, [k for n in wider for k in RECORDS[n]],
+                                                [0, 0, 1, 1, 2, 2, 3, 3], [0, 0, 1, 1, 2, 2, 3, 3])
+    assert labels == [0, 0, 1, 1, 2, 2] and all(candidate) and all(earlier)
+    push(repo, source, 103, "full", wider)  # a new class retrains fully
+    push(repo, source, 104, "warm", wider)
+    chosen = held(repo, wider)
+    assert chosen.version == 103 and chosen.recorded.labels == wider
+
+
+def test_a_served_version_without_recorded_answers_is_compared_alone(repo):
+    """A ROOT whose versions were pushed before the gate recorded answers: the gate works as it did, says so
+    once, and the next version pushed is the reference."""
+    repo, source = repo
+    push(repo, source, 101, "full", recorded=False)
+    push(repo, source, 102, "warm", recorded=False)
+    assert repo.lineage(102).reference is None
+    chosen = held(repo)
+    assert (chosen.version, chosen.recorded) == (None, None) and chosen.notes == [
+        "served version 102 has no recorded answers, so class by class the candidate is compared with it alone; "
+        "once pushed, it is the reference later candidates are held to"]
+    # What the gate says of it: that note, once, and no comparison beside the newest served version's.
+    served = gate._served(repo, COLOURS)
+    compared, notes = gate._reference_pair(served.held_to, records.Answered(["r1"], [0], [0]))
+    assert compared is None and [n for n in served.notes + notes if "recorded answers" in n] == chosen.notes
+    push(repo, source, 103, "warm")
+    push(repo, source, 104, "warm")
+    assert held(repo).version == 103 and held(repo).recorded is not None
+
+
+@pytest.mark.parametrize("damage, says", [
+    ("removed", "has no recorded answers or lineage left"),
+    ("other classes", "answered other classes than the candidate's (green, red, blue)"),
+])
+def test_a_reference_whose_answers_are_gone_hands_over_to_the_served_version(repo, damage, says):
+    repo, source = repo
+    push(repo, source, 101, "full")
+    push(repo, source, 102, "warm")
+    uri = repo.answers_uri(101)
+    if damage == "removed":
+        os.remove(uri)
+    else:
+        with open(uri, "wb") as f:
+            f.write(recorded_answers(["green", "red", "blue"]))
+    chosen = held(repo)
+    assert (chosen.version, chosen.recorded) == (102, None)
+    assert chosen.notes[0].startswith(f"the reference version 101 {says}") and chosen.notes[0].endswith(
+        "class by class the candidate is compared with the served version 102 alone, the reference from now on")
+    push(repo, source, 103, "warm")  # the warm night after is held to 102
+    assert held(repo).version == 102 and held(repo).recorded is not None
+
+
+def test_a_damaged_record_of_the_reference_is_one_line_naming_it(repo):
+    repo, source = repo
+    push(repo, source, 101, "full")
+    push(repo, source, 102, "warm")
+    with open(repo.answers_uri(101), "wb") as f:
+        f.write(b"not gzip")
+    with pytest.raises(ResultError, match=r"/101/assets.extra/stoke_answers.json.gz is not gzip"):
+        held(repo)
+    with open(repo.answers_uri(101), "wb") as f:
+        f.write(recorded_answers(COLOURS))
+    lineage = repo.lineage(101).model_copy(update={"pushed_at": "last Tuesday"})
+    with open(repo.lineage_uri(101), "w") as f:
+        json.dump(lineage.to_json(), f)
+    with pytest.raises(ResultError, match=r"/101/assets.extra/stoke_lineage.json says the version was pushed at "
+                                          r"'last Tuesday', which is no time as Stoke writes them"):
+        held(repo)
