@@ -229,6 +229,22 @@ def _before_third_push(trained_runs, tmp_path) -> str:
     return root
 
 
+def test_a_run_gated_without_recorded_answers_is_pushed_as_before(trained_runs, tmp_path):
+    """A run an older gate blessed has no answers.json.gz or `reference` in its gate.json: its version holds no
+    answers and names no reference, so the next gate compares with it alone."""
+    root = _before_third_push(trained_runs, tmp_path)
+    run = os.path.join(root, "runs", "mixed")
+    os.remove(os.path.join(run, "answers.json.gz"))
+    gated = json.load(open(os.path.join(run, "gate.json")))
+    del gated["reference"]
+    json.dump(gated, open(os.path.join(run, "gate.json"), "w"))
+    code, pushed = push_run(root, "mixed", "--no-build-image")
+    assert code == 0 and pushed["pushed"], pushed
+    assert Repository(root, "stoke").lineage(pushed["version"]).reference is None
+    assert sorted(os.listdir(os.path.join(pushed["model_uri"], "assets.extra"))) == [
+        "stoke_lineage.json", "tf_serving_warmup_requests"]
+
+
 def test_a_served_version_in_text_form_survives_the_next_push(trained_runs, tmp_path):
     """TF Serving loads saved_model.pbtxt too: such a version is served, so push neither deletes it
     nor finds the repository changed since the gate compared the run with it."""
