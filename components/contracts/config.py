@@ -451,9 +451,10 @@ class GateConfig(BaseModel):
                                                                 "(decision evidence); McNemar's p-value is reported beside it; "
                                                                 "1 - confidence is the per-class rule's level")
     per_class: bool = Field(
-        True, description="also refuse a candidate that answers one class worse than the served version with "
-                          "evidence (McNemar's exact one-sided test per class, Holm's correction over the classes, at "
-                          "level 1 - confidence) by more than max_regression, under either decision")
+        True, description="also refuse a candidate that answers one class worse than the served version, or than "
+                          "the reference (the version it is held to across nights), with evidence (McNemar's exact "
+                          "one-sided test per class, Holm's correction over the classes, at level 1 - confidence) by "
+                          "more than max_regression, under either decision")
     top_k: int = Field(5, gt=0, le=100_000, description="k of the top-k accuracy (capped at the number of classes)")
     warmup_images: int = Field(8, gt=0, le=256, description="real eval images in TF Serving's warm-up requests")
 

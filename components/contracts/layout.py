@@ -149,6 +149,7 @@ class RunDir:
     tfma = property(lambda self: self._file("tfma"))
     warmup = property(lambda self: join(self.uri, "warmup", WARMUP_FILE))
     gate = property(lambda self: self._file("gate.json"))
+    answers = property(lambda self: self._file("answers.json.gz"))  # the candidate's per record; the push copies it
     confusion_matrix = property(lambda self: self._file("confusion_matrix.png"))
     blessed = property(lambda self: self._file("BLESSED"))
     not_blessed = property(lambda self: self._file("NOT_BLESSED"))
@@ -172,7 +173,7 @@ class RunDir:
     def heavy(self) -> list[str]:
         """The heavy parts of the run, which the retention rule removes first; the rest is the run's record
         (metrics.json, the train stage's result, among it)."""
-        return [self.candidate, self.backup, self.tensorboard, self.tfma, posixpath.dirname(self.warmup)]
+        return [self.candidate, self.backup, self.tensorboard, self.tfma, posixpath.dirname(self.warmup), self.answers]
 
     def result(self, stage: str) -> str:
         """The one file of a stage's result in the run: `<stage>.json`; train's is metrics.json, the name it

@@ -77,5 +77,9 @@ class Lineage(Result):
     tensorflow_version: str
     serving_image: str
     code_version: dict
+    # The version whose recorded answers later candidates are held to class by class while this one is served:
+    # itself after a full retrain, else the reference it was held to (components/gate/reference.py). None: the
+    # version recorded no answers (pushed before the gate recorded them).
+    reference: int | None = None
     rolled_back: RolledBack | None = None
     retired_at: str | None = None

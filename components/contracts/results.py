@@ -372,6 +372,22 @@ class PerClassComparison(Result):
     classes: list[ClassComparison]  # the classes with eval records, in class-id order
 
 
+class ReferenceComparison(PerClassComparison):
+    """The guard against forgetting against the reference, the version whose recorded answers candidates are held
+    to class by class (components/gate/reference.py), on the eval records both answered."""
+
+    pushed_at: str  # when the reference was pushed
+    days: int  # from its push to this gate
+    versions_since: int  # versions pushed after it
+
+
+class GateReference(Result):
+    """The version whose recorded answers a candidate was held to class by class (components/gate/reference.py)."""
+
+    version: int
+    kept: bool  # once the candidate is pushed, later candidates are held to it too (a warm run); False: to the candidate
+
+
 class Comparison(PairedComparison):
     """The paired comparison with the newest served version, and the rule that decided."""
 
@@ -379,6 +395,16 @@ class Comparison(PairedComparison):
     confidence: float
     best_retained: PairedComparison | None = None  # against the retained version most accurate on these records
     per_class: PerClassComparison | None = None  # None: gate.per_class off, or gated before it existed
+    # None: per_class off, no reference, or the reference is the newest served version (per_class is then against it)
+    reference: ReferenceComparison | None = None
+
+
+class Answers(Result):
+    """ROOT/runs/<id>/answers.json.gz (JSON, gzipped), and assets.extra/stoke_answers.json.gz of the version the run
+    became: the class the candidate answered for each eval record at its gate (components/gate/answers.py)."""
+
+    labels: list[str]  # the model's classes, by id
+    records: dict[str, tuple[int, int]]  # SHA-256 of the record's image/encoded -> (its label id then, the class answered)
 
 
 class Collapse(Result):
@@ -405,6 +431,7 @@ class GateResult(Result):
     comparison: Comparison | None = None  # paired, per record; None: no served version to compare with
     collapse: Collapse | None = None  # None: the candidate answers more than one class
     served_version: int | None  # the newest served version when gated
+    reference: GateReference | None = None  # None: held to no reference, as when no served version recorded answers
     thresholds: Thresholds
     serving_check: dict  # components/gate/serving_check.py's report
     labels: list[str]

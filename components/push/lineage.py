@@ -39,6 +39,8 @@ def render_text(record: dict) -> str:
              f"  accuracy {metrics.get('accuracy')}  top-{metrics.get('top_k')} {metrics.get('top_k_accuracy')}  "
              f"on {metrics.get('example_count')} eval records",
              f"  blessed: {blessing.get('blessed')} (baseline version {blessing.get('baseline_version')})"]
+    if record.get("reference") is not None:
+        lines.append(f"  reference: version {record['reference']} (later candidates are held to it class by class)")
     for span in record.get("spans", []):
         lines.append(f"  span {span['span']}: {span.get('counts')} from {span.get('source')} "
                      f"(manifest sha256 {span.get('manifest_sha256', '')[:12]})")

@@ -8,7 +8,9 @@ pushed.json after (the version's record, which makes a second push report the fi
 push.json, last; a version whose lineage names the run counts as pushed, so a push stopped
 between the two is finished by the next attempt instead of repeated. The
 version folder gets the candidate, `assets.extra/tf_serving_warmup_requests` (the requests
-validation replayed) and `assets.extra/stoke_lineage.json`; it appears atomically
+validation replayed), `assets.extra/stoke_answers.json.gz` (the candidate's answers the gate recorded,
+which later gates hold candidates to while it is their reference) and `assets.extra/stoke_lineage.json`,
+which names that reference; it appears atomically
 (components/common/repository.py). Then retention keeps the newest --keep versions and ROOT/serving
 is rendered again; the image is built when a container engine answers. A retry of a push killed
 after its version appeared finishes those two steps (retention only while its version is still
@@ -21,12 +23,19 @@ import json
 import subprocess
 
 from components.common import clock, processes, program
-from components.common.files import exists, filesystem, read_result, remove, write_json
-from components.common.repository import ASSETS_EXTRA, LINEAGE_FILE, Repository, RepositoryError, kill_drill
+from components.common.files import exists, filesystem, read_bytes, read_result, remove, write_json
+from components.common.repository import (
+    ANSWERS_FILE,
+    ASSETS_EXTRA,
+    LINEAGE_FILE,
+    Repository,
+    RepositoryError,
+    kill_drill,
+)
 from components.common.store_errors import on_root
 from components.contracts.layout import WARMUP_FILE, Root, RunDir
 from components.contracts.lineage import Blessing, Lineage, LineageSpan, Pushed, PushIntent, Training
-from components.contracts.results import GateResult, ResultError, SpanManifest, TrainMetrics
+from components.contracts.results import GateReference, GateResult, ResultError, SpanManifest, TrainMetrics
 from components.contracts.run_config import RunConfig
 from components.contracts.secrets import without_secrets
 from components.contracts.summaries import PushSummary
@@ -105,13 +114,16 @@ def _publish(config: RunConfig, root: Root, run: RunDir, repo: Repository, valid
     trained_tf = serving.saved_model_tf_version(candidate)
     serving.check_server_version(trained_tf)
     version = repo.next_version()
-    lineage = build_lineage(root, run, config, validation, version, trained_tf)
+    # A run gated before the gate recorded answers has none: its version is nobody's reference.
+    recorded = read_bytes(run.answers) if exists(run.answers) else None
+    lineage = build_lineage(root, run, config, validation, version, trained_tf, recorded is not None)
     warmup_fs, warmup_path = filesystem(run.warmup)
     intent = PushIntent(version=version, model_uri=repo.version_uri(version), started_at=lineage.pushed_at)
     write_json(run.push_intent, intent.to_json())
     model_uri = repo.publish(candidate, version, {
         f"{ASSETS_EXTRA}/{LINEAGE_FILE}": json.dumps(lineage.to_json(), indent=2, sort_keys=True).encode(),
         f"{ASSETS_EXTRA}/{WARMUP_FILE}": warmup_fs.cat_file(warmup_path),
+        **({f"{ASSETS_EXTRA}/{ANSWERS_FILE}": recorded} if recorded is not None else {}),
     })
     kill_drill("published")
     write_json(run.pushed, Pushed(version=version, model_uri=model_uri, pushed_at=lineage.pushed_at).to_json())
@@ -160,8 +172,10 @@ def earlier_push(repo: Repository, run: RunDir) -> Pushed | None:
     return None
 
 
-def build_lineage(root: Root, run: RunDir, config: RunConfig, validation: GateResult, version: int, trained_tf: str) -> Lineage:
-    """Served version -> run -> spans (with their manifests' hashes and counts) -> metrics, blessing."""
+def build_lineage(root: Root, run: RunDir, config: RunConfig, validation: GateResult, version: int, trained_tf: str,
+                  recorded: bool) -> Lineage:
+    """Served version -> run -> spans (with their manifests' hashes and counts) -> metrics, blessing, and the
+    reference later candidates are held to (reference_after)."""
     from components.push import serving_image as serving
 
     trained = read_result(run.metrics, TrainMetrics)
@@ -188,7 +202,17 @@ def build_lineage(root: Root, run: RunDir, config: RunConfig, validation: GateRe
         tensorflow_version=trained_tf,
         serving_image=f"{serving.SERVING_IMAGE}:{serving.SERVING_VERSION}",
         code_version=code_version(),
+        reference=reference_after(validation.reference, version, recorded),
     )
+
+
+def reference_after(held: GateReference | None, version: int, recorded: bool) -> int | None:
+    """The reference later candidates are held to class by class once `version` is pushed (components/gate/
+    reference.py): the one the gate `held` a warm run to, else the version itself; none when its gate
+    `recorded` no answers."""
+    if not recorded:
+        return None
+    return held.version if held is not None and held.kept else version
 
 
 def code_version() -> dict:

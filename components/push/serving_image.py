@@ -22,7 +22,7 @@ from components.common import processes
 from components.common.files import filesystem, is_local, join, uri_of, write_json, write_whole
 from components.common.local_copies import clear
 from components.common.model_folders import SAVED_MODEL, SAVED_MODEL_TEXT, SERVING_FILES
-from components.common.repository import ASSETS_EXTRA, LINEAGE_FILE, Repository
+from components.common.repository import ANSWERS_FILE, ASSETS_EXTRA, LINEAGE_FILE, Repository
 from components.common.serving import SERVING_IMAGE, SERVING_VERSION, docker_engine
 from components.contracts.layout import Root
 from components.contracts.secrets import without_secrets
@@ -202,7 +202,8 @@ def _mirror_versions(repo: Repository, versions: list[int], fs, target: str) -> 
     the weights), copies elsewhere; saved_model.pb (or .pbtxt) last, as in the repository. A mirror is
     checked against its version at each render (_differs) and mirrored again when it differs: what
     `docker build` ships is the version, whatever was put in its place. Each lineage is written without
-    credentials (`_lineage_copy`): the image holds what the context holds. Returns what it changed, in words."""
+    credentials (`_lineage_copy`): the image holds what the context holds. The answers the gate recorded stay
+    in the repository. Returns what it changed, in words."""
     changed = []
     if is_local(fs):
         for folder in (posixpath.dirname(target), target):  # Stoke's folders: a link there would lead elsewhere
@@ -231,6 +232,8 @@ def _mirror_versions(repo: Repository, versions: list[int], fs, target: str) -> 
         files = sorted(fs.find(source), key=lambda p: posixpath.relpath(p, source) in SERVING_FILES)
         for path in files:
             out = posixpath.join(dest, posixpath.relpath(path, source))
+            if out.endswith(ANSWERS):
+                continue  # the gate's record of the version, for later gates: nothing the server reads
             fs.makedirs(posixpath.dirname(out), exist_ok=True)
             if out.endswith(LINEAGE):
                 _lineage_copy(fs, source, dest)
@@ -246,6 +249,7 @@ def _mirror_versions(repo: Repository, versions: list[int], fs, target: str) -> 
 
 
 LINEAGE = f"/{ASSETS_EXTRA}/{LINEAGE_FILE}"
+ANSWERS = f"/{ASSETS_EXTRA}/{ANSWERS_FILE}"
 
 
 def _differs(fs, source: str, dest: str) -> str | None:
@@ -255,7 +259,8 @@ def _differs(fs, source: str, dest: str) -> str | None:
     local = is_local(fs)
     if local and os.path.islink(dest):
         return "it is a symbolic link"
-    want = {posixpath.relpath(p, source): info for p, info in fs.find(source, detail=True).items()}
+    want = {posixpath.relpath(p, source): info for p, info in fs.find(source, detail=True).items()
+            if not p.endswith(ANSWERS)}  # the answers stay in the repository
     have = {posixpath.relpath(p, dest): info for p, info in fs.find(dest, detail=True).items()}
     for name in sorted(want.keys() | have.keys()):
         if name not in have:

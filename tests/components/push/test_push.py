@@ -38,6 +38,13 @@ def test_blessed_run_is_pushed_with_warmup_and_lineage(trained_runs):
     assert record["tensorflow_version"].startswith("2.21") and record["serving_image"] == "tensorflow/serving:2.21.0"
     assert record["blessing"]["blessed"] and record["metrics"]["accuracy"] == pushed["metrics"]["accuracy"]
     assert record["code_version"]["package"] == "0.1.0"
+    # The answers its gate recorded, kept beside it, and the reference it names for later candidates: itself,
+    # the first version; the serving image carries neither the answers nor a use for them.
+    with open(os.path.join(version_dir, "assets.extra", "stoke_answers.json.gz"), "rb") as kept:
+        assert kept.read() == open(os.path.join(trained_runs["root"], "runs", "good", "answers.json.gz"), "rb").read()
+    assert record["reference"] == pushed["version"]
+    mirrored = os.path.join(trained_runs["root"], "serving", "models", "stoke", str(pushed["version"]), "assets.extra")
+    assert sorted(os.listdir(mirrored)) == ["stoke_lineage.json", "tf_serving_warmup_requests"]
     assert pushed["commands"]["docker_build"].startswith("docker build -t stoke-serving-stoke:")
     assert not pushed["image"]["built"] and "container engine" in pushed["image"]["reason"]
 
@@ -55,6 +62,9 @@ def test_third_run_is_a_newer_float32_version(trained_runs):
     assert trained_runs["train"]["mixed"]["precision"] == "mixed_bfloat16"
     assert third["pushed"] and third["version"] > first["version"] and third["previous_version"] == first["version"]
     assert Repository(trained_runs["root"], "stoke").versions() == [first["version"], third["version"]]
+    # Gated against the first version, the reference; trained fully, it is the reference once pushed.
+    assert trained_runs["validate"]["mixed"][1]["reference"] == {"version": first["version"], "kept": False}
+    assert Repository(trained_runs["root"], "stoke").lineage(third["version"]).reference == third["version"]
     outputs = tf.saved_model.load(third["model_uri"]).signatures["serving_default"].structured_outputs
     assert outputs["probabilities"].dtype == tf.float32
 
@@ -219,6 +229,22 @@ def _before_third_push(trained_runs, tmp_path) -> str:
     return root
 
 
+def test_a_run_gated_without_recorded_answers_is_pushed_as_before(trained_runs, tmp_path):
+    """A run an older gate blessed has no answers.json.gz or `reference` in its gate.json: its version holds no
+    answers and names no reference, so the next gate compares with it alone."""
+    root = _before_third_push(trained_runs, tmp_path)
+    run = os.path.join(root, "runs", "mixed")
+    os.remove(os.path.join(run, "answers.json.gz"))
+    gated = json.load(open(os.path.join(run, "gate.json")))
+    del gated["reference"]
+    json.dump(gated, open(os.path.join(run, "gate.json"), "w"))
+    code, pushed = push_run(root, "mixed", "--no-build-image")
+    assert code == 0 and pushed["pushed"], pushed
+    assert Repository(root, "stoke").lineage(pushed["version"]).reference is None
+    assert sorted(os.listdir(os.path.join(pushed["model_uri"], "assets.extra"))) == [
+        "stoke_lineage.json", "tf_serving_warmup_requests"]
+
+
 def test_a_served_version_in_text_form_survives_the_next_push(trained_runs, tmp_path):
     """TF Serving loads saved_model.pbtxt too: such a version is served, so push neither deletes it
     nor finds the repository changed since the gate compared the run with it."""
@@ -297,7 +323,9 @@ def test_rollback_moves_the_newest_aside_and_refuses_the_last(trained_runs, tmp_
 def test_lineage_of_the_served_version(trained_runs, capsys):
     assert lineage.run(["--root", trained_runs["root"]]) == 0
     text = capsys.readouterr().out
-    assert f"version {trained_runs['push']['mixed'][1]['version']} (served)" in text and "run mixed" in text
+    third = trained_runs["push"]["mixed"][1]["version"]
+    assert f"version {third} (served)" in text and "run mixed" in text
+    assert f"reference: version {third} (later candidates are held to it class by class)" in text
     assert "span 1:" in text
     assert lineage.run(["--root", trained_runs["root"], "--model-name", "a/../b"]) == 1
 
