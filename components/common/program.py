@@ -70,6 +70,11 @@ def stage_config(name: str, args: argparse.Namespace) -> tuple[RunConfig, RunFac
     facts = RunFacts.model_validate(options.pop(FACTS, {}))
     data = config_files.read_file(args.config) if args.config else {}
     config = RunConfig.model_validate(config_files.deep_merge(data, options)).resolved()
+    from components.common.tf_files import folders_problem  # here: the cache's module names its fix with ours
+
+    unreadable = folders_problem(config.shard_cache.dir)
+    if unreadable:
+        raise config_files.ConfigError(unreadable)
     missing = [key for key in stage(name).required if getattr(config, key, None) is None and getattr(facts, key, None) is None]
     if missing:
         raise config_files.ConfigError("; ".join(f"{option(key)}: Field required" for key in missing))
