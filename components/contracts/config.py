@@ -66,11 +66,11 @@ PATTERN_CHARACTERS = "*?[\\"
 def pattern_problem(path: str, what: str) -> str | None:
     """Why TensorFlow could not load the models saved below `path` (`what`, e.g. "ROOT"), or None; the caller
     says what to change."""
-    found = [c for c in dict.fromkeys(path) if c in PATTERN_CHARACTERS]
+    found = " and ".join(f"'{c}'" for c in dict.fromkeys(path) if c in PATTERN_CHARACTERS)
     if not found:
         return None
-    return (f"{what} {path} holds {' and '.join(map(repr, found))}, which TensorFlow reads as a pattern where it loads "
-            "a model (the run would train, then find no model to gate)")
+    return (f"{what} {path} holds {found}, which TensorFlow reads as a pattern where it loads a model (the run "
+            "would train, then find no model to gate)")
 
 
 NO_PATTERN = "a folder whose path has none of * ? [ \\"
