@@ -33,7 +33,9 @@ run: install
 
 # A worker that dies ends the run with its test named (--max-worker-restart=0): a replacement worker
 # was seen to wait for the rest of the crashed worker's file until CI's limit.
-# Lint first (ruff, configured in pyproject.toml), then the docs (a broken link fails); pytest exits 5
+# Lint first (ruff, configured in pyproject.toml), then every import of what `stoke` runs against the declared
+# dependencies (deptry, configured there too: a package only the test extras bring fails it), then the docs
+# (a broken link fails); pytest exits 5
 # when it collects no tests, which is not a failure of the code. Tests run on TEST_WORKERS pytest-xdist
 # workers, a test file's tests on one worker (--dist loadfile: a model a file's fixture trains is trained
 # once), the longest files first (tests/conftest.py; --no-loadscope-reorder keeps that order instead of
@@ -44,6 +46,7 @@ TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 
 test: install-test
 	$(PY) -m ruff check .
+	$(PY) -m deptry .
 	$(PY) -m mkdocs build --strict --quiet --site-dir "$$(mktemp -d)"
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --max-worker-restart=0 || [ $$? -eq 5 ]
 

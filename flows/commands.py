@@ -26,6 +26,7 @@ from components.common import config_files, processes
 from components.common.files import exists, is_uri, read_json
 from components.common.program import BAD_SETTINGS, printable, scrubbed
 from components.common.shard_cache import CacheError
+from components.common.tf_files import folders_problem
 from components.contracts.beam_options import BEAM_ARGS_ENV
 from components.contracts.layout import Root, new_run_id
 from components.contracts.run_config import RunConfig
@@ -179,6 +180,9 @@ def checked(args: argparse.Namespace) -> tuple[str, RunConfig]:
     if not args.preflight:  # --no-preflight is `--set preflight=null`, before the --set given
         args.overrides = ["preflight=null", *args.overrides]
     config = config_from(args, model_name=args.model_name)
+    unreadable = folders_problem(config.shard_cache.dir)
+    if unreadable:
+        raise config_files.ConfigError(unreadable)
     run_id = args.run_id or new_run_id()
     try:
         Root(config.root).run(run_id)

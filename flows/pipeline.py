@@ -56,7 +56,7 @@ from components.contracts.config import (
 )
 from components.contracts.layout import Root, RunDir, new_run_id
 from components.contracts.presets import PresetName
-from components.contracts.run_config import RunConfig, Timeouts
+from components.contracts.run_config import RunConfig, Timeouts, preset_problem
 from components.contracts.stages import Stage, stage
 from components.preflight.source import NAME as SOURCE_CHECK
 from flows.console import quiet_failures
@@ -145,6 +145,9 @@ def configure(**given) -> RunConfig:
     try:
         registered = {name: value for name, value in registered_parameters().items() if name in RunConfig.model_fields}
         config = config_files.build(RunConfig, config_files.deep_merge(registered, values)).resolved()
+        hybrid = preset_problem(registered, config.preset, "the deployment's parameters") if registered else None
+        if hybrid:
+            raise config_files.ConfigError(hybrid)
         config = config.model_copy(update={"source": secrets.given(config.source)})
     except (config_files.ConfigError, ValueError) as error:
         raise ConfigurationError(str(error)) from None

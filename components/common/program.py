@@ -19,7 +19,7 @@ from components.common.config_files import argument_type, leaves
 from components.common.store_errors import transient
 from components.contracts import stages
 from components.contracts.results import Result
-from components.contracts.run_config import RunConfig, RunFacts
+from components.contracts.run_config import RunConfig, RunFacts, preset_problem
 from components.contracts.secrets import given as given_source
 from components.contracts.secrets import without_secrets
 from components.contracts.stages import stage
@@ -70,6 +70,14 @@ def stage_config(name: str, args: argparse.Namespace) -> tuple[RunConfig, RunFac
     facts = RunFacts.model_validate(options.pop(FACTS, {}))
     data = config_files.read_file(args.config) if args.config else {}
     config = RunConfig.model_validate(config_files.deep_merge(data, options)).resolved()
+    hybrid = args.config and preset_problem(data, config.preset, args.config)
+    if hybrid:
+        raise config_files.ConfigError(hybrid)
+    from components.common.tf_files import folders_problem  # here: the cache's module names its fix with ours
+
+    unreadable = folders_problem(config.shard_cache.dir)
+    if unreadable:
+        raise config_files.ConfigError(unreadable)
     missing = [key for key in stage(name).required if getattr(config, key, None) is None and getattr(facts, key, None) is None]
     if missing:
         raise config_files.ConfigError("; ".join(f"{option(key)}: Field required" for key in missing))

@@ -6,6 +6,7 @@ preset's" are None until a preset (presets.py) fills them.
 """
 from __future__ import annotations
 
+import os
 import re
 import typing
 from typing import Annotated, Literal
@@ -48,11 +49,31 @@ ServedModelName = Annotated[str, AfterValidator(check_model_name)]
 
 # ROOT is written by every stage, each a process of its own, and read by later runs and other machines: a
 # local path or a bucket every process reaches alike. fsspec's other schemes are each wrong for it: memory://
-# lives in one process, http(s)://, tar://, zip:// and github:// are read-only, and a chain (simplecache::s3://,
-# "a::b") reads one place through another, each process with a cache of its own. SOURCE is only read, so it
-# may also be an http(s):// manifest or folder; a chain is refused there too.
+# lives in one process, http(s)://, tar://, zip://, github:// and data: URLs are read-only, and a chain
+# (simplecache::s3://, "a::b") reads one place through another, each process with a cache of its own. SOURCE is
+# only read, so it may also be an http(s):// manifest or folder; a chain or a data: URL is refused there too.
 ROOT_SCHEMES = ("file", "s3", "gs")
 SOURCE_SCHEMES = (*ROOT_SCHEMES, "http", "https")
+DATA_URL = "data:"  # fsspec's one protocol without '//' (an inline file: `data:text/csv;base64,...`)
+
+# TensorFlow reads a path as a pattern where it loads a checkpoint (a SavedModel's variables: the gate's candidate,
+# a warm start's served version, TF Serving's loader), and Beam's file reads (the gate's TFMA) and fsspec's glob
+# read theirs alike: below `exp[1]` the brackets match only `exp1`, a backslash escapes, and `*` or `?` match a
+# neighbour too. So the folders TensorFlow reads below (ROOT, the shard cache, the temporary folder) hold none.
+PATTERN_CHARACTERS = "*?[\\"
+
+
+def pattern_problem(path: str, what: str) -> str | None:
+    """Why TensorFlow could not load the models saved below `path` (`what`, e.g. "ROOT"), or None; the caller
+    says what to change."""
+    found = " and ".join(f"'{c}'" for c in dict.fromkeys(path) if c in PATTERN_CHARACTERS)
+    if not found:
+        return None
+    return (f"{what} {path} holds {found}, which TensorFlow reads as a pattern where it loads a model (the run "
+            "would train, then find no model to gate)")
+
+
+NO_PATTERN = "a folder whose path has none of * ? [ \\"
 
 
 def _check_location(uri: str, what: str, schemes: tuple[str, ...], why: str) -> str:
@@ -62,6 +83,8 @@ def _check_location(uri: str, what: str, schemes: tuple[str, ...], why: str) -> 
         raise ValueError(f"{what} is empty: {allowed}")
     if "::" in uri:
         raise ValueError(f"{shown}: '::' (fsspec's chaining) is not taken for {what}; {allowed}")
+    if uri[:len(DATA_URL)].lower() == DATA_URL:
+        raise ValueError(f"{shown}: a data: URL is not taken for {what}, which {why}; {allowed}")
     scheme = uri.partition("://")[0] if "://" in uri else None
     if scheme is not None and scheme not in schemes:
         raise ValueError(f"{shown}: {scheme}:// is not taken for {what}, which {why}; {allowed}")
@@ -72,7 +95,17 @@ def _check_location(uri: str, what: str, schemes: tuple[str, ...], why: str) -> 
 
 
 def check_root(uri: str) -> str:
-    return _check_location(uri, "ROOT", ROOT_SCHEMES, "each stage writes from a process of its own")
+    _check_location(uri, "ROOT", ROOT_SCHEMES, "each stage writes from a process of its own")
+    problem = pattern_problem(local_folder(uri) if uri.startswith("file://") or "://" not in uri else uri, "ROOT")
+    if problem:
+        raise ValueError(without_secrets(f"{problem}; rename the folder, or name another ROOT, {NO_PATTERN}"))
+    return uri
+
+
+def local_folder(path: str) -> str:
+    """A local path or file:// URI as the absolute path fsspec and TensorFlow are handed (a relative one below the
+    working folder)."""
+    return os.path.abspath(path.removeprefix("file://"))
 
 
 def check_source(uri: str) -> str:
@@ -178,6 +211,19 @@ def check_trace_steps(text: str) -> str:
 
 TraceSteps = Annotated[str, AfterValidator(check_trace_steps)]
 
+
+def check_cache_folder(folder: str) -> str:
+    """shard_cache.dir: a local folder, which TensorFlow reads the copies from."""
+    if "://" in folder or "::" in folder:
+        raise ValueError(f"{without_secrets(repr(folder))} is not a local folder: the shard cache holds local copies")
+    problem = pattern_problem(local_folder(folder), "the shard cache")
+    if problem:
+        raise ValueError(f"{problem}; name {NO_PATTERN}")
+    return folder
+
+
+CacheFolder = Annotated[str, AfterValidator(check_cache_folder)]
+
 # Every settings model refuses inf and nan: a number that can never be reached (`--shard-mb inf`)
 # would otherwise pass `gt=0` and fail late, deep in Beam or Keras, instead of as a setting.
 SETTINGS_CONFIG = ConfigDict(extra="forbid", protected_namespaces=(), allow_inf_nan=False)
@@ -189,8 +235,8 @@ class ShardCacheConfig(BaseModel):
 
     model_config = SETTINGS_CONFIG
 
-    dir: str | None = Field(None, description="local folder for the copies, reused across runs, your own (made 0700; "
-                            "default: $STOKE_CACHE_DIR, else $XDG_CACHE_HOME/stoke or ~/.cache/stoke)")
+    dir: CacheFolder | None = Field(None, description="local folder for the copies, reused across runs, your own (made "
+                                    "0700; default: $STOKE_CACHE_DIR, else $XDG_CACHE_HOME/stoke or ~/.cache/stoke)")
     max_gb: float = Field(100.0, gt=0, le=1e6, description="size cap of that folder in GB; the copies used "
                           "longest ago are evicted first")
 

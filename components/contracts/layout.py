@@ -1,9 +1,9 @@
 """The ROOT layout of DESIGN.md: the one place that knows where each artifact lives.
 
-ROOT is a local path or any fsspec URI (s3://, gs://). Every stage reads and writes under it, so
-stages hand each other URIs, never objects in memory. `Root` names the data (labels, spans and
-their shards), the runs, the model repositories and the serving context; `RunDir` names the files
-of one run. No other module spells these names, and nothing here reads them: what the spans under
+ROOT is a local path, file://, s3:// or gs:// (config.py says why no other). Every stage reads and
+writes under it, so stages hand each other URIs, never objects in memory. `Root` names the data
+(labels, spans and their shards), the runs, the model repositories and the serving context; `RunDir`
+names the files of one run. No other module spells these names, and nothing here reads them: what the spans under
 a ROOT hold is read by components/common/spans.py.
 """
 from __future__ import annotations

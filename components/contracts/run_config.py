@@ -83,6 +83,22 @@ class RunConfig(BaseModel):
         return self.model_copy(update=groups)
 
 
+def preset_problem(base: dict, preset: str, named: str) -> str | None:
+    """Why the configuration `base` (the data of `named`: a settings file, a deployment's parameters) may not
+    take `preset`, or None. A configuration that names another preset and sets every setting that preset fills
+    is resolved already, as a run's config.json is: `preset` would fill only what the other left unset, and put
+    its name on a run of the other's network, size and epochs."""
+    held = base.get("preset", RunConfig.model_fields["preset"].default)
+    if preset == held or held not in presets.PRESETS:
+        return None
+    for group, values in presets.PRESETS[held].items():
+        if not isinstance(base.get(group), dict) or any(base[group].get(name) is None for name in values):
+            return None
+    return (f"preset {preset} over {named}, which holds the {held} preset's values already (a run's config.json is "
+            f"resolved): {preset} would fill only what {held} left unset; drop the preset to run it as it is, or "
+            "start from a file of your own that leaves those settings unset")
+
+
 class RunFacts(BaseModel):
     """Facts of one run that a stage program takes beside the configuration (the registry's `inputs`
     name which): the flow knows them, a person running a stage by hand names them."""

@@ -174,3 +174,70 @@ def test_a_run_without_source_is_refused_though_a_stage_by_hand_may_go_without(t
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line == "stoke run: error: source: Field required"
     assert not (tmp_path / "root").exists()
+
+
+def recorded_config(tmp_path, preset: str = "production") -> str:
+    """A run's config.json: the resolved configuration, as the flow records it."""
+    from flows.pipeline import recorded
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(recorded(RunConfig(source=str(tmp_path), root=str(tmp_path / "root"), preset=preset)
+                                        .resolved())))
+    return str(path)
+
+
+HYBRID = "which holds the production preset's values already"
+
+
+@pytest.mark.parametrize("argv", [["--preset", "cpu"], ["--set", "preset=demo"]])
+def test_a_preset_over_a_recorded_configuration_is_refused(argv, tmp_path, capsys):
+    """A recorded configuration is resolved: a preset laid over it would fill only what the recorded preset left
+    unset, and put its own name on a run of the other's network, size and epochs."""
+    from components.common import program
+    from flows import cli
+
+    path = recorded_config(tmp_path)
+    for command in (["run", str(tmp_path), "--root", str(tmp_path / "root")], ["config", "show"]):
+        assert cli.main([*command, "--config", path, *argv]) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert HYBRID in line and "drop the preset" in line, line
+    with pytest.raises(program.config_files.ConfigError, match=HYBRID):  # a stage program by hand
+        program.stage_config("train", program.stage_arguments("train", ["--config", path, "--preset", "cpu"]))
+    assert not (tmp_path / "root").exists()
+
+
+def test_a_preset_over_a_deployment_of_a_recorded_configuration_is_refused(tmp_path, prefect_api, monkeypatch):
+    """`stoke up --config runs/<id>/config.json` registers it; `prefect deployment run -p preset=cpu` then asks for
+    the same hybrid."""
+    from components.common.config_files import read_file
+    from flows.pipeline import ConfigurationError, configure, pipeline
+    from flows.run_options import given_fields
+
+    registered = given_fields(RunConfig.model_validate(read_file(recorded_config(tmp_path))))
+    deployment_id = pipeline.to_deployment(name="recorded", parameters=registered).apply()
+    monkeypatch.setenv("PREFECT__RUNTIME__DEPLOYMENT__ID", str(deployment_id))  # as in a run of that deployment
+    given = {**{name: field.default for name, field in RunConfig.model_fields.items() if not field.is_required()},
+             "source": registered["source"], "root": registered["root"]}  # what Prefect hands the flow
+    try:
+        assert configure(**given).train.network == "efficientnet_b0"  # as registered
+        with pytest.raises(ConfigurationError, match=HYBRID):
+            configure(**{**given, "preset": "cpu"})
+    finally:
+        from prefect import get_client
+
+        with get_client(sync_client=True) as client:
+            client.delete_deployment(deployment_id)
+
+
+def test_the_same_preset_or_a_file_of_ones_own_takes_the_preset(tmp_path):
+    from components.common import program
+    from components.contracts.config import TrainConfig
+
+    path = recorded_config(tmp_path, preset="demo")
+    same, _ = program.stage_config("train", program.stage_arguments("train", ["--config", path, "--preset", "demo"]))
+    assert same.train == RunConfig(root="r", preset="demo").resolved().train
+    (tmp_path / "mine.yaml").write_text("preset: production\ntrain:\n  network: resnet50\n  epochs: 3\n")
+    mine, _ = program.stage_config("train", program.stage_arguments(
+        "train", ["--config", str(tmp_path / "mine.yaml"), "--root", "r", "--preset", "cpu"]))
+    assert mine.preset == "cpu"
+    assert mine.train == RunConfig(root="r", preset="cpu", train=TrainConfig(network="resnet50", epochs=3)).resolved().train
