@@ -213,15 +213,10 @@ def _failed_summary(root: str, run_id: str, state) -> dict:
 
 
 def _failure_line(state, summary: dict) -> str:
-    """A failed run's cause in one line: the stage and its own error (flows/programs.py StageError.line),
-    a configuration's refusal as it is, else the report's message."""
-    try:
-        error = state.result(raise_on_failure=False)
-    except Exception:  # a result that cannot be read back says nothing more than the report
-        error = None
-    if isinstance(error, Exception):
-        return getattr(error, "line", None) or str(error)
-    return str(summary["message"])
+    """A failed run's cause in one line (flows/pipeline.py failure_line), else the report's message."""
+    from flows.pipeline import failure_line
+
+    return failure_line(state) or str(summary["message"])
 
 
 def _describe(summary: dict) -> str:

@@ -327,6 +327,16 @@ def finished_training(run: RunDir) -> results.TrainMetrics | None:
     return None
 
 
+def failure_line(state) -> str | None:
+    """A failed flow run's cause in one line: the stage and its own error (flows/programs.py StageError.line), a
+    configuration's refusal as it is; None when its state holds no exception to say it."""
+    try:
+        error = state.result(raise_on_failure=False)
+    except Exception:  # a result that cannot be read back says nothing
+        return None
+    return (getattr(error, "line", None) or str(error)) if isinstance(error, Exception) else None
+
+
 def flow_run_id() -> str:
     """The flow run's start and name: a retry of the same flow run keeps it, so training resumes."""
     return new_run_id(flow_run.scheduled_start_time, flow_run.name or "local")
