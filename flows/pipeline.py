@@ -45,6 +45,7 @@ from components.common.program import option, scrubbed
 from components.common.spans import Spans
 from components.contracts import results, secrets, stages, summaries
 from components.contracts.config import (
+    AlertsConfig,
     DataCheckConfig,
     GateConfig,
     IngestConfig,
@@ -84,6 +85,7 @@ def pipeline(
     preset: PresetName = "production",
     shard_cache: ShardCacheConfig = ShardCacheConfig(),
     runs: RunsConfig = RunsConfig(),
+    alerts: AlertsConfig = AlertsConfig(),
     beam_args: list[str] = [],
     timeouts: Timeouts = Timeouts(),
     preflight: PreflightConfig | None = PreflightConfig(),
@@ -105,8 +107,8 @@ def pipeline(
     check_job_variables(run_job_variables())  # before anything runs: no run chooses its command or env
     config = configure(  # every setting checked before anything is ingested or trained
         source=source, root=root, model_name=model_name, preset=preset, shard_cache=shard_cache, runs=runs,
-        beam_args=beam_args, timeouts=timeouts, preflight=preflight, ingest=ingest, datacheck=datacheck, train=train,
-        gate=gate, push=push)
+        alerts=alerts, beam_args=beam_args, timeouts=timeouts, preflight=preflight, ingest=ingest, datacheck=datacheck,
+        train=train, gate=gate, push=push)
     try:
         run = Root(config.root).run(run_id or flow_run_id())
     except ValueError as error:  # a run id that would leave ROOT/runs
