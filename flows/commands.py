@@ -327,7 +327,10 @@ def _server_environment(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def _banner(args: argparse.Namespace, config: RunConfig, home: str, url: str, log_path: str) -> str:
-    """What `stoke up` serves, what a run will train, and how to start one by hand."""
+    """What `stoke up` serves, what a run will train, its alerts, and how to start one by hand."""
+    from flows.alerts import described
+    from flows.deployments import NIGHTLY
+
     database = os.environ.get("PREFECT_SERVER_DATABASE_CONNECTION_URL") or os.path.join(home, "prefect.db")
     auth = "  export PREFECT_API_AUTH_STRING=<user:password>\n" if os.environ.get(AUTH_ENV) else ""
     train = config.resolved().train
@@ -343,6 +346,7 @@ def _banner(args: argparse.Namespace, config: RunConfig, home: str, url: str, lo
             + f" (preset {config.preset}; "
             "--preset, --config and --set change it). watch-bucket asks for a run as soon as SOURCE holds files "
             "no published span has, so the first one may start now.\n"
+            f"{described(config, NIGHTLY)}.\n"
             f"From another shell:\n  export PREFECT_API_URL={url}/api\n{auth}  "
             f"{_prefect()} deployment run train/nightly\nCtrl-C stops both.")
 
