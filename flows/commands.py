@@ -217,15 +217,10 @@ def _failed_summary(root: str, run_id: str, state) -> dict:
 
 
 def _failure_line(state, summary: dict) -> str:
-    """A failed run's cause in one line: the stage and its own error (flows/programs.py StageError.line),
-    a configuration's refusal as it is, else the report's message."""
-    try:
-        error = state.result(raise_on_failure=False)
-    except Exception:  # a result that cannot be read back says nothing more than the report
-        error = None
-    if isinstance(error, Exception):
-        return getattr(error, "line", None) or str(error)
-    return str(summary["message"])
+    """A failed run's cause in one line (flows/pipeline.py failure_line), else the report's message."""
+    from flows.pipeline import failure_line
+
+    return failure_line(state) or str(summary["message"])
 
 
 def _describe(summary: dict) -> str:
@@ -336,7 +331,10 @@ def _server_environment(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def _banner(args: argparse.Namespace, config: RunConfig, home: str, url: str, log_path: str) -> str:
-    """What `stoke up` serves, what a run will train, and how to start one by hand."""
+    """What `stoke up` serves, what a run will train, its alerts, and how to start one by hand."""
+    from flows.alerts import described
+    from flows.deployments import NIGHTLY
+
     database = os.environ.get("PREFECT_SERVER_DATABASE_CONNECTION_URL") or os.path.join(home, "prefect.db")
     auth = "  export PREFECT_API_AUTH_STRING=<user:password>\n" if os.environ.get(AUTH_ENV) else ""
     train = config.resolved().train
@@ -352,6 +350,7 @@ def _banner(args: argparse.Namespace, config: RunConfig, home: str, url: str, lo
             + f" (preset {config.preset}; "
             "--preset, --config and --set change it). watch-bucket asks for a run as soon as SOURCE holds files "
             "no published span has, so the first one may start now.\n"
+            f"{described(config, NIGHTLY)}.\n"
             f"From another shell:\n  export PREFECT_API_URL={url}/api\n{auth}  "
             f"{_prefect()} deployment run train/nightly\nCtrl-C stops both.")
 

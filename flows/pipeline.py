@@ -24,7 +24,8 @@ run beside it: `--run-id`, `--arrived`) and hands back its result, which is writ
 ROOT/runs/<id>/<stage>.json (train's: metrics.json), by the program when it is given the run and by the flow
 for the others; stages pass each other URIs under ROOT, never objects, and
 the report is built from the run folder alone. A refused model is a normal outcome: the flow
-completes and the report says why.
+completes and the report says why. In a deployment, a run that fails, and the `alerts.after`-th in a row that
+pushes no model, say so as events, which the deployment's alerts send on (flows/alerts.py).
 
 Credentials in SOURCE never reach a file, a command line or Prefect: the flow's `source` parameter is
 SOURCE without them (`stoke run` and `stoke up` pass it so), the flow takes SOURCE itself from the
@@ -37,6 +38,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 
 from prefect import flow, get_run_logger, task
+from prefect.logging.loggers import flow_run_logger
 from prefect.runtime import flow_run
 
 from components.common import config_files
@@ -45,6 +47,7 @@ from components.common.program import option, scrubbed
 from components.common.spans import Spans
 from components.contracts import results, secrets, stages, summaries
 from components.contracts.config import (
+    AlertsConfig,
     DataCheckConfig,
     GateConfig,
     IngestConfig,
@@ -59,6 +62,7 @@ from components.contracts.presets import PresetName
 from components.contracts.run_config import RunConfig, Timeouts, preset_problem
 from components.contracts.stages import Stage, stage
 from components.preflight.source import NAME as SOURCE_CHECK
+from flows.alerts import alert_failed, alert_if_due
 from flows.console import quiet_failures
 from flows.gpus import gpu_slot
 from flows.parameters import check_job_variables, deployment_beam_args, registered_parameters, run_job_variables
@@ -76,7 +80,17 @@ def only_transient(task, task_run, state) -> bool:
     return bool(getattr(state.result(raise_on_failure=False), "transient", False))
 
 
-@flow(name="train", description="preflight -> ingest -> datacheck -> train -> gate -> push -> report")
+def failure_alert(flow, failed_run, state) -> None:
+    """The flow's on_failure hook: every failure (a stage's, a setting refused at run time, a timeout) said as
+    `stoke.run.failed`, naming the run, its report and the one-line reason (flows/alerts.py). Parameters Prefect
+    refused fail the run before it has a run context: its logger is had from the run itself."""
+    alert_failed(flow_run_logger(failed_run, flow), failed_run.parameters.get("root"),
+                 failed_run.parameters.get("run_id") or flow_run_id(), failure_line(state) or state.message or state.name,
+                 state.name)
+
+
+@flow(name="train", description="preflight -> ingest -> datacheck -> train -> gate -> push -> report",
+      on_failure=[failure_alert])
 def pipeline(
     source: str,
     root: str,
@@ -84,6 +98,7 @@ def pipeline(
     preset: PresetName = "production",
     shard_cache: ShardCacheConfig = ShardCacheConfig(),
     runs: RunsConfig = RunsConfig(),
+    alerts: AlertsConfig = AlertsConfig(),
     beam_args: list[str] = [],
     timeouts: Timeouts = Timeouts(),
     preflight: PreflightConfig | None = PreflightConfig(),
@@ -105,8 +120,8 @@ def pipeline(
     check_job_variables(run_job_variables())  # before anything runs: no run chooses its command or env
     config = configure(  # every setting checked before anything is ingested or trained
         source=source, root=root, model_name=model_name, preset=preset, shard_cache=shard_cache, runs=runs,
-        beam_args=beam_args, timeouts=timeouts, preflight=preflight, ingest=ingest, datacheck=datacheck, train=train,
-        gate=gate, push=push)
+        alerts=alerts, beam_args=beam_args, timeouts=timeouts, preflight=preflight, ingest=ingest, datacheck=datacheck,
+        train=train, gate=gate, push=push)
     try:
         run = Root(config.root).run(run_id or flow_run_id())
     except ValueError as error:  # a run id that would leave ROOT/runs
@@ -121,14 +136,14 @@ def pipeline(
         run_added("checks", config, run)
         skipped = nothing_to_train(config, held, skip_unchanged)
         if skipped:
-            return write_report(run, skipped=skipped)
+            return alert_if_due(config, write_report(run, skipped=skipped))
         train_model(config, run)                                                            # 3
         blessed = gate_model(config, run).blessed                                           # 4
         run_added("training", config, run)
         if blessed:
             push_model(config, run)                                                         # 5
             run_added("blessed", config, run)
-        return write_report(run)                                                            # 6
+        return alert_if_due(config, write_report(run))                                      # 6
     except Exception as error:
         write_report(run, failed=str(error), return_state=True)  # never hides the cause
         raise
@@ -328,6 +343,16 @@ def finished_training(run: RunDir) -> results.TrainMetrics | None:
     if exists(run.metrics) and exists(run.saved_model):
         return read_result(run.metrics, results.TrainMetrics)
     return None
+
+
+def failure_line(state) -> str | None:
+    """A failed flow run's cause in one line: the stage and its own error (flows/programs.py StageError.line), a
+    configuration's refusal as it is; None when its state holds no exception to say it."""
+    try:
+        error = state.result(raise_on_failure=False)
+    except Exception:  # a result that cannot be read back says nothing
+        return None
+    return (getattr(error, "line", None) or str(error)) if isinstance(error, Exception) else None
 
 
 def flow_run_id() -> str:

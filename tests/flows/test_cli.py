@@ -103,11 +103,14 @@ def test_up_serves_the_deployments_until_ctrl_c(pushed_run, tmp_path, tmp_path_f
         assert json.load(open(report))["status"] == "skipped"
         recorded = json.load(open(os.path.join(os.path.dirname(report), "config.json")))
         assert (recorded["train"]["seed"], recorded["train"]["epochs"], recorded["train"]["network"]) == (7, 2, "small_cnn")
+        automations = [a["name"] for a in _post(f"{api}/automations/filter", {})]
+        assert automations == ["train when data arrives"]  # no alerts.webhook: no alerts, said in the banner
     finally:
         up.send_signal(signal.SIGINT)
         out, _ = up.communicate(timeout=90)
 
     assert up.returncode == 0 and "s3cret" not in out
+    assert out.count("No alerts: set alerts.webhook to hear of train/nightly's failures") == 1
     assert json.loads(out.strip().splitlines()[-1]) == {
         "api_url": api, "ui_url": api[:-4], "prefect_home": str(home), "source": source,
         "root": root, "deployments": ["train/nightly", "watch-bucket/poll"], "stopped": True}
