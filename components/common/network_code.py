@@ -84,9 +84,9 @@ def code_of(reference: str) -> tuple[str, bytes]:
     try:
         return posixpath.basename(where), read_small(where, MAX_FILE_BYTES, "a network's code")
     except FileNotFoundError:
-        raise ValueError(f"train.network {reference}: no such file {where}") from None
+        raise ValueError(f"train.network {identity(reference)}: no such file {where}") from None
     except (NotASmallFile, OSError) as error:
-        raise ValueError(f"train.network {reference}: {error}") from None
+        raise ValueError(f"train.network {identity(reference)}: {error}") from None
 
 
 def for_run(config: RunConfig, run: RunDir) -> tuple[RunConfig, dict[str, bytes]]:

@@ -13,7 +13,8 @@ the strategy, mixed precision, XLA, the recipe, the input pipeline, the export a
 one logit a class out, and the logits in float32. Under mixed precision a last layer that computes them in
 float16 or bfloat16 is rebuilt in float32 there, with its weights, as Keras' mixed precision guide has the
 model's output layer; one that cannot be (its weights kept in float16, a layer that cannot be made from its
-config) is refused, naming it. Every refusal is a NetworkError of one line that names the reference.
+config) is refused, naming it. Every refusal is a NetworkError of one line that names the network by its
+identity (network_code.identity).
 
 A network's code is its identity's other half: the SHA-256 of its file (what `sha256sum` prints), or of the
 files of its module's package; of Stoke's own file for a built-in one, and of tf_keras' file beside it for a
@@ -60,25 +61,27 @@ class Code:
 
 
 def load(reference: str) -> Code:
-    """The network `reference` names, its code loaded (a module imported, a file run) and fingerprinted."""
+    """The network `reference` names, its code loaded (a module imported, a file run) and fingerprinted. Errors
+    name it by its identity, which is the file's name for a file (the message names the file where it matters)."""
     kind, where, function = network_parts(reference)
+    named = network_code.identity(reference)
     if kind == "builtin":
         return _code(reference, builtin_networks.BUILTIN[where], [_source(builtin_networks.__file__)], keep=False)
     if kind == "application":
         try:
             network, keras_file = builtin_networks.application(where)
         except KeyError:
-            raise NetworkError(f"train.network {reference}: keras.applications has no network {where}") from None
+            raise NetworkError(f"train.network {named}: keras.applications has no network {where}") from None
         return _code(reference, network, [_source(builtin_networks.__file__), _source(keras_file)], keep=False)
     if kind == "module":
-        module = _imported(reference, where)
-        return _code(reference, _function(reference, module, function), _package(reference, module), keep=True)
+        module = _imported(named, where)
+        return _code(reference, _function(named, module, function), _package(named, module), keep=True)
     try:
         name, data = network_code.code_of(reference)
     except ValueError as error:
         raise NetworkError(str(error)) from None
-    module = _run_file(reference, where, data)
-    return _code(reference, _function(reference, module, function), [(name, data)], keep=True)
+    module = _run_file(named, where, data)
+    return _code(reference, _function(named, module, function), [(name, data)], keep=True)
 
 
 def _code(reference: str, function: Callable, files: list[tuple[str, bytes]], keep: bool) -> Code:
@@ -96,14 +99,14 @@ def _source(path: str) -> tuple[str, bytes]:
         return os.path.basename(path), f.read()
 
 
-def _imported(reference: str, name: str) -> types.ModuleType:
+def _imported(named: str, module: str) -> types.ModuleType:
     try:
-        return importlib.import_module(name)
+        return importlib.import_module(module)
     except (Exception, SystemExit) as error:  # the user's code: whatever its import raises is this one line
-        raise NetworkError(f"train.network {reference}: module {name} does not import ({_said(error)})") from None
+        raise NetworkError(f"train.network {named}: module {module} does not import ({_said(error)})") from None
 
 
-def _run_file(reference: str, where: str, data: bytes) -> types.ModuleType:
+def _run_file(named: str, where: str, data: bytes) -> types.ModuleType:
     """The file run as a module of its own, named by its digest (run once per process for the same bytes)."""
     name = f"stoke_network_{hashlib.sha256(data).hexdigest()[:16]}"
     if name not in sys.modules:
@@ -114,25 +117,25 @@ def _run_file(reference: str, where: str, data: bytes) -> types.ModuleType:
             exec(compile(data, where, "exec"), module.__dict__)
         except (Exception, SystemExit) as error:
             del sys.modules[name]
-            raise NetworkError(f"train.network {reference}: {where} does not run ({_said(error)})") from None
+            raise NetworkError(f"train.network {named}: {where} does not run ({_said(error)})") from None
     return sys.modules[name]
 
 
-def _function(reference: str, module: types.ModuleType, function: str) -> Callable:
+def _function(named: str, module: types.ModuleType, function: str) -> Callable:
     found = getattr(module, function, None)
     if not callable(found):
-        raise NetworkError(f"train.network {reference}: {getattr(module, '__file__', None) or module.__name__} has "
+        raise NetworkError(f"train.network {named}: {getattr(module, '__file__', None) or module.__name__} has "
                            f"no function {function}")
     return found
 
 
-def _package(reference: str, module: types.ModuleType) -> list[tuple[str, bytes]]:
+def _package(named: str, module: types.ModuleType) -> list[tuple[str, bytes]]:
     """The files of the package `module` belongs to (each .py below its top folder), or its own file."""
     top = sys.modules[module.__name__.split(".")[0]]
     folders = list(getattr(top, "__path__", []))
     if not folders:
         if not getattr(top, "__file__", None):
-            raise NetworkError(f"train.network {reference}: module {top.__name__} has no source file to record")
+            raise NetworkError(f"train.network {named}: module {top.__name__} has no source file to record")
         return [_source(top.__file__)]
     files, size = [], 0
     for folder in folders:
@@ -144,7 +147,7 @@ def _package(reference: str, module: types.ModuleType) -> list[tuple[str, bytes]
                               _source(path)[1]))
                 size += len(files[-1][1])
                 if len(files) > MAX_PACKAGE_FILES or size > MAX_PACKAGE_BYTES:
-                    raise NetworkError(f"train.network {reference}: package {top.__name__} is over {MAX_PACKAGE_FILES} "
+                    raise NetworkError(f"train.network {named}: package {top.__name__} is over {MAX_PACKAGE_FILES} "
                                        f"files or {MAX_PACKAGE_BYTES // 2**20} MB, and a run keeps a copy of a "
                                        "network's package: give the network a package of its own")
     return files
@@ -158,24 +161,24 @@ def build(code: Code, num_classes: int, image_size: int, weights: str | None) ->
     except NetworkError:
         raise
     except Exception as error:  # the user's code: whatever it raises is this one line
-        raise NetworkError(f"train.network {code.reference}: building it failed ({_said(error)})") from None
+        raise NetworkError(f"train.network {code.identity}: building it failed ({_said(error)})") from None
     model, base = made if isinstance(made, tuple) and len(made) == 2 else (made, None)
     if not isinstance(model, keras.Model):
         keras3 = type(model).__module__.split(".")[0] == "keras"
-        raise NetworkError(f"train.network {code.reference} returned {type(made).__name__}, not a Keras model: return "
+        raise NetworkError(f"train.network {code.identity} returned {type(made).__name__}, not a Keras model: return "
                            "a tf_keras model (or the model and its backbone)" + (
                                "; this is Keras 3's, and training uses tf_keras: import tf_keras as keras" if keras3
                                else ""))
-    _check_input(code.reference, model, image_size)
+    _check_input(code.identity, model, image_size)
     shape = tuple(model.outputs[0].shape.as_list()) if len(model.outputs) == 1 else None
     if shape != (None, num_classes):
-        raise NetworkError(f"train.network {code.reference} returns "
+        raise NetworkError(f"train.network {code.identity} returns "
                            f"{_shapes(model.outputs)} for {num_classes} classes: one logit a class, [N, {num_classes}]")
-    model = _float32_logits(code.reference, model)
+    model = _float32_logits(code.identity, model)
     if base is not None:
         layer = _layer(model, base)
         if layer is None:
-            raise NetworkError(f"train.network {code.reference}: the backbone it returned, "
+            raise NetworkError(f"train.network {code.identity}: the backbone it returned, "
                                f"{getattr(base, 'name', base)}, is not a layer of its model")
         setattr(model, BACKBONE, layer.name)
     return model
@@ -187,18 +190,18 @@ def backbone(model: keras.Model):
     return model.get_layer(name) if name else None
 
 
-def _check_input(reference: str, model: keras.Model, image_size: int) -> None:
+def _check_input(named: str, model: keras.Model, image_size: int) -> None:
     inputs = model.inputs or []
     wanted = (None, image_size, image_size, 3)
     if len(inputs) == 1 and inputs[0].dtype == tf.uint8 and tuple(inputs[0].shape.as_list()) == wanted:
         return
     said = f"takes {_shapes(inputs)}" if inputs else "takes no keras.Input (a subclassed model)"
-    raise NetworkError(f"train.network {reference} {said}: Stoke hands it uint8 images [N, {image_size}, {image_size}, "
+    raise NetworkError(f"train.network {named} {said}: Stoke hands it uint8 images [N, {image_size}, {image_size}, "
                        f"3]; start it with keras.Input(({image_size}, {image_size}, 3), dtype='uint8') and rescale in "
                        "the model")
 
 
-def _float32_logits(reference: str, model: keras.Model) -> keras.Model:
+def _float32_logits(named: str, model: keras.Model) -> keras.Model:
     """`model`, or the same model with its last layer rebuilt in float32, or a NetworkError naming that layer."""
     output = model.outputs[0]
     if output.dtype == tf.float32:
@@ -207,7 +210,7 @@ def _float32_logits(reference: str, model: keras.Model) -> keras.Model:
     held = next((w.dtype for w in layer.weights if w.dtype != tf.float32), None)
     fix = "give it dtype='float32' (keras.layers.Dense(num_classes, dtype='float32'))"
     if held is not None:
-        raise NetworkError(f"train.network {reference}: its last layer {layer.name} keeps its weights in {held.name}, so "
+        raise NetworkError(f"train.network {named}: its last layer {layer.name} keeps its weights in {held.name}, so "
                            f"its logits cannot be made float32; {fix}")
     try:
         config = dict(layer.get_config(), dtype="float32")
@@ -216,10 +219,10 @@ def _float32_logits(reference: str, model: keras.Model) -> keras.Model:
         rebuilt.set_weights(layer.get_weights())
         model = keras.Model(model.inputs, logits, name=model.name)
     except Exception as error:  # a layer of the user's that cannot be made from its config: refused as it is
-        raise NetworkError(f"train.network {reference}: its last layer {layer.name} computes the logits in "
+        raise NetworkError(f"train.network {named}: its last layer {layer.name} computes the logits in "
                            f"{output.dtype.name} and cannot be rebuilt in float32 ({_said(error)}); {fix}") from None
     if model.outputs[0].dtype != tf.float32:
-        raise NetworkError(f"train.network {reference}: its last layer {layer.name} still computes the logits in "
+        raise NetworkError(f"train.network {named}: its last layer {layer.name} still computes the logits in "
                            f"{model.outputs[0].dtype.name} when rebuilt in float32; {fix}")
     return model
 
@@ -251,12 +254,12 @@ def forward(code: Code, num_classes: int, image_size: int, weights: str | None, 
             try:
                 logits = model(images, training=False)
             except Exception as error:
-                raise NetworkError(f"train.network {code.reference}: one batch through it failed "
+                raise NetworkError(f"train.network {code.identity}: one batch through it failed "
                                    f"({_said(error)})") from None
     finally:
         keras.mixed_precision.set_global_policy(previous)
     if logits.dtype != tf.float32 or tuple(logits.shape) != (2, num_classes):
-        raise NetworkError(f"train.network {code.reference}: one batch of 2 gave {logits.dtype.name} "
+        raise NetworkError(f"train.network {code.identity}: one batch of 2 gave {logits.dtype.name} "
                            f"{logits.shape.as_list()}, not float32 [2, {num_classes}]")
     return model
 

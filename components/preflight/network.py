@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 
+from components.common import network_code
 from components.common.files import is_uri
 from components.common.spans import Spans
 from components.contracts.config import TrainConfig, network_parts
@@ -32,8 +33,8 @@ def network_check(train: TrainConfig, root: str) -> Check:
 
     weights = _weights(train)
     if weights is not None and weights != "imagenet" and (is_uri(weights) or not os.path.isfile(weights)):
-        return Check(NAME, "fail", f"train.network {train.network}: train.weights {weights}: no such local file",
-                     facts={"settings": True})
+        return Check(NAME, "fail", f"train.network {network_code.identity(train.network)}: train.weights {weights}: "
+                     "no such local file", facts={"settings": True})
     classes = len(Spans(root).read_labels()) or FIRST_CLASSES
     policy = "float32" if train.precision == "float32" else "mixed_bfloat16"
     try:
