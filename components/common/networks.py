@@ -170,11 +170,11 @@ def build(code: Code, num_classes: int, image_size: int, weights: str | None) ->
                                "; this is Keras 3's, and training uses tf_keras: import tf_keras as keras" if keras3
                                else ""))
     _check_input(code.identity, model, image_size)
-    shape = tuple(model.outputs[0].shape.as_list()) if len(model.outputs) == 1 else None
-    if shape != (None, num_classes):
+    if len(model.outputs) == 1:
+        model = _float32_logits(code.identity, model)
+    if len(model.outputs) != 1 or tuple(model.outputs[0].shape.as_list()) != (None, num_classes):
         raise NetworkError(f"train.network {code.identity} returns "
                            f"{_shapes(model.outputs)} for {num_classes} classes: one logit a class, [N, {num_classes}]")
-    model = _float32_logits(code.identity, model)
     if base is not None:
         layer = _layer(model, base)
         if layer is None:

@@ -38,7 +38,7 @@ CASES = [  # (train settings, what the one line says after "train.network <refer
     ({"network": "nets/broken.py:network"}, "broken.py does not run (SyntaxError: "),
     ({"network": "nets/residual.py:resnet"}, "residual.py has no function resnet"),
     ({"network": "nets/dict.py:network"}, " returned dict, not a Keras model"),
-    ({"network": "nets/wrong_width.py:network"}, " returns bfloat16 [None, 10] for 2 classes: one logit a class, [N, 2]"),
+    ({"network": "nets/wrong_width.py:network"}, " returns float32 [None, 10] for 2 classes: one logit a class, [N, 2]"),
     ({"network": "nets/float_input.py:network"},
      " takes float32 [None, 32, 32, 3]: Stoke hands it uint8 images [N, 32, 32, 3]; start it with keras.Input"),
     ({"network": "nets/float16_logits.py:network"},
