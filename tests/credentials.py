@@ -13,8 +13,9 @@ from tests.waiting import web_server
 
 USER = "alice"
 TOKEN = "S3CRETPASS"  # what every search looks for: any spelling of the password holds it
-# As written in SOURCE: quotes, a space, unencoded @ and :, a percent-encoded @.
-PASSWORD = f"pa\"s's {TOKEN}@:%40x"
+# As written in SOURCE: digits first, as a port would start, then `;`, quotes, a space, unencoded @ and :, a
+# percent-encoded @.
+PASSWORD = f"2024;pa\"s's {TOKEN}@:%40x"
 DECODED = PASSWORD.replace("%40", "@")  # what the server is sent (aiohttp decodes the user info)
 # A header that was logged would hold the password only as base64.
 NEEDLES = (TOKEN.encode(), base64.b64encode(f"{USER}:{DECODED}".encode()))

@@ -9,9 +9,13 @@ every stage program reads), manifests, lineage, and the messages that echo a val
 
 What is hidden:
 - the password of a URL's user info, in any scheme and without one (`user:password@host`, grpc's
-  HOST:PORT spelling); with a scheme it runs to the last `@` of the authority, over quotes, spaces, `:`
-  and `/` (a password holding an unencoded `@` or `/`, as cloud secret keys do, goes whole), and a user
-  info without a password is hidden whole (a token given as the user: `https://TOKEN@host`);
+  HOST:PORT spelling), told by where it stands, not by what it holds: inside an authority whatever runs
+  from the user's `:` to a later `@` is a password, digits first or not (`bob:2024;Winter@host`); a port
+  is only the digits after a host that end the authority (`host:8080`, then `/`, `?`, `#` or nothing).
+  With a scheme it runs to the last `@` of the authority, over quotes, spaces, `:` and `/` (a password
+  holding an unencoded `@` or `/`, as cloud secret keys do, goes whole); without one, to the end of its
+  token (a space or `/`). A user info without a password is hidden whole (a token given as the user:
+  `https://TOKEN@host`);
 - the value of every parameter (`?name=`, `&`, `;`, or space separated, in any case) whose name says it
   is a credential: the names Datadog's default obfuscator hides (pass, pwd, secret, token, api/access
   key, sign/signed/signature, auth/authorization, bearer, session ids, sid, jwt: libddwaf's
@@ -35,13 +39,16 @@ HIDDEN = "***"
 # program.py and flows/ put it back from here).
 SOURCE_ENV = "STOKE_SOURCE"
 
-_PORT = r"\d{1,5}(?:[/?#\s'\"),;\]]|$)"  # `host:8080/...`: a port, then a path or the end of the token
+# `host:8080/...`: a port is the digits after a host that end the authority (a path, query or fragment
+# follows, or nothing). Digits followed by anything else (`bob:2024;Winter@host`) start a password.
+_PORT = r"\d{1,5}(?:[/?#]|$)"
 # scheme://user:password@ : the password runs to the first @ (not into another URL), then over every
-# further @ of the authority (`me:p@ss@host`): an @ after a `/` is a path's. Both URL patterns start at
-# `://`, whatever the scheme: a literal the matcher jumps to (5 us a URL, not 30).
-_URL_PASSWORD = re.compile(rf"(?P<lead>://[^\s/?#@:]*):(?!{_PORT})(?:(?!://)[^@\n])*@(?:[^@\s/?#]*@)*")
+# further @ of the authority (`me:p@ss w@rd@host`): an @ after a `/`, `?` or `#` is a path's. Both URL patterns start at
+# `://`, whatever the scheme: a literal the matcher jumps to (5 us a URL, not 30). A user holds no `[`:
+# `http://[::1]:8080` is an IPv6 host.
+_URL_PASSWORD = re.compile(rf"(?P<lead>://[^\s/?#@:\[]*):(?!{_PORT})(?:(?!://)[^@\n])*@(?:[^@\n/?#]*@)*")
 # scheme://token@ : a user info without a password is hidden whole.
-_URL_USER = re.compile(rf"(?P<lead>://)(?!{re.escape(HIDDEN)}@)[^\s/?#@:'\"]+@(?:[^@\s/?#]*@)*")
+_URL_USER = re.compile(rf"(?P<lead>://)(?!{re.escape(HIDDEN)}@)[^\s/?#@:]+@(?:[^@\s/?#]*@)*")
 # user:password@host without a scheme, where a token starts; the password ends at a space or a `/`.
 _BARE_PASSWORD = re.compile(
     r"(?<![^\s'\"(=,\[])(?P<lead>[^\s'\"/?#@:=,()\[\]]+):(?!" + _PORT + r")[^\s/@]*@(?:[^@\s/?#]*@)*(?=[A-Za-z0-9\[])")

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 
+import pytest
 from prefect import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterStartTime, LogFilter, LogFilterFlowRunId
 
@@ -78,8 +79,10 @@ def prefect_records(since: datetime.datetime) -> str:
     return json.dumps(records)
 
 
-def test_the_configuration_shown_holds_source_without_its_password(tmp_path, capsys):
-    source = f"https://{USER}:{PASSWORD}@127.0.0.1:9/photos/manifest.csv?pw={TOKEN}"
+@pytest.mark.parametrize("password", [PASSWORD, f"2024;{TOKEN}", f"1234,{TOKEN}", f"12){TOKEN}", f"99]{TOKEN}",
+                                      f"123'{TOKEN}", f"1234 {TOKEN}"])
+def test_the_configuration_shown_holds_source_without_its_password(password, tmp_path, capsys):
+    source = f"https://{USER}:{password}@127.0.0.1:9/photos/manifest.csv?pw={TOKEN}"
     for argv in ([], ["--json"]):
         assert cli.main(["config", "show", source, "--root", str(tmp_path), *argv]) == 0
     printed = capsys.readouterr()

@@ -94,6 +94,39 @@ def test_user_info_is_told_from_ports_and_paths(text, kept):
     assert without_secrets(text) == kept
 
 
+# Passwords that start as a port would: digits, then what no port is followed by.
+DIGITS_FIRST = ["2024;Winter", "1234,x", "12)ab", "99]x", "123'x", '123"x', "1234 x", "2024", "8080:x", "1(x",
+                "65535!", "7&x", "443=y"]
+
+
+@pytest.mark.parametrize("scheme", ["http", "https", "s3", "gs", "grpc", "ftp", "HTTPS"])
+@pytest.mark.parametrize("password", DIGITS_FIRST)
+def test_a_password_that_starts_with_digits_is_no_port(scheme, password):
+    """Inside an authority what runs from `:` to a later `@` is a password; a port is only what follows the
+    host, up to a `/`, `?`, `#` or the end."""
+    for port in ("", ":9000"):
+        source = f"{scheme}://bob:{password}@127.0.0.1{port}/photos/manifest.csv"
+        kept = f"{scheme}://bob:***@127.0.0.1{port}/photos/manifest.csv"
+        assert without_secrets(source) == kept
+        assert without_secrets(f"source '{source}' does not exist") == f"source '{kept}' does not exist"
+        credentials = SourceCredentials(source)
+        assert credentials.given == f"{scheme}://bob:{password}@127.0.0.1{port}"
+        assert credentials.hide(source) == kept and credentials.reveal(kept) == source
+
+
+@pytest.mark.parametrize("password", [p for p in DIGITS_FIRST if " " not in p])
+def test_a_bare_password_that_starts_with_digits_is_no_port(password):
+    """grpc's HOST:PORT spelling, without a scheme: a bare token ends at a space."""
+    assert without_secrets(f"bob:{password}@host:5000") == "bob:***@host:5000"
+    assert without_secrets(f"--dispatcher bob:{password}@host:5000/x") == "--dispatcher bob:***@host:5000/x"
+
+
+@pytest.mark.parametrize("text", ["http://host:8080/photos/a@2x.png", "grpc://host:5050", "host:5050/a@b.png",
+                                  "s3://b/k:12/a@2x.png", "http://[::1]:8080/a@2x.png"])
+def test_a_port_followed_by_a_path_keeps_an_at_sign_of_that_path(text):
+    assert without_secrets(text) == text
+
+
 SECRET_PARAMETERS = [
     "pw", "PW", "pwd", "passwd", "password", "Password", "PASSWORD", "sslpassword", "passphrase", "pass", "secret",
     "client_secret", "token", "access_token", "refresh_token", "id_token", "auth_token", "api_key", "apikey", "key",
