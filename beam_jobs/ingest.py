@@ -52,7 +52,7 @@ from components.contracts import schema
 from components.contracts.layout import Root, shard_name
 from components.contracts.results import ResultError, SpanManifest
 from components.contracts.run_config import RunConfig, RunFacts
-from components.contracts.secrets import source_for_workers, without_secrets
+from components.contracts.secrets import recorded, source_for_workers, without_secrets
 from components.contracts.summaries import IngestSummary, Progress
 
 
@@ -104,7 +104,7 @@ def _ingest(config: RunConfig, arrived: str | None, pipeline_args: list[str], ro
         raise IngestError(str(error)) from None
 
     entries = listed(config, arrived)
-    shown = without_secrets(config.source)  # what the summary says: SOURCE without its credentials
+    shown = recorded(config.source)  # what the summary says: SOURCE without its credentials and query
     with naming(config.source):
         first = next(entries, None)  # a local folder is walked as it is compared: its first file, here
     if first is None and not arrived:  # notifications may name only sidecars: that is nothing new
@@ -277,7 +277,7 @@ def publish(root, number, shards, dead, labels, fresh, refused, config, findings
     manifest = SpanManifest(
         span=number,
         created=clock.now(),
-        source=without_secrets(config.source),
+        source=recorded(config.source),
         compression=config.ingest.compression,
         counts={**{split: sum(s["records"] for s in named if s["split"] == split) for split in schema.SPLITS},
                 "dead_letter": len(dead), "duplicates": len(findings.dropped)},

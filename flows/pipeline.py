@@ -111,7 +111,8 @@ def pipeline(
         run = Root(config.root).run(run_id or flow_run_id())
     except ValueError as error:  # a run id that would leave ROOT/runs
         raise ConfigurationError(str(error)) from None
-    get_run_logger().info("run %s: %s -> %s (preset %s)", run.run_id, config.source, run.uri, config.preset)
+    get_run_logger().info("run %s: %s -> %s (preset %s)", run.run_id, secrets.recorded(config.source), run.uri,
+                          config.preset)
     write_json(run.config, recorded(config))
     try:
         if config.preflight is not None:
@@ -160,8 +161,9 @@ def configure(**given) -> RunConfig:
 
 def recorded(config: RunConfig) -> dict:
     """config.json: the resolved configuration, with any credential in SOURCE, ROOT or a Beam option
-    left out, since the run folder is read by whoever may read the run."""
-    return scrubbed(config.model_dump(mode="json"))
+    left out, since the run folder is read by whoever may read the run: SOURCE as recorded (without its
+    query), the rest scrubbed."""
+    return {**scrubbed(config.model_dump(mode="json")), "source": secrets.recorded(config.source)}
 
 
 # ---------------------------------------------------------------- stages

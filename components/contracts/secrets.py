@@ -43,30 +43,80 @@ SOURCE_ENV = "STOKE_SOURCE"
 # follows, or nothing). Digits followed by anything else (`bob:2024;Winter@host`) start a password.
 _PORT = r"\d{1,5}(?:[/?#]|$)"
 # scheme://user:password@ : the password runs to the first @ (not into another URL), then over every
-# further @ of the authority (`me:p@ss w@rd@host`): an @ after a `/`, `?` or `#` is a path's. Both URL patterns start at
-# `://`, whatever the scheme: a literal the matcher jumps to (5 us a URL, not 30). A user holds no `[`:
-# `http://[::1]:8080` is an IPv6 host.
+# further @ of the authority (`me:p@ss w@rd@host`): an @ after a `/`, `?` or `#` is a path's. The URL
+# patterns start at `://`, whatever the scheme: a literal the matcher jumps to (5 us a URL, not 30). A
+# user holds no `[`: `http://[::1]:8080` is an IPv6 host.
 _URL_PASSWORD = re.compile(rf"(?P<lead>://[^\s/?#@:\[]*):(?!{_PORT})(?:(?!://)[^@\n])*@(?:[^@\n/?#]*@)*")
 # scheme://token@ : a user info without a password is hidden whole.
 _URL_USER = re.compile(rf"(?P<lead>://)(?!{re.escape(HIDDEN)}@)[^\s/?#@:]+@(?:[^@\s/?#]*@)*")
 # user:password@host without a scheme, where a token starts; the password ends at a space or a `/`.
 _BARE_PASSWORD = re.compile(
     r"(?<![^\s'\"(=,\[])(?P<lead>[^\s'\"/?#@:=,()\[\]]+):(?!" + _PORT + r")[^\s/@]*@(?:[^@\s/?#]*@)*(?=[A-Za-z0-9\[])")
+# A URL's query and fragment: from the first `?` or `#` after its authority to the end of the URL in a
+# line (a space, a quote, `<` or `>`). Every scheme has them but the stores whose keys hold `?` and `#`
+# as characters of a name (`s3://b/a?b.png`, `gs://b/#1.png`, a local file), and `#rowN` is a name:
+# ingest's for a manifest's row that names no file.
+_LITERAL_SCHEMES = ("file", "local", "s3", "s3a", "gs", "gcs")
+_URL_QUERY = re.compile(r"://[^\s?#'\"<>]*(?P<mark>[?#])(?P<rest>[^\s'\"<>]*)")
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
+_SCHEME_BEFORE = re.compile(rf"(?<![A-Za-z0-9+.-]){_SCHEME.pattern}\Z")
+_ROW = re.compile(r"#row\d+")
 _SECRET_NAMES = (r"[^=?&;#\s/'\"]*(?:pass|pwd|secret|token|key|credential|auth|sign|bearer|session|sessid|accessid|jwt)"
                  r"[^=?&;#\s'\"]*|pw|sig|sid|code")
 _SECRET_PARAMETER = re.compile(rf"(?i)(^|[?&;\s'\"(,])({_SECRET_NAMES})=([^&;#\s]*)")
 
 
 def without_secrets(text: str) -> str:
-    """`text` with every password, user-info token and credential parameter it holds replaced by ***."""
+    """`text` with every password, user-info token, URL query and fragment and credential parameter it
+    holds replaced by ***."""
     # Each pattern only where its literal is: most text (local paths, bucket keys) holds neither a user
-    # info nor a parameter and costs a few scans (0.4 us), not four regular expressions (30 us).
+    # info, a query nor a parameter and costs a few scans (0.4 us), not five regular expressions (30 us).
     if "@" in text:
         if "://" in text:
             text = _URL_USER.sub(rf"\g<lead>{HIDDEN}@", _URL_PASSWORD.sub(rf"\g<lead>:{HIDDEN}@", text))
         if ":" in text:
             text = _BARE_PASSWORD.sub(rf"\g<lead>:{HIDDEN}@", text)
+    if ("?" in text or "#" in text) and "://" in text:
+        text = _URL_QUERY.sub(_hidden_query, text)
+    # Names are a second net, for what is no URL's query: `password=...` in a line, a path's parameters, a
+    # bucket key's (`s3://b/k?X-Amz-Signature=...`).
     return _SECRET_PARAMETER.sub(rf"\1\2={HIDDEN}", text) if "=" in text else text
+
+
+def _hidden_query(found: re.Match) -> str:
+    scheme = _SCHEME_BEFORE.search(found.string, max(0, found.start() - 40), found.start())
+    if not (scheme and _queried(scheme.group())) or found["mark"] == "#" and _ROW.fullmatch("#" + found["rest"]):
+        return found.group()
+    return found.group()[:found.start("mark") - found.start() + 1] + HIDDEN
+
+
+def _queried(scheme: str) -> bool:
+    """Whether a URL of `scheme` has a query: no store's whose keys hold `?` and `#`."""
+    return scheme.lower() not in _LITERAL_SCHEMES
+
+
+def without_query(location: str) -> str:
+    """`location` without its query and fragment (`?X-Amz-Signature=...`, `#access_token=...`): what names
+    the file, the folder its neighbours are in and its kind (`m.csv`). Only a URL has one, and a URL of a
+    store whose keys hold `?` and `#` (`s3://b/a?b.png`) or a local path (`a?token=1.png`) has none. The
+    query starts after the user info, whose password may hold a `?`."""
+    scheme, has_scheme, _ = location.partition("://")
+    if not (has_scheme and _SCHEME.fullmatch(scheme) and _queried(scheme)):
+        return location
+    start = len(scheme)
+    user = _URL_PASSWORD.match(location, start) or _URL_USER.match(location, start)
+    mark = re.compile(r"[?#]").search(location, user.end() if user else start + 3)
+    if mark is None or _ROW.fullmatch(location, mark.start()):
+        return location
+    return location[:mark.start()]
+
+
+def recorded(location: str) -> str:
+    """SOURCE, or a file of it, as Stoke records and shows it (config.json, Prefect's parameters, the
+    manifest, every name of a file): without its query and fragment, which sign it or hold nothing a record
+    needs, and without the credentials `without_secrets` hides. The process that reads it keeps it whole:
+    SOURCE comes back from SOURCE_ENV (`given`), a file's query travels with the job (beam_jobs/sources.py)."""
+    return without_secrets(without_query(location))
 
 
 def has_secrets(text: str) -> bool:
@@ -76,10 +126,11 @@ def has_secrets(text: str) -> bool:
 
 def given(shown: str) -> str:
     """SOURCE as it was given, for a SOURCE as it is recorded and shown: SOURCE_ENV's value when `shown`
-    is that value without its secrets, else `shown` itself. Raises ValueError for a SOURCE whose password
-    was hidden and is not in the environment (reading it with *** would only be refused)."""
+    is that value as recorded (or as a run recorded it before: with its query scrubbed), else `shown`
+    itself. Raises ValueError for a SOURCE whose password was hidden and is not in the environment
+    (reading it with *** would only be refused)."""
     real = os.environ.get(SOURCE_ENV, "")
-    if real and without_secrets(real) == shown:
+    if real and recorded(real) == recorded(shown):
         return real
     if HIDDEN in shown and has_secrets(shown.replace(HIDDEN, "x")):
         raise ValueError(f"source {shown}: its credentials are kept out of files and Prefect; give SOURCE with "

@@ -28,7 +28,7 @@ from components.contracts.layout import WARMUP_FILE, Root, RunDir
 from components.contracts.lineage import Blessing, Lineage, LineageSpan, Pushed, PushIntent, Training
 from components.contracts.results import GateResult, ResultError, SpanManifest, TrainMetrics
 from components.contracts.run_config import RunConfig
-from components.contracts.secrets import without_secrets
+from components.contracts.secrets import recorded
 from components.contracts.summaries import PushSummary
 from components.push.serving_image import ServingError
 
@@ -173,7 +173,7 @@ def build_lineage(root: Root, run: RunDir, config: RunConfig, validation: GateRe
         manifest = SpanManifest.check(json.loads(raw), manifest_uri)
         spans.append(LineageSpan(span=manifest.span, manifest_uri=manifest_uri,
                                  manifest_sha256=hashlib.sha256(raw).hexdigest(),
-                                 source=without_secrets(manifest.source),  # a span published before names kept it
+                                 source=recorded(manifest.source),  # a span published before names kept it
                                  created=manifest.created, counts=manifest.counts, sources=len(manifest.sources)))
     return Lineage(
         model_name=config.model_name,
