@@ -1,7 +1,8 @@
-"""A password and a signature in SOURCE, and signatures of a manifest's own rows, are used to read them and kept
-out of everything else: `stoke run` over a manifest and images that a web server on 127.0.0.1 serves behind
-basic auth, then every byte under ROOT (shards opened), everything printed, everything Prefect keeps of the
-run and every byte of Prefect's database is searched for them."""
+"""A password and a signature in SOURCE, signatures of a manifest's own rows and the deployment's Beam options
+(a runner's credentials) are used and kept out of everything else: `stoke run` over a manifest and images that
+a web server on 127.0.0.1 serves behind basic auth, then every byte under ROOT (shards opened), everything
+printed, everything Prefect keeps of the run, every byte of Prefect's database and every command line seen
+while it ran are searched for them."""
 from __future__ import annotations
 
 import datetime
@@ -15,11 +16,12 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowR
 from prefect.settings import PREFECT_SERVER_DATABASE_CONNECTION_URL
 
 from components.common.files import read_json
+from components.contracts.beam_options import BEAM_ARGS_ENV
 from components.contracts.layout import Root
 from components.contracts.secrets import SOURCE_ENV
 from flows import cli
 from flows.demo import write_digits
-from tests.credentials import PASSWORD, TOKEN, USER, basic_auth_server, holding, shows
+from tests.credentials import PASSWORD, TOKEN, USER, basic_auth_server, command_lines, holding, shows
 from tests.flows.conftest import FIRST_RUN_CONFIG
 
 # Rows signed on their own, under names no list of credential names holds (a CDN's HMAC, imgix, Akamai), and a
@@ -47,10 +49,13 @@ def photos_site(folder) -> str:
 
 def test_a_password_in_source_reads_it_and_is_in_nothing_a_run_leaves(tmp_path, capfd, monkeypatch):
     monkeypatch.setenv(SOURCE_ENV, "")  # `stoke run` sets it in this process: put back afterwards
+    # As `stoke up --beam-args-file` sets them: a runner's credentials, one of them as two tokens.
+    monkeypatch.setenv(BEAM_ARGS_ENV, f"--s3_access_key_id=AKID{TOKEN} --s3_secret_access_key={TOKEN}k "
+                                      f"--s3_session_token {TOKEN}t")
     root, config = str(tmp_path / "root"), tmp_path / "run.yaml"
     config.write_text(FIRST_RUN_CONFIG.replace("{sample_mb: 4}", "{sample_mb: 1}"))
     started = datetime.datetime.now(datetime.UTC)
-    with basic_auth_server(photos_site(tmp_path)) as port:
+    with basic_auth_server(photos_site(tmp_path)) as port, command_lines() as seen:
         source = f"http://{USER}:{PASSWORD}@127.0.0.1:{port}/photos/manifest.csv?hmac={TOKEN}q"
         code = cli.main(["run", source, "--root", root, "--config", str(config), "--run-id", "secret", "--json"])
     printed = capfd.readouterr()
@@ -73,6 +78,8 @@ def test_a_password_in_source_reads_it_and_is_in_nothing_a_run_leaves(tmp_path, 
     assert not shows(printed.out + printed.err)
     assert not shows(prefect_records(started))
     assert holding(prefect_database()) == []
+    assert any(b"beam_jobs.ingest" in line for line in seen)  # ingest ran while the process list was watched
+    assert not [line for line in seen if shows(line)]
 
 
 def prefect_database() -> str:

@@ -160,6 +160,22 @@ def test_a_parameter_named_as_a_credential_is_hidden_in_any_case(name, value):
     assert "size=9" in without_secrets(f"s3://b/m.csv?v=1&{name}={value}&size=9")
 
 
+@pytest.mark.parametrize("text, kept", [
+    ("ingest: beam_jobs.ingest --config c.json --s3_session_token hunter2 --json",
+     "ingest: beam_jobs.ingest --config c.json --s3_session_token *** --json"),
+    ("--s3_secret_access_key 'hun ter2' --s3_access_key_id=hunter2", "--s3_secret_access_key *** --s3_access_key_id=***"),
+    ("Discarding unparseable args: ['--s3_session_token', 'hunter2', '--x']",
+     "Discarding unparseable args: ['--s3_session_token', ***, '--x']"),
+    ("stoke ingest --password\thunter2", "stoke ingest --password\t***"),
+    ("--api-key --json", "--api-key --json"),  # an option without its value
+    *[(text, text) for text in ["stoke up: error: --auth-string-file /run/auth: no such file"]],
+])
+def test_an_option_named_as_a_credential_hides_the_value_given_as_its_next_token(text, kept):
+    """`--NAME VALUE`, as Beam's and most command lines take an option, as well as `--NAME=VALUE`; an option
+    naming a file that holds a credential (`--auth-string-file PATH`) keeps its path."""
+    assert without_secrets(text) == kept
+
+
 @pytest.mark.parametrize("text", ["s3://b/m.csv?v=1&size=9&format=jpeg", "gs://b/search?q=cats&page=2",
                                   "s3://b/k?versionId=3", "gs://b/photos/code/cat.jpg", "/data/key/sig/a.png",
                                   "/data/a?b#c.png", "gs://b/photos/#1.png", "file:///data/a?b.png",
