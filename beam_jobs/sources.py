@@ -116,7 +116,7 @@ def _named(source: Source, reason: str | None, credentials: SourceCredentials) -
     """The listed file under its name; a file that is read keeps its URL's query to be read with."""
     query = "" if reason else source.uri[len(without_query(source.uri)):]
     uri, reason = source_names.named(source.uri[:len(source.uri) - len(query)], reason, credentials)
-    return replace(source, uri=uri, query=source.query + query), reason
+    return replace(source, uri=uri, query=query), reason
 
 
 def _in_store(source: str, fs, path: str) -> bool:
@@ -293,8 +293,10 @@ def resolve(fs, folder: str, given: str, allow_outside: bool, credentials: Sourc
     if CHAINING in given:
         raise ValueError(given, "'::' (fsspec's chaining) is not read: name one file")
     scheme, has_scheme, rest = given.partition("://")
-    if (has_scheme or given.startswith("/")) and has_secrets(given):  # never sent anywhere, nor kept: its
-        raise ValueError(given, source_names.CREDENTIAL_IN_NAME)     # name is stored scrubbed (`_named`)
+    # Never sent anywhere, nor kept: its name is stored scrubbed (`_named`). A relative row's query, read
+    # from a web server with it, is checked below as its store takes it (a bucket key's `?` is a name's).
+    if has_secrets(given if has_scheme or given.startswith("/") else given.partition("?")[0].partition("#")[0]):
+        raise ValueError(given, source_names.CREDENTIAL_IN_NAME)
     if has_scheme and scheme.lower() not in STORES:
         raise ValueError(given, f"scheme {scheme.lower()}:// is not read: local paths, s3:// and gs:// only")
     bad_bucket = bucket_problem(given)  # botocore would raise for it, deep in the listing's threads

@@ -39,6 +39,8 @@ import re
 from contextlib import contextmanager
 from functools import lru_cache
 
+from components.contracts.buckets import STORES
+
 HIDDEN = "***"
 # SOURCE as it was given, credentials and all: the one place it is handed from process to process.
 # Files, command lines and Prefect's parameters get SOURCE without its secrets (components/contracts/
@@ -62,7 +64,7 @@ _BARE_PASSWORD = re.compile(
 # line (a space, a quote, `<` or `>`). Every scheme has them but the stores whose keys hold `?` and `#`
 # as characters of a name (`s3://b/a?b.png`, `gs://b/#1.png`, a local file), and `#rowN` is a name:
 # ingest's for a manifest's row that names no file.
-_LITERAL_SCHEMES = ("file", "local", "s3", "s3a", "gs", "gcs")
+_LITERAL_SCHEMES = ("file", "local", *STORES)
 _URL_QUERY = re.compile(r"://[^\s?#'\"<>]*(?P<mark>[?#])(?P<rest>[^\s'\"<>]*)")
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
 _SCHEME_BEFORE = re.compile(rf"(?<![A-Za-z0-9+.-]){_SCHEME.pattern}\Z")

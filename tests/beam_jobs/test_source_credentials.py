@@ -81,7 +81,7 @@ def test_a_row_signed_on_its_own_is_read_with_its_query_and_one_with_a_user_info
     assert {f"{named}/cat/t.jpg", f"{named}/cat/u.jpg"} < {r[schema.SOURCE] for r in records(root, manifest)}
     reasons = {d["uri"]: d["reason"] for d in dead_letters(root, 1)}
     assert reasons[f"s3://{USER}:***@bucket/x.jpg"] == reasons["https://***@elsewhere/x.jpg"] == CREDENTIAL_IN_NAME
-    assert reasons[f"{named}/cat/v;jsessionid=***"] == CREDENTIAL_IN_NAME, reasons
+    assert reasons["cat/v;jsessionid=***"] == CREDENTIAL_IN_NAME, reasons  # refused as the row names it
     assert holding(str(root)) == [] and not shows(json.dumps(summary))
 
 
