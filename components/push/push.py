@@ -37,7 +37,7 @@ from components.contracts.layout import WARMUP_FILE, Root, RunDir
 from components.contracts.lineage import Blessing, Lineage, LineageSpan, Pushed, PushIntent, Training
 from components.contracts.results import GateReference, GateResult, ResultError, SpanManifest, TrainMetrics
 from components.contracts.run_config import RunConfig
-from components.contracts.secrets import without_secrets
+from components.contracts.secrets import recorded
 from components.contracts.summaries import PushSummary
 from components.push.serving_image import ServingError
 
@@ -115,15 +115,15 @@ def _publish(config: RunConfig, root: Root, run: RunDir, repo: Repository, valid
     serving.check_server_version(trained_tf)
     version = repo.next_version()
     # A run gated before the gate recorded answers has none: its version is nobody's reference.
-    recorded = read_bytes(run.answers) if exists(run.answers) else None
-    lineage = build_lineage(root, run, config, validation, version, trained_tf, recorded is not None)
+    answers = read_bytes(run.answers) if exists(run.answers) else None
+    lineage = build_lineage(root, run, config, validation, version, trained_tf, answers is not None)
     warmup_fs, warmup_path = filesystem(run.warmup)
     intent = PushIntent(version=version, model_uri=repo.version_uri(version), started_at=lineage.pushed_at)
     write_json(run.push_intent, intent.to_json())
     model_uri = repo.publish(candidate, version, {
         f"{ASSETS_EXTRA}/{LINEAGE_FILE}": json.dumps(lineage.to_json(), indent=2, sort_keys=True).encode(),
         f"{ASSETS_EXTRA}/{WARMUP_FILE}": warmup_fs.cat_file(warmup_path),
-        **({f"{ASSETS_EXTRA}/{ANSWERS_FILE}": recorded} if recorded is not None else {}),
+        **({f"{ASSETS_EXTRA}/{ANSWERS_FILE}": answers} if answers is not None else {}),
     })
     kill_drill("published")
     write_json(run.pushed, Pushed(version=version, model_uri=model_uri, pushed_at=lineage.pushed_at).to_json())
@@ -173,7 +173,7 @@ def earlier_push(repo: Repository, run: RunDir) -> Pushed | None:
 
 
 def build_lineage(root: Root, run: RunDir, config: RunConfig, validation: GateResult, version: int, trained_tf: str,
-                  recorded: bool) -> Lineage:
+                  answered: bool) -> Lineage:
     """Served version -> run -> spans (with their manifests' hashes and counts) -> metrics, blessing, and the
     reference later candidates are held to (reference_after)."""
     from components.push import serving_image as serving
@@ -186,7 +186,7 @@ def build_lineage(root: Root, run: RunDir, config: RunConfig, validation: GateRe
         manifest = SpanManifest.check(json.loads(raw), manifest_uri)
         spans.append(LineageSpan(span=manifest.span, manifest_uri=manifest_uri,
                                  manifest_sha256=hashlib.sha256(raw).hexdigest(),
-                                 source=without_secrets(manifest.source),  # a span published before names kept it
+                                 source=recorded(manifest.source),  # a span published before names kept it
                                  created=manifest.created, counts=manifest.counts, sources=len(manifest.sources)))
     return Lineage(
         model_name=config.model_name,
@@ -202,15 +202,15 @@ def build_lineage(root: Root, run: RunDir, config: RunConfig, validation: GateRe
         tensorflow_version=trained_tf,
         serving_image=f"{serving.SERVING_IMAGE}:{serving.SERVING_VERSION}",
         code_version=code_version(),
-        reference=reference_after(validation.reference, version, recorded),
+        reference=reference_after(validation.reference, version, answered),
     )
 
 
-def reference_after(held: GateReference | None, version: int, recorded: bool) -> int | None:
+def reference_after(held: GateReference | None, version: int, answered: bool) -> int | None:
     """The reference later candidates are held to class by class once `version` is pushed (components/gate/
     reference.py): the one the gate `held` a warm run to, else the version itself; none when its gate
-    `recorded` no answers."""
-    if not recorded:
+    recorded no answers (not `answered`)."""
+    if not answered:
         return None
     return held.version if held is not None and held.kept else version
 

@@ -15,7 +15,7 @@ from components.common.repository import KILL_AFTER_FILES_ENV, KILL_AFTER_STEP_E
 from components.push import lineage, predict, rollback
 from tests.components.conftest import tiny_image
 from tests.components.gate_runs import copy_root, gate_scenario, listing, push_run, scenario_serving_checks, validate_run
-from tests.credentials import PASSWORD, USER, holding, shows
+from tests.credentials import PASSWORD, TOKEN, USER, holding, shows
 from tests.waiting import web_server
 
 
@@ -332,15 +332,15 @@ def test_lineage_of_the_served_version(trained_runs, capsys):
 
 def test_a_password_older_spans_and_versions_kept_stays_out_of_the_push_its_image_and_every_answer(
         trained_runs, tmp_path, capsys):
-    """A span and a version published before Stoke kept credentials out hold SOURCE's password: the push
-    writes none of it into the new version or ROOT/serving (the image's build context), whose copy of the
-    old version's lineage is written without it (never through the link to the version's own file, which
+    """A span and a version published before Stoke kept credentials out hold SOURCE's password and signature:
+    the push writes none of it into the new version or ROOT/serving (the image's build context), whose copy of
+    the old version's lineage is written without it (never through the link to the version's own file, which
     keeps what it has), and `stoke lineage` and `stoke spans` show none of it."""
     from components.datacheck import spans
 
     root = copy_root(trained_runs, tmp_path)
     first, third = trained_runs["push"]["good"][1]["version"], trained_runs["push"]["mixed"][1]["version"]
-    old = f"http://{USER}:{PASSWORD}@127.0.0.1:9/photos/manifest.csv"
+    old = f"http://{USER}:{PASSWORD}@127.0.0.1:9/photos/manifest.csv?hmac={TOKEN}#access_token={TOKEN}"
     manifest = os.path.join(root, "data", "spans", "span-00001", "_MANIFEST.json")
     json.dump({**json.load(open(manifest)), "source": old}, open(manifest + ".tmp", "w"))
     os.replace(manifest + ".tmp", manifest)
@@ -357,7 +357,9 @@ def test_a_password_older_spans_and_versions_kept_stays_out_of_the_push_its_imag
     code, pushed = push_run(root, "mixed")
     assert code == 0 and pushed["pushed"], pushed
     assert holding(pushed["model_uri"]) == [] and holding(os.path.join(root, "serving")) == []
-    assert json.load(open(copied))["spans"][0]["source"] == "http://alice:***@127.0.0.1:9/photos/manifest.csv"
+    assert json.load(open(copied))["spans"][0]["source"] == "http://alice:***@127.0.0.1:9/photos/manifest.csv?***"
+    spans_pushed = json.load(open(os.path.join(pushed["model_uri"], "assets.extra", "stoke_lineage.json")))["spans"]
+    assert spans_pushed[0]["span"] == 1 and spans_pushed[0]["source"] == "http://alice:***@127.0.0.1:9/photos/manifest.csv"
     assert shows(open(kept).read())  # the old version itself is left as it was
     capsys.readouterr()
     for argv in ([str(first)], [str(first), "--json"], [str(pushed["version"]), "--json"]):
