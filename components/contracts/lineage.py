@@ -2,7 +2,7 @@
 served version (assets.extra/stoke_lineage.json): served version -> run -> spans -> metrics, blessing."""
 from __future__ import annotations
 
-from components.contracts.results import GateMetrics, LossAccuracy, Result, SpanCounts, Thresholds, TrainStart
+from components.contracts.results import Environment, GateMetrics, LossAccuracy, Result, SpanCounts, Thresholds, TrainStart
 
 
 class Pushed(Result):
@@ -79,3 +79,4 @@ class Lineage(Result):
     code_version: dict
     rolled_back: RolledBack | None = None
     retired_at: str | None = None
+    environment: Environment | None = None  # what it was trained with; None: pushed before Stoke recorded it

@@ -17,6 +17,7 @@ from components.contracts.results import (
     Anomaly,
     Comparison,
     DataServiceUse,
+    Environment,
     GateMetrics,
     LossAccuracy,
     ProfilerVerdict,
@@ -399,6 +400,7 @@ class TrainSection(Result):
     weights: str | None = None  # train.weights
     phases: list[TrainPhase] = []
     start: TrainStart | None = None  # warm or full (None: a run from before warm starts)
+    environment: Environment | None = None  # None: a run from before Stoke recorded it
 
 
 class GateSection(Result):

@@ -64,7 +64,7 @@ def build_report(run: RunDir, skipped: str | None = None, failed: str | None = N
             **train.model_dump(include={
                 "network", "spans", "epochs", "total_steps", "strategy", "precision", "xla", "replicas",
                 "global_batch_size", "images_per_sec", "train", "eval", "model_dir", "resumed_from_step", "weights",
-                "phases", "start"}),
+                "phases", "start", "environment"}),
             "input_bound": probe.input_bound,
             "input_images_per_sec": probe.input_images_per_sec,
             "model_images_per_sec": probe.model_images_per_sec_synthetic,
@@ -213,6 +213,7 @@ def _training_lines(t, plots: dict) -> list[str]:
              ""]
     lines += [_start_in_words(t.start), ""] if t.start else []
     lines += [_phases_in_words(t), ""] if t.phases and t.phases[0].name != "all" else []
+    lines += [f"Environment: {t.environment.in_words() if t.environment else 'not recorded'}.", ""]
     lines += [f"Input: {t.verdict}", ""]
     lines += [f"Shards: {t.shards}", ""] if t.shards else []
     if t.data_service:

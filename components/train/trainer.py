@@ -30,7 +30,7 @@ from collections.abc import Callable
 import tensorflow as tf
 import tf_keras as keras
 
-from components.common import advice, plots, program, shard_digests
+from components.common import advice, environment, plots, program, shard_digests
 from components.common.files import check_writable, exists, remove, write_json
 from components.common.local_copies import UnsafeKey
 from components.common.program import setting_hint
@@ -649,6 +649,7 @@ def summarize(settings: TrainConfig, plan: RunPlan, fitted: Fitted, probe: dict,
         "weights": settings.weights,
         "weights_file": plan.weights_file,
         "start": start_record(plan),
+        "environment": environment.record(),
         "phases": fitted.phases,
         "input": probe,
         "data_service": data_service,
