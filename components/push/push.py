@@ -65,7 +65,7 @@ def push(config: RunConfig, *, run_id: str) -> PushSummary:
         earlier = earlier_push(repo, run)
         summary = (_finish(config, root, run, repo, earlier) if earlier is not None
                    else _publish(config, root, run, repo, validation))
-    summary.image = (serving.build_image(root.serving, config.model_name, summary.versions[-1])
+    summary.image = (serving.build_image(root.serving, config.model_name, summary.versions[-1], summary.serving_image)
                      if config.push.build_image else {"built": False, "reason": "not asked (push.build_image false)"})
     write_json(run.result("push"), summary.to_json())  # the run's record of the push, for its report
     return summary
@@ -86,6 +86,7 @@ def _finish(config: RunConfig, root: Root, run: RunDir, repo: Repository, earlie
     return PushSummary(
         pushed=False, already_pushed=True, run_id=run.run_id, model_name=config.model_name,
         version=earlier.version, model_uri=earlier.model_uri, serving_uri=rendered["serving_uri"],
+        serving_image=rendered["serving_image"],
         commands=rendered["commands"], versions=rendered["versions"], retired=retired,
         message=f"run {run.run_id} was already pushed as version {earlier.version} on {earlier.pushed_at}"
                 + finished)
@@ -103,7 +104,7 @@ def _publish(config: RunConfig, root: Root, run: RunDir, repo: Repository, valid
 
     candidate = run.candidate
     trained_tf = serving.saved_model_tf_version(candidate)
-    serving.check_server_version(trained_tf)
+    serving.server_for(trained_tf)  # before anything is written: a model no pinned server can serve is refused
     version = repo.next_version()
     lineage = build_lineage(root, run, config, validation, version, trained_tf)
     warmup_fs, warmup_path = filesystem(run.warmup)
@@ -186,8 +187,9 @@ def build_lineage(root: Root, run: RunDir, config: RunConfig, validation: GateRe
         metrics=validation.metrics,
         blessing=Blessing.model_validate(validation.model_dump(include=set(Blessing.model_fields))),
         tensorflow_version=trained_tf,
-        serving_image=f"{serving.SERVING_IMAGE}:{serving.SERVING_VERSION}",
+        serving_image=serving.server_for(trained_tf),
         code_version=code_version(),
+        environment=trained.environment,
     )
 
 

@@ -5,6 +5,7 @@ import base64
 import http.server
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -38,6 +39,11 @@ def test_blessed_run_is_pushed_with_warmup_and_lineage(trained_runs):
     assert record["tensorflow_version"].startswith("2.21") and record["serving_image"] == "tensorflow/serving:2.21.0"
     assert record["blessing"]["blessed"] and record["metrics"]["accuracy"] == pushed["metrics"]["accuracy"]
     assert record["code_version"]["package"] == "0.1.0"
+    environment = record["environment"]  # what training recorded in metrics.json, carried as it was
+    assert environment == trained_runs["train"]["good"]["environment"]
+    assert environment["tensorflow"] == record["tensorflow_version"] and environment["python"] == platform.python_version()
+    assert environment["tf_keras"].startswith("2.21") and environment["beam"] and environment["tfma"]
+    assert len(environment["packages_sha256"]) == 64
     assert pushed["commands"]["docker_build"].startswith("docker build -t stoke-serving-stoke:")
     assert not pushed["image"]["built"] and "container engine" in pushed["image"]["reason"]
 
@@ -190,6 +196,28 @@ def test_a_push_reads_the_trained_tensorflow_without_loading_tensorflow(trained_
     assert written.meta_graphs[0].meta_info_def.tensorflow_version.startswith("2.")
 
 
+def test_a_model_newer_than_every_pinned_server_is_refused_in_one_line(trained_runs, tmp_path):
+    """The push reads the TensorFlow that wrote the candidate and refuses it, before writing anything,
+    when no TF Serving release the table pins (components/common/serving.py) is as new."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    root = copy_root(trained_runs, tmp_path)
+    shutil.rmtree(os.path.join(root, "models", "stoke", str(trained_runs["push"]["mixed"][1]["version"])))
+    os.remove(os.path.join(root, "runs", "mixed", "pushed.json"))
+    path = os.path.join(root, "runs", "mixed", "candidate", "saved_model.pb")
+    model = saved_model_pb2.SavedModel()
+    model.ParseFromString(open(path, "rb").read())
+    model.meta_graphs[0].meta_info_def.tensorflow_version = "2.22.0"
+    open(path, "wb").write(model.SerializeToString())
+    before = listing(root)
+    code, summary = push_run(root, "mixed")
+    assert code == 1 and not summary["pushed"]
+    assert summary["error"] == ("the model was written by TensorFlow 2.22.0, newer than the newest TF Serving Stoke pins "
+                                "(tensorflow/serving:2.21.0); add its release to SERVING_RELEASES in "
+                                "components/common/serving.py")
+    assert listing(root) == before and not os.path.exists(os.path.join(root, "runs", "mixed", "push_intent.json"))
+
+
 def test_a_push_stopped_before_recording_it_is_not_repeated(trained_runs, tmp_path, monkeypatch):
     """Killed after the version appeared and before pushed.json: a retry, or a new validation and
     push, finds the version by its lineage instead of refusing or pushing the run a second time."""
@@ -299,7 +327,21 @@ def test_lineage_of_the_served_version(trained_runs, capsys):
     text = capsys.readouterr().out
     assert f"version {trained_runs['push']['mixed'][1]['version']} (served)" in text and "run mixed" in text
     assert "span 1:" in text
+    tensorflow = trained_runs["train"]["mixed"]["environment"]["tensorflow"]
+    assert f"environment: Python {platform.python_version()}, TensorFlow {tensorflow}" in text
     assert lineage.run(["--root", trained_runs["root"], "--model-name", "a/../b"]) == 1
+
+
+def test_a_lineage_from_before_environments_says_so(trained_runs, tmp_path, capsys):
+    root = copy_root(trained_runs, tmp_path)
+    version = trained_runs["push"]["mixed"][1]["version"]
+    path = os.path.join(root, "models", "stoke", str(version), "assets.extra", "stoke_lineage.json")
+    record = json.load(open(path))
+    del record["environment"]
+    with open(path, "w") as f:
+        json.dump(record, f)
+    assert lineage.run(["--root", root]) == 0
+    assert "environment: not recorded" in capsys.readouterr().out
 
 
 def test_a_password_older_spans_and_versions_kept_stays_out_of_the_push_its_image_and_every_answer(
