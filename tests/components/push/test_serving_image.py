@@ -8,6 +8,7 @@ import pytest
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
+from components.common.serving import SERVING_VERSION
 from components.push import serving_image as serving
 from tests.components.gate_runs import gate_scenario
 
@@ -78,7 +79,7 @@ def test_the_server_is_the_release_of_the_tensorflow_that_trained_the_model():
     release; before the first row the first row's; after the last a refusal in one line."""
     import tensorflow as tf
 
-    from components.common.serving import SERVING_RELEASES, SERVING_VERSION, serving_release
+    from components.common.serving import SERVING_RELEASES, serving_release
 
     assert SERVING_RELEASES["2.20"] == "2.20.0" and SERVING_RELEASES["2.21"] == "2.21.0"
     assert serving.server_for("2.21.0") == serving.server_for("2.21.4") == "tensorflow/serving:2.21.0"
@@ -141,7 +142,7 @@ def calls(log: str) -> list[str]:
     return [line.split()[0] for line in open(log).read().splitlines()]
 
 
-BASE = f"{serving.SERVING_IMAGE}:{serving.SERVING_VERSION}"
+BASE = f"{serving.SERVING_IMAGE}:{SERVING_VERSION}"
 
 
 def test_push_does_not_build_on_a_base_image_tag_that_does_not_exist(trained_runs, tmp_path, monkeypatch):
