@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 
 ASSETS_EXTRA = "assets.extra"
 LINEAGE_FILE = "stoke_lineage.json"
+MODEL_CARD, MODEL_CARD_JSON = "model_card.md", "model_card.json"  # components/push/model_card.py
 ROLLED_BACK_PREFIX = "rolled-back-"
 SET_ASIDE_PREFIX = "set-aside-"
 RETIRED = "_retired"

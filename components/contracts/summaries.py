@@ -212,6 +212,7 @@ class PushSummary(Summary):
     model_name: str | None = None
     version: int | None = None
     model_uri: str | None = None
+    model_card: str | None = None  # the version's assets.extra/model_card.md
     serving_uri: str | None = None
     commands: ServingCommands | None = None
     image: ImageBuild | None = None

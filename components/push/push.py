@@ -21,8 +21,16 @@ import json
 import subprocess
 
 from components.common import clock, processes, program
-from components.common.files import exists, filesystem, read_result, remove, write_json
-from components.common.repository import ASSETS_EXTRA, LINEAGE_FILE, Repository, RepositoryError, kill_drill
+from components.common.files import exists, filesystem, join, read_result, remove, write_json
+from components.common.repository import (
+    ASSETS_EXTRA,
+    LINEAGE_FILE,
+    MODEL_CARD,
+    MODEL_CARD_JSON,
+    Repository,
+    RepositoryError,
+    kill_drill,
+)
 from components.common.store_errors import on_root
 from components.contracts.layout import WARMUP_FILE, Root, RunDir
 from components.contracts.lineage import Blessing, Lineage, LineageSpan, Pushed, PushIntent, Training
@@ -30,6 +38,7 @@ from components.contracts.results import GateResult, ResultError, SpanManifest, 
 from components.contracts.run_config import RunConfig
 from components.contracts.secrets import without_secrets
 from components.contracts.summaries import PushSummary
+from components.push import model_card
 from components.push.serving_image import ServingError
 
 
@@ -107,12 +116,15 @@ def _publish(config: RunConfig, root: Root, run: RunDir, repo: Repository, valid
     serving.server_for(trained_tf)  # before anything is written: a model no pinned server can serve is refused
     version = repo.next_version()
     lineage = build_lineage(root, run, config, validation, version, trained_tf)
+    card = model_card.build(root, lineage, validation, read_result(run.metrics, TrainMetrics))
     warmup_fs, warmup_path = filesystem(run.warmup)
     intent = PushIntent(version=version, model_uri=repo.version_uri(version), started_at=lineage.pushed_at)
     write_json(run.push_intent, intent.to_json())
     model_uri = repo.publish(candidate, version, {
         f"{ASSETS_EXTRA}/{LINEAGE_FILE}": json.dumps(lineage.to_json(), indent=2, sort_keys=True).encode(),
         f"{ASSETS_EXTRA}/{WARMUP_FILE}": warmup_fs.cat_file(warmup_path),
+        f"{ASSETS_EXTRA}/{MODEL_CARD_JSON}": json.dumps(card.to_json(), indent=2, sort_keys=True).encode(),
+        f"{ASSETS_EXTRA}/{MODEL_CARD}": model_card.render_markdown(card).encode(),
     })
     kill_drill("published")
     write_json(run.pushed, Pushed(version=version, model_uri=model_uri, pushed_at=lineage.pushed_at).to_json())
@@ -127,6 +139,7 @@ def _publish(config: RunConfig, root: Root, run: RunDir, repo: Repository, valid
         model_name=config.model_name,
         version=version,
         model_uri=model_uri,
+        model_card=join(model_uri, ASSETS_EXTRA, MODEL_CARD),
         previous_version=newest,
         versions=rendered["versions"],
         retired=retired,

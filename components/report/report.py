@@ -28,8 +28,8 @@ from components.report.input_verdict import figure, verdict
 INGEST_KEYS = {"published", "span", "span_uri", "counts", "new_sources", "images_per_sec", "seconds",
                "dead_letters", "dead_letter_uri", "message", "error", "duplicates", "near_duplicates", "set_aside",
                "quality"}
-PUSH_KEYS = {"pushed", "already_pushed", "version", "previous_version", "model_uri", "serving_uri", "commands",
-             "image", "retired", "set_aside", "message"}
+PUSH_KEYS = {"pushed", "already_pushed", "version", "previous_version", "model_uri", "model_card", "serving_uri",
+             "commands", "image", "retired", "set_aside", "message"}
 
 
 def build_report(run: RunDir, skipped: str | None = None, failed: str | None = None) -> RunReport:
@@ -187,6 +187,7 @@ def _push_section(report: RunReport) -> list[str]:
     lines = ["## Push", "", f"Version **{p.version}** of `{p.model_uri}`; serving image build context `{p.serving_uri}`"
              + ("; image built." if p.image and p.image.built else
                 f"; image not built ({p.image.reason or 'no container engine'})." if p.image else "."), ""]
+    lines += [f"Model card: [`{p.model_card}`]({p.model_card})", ""] if p.model_card else []
     lines += [f"Set aside `{a.name}` as `{a.moved_to}`: {a.reason}." for a in p.set_aside or []]
     lines += [""] if p.set_aside else []
     if p.commands:

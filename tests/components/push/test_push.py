@@ -466,3 +466,51 @@ def test_object_store_push_copies_saved_model_last(trained_runs, s3_bucket):
     assert order[-1] == "saved_model.pb" and "variables/variables.index" in order
     assert repo.versions() == [5000] and repo.next_version() > 5000
     assert not fs.exists(f"{s3_bucket}/root/models/stoke/.push-5000")  # and gone once it is complete
+
+
+def test_each_pushed_version_has_a_model_card_that_agrees_with_the_gate_and_the_data_check(trained_runs):
+    """assets.extra/model_card.json and .md beside the lineage, mirrored into the serving context and linked
+    from the report: its figures are the gate's (per-class accuracy, the comparison with the version it
+    replaced) and the data check's (each span's status and findings), its intervals Wilson's as the gate
+    computes them, its training counts the spans' own."""
+    from components.common.spans import Spans
+    from components.contracts.layout import Root, RunDir
+    from components.contracts.lineage import ModelCard
+    from components.gate.evidence import _z, wilson
+    from components.report.report import build_report, render_markdown
+
+    code, pushed = trained_runs["push"]["mixed"]
+    folder = os.path.join(pushed["model_uri"], "assets.extra")
+    card = ModelCard.model_validate(json.load(open(os.path.join(folder, "model_card.json"))))
+    gate = json.load(open(os.path.join(trained_runs["root"], "runs", "mixed", "gate.json")))
+    assert (card.version, card.run_id, card.labels) == (pushed["version"], "mixed", gate["labels"])
+    assert card.accuracy == gate["metrics"]["accuracy"] and card.example_count == gate["metrics"]["example_count"]
+    assert card.replaced_version == gate["baseline_version"] == trained_runs["push"]["good"][1]["version"]
+    assert card.evidence.model_dump(mode="json") == gate["comparison"] and card.gate_notes == gate["notes"]
+    per_class = {c["label"]: c for c in gate["comparison"]["per_class"]["classes"]}
+    for c in card.classes:
+        assert c.accuracy == gate["metrics"]["per_class_accuracy"][c.label]
+        assert c.eval_records == gate["metrics"]["per_class_examples"][c.label] == per_class[c.label]["example_count"]
+        assert c.right == per_class[c.label]["right"] and c.verdict == per_class[c.label]["verdict"]
+        assert c.baseline_accuracy == gate["baseline"]["per_class_accuracy"][c.label]
+        assert c.interval == pytest.approx(wilson(c.right, c.eval_records, _z(card.confidence)), abs=1e-4)
+        assert f"{c.label}: only {c.eval_records} eval records" in " ".join(card.limitations)  # 8 each: few
+    manifest = json.load(open(os.path.join(trained_runs["root"], "data", "spans", "span-00001", "_MANIFEST.json")))
+    assert sum(c.train_records for c in card.classes) == manifest["counts"]["train"]
+    record = Spans(Root(trained_runs["root"])).check_record(1).record
+    (span,) = card.spans
+    assert (span.span, span.data_check, span.train, span.eval) == (1, record.status, 64, 24)
+    assert span.warnings == [a.message for a in record.anomalies if a.file is None]
+    assert card.environment.model_dump(mode="json") == trained_runs["train"]["mixed"]["environment"]
+
+    text = open(os.path.join(folder, "model_card.md")).read()
+    headings = [line[3:] for line in text.splitlines() if line.startswith("## ")]
+    assert headings == ["Model details", "Intended use", "Factors", "Metrics", "Evaluation data", "Training data",
+                        "Quantitative analyses", "Caveats and recommendations"]
+    first = card.classes[0]
+    assert f"| {first.label} | {first.train_records} | {first.eval_records} | {first.right} | {first.accuracy:.2f} |" in text
+    served = os.path.join(trained_runs["root"], "serving", "models", "stoke", str(card.version), "assets.extra")
+    assert open(os.path.join(served, "model_card.md")).read() == text
+    assert pushed["model_card"] == os.path.join(folder, "model_card.md")
+    report = render_markdown(build_report(RunDir(os.path.join(trained_runs["root"], "runs", "mixed"))))
+    assert f"Model card: [`{pushed['model_card']}`]({pushed['model_card']})" in report
