@@ -58,17 +58,20 @@ def locked(path: Path) -> dict[str, str]:
 
 def differences(lock: dict[str, str], have: dict[str, str]) -> list[str]:
     """How the installed packages differ from a lock's, one phrase each; none when they are the same set."""
+    return off_lock(lock, have) + [f"{name}=={have[name]} is not in the lock"
+                                   for name in sorted(have.keys() - lock.keys() - NOT_LOCKED)]
+
+
+def off_lock(lock: dict[str, str], have: dict[str, str]) -> list[str]:
+    """The lock's packages that are not installed, or not at the lock's version, one phrase each."""
     from packaging.version import Version
 
     said = []
-    for name in sorted(lock.keys() | (have.keys() - NOT_LOCKED)):
-        want, got = lock.get(name), have.get(name)
-        if got is None:
+    for name, want in sorted(lock.items()):
+        if name not in have:
             said.append(f"{name} {want} is not installed")
-        elif want is None:
-            said.append(f"{name}=={got} is not in the lock")
-        elif Version(want) != Version(got):
-            said.append(f"{name} {got} is installed, the lock has {want}")
+        elif Version(want) != Version(have[name]):
+            said.append(f"{name} {have[name]} is installed, the lock has {want}")
     return said
 
 
@@ -81,10 +84,7 @@ def packages(have: dict[str, str] | None = None) -> dict:
               "packages_sha256": hashlib.sha256("\n".join(pins).encode()).hexdigest()}
     for name in LOCKS:
         path = REPO / name
-        if not path.is_file():
-            continue
-        lock = locked(path)
-        if not [said for said in differences(lock, have) if not said.endswith("is not in the lock")]:
+        if path.is_file() and not off_lock(lock := locked(path), have):
             return record | {"lock": name, "lock_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
                              "unlocked": [pin for pin in pins if pin.split("==")[0] not in lock]}
     return record
