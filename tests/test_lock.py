@@ -105,7 +105,7 @@ def test_make_installs_from_the_locks_and_stoke_editable_on_top():
     lock by its hash) and put Stoke on top without dependencies; CI runs them."""
     makefile = (REPO / "Makefile").read_text()
     for lock in ("requirements/runtime.lock", "requirements/test.lock"):
-        assert f"pip sync --quiet --python $(PY) --require-hashes {lock}" in makefile
+        assert f"pip sync --quiet --python $(PY) --require-hashes --compile-bytecode {lock}" in makefile
     assert makefile.count("pip install --quiet --python $(PY) --no-deps --no-build-isolation -e .") == 2
     assert "--require-hashes -r /dev/stdin" in makefile and "pip install --quiet -e" not in makefile
     ci = (REPO / ".ci" / "run").read_text()
