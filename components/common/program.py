@@ -139,11 +139,16 @@ class ProgressBar:
 
     def __init__(self, console=None):
         from rich.console import Console
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, Progress, TextColumn
 
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
-                                 TextColumn("{task.completed:,.0f} of {task.total:,.0f} {task.fields[unit]}"),
-                                 TimeElapsedColumn(), console=console or Console(file=sys.stderr),
+        # Colours by name, not rich's theme styles (bar.back, progress.elapsed...): Prefect's console has a
+        # theme of its own without them.
+        self.progress = Progress(TextColumn("{task.description}"),
+                                 BarColumn(style="grey37", complete_style="green", finished_style="green",
+                                           pulse_style="green"),
+                                 TextColumn("{task.completed:,.0f} of {task.total:,.0f} {task.fields[unit]} after "
+                                            "{task.fields[seconds]:,.0f} s"),
+                                 console=console or Console(file=sys.stderr),
                                  auto_refresh=False, redirect_stdout=False, redirect_stderr=False)
         self.task, self.lock = None, threading.Lock()  # events may come from a reporting thread (ingest's)
 
@@ -151,8 +156,9 @@ class ProgressBar:
         with self.lock:
             if self.task is None:
                 self.progress.start()
-                self.task = self.progress.add_task(printable(event.stage), total=event.total, unit=event.unit)
-            self.progress.update(self.task, completed=event.done, total=event.total)
+                self.task = self.progress.add_task(printable(event.stage), total=event.total, unit=event.unit,
+                                                   seconds=event.seconds)
+            self.progress.update(self.task, completed=event.done, total=event.total, seconds=event.seconds)
             self.progress.refresh()
 
     def close(self) -> None:

@@ -210,5 +210,22 @@ def test_progress_is_a_bar_on_a_terminal_and_a_line_each_in_a_log(capsys):
     bar.close()
     bar.close()  # a second close (the block's end after the program's) does nothing
     drawn = screen.getvalue()
-    assert "10 of 40 MB" in drawn and "40 of 40 MB" in drawn and "━" in drawn and "after" not in drawn
+    assert "10 of 40 MB after 10 s" in drawn and "40 of 40 MB after 20 s" in drawn and "━" in drawn
     assert capsys.readouterr() == ("", "")  # nothing on the program's own streams
+
+
+def test_the_bar_draws_on_prefects_console_whose_theme_has_none_of_rich_s_own_styles():
+    """`stoke run` draws the bar on the console Prefect's console handler prints the run's lines through
+    (flows/reporting.py), whose theme lacks rich's progress styles."""
+    import io
+
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    from components.contracts.summaries import Progress
+
+    screen = io.StringIO()
+    console = PrefectConsoleHandler(stream=screen).console
+    bar = program.ProgressBar(console)
+    bar(Progress(stage="train", done=2.0, total=8.0, unit="epochs", seconds=30.0))
+    bar.close()
+    assert "2 of 8 epochs after 30 s" in screen.getvalue()
