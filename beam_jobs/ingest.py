@@ -313,7 +313,7 @@ class _Progress:
         with self.lock:
             self.done.set()
         if hasattr(self.show, "close"):  # a terminal's bar (program.ProgressBar): done before the summary prints
-            self.show.close()
+            self.show.close(finished=exc[0] is None)
 
     def _report(self):
         fs, path = filesystem(self.staging)

@@ -78,6 +78,6 @@ class ProgressArtifact:
 
     def __exit__(self, kind, *rest):
         if self.bar is not None:
-            self.bar.close()
+            self.bar.close(finished=kind is None)
         if kind is None:
             update_progress_artifact(self.artifact, 100.0)

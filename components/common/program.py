@@ -161,9 +161,12 @@ class ProgressBar:
             self.progress.update(self.task, completed=event.done, total=event.total, seconds=event.seconds)
             self.progress.refresh()
 
-    def close(self) -> None:
+    def close(self, finished: bool = False) -> None:
+        """Leaves the bar as it is, or full when the stage `finished` (its last event may come before its end)."""
         with self.lock:
             if self.task is not None:
+                if finished:
+                    self.progress.update(self.task, completed=self.progress.tasks[0].total)
                 self.progress.stop()
                 self.task = None
 

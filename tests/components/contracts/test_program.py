@@ -227,5 +227,5 @@ def test_the_bar_draws_on_prefects_console_whose_theme_has_none_of_rich_s_own_st
     console = PrefectConsoleHandler(stream=screen).console
     bar = program.ProgressBar(console)
     bar(Progress(stage="train", done=2.0, total=8.0, unit="epochs", seconds=30.0))
-    bar.close()
-    assert "2 of 8 epochs after 30 s" in screen.getvalue()
+    bar.close(finished=True)  # the stage ended well after its last event: the bar is left full
+    assert "8 of 8 epochs after 30 s" in screen.getvalue()
