@@ -35,6 +35,8 @@ install-test: .venv/.installed-test
 # uv first, by its hash in the lock (pip checks it), then uv installs the rest, compiled to bytecode as pip
 # does: where PYTHONDONTWRITEBYTECODE is set, as on CI's machines, every process would otherwise compile
 # Prefect, TensorFlow and Beam from source again (Prefect's test server took 100 s to start instead of 45).
+# Stoke's build backend, setuptools, is in the lock (TensorBoard needs it), so its editable install builds
+# in the venv itself, with nothing more to fetch.
 .venv/.uv: requirements/runtime.lock
 	python3.11 -m venv .venv
 	awk '/^uv==/ {on = 1} on {print} on && !/\\$$/ {exit}' requirements/runtime.lock \
