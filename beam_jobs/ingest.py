@@ -314,6 +314,8 @@ class _Progress:
     def __exit__(self, *exc):
         with self.lock:
             self.done.set()
+        if hasattr(self.show, "close"):  # a terminal's bar (program.ProgressBar): done before the summary prints
+            self.show.close(finished=exc[0] is None)
 
     def _report(self):
         fs, path = filesystem(self.staging)

@@ -168,14 +168,28 @@ def gather(config: RunConfig, run_id: str) -> GateInputs:
         counts, warm_images = _scan_eval(shards, config.gate.warmup_images)
     majority_id, majority_count = counts.most_common(1)[0]
     majority_rate = majority_count / sum(counts.values())
-    served = _served(Repository(root, config.model_name), labels)
+    repo = Repository(root, config.model_name)
+    served = _served(repo, labels)
+    changed = environment_notes(trained, repo, served.version)
     return GateInputs(run=run, candidate=candidate, labels=labels, spans=spans, shards=shards, counts=counts,
                       warm_images=warm_images, majority_rate=majority_rate,
                       floor=_floor(config.gate.min_accuracy, majority_count, sum(counts.values()),
                                    label_name(labels, majority_id)),
-                      served=dataclasses.replace(served, notes=served.notes + left_out + staged),
+                      served=dataclasses.replace(served, notes=served.notes + left_out + staged + changed),
                       top_k=min(config.gate.top_k, len(labels)),
                       warm=trained.start is not None and trained.start.kind == "warm")
+
+
+def environment_notes(trained: TrainMetrics, repo: Repository, version: int | None) -> list[str]:
+    """A note, never a reason, when the candidate was trained in another environment than the served version
+    (the lineage's): what changed, or that the served version's environment is not recorded."""
+    lineage = repo.lineage(version) if version is not None else None
+    if lineage is None or trained.environment is None:
+        return []  # nothing served, a version Stoke did not push, or a candidate trained before Stoke recorded it
+    if lineage.environment is None:
+        return [f"served version {version}: environment not recorded"]
+    changed = trained.environment.changes_since(lineage.environment)
+    return [f"trained in another environment than served version {version}: {'; '.join(changed)}"] if changed else []
 
 
 def _staged(config: RunConfig, shards: list[Shard]) -> tuple[list[Shard], list[str]]:

@@ -30,7 +30,7 @@ from collections.abc import Callable
 import tensorflow as tf
 import tf_keras as keras
 
-from components.common import advice, plots, program, shard_digests
+from components.common import advice, environment, plots, program, shard_digests
 from components.common.files import check_writable, exists, remove, write_json
 from components.common.local_copies import UnsafeKey
 from components.common.program import setting_hint
@@ -54,6 +54,8 @@ from components.train.recipe import Phase
 # Fault drill: with this set to N, the process kills itself (SIGKILL, no cleanup) once N training
 # steps are done, so resume from backup can be tested the way a preempted machine fails.
 KILL_AT_STEP_ENV = "STOKE_KILL_AT_STEP"
+# Keras' own progress: a bar per epoch on a terminal, else a line per epoch, as a log keeps them.
+KERAS_VERBOSE = 1 if sys.stdout.isatty() else 2
 CHECKPOINT_POINTER = "checkpoint"  # tf.train.CheckpointManager's index of the newest checkpoint
 
 
@@ -402,7 +404,7 @@ def fit(settings: TrainConfig, plan: RunPlan, model, train_data, eval_data, mine
                 logs = model.fit(train_data, initial_epoch=phase.first_epoch, epochs=phase.end_epoch,
                                  steps_per_epoch=plan.steps_per_epoch, validation_data=eval_data,
                                  validation_steps=plan.validation_steps or None,
-                                 callbacks=callbacks + ([shown] if shown else []), verbose=2)
+                                 callbacks=callbacks + ([shown] if shown else []), verbose=KERAS_VERBOSE)
                 history = recipe.merged(history, logs.history)
                 done, resumed = done + int(model.optimizer.iterations.numpy()), resumed + resume.step
                 records.append(_phase_record(model, phase, resume.step))
@@ -649,6 +651,7 @@ def summarize(settings: TrainConfig, plan: RunPlan, fitted: Fitted, probe: dict,
         "weights": settings.weights,
         "weights_file": plan.weights_file,
         "start": start_record(plan),
+        "environment": environment.record(),
         "phases": fitted.phases,
         "input": probe,
         "data_service": data_service,
