@@ -28,16 +28,16 @@ def labels_and_answers(model_dir: str, shards) -> tuple[list[int], list[int]]:
     return labels, answers
 
 
-def pairs(candidate: str, versions: dict[int, tuple[str, int]],
+def pairs(candidate: str, versions: dict[int, tuple[str, frozenset[int]]],
           shards) -> dict[int, tuple[list[bool], list[bool], list[int]]]:
-    """For each served version (local path, classes it knows: the candidate's first ones), whether the
+    """For each served version (local path, ids of the classes it and the candidate answer), whether the
     candidate and the version are right on each eval record of those classes, and the record's class."""
     labels, answers = labels_and_answers(candidate, shards)
     candidate_right = [answer == label for answer, label in zip(answers, labels)]
     out = {}
     for version, (path, known) in versions.items():
         _, served = labels_and_answers(path, shards)
-        keep = [i for i, label in enumerate(labels) if label < known]
+        keep = [i for i, label in enumerate(labels) if label in known]
         out[version] = ([candidate_right[i] for i in keep], [served[i] == labels[i] for i in keep],
                         [labels[i] for i in keep])
     return out

@@ -211,3 +211,17 @@ def test_a_night_of_one_class_is_judged_and_one_of_no_known_class_skips_the_labe
     markdown = write_report(run)["markdown"]
     assert f"Label check skipped: {why}." in markdown
     assert "Label check by the served model" in markdown.split("Span 3,")[0].split("Span 2,")[1]
+
+
+def test_a_class_the_served_model_keeps_without_answering_is_not_judged(trained_runs, tmp_path):
+    """A served version that keeps blue's id without a record of blue (its span held back when the version
+    trained) gives blue probability 0: blue records are not judged, as those of a class it does not know,
+    instead of each one flagged as a file the model says is something else."""
+    root = copy_root(trained_runs, tmp_path)
+    repository = Repository(root, "stoke")
+    uri = repository.lineage_uri(repository.newest())
+    write_json(uri, {**json.load(open(uri)), "untrained": ["blue"]})
+    publish(root, 2, CLEAN)
+    code, summary = check("--root", root)
+    labels = summary["spans"][0]["label_check"]
+    assert code == 0 and (labels["status"], labels["checked"], labels["unknown"], labels["flagged"]) == ("done", 40, 20, 0)
