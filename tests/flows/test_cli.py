@@ -38,7 +38,7 @@ def test_run_passes_its_configuration_to_the_flow_and_prints_the_summary_last(pu
     done = subprocess.run([os.path.join(BIN, "stoke"), "run", source, "--root", root,
                            "--config", pushed_run["config_file"], "--skip-unchanged", "--no-preflight", "--run-id",
                            "from-cli", "--set", "ingest.compression=zlib", "--json"],
-                          capture_output=True, text=True, env=env, timeout=300)
+                          capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["run_id"] == "from-cli" and summary["status"] in ("pushed", "refused")
