@@ -2,6 +2,7 @@
 served version (assets.extra/stoke_lineage.json): served version -> run -> spans -> metrics, blessing."""
 from __future__ import annotations
 
+from components.contracts.label_set import LabelSet
 from components.contracts.results import (
     Comparison,
     Environment,
@@ -93,6 +94,11 @@ class Lineage(Result):
     rolled_back: RolledBack | None = None
     retired_at: str | None = None
     environment: Environment | None = None  # what it was trained with; None: pushed before Stoke recorded it
+    untrained: list[str] = []  # classes of `labels` no record it was trained on carries: it never answers them
+
+    @property
+    def label_set(self) -> LabelSet:
+        return LabelSet(self.labels, self.untrained)
 
 
 class CardSpan(Result):

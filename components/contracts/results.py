@@ -15,6 +15,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
+from components.contracts.label_set import LabelSet
+
 
 class ResultError(ValueError):
     """A result file that is not what its model says; the message names the file."""
@@ -343,6 +345,11 @@ class TrainMetrics(Result):
     dropped_label_errors: int | None = None  # train records left out as suspected label errors; None: not asked to
     start: TrainStart | None = None  # None: a run from before warm starts
     environment: Environment | None = None  # None: a run from before environments were recorded
+    untrained: list[str] = []  # classes of `labels` no record it trained on carries: it never answers them
+
+    @property
+    def label_set(self) -> LabelSet:
+        return LabelSet(self.labels, self.untrained)
 
 
 # ---------------------------------------------------------------- a run: the gate

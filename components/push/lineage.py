@@ -45,6 +45,9 @@ def render_text(record: dict) -> str:
     for span in record.get("spans", []):
         lines.append(f"  span {span['span']}: {span.get('counts')} from {span.get('source')} "
                      f"(manifest sha256 {span.get('manifest_sha256', '')[:12]})")
+    if record.get("untrained"):
+        lines.append(f"  never answers {', '.join(record['untrained'])}: no record of the spans it was trained on "
+                     f"carries {'them' if len(record['untrained']) > 1 else 'it'}")
     if record.get("rolled_back"):
         lines.append(f"  rolled back {record['rolled_back']['at']}: {record['rolled_back']['reason']}")
     if record.get("retired_at"):

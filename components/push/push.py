@@ -203,6 +203,7 @@ def build_lineage(root: Root, run: RunDir, config: RunConfig, validation: GateRe
         run_id=run.run_id,
         run_uri=run.uri,
         labels=trained.labels,
+        untrained=trained.untrained,
         spans=spans,
         training=Training.model_validate(trained.model_dump(include=set(Training.model_fields))),
         metrics=validation.metrics,

@@ -373,6 +373,25 @@ def test_a_lineage_from_before_environments_says_so(trained_runs, tmp_path, caps
     assert "environment: not recorded" in capsys.readouterr().out
 
 
+def test_the_lineage_names_the_classes_a_version_keeps_without_answering(trained_runs, tmp_path, capsys):
+    """A run whose spans carried no blue record (blue's span held back, a later class let in) keeps blue's id:
+    its version's lineage carries the label set as training made it, and `stoke lineage` says so."""
+    root = copy_root(trained_runs, tmp_path)
+    third = trained_runs["push"]["mixed"][1]["version"]
+    shutil.rmtree(os.path.join(root, "models", "stoke", str(third)))
+    os.remove(os.path.join(root, "runs", "mixed", "pushed.json"))
+    metrics = os.path.join(root, "runs", "mixed", "metrics.json")
+    json.dump({**json.load(open(metrics)), "untrained": ["blue"]}, open(metrics, "w"))
+    code, pushed = push_run(root, "mixed")
+    assert code == 0 and pushed["pushed"], pushed
+    record = Repository(root, "stoke").lineage(pushed["version"])
+    assert record.labels == ["red", "green", "blue"] and record.untrained == ["blue"]
+    assert record.label_set.answered == ["red", "green"]
+    capsys.readouterr()
+    assert lineage.run(["--root", root]) == 0
+    assert "never answers blue: no record of the spans it was trained on carries it" in capsys.readouterr().out
+
+
 def test_a_password_older_spans_and_versions_kept_stays_out_of_the_push_its_image_and_every_answer(
         trained_runs, tmp_path, capsys):
     """A span and a version published before Stoke kept credentials out hold SOURCE's password and signature:
