@@ -30,7 +30,7 @@ from components.common.tf_files import folders_problem
 from components.contracts.beam_options import BEAM_ARGS_ENV
 from components.contracts.layout import Root, new_run_id
 from components.contracts.run_config import RunConfig
-from components.contracts.secrets import SOURCE_ENV, without_secrets
+from components.contracts.secrets import SOURCE_ENV, recorded, without_secrets
 from flows.parameters import read_beam_args
 from flows.run_options import (
     FIELDS,
@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
 
         quiet_restated_failures("train", errors=QUIET_FAILURES)  # a failure is this command's last line, once
 
-        os.environ[SOURCE_ENV] = config.source  # the flow's parameter is SOURCE without its credentials
+        os.environ[SOURCE_ENV] = config.source  # the flow's parameter is SOURCE as recorded, without its credentials
         state = pipeline(**flow_parameters(config), skip_unchanged=args.skip_unchanged, run_id=run_id,
                          return_state=True)
     except ServerError as error:
@@ -214,9 +214,9 @@ def prefect_home(root: str) -> str:
 
 def flow_parameters(config: RunConfig) -> dict:
     """The train flow's parameters for `config`: its fields, groups as models (what they set is what the run was given).
-    SOURCE without its credentials, since Prefect records and shows a run's parameters: the flow takes
-    SOURCE itself from STOKE_SOURCE (flows/pipeline.py)."""
-    return {name: getattr(config, name) for name in FIELDS} | {"source": without_secrets(config.source)}
+    SOURCE as recorded, without its credentials and query, since Prefect records and shows a run's parameters:
+    the flow takes SOURCE itself from STOKE_SOURCE (flows/pipeline.py)."""
+    return {name: getattr(config, name) for name in FIELDS} | {"source": recorded(config.source)}
 
 
 def _failed_summary(root: str, run_id: str, state) -> dict:
@@ -300,7 +300,7 @@ def up(args: argparse.Namespace) -> int:
     finally:
         if server is not None:
             processes.stop(server, SERVER_STOP_SECONDS)
-    summary = {"api_url": f"{url}/api", "ui_url": url, "prefect_home": home, "source": without_secrets(config.source),
+    summary = {"api_url": f"{url}/api", "ui_url": url, "prefect_home": home, "source": recorded(config.source),
                "root": config.root, "deployments": ["train/nightly", "watch-bucket/poll"], "stopped": True}
     print(json.dumps(summary, sort_keys=True) if args.json else "stoke up: server and deployments stopped",
           flush=True)
@@ -357,7 +357,7 @@ def _banner(args: argparse.Namespace, config: RunConfig, home: str, url: str, lo
             + f"Serving train/nightly ({args.cron or 'cron 0 2 * * *'} {args.timezone}; and on stoke.data.arrived) "
             f"and watch-bucket/poll (every {args.poll_seconds:g} s"
             + (f", reading {args.notifications}" if args.notifications else "")
-            + f") for {without_secrets(config.source)} -> {config.root}.\n"
+            + f") for {recorded(config.source)} -> {config.root}.\n"
             f"A run trains {train.network} at {train.image_size} px for "
             + (f"{train.epochs} epochs" if train.epochs else f"at least {train.min_steps} steps")
             + f" (preset {config.preset}; "

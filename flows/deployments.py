@@ -34,7 +34,7 @@ from prefect.events import DeploymentEventTrigger
 from prefect.schedules import Cron, Interval
 
 from components.contracts.run_config import RunConfig
-from components.contracts.secrets import without_secrets
+from components.contracts.secrets import recorded
 from flows.alerts import register
 from flows.pipeline import pipeline
 from flows.run_options import given_fields
@@ -53,7 +53,7 @@ def build_deployments(config: RunConfig, *, poll_seconds: float = 60, cron: str 
     """train/nightly, with `config` as its parameters, and watch-bucket/poll of its SOURCE; with
     `notifications` (sqs://QUEUE, pubsub://projects/P/subscriptions/S) the watcher reads that queue. A run of
     train/nightly may choose its network among `networks` too (network references, located)."""
-    config = config.model_copy(update={"source": without_secrets(config.source)})
+    config = config.model_copy(update={"source": recorded(config.source)})
     nightly = pipeline.to_deployment(
         name=NIGHTLY.split("/")[1],
         schedules=[Cron(cron, timezone=timezone)],

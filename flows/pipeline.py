@@ -47,6 +47,7 @@ from components.common.files import exists, read_result, write_json, write_text,
 from components.common.program import option, scrubbed
 from components.common.spans import Spans
 from components.contracts import results, secrets, stages, summaries
+from components.contracts.beam_options import BEAM_ARGS_ENV
 from components.contracts.config import (
     AlertsConfig,
     DataCheckConfig,
@@ -139,7 +140,8 @@ def pipeline(
         config, code = network_code.for_run(config, run)  # a file network: its copy, read before anything is written
     except ValueError as error:  # a run id that would leave ROOT/runs; a network refused, or its file unreadable
         raise ConfigurationError(str(error)) from None
-    get_run_logger().info("run %s: %s -> %s (preset %s)", run.run_id, config.source, run.uri, config.preset)
+    get_run_logger().info("run %s: %s -> %s (preset %s)", run.run_id, secrets.recorded(config.source), run.uri,
+                          config.preset)
     write_json(run.config, recorded(config))
     for uri, data in code.items():  # the code config.json names, beside it: every stage reads this copy
         write_whole(uri, data)
@@ -196,8 +198,9 @@ def configure(**given) -> RunConfig:
 
 def recorded(config: RunConfig) -> dict:
     """config.json: the resolved configuration, with any credential in SOURCE, ROOT or a Beam option
-    left out, since the run folder is read by whoever may read the run."""
-    return scrubbed(config.model_dump(mode="json"))
+    left out, since the run folder is read by whoever may read the run: SOURCE as recorded (without its
+    query), the rest scrubbed."""
+    return {**scrubbed(config.model_dump(mode="json")), "source": secrets.recorded(config.source)}
 
 
 # ---------------------------------------------------------------- stages
@@ -234,7 +237,10 @@ def ingest_span(config: RunConfig, run: RunDir, arrived: str = "") -> summaries.
         write_text(run.arrived, arrived.strip() + "\n")
         facts["arrived"] = run.arrived
     with ProgressArtifact("ingest") as progress:
-        return run_program(stage("ingest"), config, run, progress, beam_options(config), **facts)
+        # The run's Beam options (sizes, recorded) on its command line; the deployment's (a runner's
+        # credentials) in its environment, which only its user reads.
+        return run_program(stage("ingest"), config, run, progress, config.beam_args,
+                           env={BEAM_ARGS_ENV: deployment_beam_args()}, **facts)
 
 
 @stage_task("datacheck")
@@ -326,25 +332,21 @@ quiet_failures("train", errors=QUIET_FAILURES)
 
 
 def run_program(of: Stage, config: RunConfig, run: RunDir, progress: ProgressArtifact | None = None,
-                extra: list[str] = (), **facts):
+                extra: list[str] = (), env: dict[str, str] | None = None, **facts):
     """Runs the stage's program on the run's configuration and the `facts` of the run (`python -m module
     --config ROOT/runs/<id>/config.json --run-id ID --json`: the run id when the stage takes it), holding the
     GPU slot when its entry says so, and keeps its summary in the run folder. SOURCE with its credentials goes
-    to the programs that read SOURCE, in their environment; the others (training, the gate...) get none."""
+    to the programs that read SOURCE, in their environment, and `env` to this one; the others (training, the
+    gate...) get none of them."""
     facts = {"run_id": run.run_id, **facts} if "run_id" in of.inputs else facts
     given = [arg for name, value in facts.items() for arg in (option(name), str(value))]
     with gpu_slot(get_run_logger(), f"{of.name} of run {run.run_id}") if of.gpu else nullcontext() as slot:
         summary = run_stage(of.name, of.program, ["--config", run.config, *given, *extra, "--json"],
                             timeout=getattr(config.timeouts, of.name, of.timeout) * 60, logger=get_run_logger(),
-                            progress=progress, env={secrets.SOURCE_ENV: config.source if "source" in of.inputs else ""},
+                            progress=progress, env={secrets.SOURCE_ENV: config.source if "source" in of.inputs else "",
+                                                    BEAM_ARGS_ENV: "", **(env or {})},
                             pass_fds=() if slot is None else (slot,))
     return keep_result(of, summary, run)
-
-
-def beam_options(config: RunConfig) -> list[str]:
-    """Ingest's Beam options: the deployment's (runner, project: not part of the recorded configuration),
-    then the run's (checked sizes, recorded)."""
-    return [*deployment_beam_args(), *config.beam_args]
 
 
 def keep_result(of: Stage, summary: dict, run: RunDir):

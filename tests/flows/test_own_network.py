@@ -127,7 +127,8 @@ def test_the_export_answers_rest_requests_in_a_process_without_the_users_code(ni
     shutil.move(code, aside / "users.py")
     try:
         env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "TF_USE_LEGACY_KERAS")}
-        done = subprocess.run([sys.executable, "-I", "-c", answer, Repository(nights["root"], "stoke").version_uri(nights["summary"]["pushed_version"])],
+        version = Repository(nights["root"], "stoke").version_uri(nights["summary"]["pushed_version"])
+        done = subprocess.run([sys.executable, "-I", "-c", answer, version],
                               input=json.dumps(rest_body(images)), capture_output=True, text=True, cwd=tmp_path,
                               env=env, timeout=300)
     finally:
