@@ -46,6 +46,7 @@ from components.contracts.layout import Root, Shard
 from components.contracts.lineage import Lineage
 from components.contracts.results import ResultError
 from components.contracts.run_config import RunConfig
+from components.contracts.summaries import rollback_command
 from components.train import TrainError
 
 # Each class of the history keeps at least this many records in the replay sample (or all it has): a
@@ -60,6 +61,7 @@ class Start:
     reason: str  # in words, for metrics.json and the report
     from_version: int | None = None
     version_uri: str | None = None  # the served version whose weights the network restores
+    rollback: str | None = None  # the command that takes that version out of serving
     new_spans: tuple[int, ...] = ()
     replay_spans: tuple[int, ...] = ()
     warm_runs_since_full: int = 0
@@ -104,6 +106,7 @@ def decide(config: RunConfig, labels: list[str], spans: list[int]) -> Start:
         return full(f"{since} warm runs in a row since the last full retrain (train.full_every {settings.full_every})")
     return Start(kind="warm", reason=f"served version {version} has the same network, image size and labels",
                  from_version=version, version_uri=repository.version_uri(version),
+                 rollback=rollback_command(config.root, config.model_name),
                  new_spans=new, replay_spans=tuple(s for s in spans if s in learnt), warm_runs_since_full=since + 1)
 
 
@@ -136,7 +139,8 @@ def _inputs_changed(root: Root, new: tuple[int, ...]) -> str | None:
 def restore(model, start: Start) -> None:
     """The served version's weights into `model`, a network build_model made of the same kind: the SavedModel
     tracks its network as `model` (models.ServingModule), so its checkpoint restores every weight by the
-    object graph. A ROOT TensorFlow cannot read (s3://) is copied to a local folder first."""
+    object graph. A ROOT TensorFlow cannot read (s3://) is copied to a local folder first. A version that
+    cannot be restored (cut short, overwritten, a file missing) is a TrainError with the ways out."""
     local = None
     try:
         folder = f"{start.version_uri}/variables"
@@ -148,9 +152,11 @@ def restore(model, start: Start) -> None:
                                                       f"{folder}/variables")
         status.expect_partial()  # the module's label table and signatures are not the network's
         status.assert_existing_objects_matched()
-    except (tf.errors.OpError, AssertionError, ValueError, OSError) as exc:
+    except Exception as exc:  # the reader raises what the damage makes of it: IndexError, DataLossError, ValueError...
+        why = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
         raise TrainError(f"served version {start.from_version} ({start.version_uri}) could not be restored for a warm "
-                         f"start ({str(exc).splitlines()[0]}); set train.warm_start=false for a full retrain") from None
+                         f"start ({why}); set train.warm_start=false for a full retrain, or take it out of serving "
+                         f"(`{start.rollback}`)") from None
     finally:
         if local:
             shutil.rmtree(local, ignore_errors=True)

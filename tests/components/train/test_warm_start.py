@@ -6,6 +6,8 @@ blue, two versions pushed), on a copy of its ROOT."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 
 import numpy as np
 import pytest
@@ -15,7 +17,7 @@ from components.common.files import read_result, write_json
 from components.common.repository import Repository
 from components.contracts.layout import Root
 from components.contracts.run_config import RunConfig
-from components.contracts.summaries import DataCheckRecord
+from components.contracts.summaries import DataCheckRecord, rollback_command
 from components.train import warm
 from tests.components.conftest import TRAIN_LABELS, tiny_image, tiny_records, write_span
 from tests.components.gate_runs import copy_root, gate_scenario, train_run
@@ -153,3 +155,66 @@ def test_no_new_span_and_a_released_span_retrain_fully(trained_runs, tmp_path):
     write_json(base.datacheck(2), record.to_json())
     decided = warm.decide(config(root), TRAIN_LABELS, [1, 2])
     assert decided.kind == "full" and "released by hand" in decided.reason
+
+
+def _served_start(trained_runs, tmp_path) -> tuple[warm.Start, str]:
+    """A warm start from a copy of the served version's folder, and the copy's variables folder."""
+    root = trained_runs["root"]
+    version = served(root)
+    copy = str(tmp_path / "models" / "stoke" / str(version))
+    shutil.copytree(Repository(root, "stoke").version_uri(version), copy)
+    return warm.Start(kind="warm", reason="", from_version=version, version_uri=copy,
+                      rollback=rollback_command("/r o/ot", "stoke")), f"{copy}/variables"
+
+
+def _cut(path: str, size) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(size(f.seek(0, 2)))
+
+
+def _garbage(path: str) -> None:
+    with open(path, "wb") as f:
+        f.write(bytes(range(256)) * 40)
+
+
+DATA = "variables.data-00000-of-00001"
+
+
+@pytest.mark.parametrize("damage", [
+    lambda v: _cut(f"{v}/{DATA}", lambda n: n // 2),  # a copy stopped halfway: IndexError
+    lambda v: _cut(f"{v}/{DATA}", lambda n: n // 4),
+    lambda v: _cut(f"{v}/{DATA}", lambda n: n - 1),
+    lambda v: _cut(f"{v}/{DATA}", lambda n: 0),
+    lambda v: _cut(f"{v}/variables.index", lambda n: 0),
+    lambda v: _cut(f"{v}/variables.index", lambda n: n // 2),
+    lambda v: _garbage(f"{v}/variables.index"),
+    lambda v: _garbage(f"{v}/{DATA}"),
+    lambda v: os.remove(f"{v}/{DATA}"),
+    lambda v: os.remove(f"{v}/variables.index"),
+], ids=["data-half", "data-quarter", "data-one-byte-short", "data-empty", "index-empty", "index-half",
+        "index-garbage", "data-garbage", "data-missing", "index-missing"])
+def test_a_damaged_served_version_is_one_line_with_both_ways_out(trained_runs, tmp_path, damage):
+    """Whatever the damage makes TensorFlow raise (IndexError, DataLossError, ValueError...), a warm start
+    from a served version that cannot be restored says so in one line, with the two ways out."""
+    from components.train import TrainError
+    from components.train.models import build_model
+
+    start, variables = _served_start(trained_runs, tmp_path)
+    damage(variables)
+    with pytest.raises(TrainError) as refused:
+        warm.restore(build_model("small_cnn", len(TRAIN_LABELS), 32), start)
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith(
+        f"served version {start.from_version} ({start.version_uri}) could not be restored for a warm start ("), message
+    assert message.endswith("); set train.warm_start=false for a full retrain, or take it out of serving "
+                            "(`stoke rollback --root '/r o/ot' --model-name stoke`)"), message
+
+
+def test_a_served_version_without_saved_model_is_no_start(trained_runs, tmp_path):
+    """TF Serving does not load a version without saved_model.pb, and a warm start does not start from it."""
+    root = copy_root(trained_runs, tmp_path)
+    newest = served(root)
+    write_span(root, 2, {"train": tiny_records(8, offset=7000)}, TRAIN_LABELS, {"train": 1})
+    os.remove(f"{Repository(root, 'stoke').version_uri(newest)}/saved_model.pb")
+    start = warm.decide(config(root), TRAIN_LABELS, [1, 2])
+    assert start.from_version != newest and (start.from_version is None or start.warm), start
