@@ -144,8 +144,8 @@ class RunPlan:
     replay_records: int = 0  # history records a warm run replays
     data_service: dict | None = None  # the tf.data service training reads from: address, mode, workers
     weights_file: str | None = None  # the file the network starts from (models.initial_weights); None: scratch
-    # source URIs of train records left out: suspected label errors, and the history a warm run does not replay
-    excluded: tuple[str, ...] = ()
+    # (span, image/source) of train records left out: suspected label errors, the history a warm run does not replay
+    excluded: tuple[tuple[int, str], ...] = ()
     label_errors: int = 0  # of them, the suspected label errors
 
     @property
@@ -173,9 +173,9 @@ def make_plan(config: RunConfig, run_id: str | None) -> RunPlan:
     all_records, new_records, replay, excluded = train_records, train_records, None, label_errors
     if start.warm:
         left_out = set(label_errors)
-        history = [(label, source) for label, source in warm.labelled_sources(
+        history = [(label, span, source) for label, span, source in warm.labelled_sources(
             [s for s in train_shards if s.span in start.replay_spans], settings.skip_corrupt)
-            if source not in left_out]
+            if (span, source) not in left_out]
         new_records = train_records - len(history)
         replay = warm.replay_sample(history, new_records, settings.replay,
                                     key=f"{settings.seed or 0}:{max(start.new_spans)}")
@@ -295,13 +295,13 @@ def as_published(config: RunConfig, train_shards: list[Shard], eval_shards: list
     return train_shards, eval_shards, staging
 
 
-def suspected_label_errors(config: RunConfig, train_shards: list[Shard]) -> tuple[str, ...]:
+def suspected_label_errors(config: RunConfig, train_shards: list[Shard]) -> tuple[tuple[int, str], ...]:
     """With train.drop_suspected_label_errors, the train records the data check's label check flagged in
-    the spans read (their source URIs, from each span's record); otherwise none."""
+    the spans read ((span, source URI), from each span's record); otherwise none."""
     if not config.train.drop_suspected_label_errors:
         return ()
     stored_spans = Spans(config.root)
-    found = sorted({a.file for span in sorted({s.span for s in train_shards})
+    found = sorted({(span, a.file) for span in sorted({s.span for s in train_shards})
                     for a in stored_spans.check_record(span).record.suspected_label_errors() if a.label.split == "train"})
     if found:
         print(f"stoke train: leaving out {len(found)} training records the data check flagged as suspected label "
@@ -678,7 +678,7 @@ def warnings(settings: TrainConfig, plan: RunPlan, history: dict) -> list[str]:
     model memorised the training images: on 150 photos, efficientnet_b0 from scratch scores 1.00 on
     them and the majority's 0.33 on the eval split, epoch after epoch)."""
     found = [] if plan.start.warm else short_run_warnings(plan.total, settings.weights)
-    flat = learned_nothing(history, plan.eval_records, lambda: [label for label, _ in warm.labelled_sources(
+    flat = learned_nothing(history, plan.eval_records, lambda: [label for label, _, _ in warm.labelled_sources(
         plan.eval_shards, settings.skip_corrupt)])
     if flat:
         per_class = round(plan.train_records / len(plan.labels)) if plan.labels else None

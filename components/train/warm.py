@@ -167,29 +167,30 @@ def restore(model, start: Start) -> None:
 @dataclasses.dataclass(frozen=True)
 class Replay:
     records: int  # history records the run replays
-    left_out: tuple[str, ...]  # source URIs of the history records it does not
+    left_out: tuple[tuple[int, str], ...]  # (span, image/source) of the history records it does not
     per_class: dict[int, int]  # label id -> records replayed
 
 
-def replay_sample(history: list[tuple[int, str]], new_records: int, share: float, key: str) -> Replay:
-    """About `share` x `new_records` of the (label, source) records of `history`, stratified by class: each
-    class its share of the history, at least MIN_REPLAY_PER_CLASS (or all it has). `key` orders each class."""
-    by_class: dict[int, list[str]] = collections.defaultdict(list)
-    for label, source in history:
-        by_class[label].append(source)
+def replay_sample(history: list[tuple[int, int, str]], new_records: int, share: float, key: str) -> Replay:
+    """About `share` x `new_records` of the (label, span, source) records of `history`, stratified by class:
+    each class its share of the history, at least MIN_REPLAY_PER_CLASS (or all it has). `key` orders each
+    class, by source (then span: a file rewritten in place is in two spans of the history under one source)."""
+    by_class: dict[int, list[tuple[int, str]]] = collections.defaultdict(list)
+    for label, span, source in history:
+        by_class[label].append((span, source))
     wanted = share * new_records
     kept, left_out, per_class = 0, [], {}
-    for label, sources in sorted(by_class.items()):
-        quota = min(len(sources), max(MIN_REPLAY_PER_CLASS, math.ceil(wanted * len(sources) / len(history))))
-        ranked = sorted(sources, key=lambda s: hashlib.sha256(f"{key}\0{s}".encode()).digest())
+    for label, records in sorted(by_class.items()):
+        quota = min(len(records), max(MIN_REPLAY_PER_CLASS, math.ceil(wanted * len(records) / len(history))))
+        ranked = sorted(records, key=lambda r: (hashlib.sha256(f"{key}\0{r[1]}".encode()).digest(), r[0]))
         per_class[label] = quota
         kept += quota
         left_out += ranked[quota:]
     return Replay(records=kept, left_out=tuple(left_out), per_class=per_class)
 
 
-def labelled_sources(shards: list[Shard], skip_corrupt: bool) -> list[tuple[int, str]]:
-    """(label, image/source) of every record of `shards`, read without decoding an image."""
+def labelled_sources(shards: list[Shard], skip_corrupt: bool) -> list[tuple[int, int, str]]:
+    """(label, span, image/source) of every record of `shards`, read without decoding an image."""
     spec = {key: schema.feature_spec()[key] for key in (schema.LABEL, schema.SOURCE)}
     found = []
     for shard in shards:
@@ -197,6 +198,6 @@ def labelled_sources(shards: list[Shard], skip_corrupt: bool) -> list[tuple[int,
         if skip_corrupt:
             records = records.ignore_errors()
         for batch in records.batch(1024).map(lambda b: tf.io.parse_example(b, spec)):
-            found += zip((int(v) for v in batch[schema.LABEL].numpy().reshape(-1)),
-                         (v.decode() for v in batch[schema.SOURCE].numpy().reshape(-1)))
+            found += ((int(label), shard.span, source.decode()) for label, source in
+                      zip(batch[schema.LABEL].numpy().reshape(-1), batch[schema.SOURCE].numpy().reshape(-1)))
     return found

@@ -113,7 +113,7 @@ def test_files_in_the_wrong_folder_are_flagged_and_named_and_nothing_else_is(tra
 
     config = RunConfig(source=root, root=root, train=TrainConfig(drop_suspected_label_errors=True))
     shards = Spans(root).shards("train")
-    assert suspected_label_errors(config, shards) == tuple(sorted(uris[i] for i in (3, 10, 20)))
+    assert suspected_label_errors(config, shards) == tuple(sorted((3, uris[i]) for i in (3, 10, 20)))
     assert suspected_label_errors(RunConfig(source=root, root=root), shards) == ()  # the default trains on them
 
     run = Root(root).run("r1")

@@ -93,13 +93,17 @@ def test_replay_keeps_a_class_that_no_longer_arrives(trained_runs, tmp_path):
 
 
 def test_the_replay_sample_is_stratified_with_a_floor_for_every_class():
-    history = [(0, f"mem://a/{i}") for i in range(900)] + [(1, f"mem://b/{i}") for i in range(50)] + \
-              [(2, f"mem://c/{i}") for i in range(5)]
+    history = [(0, 1, f"mem://a/{i}") for i in range(900)] + [(1, 1, f"mem://b/{i}") for i in range(50)] + \
+              [(2, 2, f"mem://c/{i}") for i in range(5)]
     sample = warm.replay_sample(history, new_records=200, share=1.0, key="0:3")
     # 200 in the history's shares (900:50:5 gives 189, 11 and 2), each class at least the floor or all it has.
     assert sample.per_class == {0: 189, 1: warm.MIN_REPLAY_PER_CLASS, 2: 5}
     assert sample.records == 189 + 16 + 5 == len(history) - len(sample.left_out)
-    assert not set(sample.left_out) & {s for _, s in history if s.startswith("mem://c/")}
+    assert not set(sample.left_out) & {(span, s) for _, span, s in history if s.startswith("mem://c/")}
+    # A source in two spans of the history (a file rewritten in place) is two records, each kept or left out.
+    twice = history + [(1, 2, source) for _, _, source in history[900:950]]
+    again = warm.replay_sample(twice, 200, 1.0, "0:3")
+    assert again.records + len(set(again.left_out)) == len(twice) and again.per_class[1] > 16
     # The same on a rerun; another night draws another sample.
     assert warm.replay_sample(history, 200, 1.0, "0:3") == sample
     assert set(warm.replay_sample(history, 200, 1.0, "0:4").left_out) != set(sample.left_out)
@@ -218,3 +222,21 @@ def test_a_served_version_without_saved_model_is_no_start(trained_runs, tmp_path
     os.remove(f"{Repository(root, 'stoke').version_uri(newest)}/saved_model.pb")
     start = warm.decide(config(root), TRAIN_LABELS, [1, 2])
     assert start.from_version != newest and (start.from_version is None or start.warm), start
+
+
+def test_every_new_record_is_trained_on_when_the_history_has_its_source(trained_runs, tmp_path):
+    """A file rewritten in place comes back in a new span under its old image/source (here span 2's 24 records
+    share their sources with span 1's): the history records the replay sample leaves out go, their namesakes
+    in the new span stay, and the run reads exactly the new records and the sample."""
+    from components.train import data, trainer
+
+    root = copy_root(trained_runs, tmp_path)
+    write_span(root, 2, {"train": tiny_records(24, offset=7000)}, TRAIN_LABELS, {"train": 1})
+    run = config(root, batch_size=8)
+    plan = trainer.make_plan(run, "probe")
+    assert plan.start.warm and (plan.new_records, plan.replay_records) == (24, 48)
+    left_out = {source for _, source in plan.excluded}
+    new = {source for _, _, source in warm.labelled_sources([s for s in plan.train_shards if s.span == 2], False)}
+    assert left_out & new  # the collision this is about
+    options = data.PipelineOptions(batch_size=1, training=True, repeat=False, seed=1, exclude=plan.excluded)
+    assert sum(1 for _ in data.make_dataset(plan.train_shards, run.train, options)) == 24 + 48
