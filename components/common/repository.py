@@ -339,6 +339,33 @@ class Repository:
         return old
 
 
+def model_names(root: Root) -> list[str]:
+    """The model repositories under ROOT/models: its folders named as a model may be."""
+    fs, path = filesystem(join(root.uri, "models"))
+    if not fs.isdir(path):
+        return []
+    names = (posixpath.basename(e["name"].rstrip("/")) for e in fs.ls(path, detail=True) if e["type"] == "directory")
+    return sorted(name for name in names if re.fullmatch(MODEL_NAME_PATTERN, name))
+
+
+def spans_named(root: Root) -> set[int]:
+    """Every span number a lineage under ROOT/models names: of each model's served, rolled-back, retired and
+    interrupted versions. Raises RepositoryError for a lineage that cannot be read: it could name any span."""
+    named = set()
+    for name in model_names(root):
+        repository = Repository(root, name)
+        for version in repository.every_number_used():
+            try:
+                lineage = repository.lineage(version)
+            except (OSError, ValueError) as error:
+                raise RepositoryError(f"the lineage of version {version} of model {name} ({repository.lineage_uri(version)}) "
+                                      f"cannot be read ({error}), so it could name any span; restore it from a backup, "
+                                      "or move it out of the repository") from None
+            if lineage is not None:
+                named.update(span.span for span in lineage.spans)
+    return named
+
+
 @dataclasses.dataclass(frozen=True)
 class Tidied:
     """What tidy() did: the partial pushes it deleted and the strangers it set aside."""

@@ -193,6 +193,7 @@ class Shard:
     span: int
     bytes: int | None = None  # as the manifest records it
     sha256: str | None = None  # as the manifest records it: a cached copy is used only when it matches
+    manifest_sha256: str | None = None  # of the span's manifest that named the shard: which records the span holds
 
 
 def parse_spans(text: str | None) -> list[int] | None:

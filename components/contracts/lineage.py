@@ -79,3 +79,8 @@ class Lineage(Result):
     code_version: dict
     rolled_back: RolledBack | None = None
     retired_at: str | None = None
+
+    def trained_on(self) -> set[tuple[int, str]]:
+        """(span, SHA-256 of its manifest) of each span the version was trained on: the number alone does not
+        say which records (a span deleted by hand, its number published again, holds others)."""
+        return {(span.span, span.manifest_sha256) for span in self.spans}

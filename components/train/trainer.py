@@ -159,7 +159,7 @@ def make_plan(config: RunConfig, run_id: str | None) -> RunPlan:
     placement = place(settings, run_id)
     service = connect_service(settings)
     run, train_shards, eval_shards, labels = find_data(config, run_id)
-    start = warm.decide(config, labels, sorted({s.span for s in train_shards}))
+    start = warm.decide(config, labels, {s.span: s.manifest_sha256 for s in train_shards})
     # Before staging a shard or building a dataset: a run that cannot have its weights stops in seconds.
     weights_file = None if start.warm else initial_weights(settings.weights, settings.network)
     try:
@@ -623,6 +623,7 @@ def summarize(settings: TrainConfig, plan: RunPlan, fitted: Fitted, probe: dict,
         "image_size": settings.image_size,
         "labels": plan.labels,
         "spans": sorted({s.span for s in plan.train_shards + plan.eval_shards}),
+        "span_manifests": {s.span: s.manifest_sha256 for s in plan.train_shards + plan.eval_shards},
         "strategy": placement.strategy_name,
         "workers": placement.workers,
         "replicas": placement.replicas,

@@ -12,7 +12,8 @@ A full retrain instead when:
 - train.warm_start is off, or nothing is served, or the served version has no lineage to compare with;
 - the network, the image size or the label set changed (the served weights do not fit, or a new class
   needs its logits learnt from all the data);
-- no checked span is new to the served model (a rerun on the same data is asked for a reason);
+- no checked span is new to the served model (a rerun on the same data is asked for a reason); a span is
+  new unless the served version's lineage names its number with its manifest's SHA-256;
 - the inputs changed, on evidence: a new span a person released after its data check quarantined it
   (they accepted what the check called an error: a vanished class, a new kind of image), or a new span
   whose images' sizes are unlike the history's (the camera changed). Label drift alone does not count:
@@ -75,8 +76,10 @@ def full(reason: str) -> Start:
     return Start(kind="full", reason=reason)
 
 
-def decide(config: RunConfig, labels: list[str], spans: list[int]) -> Start:
-    """Warm or full for a run over the checked `spans` (their labels `labels`), and why."""
+def decide(config: RunConfig, labels: list[str], spans: dict[int, str]) -> Start:
+    """Warm or full for a run over the checked `spans` (each with its manifest's SHA-256; their labels
+    `labels`), and why. A span is learnt when the served version's lineage names its number and its manifest:
+    a number published again (its span deleted by hand) holds records the served model never saw."""
     settings = config.train
     if not settings.warm_start:
         return full("train.warm_start is off")
@@ -93,8 +96,8 @@ def decide(config: RunConfig, labels: list[str], spans: list[int]) -> Start:
     changed = _changed(lineage, settings.network, settings.image_size, labels)
     if changed:
         return full(f"{changed} since served version {version}")
-    learnt = {s.span for s in lineage.spans}
-    new = tuple(s for s in spans if s not in learnt)
+    learnt = lineage.trained_on()
+    new = tuple(n for n, digest in sorted(spans.items()) if (n, digest) not in learnt)
     if not new:
         return full(f"no checked span is new to served version {version}")
     drift = _inputs_changed(Root(config.root), new)
@@ -107,7 +110,7 @@ def decide(config: RunConfig, labels: list[str], spans: list[int]) -> Start:
     return Start(kind="warm", reason=f"served version {version} has the same network, image size and labels",
                  from_version=version, version_uri=repository.version_uri(version),
                  rollback=rollback_command(config.root, config.model_name),
-                 new_spans=new, replay_spans=tuple(s for s in spans if s in learnt), warm_runs_since_full=since + 1)
+                 new_spans=new, replay_spans=tuple(n for n in sorted(spans) if n not in new), warm_runs_since_full=since + 1)
 
 
 def _changed(lineage: Lineage, network: str, image_size: int, labels: list[str]) -> str | None:

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from components.common.files import read_result, write_json
 from components.common.repository import Repository
+from components.common.spans import Spans
 from components.contracts.layout import Root
 from components.contracts.run_config import RunConfig
 from components.contracts.summaries import DataCheckRecord, rollback_command
@@ -35,6 +36,11 @@ def config(root: str, **train) -> RunConfig:
 
 def served(root: str) -> int:
     return Repository(root, "stoke").newest()
+
+
+def spans(root: str) -> dict[int, str]:
+    """The checked spans under `root`, each with its manifest's SHA-256: what training decides on."""
+    return {n: Spans(root).manifest_sha256(n) for n in Spans(root).published() if Spans(root).check_record(n).trusted}
 
 
 def test_a_run_with_the_served_labels_starts_from_its_weights_on_new_and_replayed_records(trained_runs, tmp_path):
@@ -128,8 +134,8 @@ def _served_lineage(root: str, **training) -> None:
 def test_a_changed_setting_retrains_fully(trained_runs, tmp_path, change, says):
     root = copy_root(trained_runs, tmp_path)
     write_span(root, 2, {"train": tiny_records(8, offset=7000)}, TRAIN_LABELS, {"train": 1})
-    assert warm.decide(config(root), TRAIN_LABELS, [1, 2]).kind == "warm"
-    start = warm.decide(config(root, **change), TRAIN_LABELS, [1, 2])
+    assert warm.decide(config(root), TRAIN_LABELS, spans(root)).kind == "warm"
+    start = warm.decide(config(root, **change), TRAIN_LABELS, spans(root))
     assert start.kind == "full" and start.reason.startswith(says), start.reason
 
 
@@ -139,9 +145,9 @@ def test_every_full_every_warm_runs_in_a_row_a_full_retrain(trained_runs, tmp_pa
     start = {"kind": "warm", "reason": "", "from_version": 1, "new_spans": [1], "replay_spans": [],
              "new_records": 1, "replay_records": 0}
     _served_lineage(root, start=start | {"warm_runs_since_full": 2})
-    assert warm.decide(config(root, full_every=3), TRAIN_LABELS, [1, 2]).warm_runs_since_full == 3
+    assert warm.decide(config(root, full_every=3), TRAIN_LABELS, spans(root)).warm_runs_since_full == 3
     _served_lineage(root, start=start | {"warm_runs_since_full": 3})
-    decided = warm.decide(config(root, full_every=3), TRAIN_LABELS, [1, 2])
+    decided = warm.decide(config(root, full_every=3), TRAIN_LABELS, spans(root))
     assert decided.kind == "full" and "train.full_every 3" in decided.reason
 
 
@@ -151,13 +157,13 @@ def test_no_new_span_and_a_released_span_retrain_fully(trained_runs, tmp_path):
     # the push recorded in its lineage.
     lineage = Repository(root, "stoke").lineage(served(root))
     assert lineage.training.start.kind == "full" and "no checked span is new" in lineage.training.start.reason
-    assert "no checked span is new" in warm.decide(config(root), TRAIN_LABELS, [1]).reason
+    assert "no checked span is new" in warm.decide(config(root), TRAIN_LABELS, spans(root)).reason
     write_span(root, 2, {"train": tiny_records(8, offset=7000)}, TRAIN_LABELS, {"train": 1})
     base = Root(root)
     record = read_result(base.datacheck(2), DataCheckRecord).model_copy(update={
         "status": "released", "released_by": "ops", "released_at": "2025-01-02T00:00:00Z"})
     write_json(base.datacheck(2), record.to_json())
-    decided = warm.decide(config(root), TRAIN_LABELS, [1, 2])
+    decided = warm.decide(config(root), TRAIN_LABELS, spans(root))
     assert decided.kind == "full" and "released by hand" in decided.reason
 
 
@@ -220,7 +226,7 @@ def test_a_served_version_without_saved_model_is_no_start(trained_runs, tmp_path
     newest = served(root)
     write_span(root, 2, {"train": tiny_records(8, offset=7000)}, TRAIN_LABELS, {"train": 1})
     os.remove(f"{Repository(root, 'stoke').version_uri(newest)}/saved_model.pb")
-    start = warm.decide(config(root), TRAIN_LABELS, [1, 2])
+    start = warm.decide(config(root), TRAIN_LABELS, spans(root))
     assert start.from_version != newest and (start.from_version is None or start.warm), start
 
 
@@ -240,3 +246,31 @@ def test_every_new_record_is_trained_on_when_the_history_has_its_source(trained_
     assert left_out & new  # the collision this is about
     options = data.PipelineOptions(batch_size=1, training=True, repeat=False, seed=1, exclude=plan.excluded)
     assert sum(1 for _ in data.make_dataset(plan.train_shards, run.train, options)) == 24 + 48
+
+
+def _learnt(root: str, digests: dict[int, str]) -> None:
+    """Rewrites the served version's lineage as if it had been trained on the spans `digests` names, each by
+    the SHA-256 of its manifest."""
+    repository = Repository(root, "stoke")
+    uri = repository.lineage_uri(repository.newest())
+    with open(uri) as f:
+        lineage = json.load(f)
+    lineage["spans"] = [lineage["spans"][0] | {"span": n, "manifest_sha256": digest} for n, digest in digests.items()]
+    with open(uri, "w") as f:
+        json.dump(lineage, f)
+
+
+def test_a_span_number_published_again_is_new_to_the_served_model(trained_runs, tmp_path):
+    """A span deleted by hand and its number published again holds records the served model never saw: its
+    lineage names the number with another manifest. New, not history; with its own manifest, learnt."""
+    root = copy_root(trained_runs, tmp_path)
+    write_span(root, 2, {"train": tiny_records(8, offset=7000)}, TRAIN_LABELS, {"train": 1})
+    now = spans(root)
+    _learnt(root, {1: now[1], 2: "0" * 64})
+    start = warm.decide(config(root), TRAIN_LABELS, now)
+    assert (start.kind, start.new_spans, start.replay_spans) == ("warm", (2,), (1,)), start
+    _learnt(root, {1: "1" * 64, 2: "0" * 64})  # every span other records: all new, nothing to replay
+    start = warm.decide(config(root), TRAIN_LABELS, now)
+    assert (start.kind, start.new_spans, start.replay_spans) == ("warm", (1, 2), ()), start
+    _learnt(root, now)
+    assert "no checked span is new" in warm.decide(config(root), TRAIN_LABELS, now).reason
