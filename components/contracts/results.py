@@ -264,8 +264,8 @@ class TrainMetrics(Result):
     image_size: int
     labels: list[str]
     spans: list[int]
-    # span -> SHA-256 of the manifest training read it by: which records the span held ({}: a run from before)
-    span_manifests: dict[int, str] = {}
+    # span -> SHA-256 of the manifest training read it by: which records the span held (None: a run from before)
+    span_manifests: dict[int, str] | None = None
     strategy: str
     workers: int
     replicas: int

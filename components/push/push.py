@@ -173,7 +173,7 @@ def build_lineage(root: Root, run: RunDir, config: RunConfig, validation: GateRe
         raw = fs.cat_file(path)
         manifest = SpanManifest.check(json.loads(raw), manifest_uri)
         digest = hashlib.sha256(raw).hexdigest()
-        if trained.span_manifests and trained.span_manifests.get(number) != digest:
+        if trained.span_manifests is not None and trained.span_manifests.get(number) != digest:
             raise PushError(f"span {number} changed since run {run.run_id} trained on it ({manifest_uri} is not the "
                             "manifest training read): the lineage would name records the model never saw; train again")
         spans.append(LineageSpan(span=manifest.span, manifest_uri=manifest_uri, manifest_sha256=digest,
