@@ -140,6 +140,7 @@ class RunDir:
     arrived = property(lambda self: self._file("arrived.txt"))  # files notifications announced: all ingest reads
     # training: backup (resume), tensorboard, the candidate, metrics last
     backup = property(lambda self: self._file("backup"))
+    backup_start = property(lambda self: join(self.backup, "start.json"))  # the start the backup grows from
     tensorboard = property(lambda self: self._file("tensorboard"))
     candidate = property(lambda self: self._file("candidate"))
     saved_model = property(lambda self: join(self.candidate, "saved_model.pb"))  # what makes the candidate load

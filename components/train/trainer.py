@@ -31,7 +31,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from components.common import advice, plots, program, shard_digests
-from components.common.files import check_writable, exists, remove, write_json
+from components.common.files import check_writable, exists, read_result, remove, write_json
 from components.common.local_copies import UnsafeKey
 from components.common.program import setting_hint
 from components.common.repository import SAVED_MODEL
@@ -43,7 +43,7 @@ from components.common.store_errors import on_root
 from components.common.tf_files import pull, push, tf_reads
 from components.contracts.config import DEFAULT_BATCH, MIN_STEPS_PER_EPOCH, SMALL_BATCH, TrainConfig, trace_range
 from components.contracts.layout import Root, RunDir, Shard, new_run_id, parse_spans
-from components.contracts.results import ResultError, TrainMetrics
+from components.contracts.results import BackupStart, ResultError, TrainMetrics
 from components.contracts.run_config import RunConfig, RunFacts
 from components.contracts.summaries import Progress
 from components.train import TrainError, data, measure, recipe, warm
@@ -89,6 +89,8 @@ def train(config: RunConfig, *, run_id: str | None = None,
     if chief:  # once the plan holds: a refusal stays one line
         print(f"stoke train: {'warm start' if plan.start.warm else 'full retrain'}: {plan.start.reason}",
               file=sys.stderr, flush=True)
+        # Before the model is built: the other workers build it with the chief, and restore the backup after.
+        keep_backup(plan)
     # Other workers write their copies into a scratch folder of the same layout, deleted at the end.
     mine = plan.work if chief else RunDir(tempfile.mkdtemp(prefix="stoke-worker-"))
     try:
@@ -483,6 +485,23 @@ def drop_backups(work: RunDir, run: RunDir) -> None:
     for folder in {work.backup, run.backup}:
         if exists(folder):
             remove(folder)
+
+
+def keep_backup(plan: RunPlan) -> None:
+    """Keeps the run's backup only when it grew from the start this run makes (warm.resumable): one made under
+    another start, or that records none, is dropped, in one line. Then records the start of what the run
+    backs up, before its first backup."""
+    run = plan.run
+    if exists(run.backup):
+        try:
+            made = read_result(run.backup_start, BackupStart) if exists(run.backup_start) else None
+        except ResultError:
+            made = None  # a record that does not read records no start
+        why = warm.resumable(made, plan.start)
+        if why:
+            print(f"stoke train: dropped the backup of run {run.run_id}: {why}", file=sys.stderr, flush=True)
+            drop_backups(plan.work, run)
+    write_json(run.backup_start, warm.backup_start(plan.start).to_json())
 
 
 class ResumePoint(keras.callbacks.Callback):

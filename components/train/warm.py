@@ -45,7 +45,7 @@ from components.common.tf_files import pull, tf_reads
 from components.contracts import schema
 from components.contracts.layout import Root, Shard
 from components.contracts.lineage import Lineage
-from components.contracts.results import ResultError
+from components.contracts.results import BackupStart, ResultError
 from components.contracts.run_config import RunConfig
 from components.contracts.summaries import rollback_command
 from components.train import TrainError
@@ -63,6 +63,7 @@ class Start:
     from_version: int | None = None
     version_uri: str | None = None  # the served version whose weights the network restores
     rollback: str | None = None  # the command that takes that version out of serving
+    lineage: str | None = None  # that version's lineage: the run that made it and when it was pushed
     new_spans: tuple[int, ...] = ()
     replay_spans: tuple[int, ...] = ()
     warm_runs_since_full: int = 0
@@ -110,6 +111,7 @@ def decide(config: RunConfig, labels: list[str], spans: dict[int, str]) -> Start
     return Start(kind="warm", reason=f"served version {version} has the same network, image size and labels",
                  from_version=version, version_uri=repository.version_uri(version),
                  rollback=rollback_command(config.root, config.model_name),
+                 lineage=f"run {lineage.run_id}, pushed {lineage.pushed_at}",
                  new_spans=new, replay_spans=tuple(n for n in sorted(spans) if n not in new), warm_runs_since_full=since + 1)
 
 
@@ -163,6 +165,32 @@ def restore(model, start: Start) -> None:
     finally:
         if local:
             shutil.rmtree(local, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- a backup's start
+# A run killed mid-training resumes from its backup, which grew from the weights the run started with. A
+# rerun may start otherwise (the version it restored rolled back since, train.warm_start changed): the
+# backup then holds weights of another start than the one the rerun would record in metrics.json and the
+# lineage, so it is resumed only from the start it records.
+
+def backup_start(start: Start) -> BackupStart:
+    """What a backup records of the start it grows from: afresh, or warm from which push of which version."""
+    return BackupStart(kind=start.kind, from_version=start.from_version, lineage=start.lineage)
+
+
+def resumable(made: BackupStart | None, start: Start) -> str | None:
+    """Why a backup made under `made` (None: it records no start) is no backup for a run that starts as
+    `start`, in words; None when the run may resume from it."""
+    now = backup_start(start)
+    if made == now:
+        return None
+    was = ("it records no start (made before backups did)" if made is None else
+           "it was made by a full retrain" if made.kind == "full" else f"it grew from {_version(made)}")
+    return f"{was}, and this run {'is a full retrain' if now.kind == 'full' else 'starts from ' + _version(now)}"
+
+
+def _version(start: BackupStart) -> str:
+    return f"served version {start.from_version} ({start.lineage})"
 
 
 # ---------------------------------------------------------------- the replay sample

@@ -8,6 +8,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
+import types
 
 import numpy as np
 import pytest
@@ -16,12 +20,13 @@ import tensorflow as tf
 from components.common.files import read_result, write_json
 from components.common.repository import Repository
 from components.common.spans import Spans
-from components.contracts.layout import Root
+from components.contracts.layout import Root, RunDir
+from components.contracts.results import BackupStart
 from components.contracts.run_config import RunConfig
 from components.contracts.summaries import DataCheckRecord, rollback_command
 from components.train import warm
 from tests.components.conftest import TRAIN_LABELS, tiny_image, tiny_records, write_span
-from tests.components.gate_runs import copy_root, gate_scenario, train_run
+from tests.components.gate_runs import TINY, copy_root, gate_scenario, train_run
 
 
 @pytest.fixture(scope="session")
@@ -274,3 +279,75 @@ def test_a_span_number_published_again_is_new_to_the_served_model(trained_runs, 
     assert (start.kind, start.new_spans, start.replay_spans) == ("warm", (1, 2), ()), start
     _learnt(root, now)
     assert "no checked span is new" in warm.decide(config(root), TRAIN_LABELS, now).reason
+
+
+def _start(kind: str, version: int | None = None, lineage: str | None = None) -> warm.Start:
+    return warm.Start(kind=kind, reason="", from_version=version, lineage=lineage)
+
+
+def test_a_backup_is_resumed_only_from_the_start_it_grew_from():
+    v2 = _start("warm", 2, "run b, pushed 2026-01-02T00:00:00Z")
+    assert warm.resumable(warm.backup_start(v2), v2) is None
+    assert warm.resumable(warm.backup_start(_start("full")), _start("full")) is None
+    for made, now in [(v2, _start("warm", 1, "run a, pushed 2026-01-01T00:00:00Z")),  # rolled back since
+                      (v2, _start("warm", 2, "run c, pushed 2026-01-03T00:00:00Z")),  # another push under the number
+                      (v2, _start("full")), (_start("full"), v2)]:
+        why = warm.resumable(warm.backup_start(made), now)
+        assert why and "\n" not in why, (made, now)
+    assert "records no start" in warm.resumable(None, v2)
+    assert "grew from served version 2 (run b" in warm.resumable(warm.backup_start(v2), _start("full"))
+
+
+def _backed_up(run: RunDir, made: warm.Start | None) -> None:
+    """A backup as a run killed mid-training leaves it, made under `made` (None: one that records no start)."""
+    os.makedirs(os.path.join(run.backup, "chief"))
+    open(os.path.join(run.backup, "chief", "checkpoint"), "w").write("model_checkpoint_path: 'ckpt-4'\n")
+    if made is not None:
+        write_json(run.backup_start, warm.backup_start(made).to_json())
+
+
+@pytest.mark.parametrize("made, now, kept", [
+    (_start("warm", 2, "run b, pushed t2"), _start("warm", 2, "run b, pushed t2"), True),
+    (_start("full"), _start("full"), True),
+    (_start("warm", 2, "run b, pushed t2"), _start("warm", 1, "run a, pushed t1"), False),  # rolled back
+    (_start("warm", 2, "run b, pushed t2"), _start("full"), False),  # train.warm_start=false
+    (_start("full"), _start("warm", 2, "run b, pushed t2"), False),
+    (None, _start("full"), False),  # a backup made before backups recorded their start
+], ids=["same-warm", "same-full", "rolled-back", "warm-start-off", "full-then-warm", "no-record"])
+def test_a_rerun_drops_a_backup_made_under_another_start_and_says_so(tmp_path, capsys, made, now, kept):
+    from components.train import trainer
+
+    run = RunDir(str(tmp_path / "runs" / "k"))
+    _backed_up(run, made)
+    trainer.keep_backup(types.SimpleNamespace(run=run, work=run, start=now))
+    err = capsys.readouterr().err
+    assert os.path.exists(os.path.join(run.backup, "chief", "checkpoint")) == kept
+    assert read_result(run.backup_start, BackupStart) == warm.backup_start(now)  # what the backup grows from now
+    if kept:
+        assert err == ""
+    else:
+        assert err.count("\n") == 1 and err.startswith("stoke train: dropped the backup of run k: "), err
+
+
+def test_a_warm_run_resumed_after_a_rollback_starts_from_the_version_served_now(trained_runs, tmp_path, capsys):
+    """Killed mid-training, warm from the newest version; that version rolled back; the same run id again: its
+    backup, grown from the rolled-back weights, is dropped, and the run starts from the version served now,
+    which is what its metrics.json (and so the lineage) says."""
+    from components.push.rollback import rollback
+
+    root = copy_root(trained_runs, tmp_path)
+    write_span(root, 2, {"train": tiny_records(24, offset=7000)}, TRAIN_LABELS, {"train": 1})
+    older, newest = Repository(root, "stoke").versions()
+    args = ["--epochs", "1", "--backup-every", "2"]
+    killed = subprocess.run([sys.executable, "-m", "components.train", "--root", root, "--run-id", "k", *TINY,
+                             "--json", *args], capture_output=True, text=True, timeout=600,
+                            env=dict(os.environ, STOKE_KILL_AT_STEP="3", TF_CPP_MIN_LOG_LEVEL="2"))
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    run = Root(root).run("k")
+    assert os.listdir(os.path.join(run.backup, "chief"))
+    rollback(root, reason="it misread blue")
+    summary = train_run(root, "k", *args)
+    assert summary["start"]["kind"] == "warm" and summary["start"]["from_version"] == older
+    assert summary["resumed_from_step"] == 0 and summary["total_steps"] == (24 + 48) // 8
+    assert f"stoke train: dropped the backup of run k: it grew from served version {newest} (run mixed" \
+           in capsys.readouterr().err
