@@ -97,6 +97,7 @@ def train(config: RunConfig, *, run_id: str | None = None,
         model, train_data, eval_data = build(config.train, plan)
         resume_from(plan.run, plan.work)
         fitted = fit(config.train, plan, model, train_data, eval_data, mine, progress if chief else None)
+        same_inputs(plan)  # the candidate is exported only from the files checked (a resumed run may fit no epoch)
         # fit() ends by copying the average into the model's trainable weights (tf_keras'
         # finalize_variable_values), so with EMA these are the averaged weights.
         export_candidate(network=config.train.network, weights=model.get_weights(), labels=plan.labels,
@@ -149,6 +150,7 @@ class RunPlan:
     # (span, image/source) of train records left out: suspected label errors, the history a warm run does not replay
     excluded: tuple[tuple[int, str], ...] = ()
     label_errors: int = 0  # of them, the suspected label errors
+    watched: shard_digests.Watched | None = None  # the files this worker reads, as they were checked
 
     @property
     def total(self) -> int:
@@ -165,7 +167,7 @@ def make_plan(config: RunConfig, run_id: str | None) -> RunPlan:
     # Before staging a shard or building a dataset: a run that cannot have its weights stops in seconds.
     weights_file = None if start.warm else initial_weights(settings.weights, settings.network)
     try:
-        train_shards, eval_shards, staging = as_published(config, train_shards, eval_shards, placement)
+        train_shards, eval_shards, staging, watched = as_published(config, train_shards, eval_shards, placement)
         work = work_dir(config, run)
     except CacheError as exc:
         raise TrainError(str(exc)) from None
@@ -203,7 +205,7 @@ def make_plan(config: RunConfig, run_id: str | None) -> RunPlan:
         eval_records=sum(eval_counts), train_records=train_records, epochs=epochs,
         phases=recipe.plan_phases(settings, epochs, steps_per_epoch, warm=start.warm), staging=staging,
         start=start, new_records=new_records, replay_records=replay.records if replay else 0, data_service=service,
-        weights_file=weights_file, excluded=excluded, label_errors=len(label_errors))
+        weights_file=weights_file, excluded=excluded, label_errors=len(label_errors), watched=watched)
 
 
 def run_epochs(settings: TrainConfig, steps_per_epoch: int) -> int:
@@ -270,21 +272,24 @@ def find_data(config: RunConfig, run_id: str | None) -> tuple[RunDir, list[Shard
     return run, train_shards, eval_shards, labels
 
 
-def as_published(config: RunConfig, train_shards: list[Shard], eval_shards: list[Shard],
-                 placement: Placement) -> tuple[list[Shard], list[Shard], dict | None]:
+def as_published(config: RunConfig, train_shards: list[Shard], eval_shards: list[Shard], placement: Placement
+                 ) -> tuple[list[Shard], list[Shard], dict | None, shard_digests.Watched]:
     """The train and eval shards where TensorFlow reads them, once those this worker reads are the files their
     manifests name: checked in place (components/common/shard_digests.py), or staged into the shard cache, which
-    checks its copies; and the staging's report (None: read in place). A shard changed since it was published
-    stops the run; a damaged one too, unless train.skip_corrupt reads around it."""
+    checks its copies; the staging's report (None: read in place); and those files by identity, which the run
+    looks at again as it goes (same_inputs). A shard changed since it was published stops the run; a damaged
+    one too, unless train.skip_corrupt reads around it."""
     checked = None
+    mine = data.shards_read(train_shards, eval_shards, placement.workers, placement.pipeline)
     if tf_reads(train_shards[0].uri):
-        checked = shard_digests.check(data.shards_read(train_shards, eval_shards, placement.workers,
-                                                       placement.pipeline), config.shard_cache.dir)
+        watched = shard_digests.Watched(mine)  # before the check: a change after it shows at the next look
+        checked = shard_digests.check(mine, config.shard_cache.dir)
         staging, mismatched = None, checked.mismatched
     else:
-        train_shards, eval_shards, staging, mismatched = data.stage(
-            ShardCache(config.shard_cache.dir, config.shard_cache.max_gb), train_shards, eval_shards,
-            placement.workers, placement.pipeline)
+        cache = ShardCache(config.shard_cache.dir, config.shard_cache.max_gb)
+        train_shards, eval_shards, staging, mismatched = data.stage(cache, train_shards, eval_shards,
+                                                                    placement.workers, placement.pipeline)
+        watched = shard_digests.Watched(mine, cache.local(mine))  # the copies, which TensorFlow reads
     changed = [m for m in mismatched if not m.damaged]
     if changed:
         raise TrainError(shard_digests.changed_spans(changed))
@@ -294,7 +299,7 @@ def as_published(config: RunConfig, train_shards: list[Shard], eval_shards: list
                          f"{setting_hint('train', {'train.skip_corrupt': True})} to skip its unreadable records")
     if checked and (checked.hashed or checked.unrecorded):
         print(f"stoke train: {checked.describe()}", file=sys.stderr, flush=True)
-    return train_shards, eval_shards, staging
+    return train_shards, eval_shards, staging, watched
 
 
 def suspected_label_errors(config: RunConfig, train_shards: list[Shard]) -> tuple[tuple[int, str], ...]:
@@ -413,6 +418,10 @@ def fit(settings: TrainConfig, plan: RunPlan, model, train_data, eval_data, mine
         if not bad:
             raise
         raise TrainError(str(data.CorruptShardError(bad))) from None
+    except InputsChanged:
+        if plan.placement.is_chief:  # what it learnt from the changed file is in the backup too
+            drop_backups(plan.work, plan.run)
+        raise
     if plan.placement.is_chief:
         drop_backups(plan.work, plan.run)
     return Fitted(history=history, total_steps=done, resumed_from_step=resumed, step_seconds=timer.step_seconds(),
@@ -434,6 +443,7 @@ def _callbacks(settings: TrainConfig, plan: RunPlan, phase: Phase, mine: RunDir,
     """Backup, one set of batch-norm statistics, TensorBoard, the learning-rate log and what measures
     the phase; `done`: the steps of the phases before it."""
     callbacks = [
+        SameInputs(plan),  # first: a changed input stops the run before the epoch's backup
         backup(settings, plan.work, plan.phases, phase),
         resume,
         ReplicaStatistics(),
@@ -502,6 +512,29 @@ def keep_backup(plan: RunPlan) -> None:
             print(f"stoke train: dropped the backup of run {run.run_id}: {why}", file=sys.stderr, flush=True)
             drop_backups(plan.work, run)
     write_json(run.backup_start, warm.backup_start(plan.start).to_json())
+
+
+class InputsChanged(TrainError):
+    """A file the run reads is not the one checked before training; the message names it."""
+
+
+def same_inputs(plan: RunPlan) -> None:
+    """Raises InputsChanged when a file the run reads is not the one checked before training: tf.data opens the
+    shards again every epoch, so a shard written or replaced mid-run would be trained on. A stat each."""
+    changed = plan.watched.changed() if plan.watched is not None else []
+    if changed:
+        raise InputsChanged(plan.watched.changed_while_read(changed))
+
+
+class SameInputs(keras.callbacks.Callback):
+    """same_inputs at each epoch's end: the next epoch opens the shards again."""
+
+    def __init__(self, plan: RunPlan):
+        super().__init__()
+        self.plan = plan
+
+    def on_epoch_end(self, epoch, logs=None):
+        same_inputs(self.plan)
 
 
 class ResumePoint(keras.callbacks.Callback):
