@@ -18,6 +18,7 @@ Whatever changes the repository runs inside `lock()`: the lease ingest also uses
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import itertools
@@ -59,6 +60,7 @@ KILL_AFTER_FILES_ENV = "STOKE_KILL_AFTER_FILES"
 # The kill drill of a push's later steps: SIGKILL right after the named step (tests only).
 KILL_AFTER_STEP_ENV = "STOKE_KILL_AFTER_STEP"
 KILL_STEPS = ("published", "recorded", "retired")
+LINEAGE_READERS = 16  # lineages read at once (spans_named)
 
 
 def kill_drill(step: str) -> None:
@@ -350,20 +352,21 @@ def model_names(root: Root) -> list[str]:
 
 def spans_named(root: Root) -> set[int]:
     """Every span number a lineage under ROOT/models names: of each model's served, rolled-back, retired and
-    interrupted versions. Raises RepositoryError for a lineage that cannot be read: it could name any span."""
-    named = set()
-    for name in model_names(root):
-        repository = Repository(root, name)
-        for version in repository.every_number_used():
-            try:
-                lineage = repository.lineage(version)
-            except (OSError, ValueError) as error:
-                raise RepositoryError(f"the lineage of version {version} of model {name} ({repository.lineage_uri(version)}) "
-                                      f"cannot be read ({error}), so it could name any span; restore it from a backup, "
-                                      "or move it out of the repository") from None
-            if lineage is not None:
-                named.update(span.span for span in lineage.spans)
-    return named
+    interrupted versions, read many at a time (retired lineages add up, and a bucket answers each slowly).
+    Raises RepositoryError for a lineage that cannot be read: it could name any span."""
+    def spans(repository: Repository, version: int) -> list[int]:
+        try:
+            lineage = repository.lineage(version)
+        except (OSError, ValueError) as error:
+            raise RepositoryError(f"the lineage of version {version} of model {repository.name} "
+                                  f"({repository.lineage_uri(version)}) cannot be read ({error}), so it could name "
+                                  "any span; restore it from a backup, or move it out of the repository") from None
+        return [span.span for span in lineage.spans] if lineage is not None else []
+
+    versions = [(repository, version) for repository in (Repository(root, name) for name in model_names(root))
+                for version in repository.every_number_used()]
+    with concurrent.futures.ThreadPoolExecutor(LINEAGE_READERS) as pool:
+        return {span for named in pool.map(lambda found: spans(*found), versions) for span in named}
 
 
 @dataclasses.dataclass(frozen=True)

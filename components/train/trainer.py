@@ -6,7 +6,8 @@ candidate (models.py), measures itself (measure.py) and writes its summary, metr
 
 One process per worker, the same program everywhere: the strategy comes from TF_CONFIG and the
 devices (placement.py), the input from data.py. Artifacts go to ROOT/runs/<run-id>/: backup
-(BackupAndRestore: rerunning the same run id resumes at the last backed-up step), tensorboard,
+(BackupAndRestore: rerunning the same run id resumes at the last backed-up step, when it starts as the
+backup did: keep_backup), tensorboard,
 candidate, metrics.json, curves.png. Only the chief writes them; other workers write their copies to
 temporary folders and delete them, which is how tf.distribute expects multi-worker saving to go. On a
 ROOT TensorFlow cannot write (s3://), the run is written into a local folder and uploaded as it goes.
