@@ -13,6 +13,7 @@ import pytest
 
 from components.common.files import read_json, write_json
 from components.common.repository import KILL_AFTER_FILES_ENV, KILL_AFTER_STEP_ENV, KILL_STEPS, Repository
+from components.common.spans import Spans
 from components.contracts.layout import Root
 from components.push import lineage, predict, rollback
 from tests.components.conftest import tiny_image
@@ -318,6 +319,8 @@ def test_a_password_older_spans_and_versions_kept_stays_out_of_the_push_its_imag
     manifest = os.path.join(root, "data", "spans", "span-00001", "_MANIFEST.json")
     json.dump({**json.load(open(manifest)), "source": old}, open(manifest + ".tmp", "w"))
     os.replace(manifest + ".tmp", manifest)
+    metrics = os.path.join(root, "runs", "mixed", "metrics.json")  # trained on the span as it is now
+    json.dump(read_json(metrics) | {"span_manifests": {"1": Spans(root).manifest_sha256(1)}}, open(metrics, "w"))
     kept = os.path.join(root, "models", "stoke", str(first), "assets.extra", "stoke_lineage.json")
     record = json.load(open(kept))
     record["spans"][0]["source"] = old
