@@ -177,7 +177,8 @@ class Repository:
         if not self.fs.exists(filesystem(uri)[1]):
             return None
         record = read_json(uri)
-        return Lineage.check(record, uri) if "run_id" in record else None
+        # A record of a rollback of a version Stoke did not push has no run; anything but an object is no lineage.
+        return Lineage.check(record, uri) if not isinstance(record, dict) or "run_id" in record else None
 
     # ------------------------------------------------------------------ changing
 

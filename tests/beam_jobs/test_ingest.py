@@ -340,9 +340,10 @@ def test_a_span_number_a_lineage_names_is_never_published_again(tmp_path, capsys
     code, summary = ingest(source, root, *IN_MEMORY, capsys=capsys)
     assert code == 0 and summary["span"] == 7, summary
 
-    with open(served.lineage_uri(100), "w") as f:
-        f.write("{not json")
     (source / "cat" / "2.jpg").write_bytes(images.rgb_jpeg(seed=2))
-    code, summary = ingest(source, root, *IN_MEMORY, capsys=capsys)
-    assert code == 1 and "the lineage of version 100 of model stoke" in summary["error"], summary
-    assert "could name any span" in summary["error"] and Spans(str(root)).published() == [7]
+    for broken in ("{not json", "5"):
+        with open(served.lineage_uri(100), "w") as f:
+            f.write(broken)
+        code, summary = ingest(source, root, *IN_MEMORY, capsys=capsys)
+        assert code == 1 and "the lineage of version 100 of model stoke" in summary["error"], summary
+        assert "could name any span" in summary["error"] and Spans(str(root)).published() == [7]
