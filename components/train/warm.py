@@ -43,6 +43,7 @@ from components.common.repository import Repository, RepositoryError
 from components.common.spans import Spans
 from components.common.tf_files import pull, tf_reads
 from components.contracts import schema
+from components.contracts.label_set import LabelSet
 from components.contracts.layout import Root, Shard
 from components.contracts.lineage import Lineage
 from components.contracts.results import BackupStart, ResultError
@@ -77,7 +78,7 @@ def full(reason: str) -> Start:
     return Start(kind="full", reason=reason)
 
 
-def decide(config: RunConfig, labels: list[str], spans: dict[int, str]) -> Start:
+def decide(config: RunConfig, labels: LabelSet, spans: dict[int, str]) -> Start:
     """Warm or full for a run over the checked `spans` (each with its manifest's SHA-256; their labels
     `labels`), and why. A span is learnt when the served version's lineage names its number and its manifest:
     a number published again (its span deleted by hand) holds records the served model never saw."""
@@ -115,16 +116,19 @@ def decide(config: RunConfig, labels: list[str], spans: dict[int, str]) -> Start
                  new_spans=new, replay_spans=tuple(n for n in sorted(spans) if n not in new), warm_runs_since_full=since + 1)
 
 
-def _changed(lineage: Lineage, network: str, image_size: int, labels: list[str]) -> str | None:
-    """What differs between the served model and this run, in words; None when nothing does."""
+def _changed(lineage: Lineage, network: str, image_size: int, labels: LabelSet) -> str | None:
+    """What differs between the served model and this run, in words; None when nothing does. A class the run
+    keeps an id for without a record (a held span's) is no new class: neither model answers it."""
     if lineage.training.network != network:
         return f"train.network changed from {lineage.training.network} to {network}"
     if lineage.training.image_size != image_size:
         return f"train.image_size changed from {lineage.training.image_size} to {image_size}"
-    if lineage.labels != labels:
-        added = [name for name in labels if name not in lineage.labels]
-        return (f"new class{'es' if len(added) > 1 else ''} {', '.join(added)}" if added and
-                labels[:len(lineage.labels)] == lineage.labels else "the label set changed")
+    served = lineage.label_set
+    if served != labels:
+        added = [name for name in labels.answered if name not in served.answered]
+        kept = labels.labels[:len(served.labels)] == served.labels and set(served.answered) <= set(labels.answered)
+        return f"new class{'es' if len(added) > 1 else ''} {', '.join(added)}" if added and kept else \
+            "the label set changed"
     return None
 
 
