@@ -274,7 +274,7 @@ def test_a_run_gated_without_recorded_answers_is_pushed_as_before(trained_runs, 
     assert code == 0 and pushed["pushed"], pushed
     assert Repository(root, "stoke").lineage(pushed["version"]).reference is None
     assert sorted(os.listdir(os.path.join(pushed["model_uri"], "assets.extra"))) == [
-        "stoke_lineage.json", "tf_serving_warmup_requests"]
+        "model_card.json", "model_card.md", "stoke_lineage.json", "tf_serving_warmup_requests"]
 
 
 def test_a_served_version_in_text_form_survives_the_next_push(trained_runs, tmp_path):

@@ -159,8 +159,8 @@ def test_a_lineage_belongs_to_its_folder_and_a_model_put_at_a_number_taken_out_h
         with pytest.raises(RepositoryError, match=f"no lineage for version {version or 200} of stoke"):
             lineage(root, "stoke", version)
     config = RunConfig(source=root, root=root, preset="cpu", train={"network": "small_cnn"}).resolved()
-    assert warm.decide(config, LABELS, [1, 2]).reason == "served version 200 has no lineage to compare with"
-    served = _served(repo, LABELS)
+    assert warm.decide(config, LabelSet(LABELS), [1, 2]).reason == "served version 200 has no lineage to compare with"
+    served = _served(repo, LabelSet(LABELS))
     assert served.version == 200 and served.refusals == [] and served.uri == repo.version_uri(200)
     assert held_by_repository(Root(root)) == {"night-200": "model stoke version 200, rolled back came from it"}
     again = push.earlier_push(repo, Root(root).run("night-200"))  # its push is the version rolled back
