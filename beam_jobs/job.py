@@ -61,6 +61,7 @@ def run_pipeline(chunks: list[str], staging: str, config: IngestConfig, pipeline
 
             from beam_jobs.pipeline import build
 
+        _flushed_by_size()
         options = pipeline_options(pipeline_args)
 
         def job():
@@ -108,6 +109,21 @@ def _without_cloud_clients(local: bool):
     finally:
         if block and sys.modules.get(blocked, 0) is None:
             del sys.modules[blocked]
+
+
+def _flushed_by_size() -> None:
+    """DirectRunner hands elements from one stage to the next across Beam's data plane, in buffers that its
+    workers and its data server also flush on a timer, every DATA_BUFFER_TIME_LIMIT_MS (1 s). That flush
+    takes the buffer's bytes, sends them and then empties the buffer, with no lock against the thread writing
+    into it (apache_beam/runners/worker/data_plane.py, TimeBasedBufferingClosableOutputStream, Beam 2.77):
+    what a bundle writes meanwhile is dropped without an error, or cut, and then fails the decode. A bundle of
+    minutes flushes hundreds of times: runs of hundreds of staged sources went missing from an arrival of
+    150,000 files (tests/beam_jobs/test_ingest.py). At 0 the buffers are flushed by size and at each bundle's
+    end, by the thread that writes them, as Beam's own SDK workers flush by default; a batch job waits on no
+    timer. Read when the runner starts its workers, so set before each job; other runners never read it."""
+    from apache_beam.runners.portability.fn_api_runner import worker_handlers
+
+    worker_handlers.DATA_BUFFER_TIME_LIMIT_MS = 0
 
 
 def pipeline_options(pipeline_args: list[str]):

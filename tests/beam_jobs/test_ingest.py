@@ -9,7 +9,9 @@ import time
 
 import numpy as np
 import tensorflow as tf
+from PIL import Image
 
+from beam_jobs import job
 from beam_jobs.ingest import run
 from components.common.files import filesystem, join, read_json
 from components.common.spans import Spans
@@ -306,3 +308,55 @@ def test_progress_events_count_the_mb_written_and_stop_with_the_runner(tmp_path)
     time.sleep(0.1)  # ten of the watcher's polls: an event after the block would show by now
     assert count and len(seen) == count  # none after the block: none can follow the summary
     assert (seen[0].stage, seen[0].done, seen[0].total, seen[0].unit, seen[0].fraction) == ("ingest", 2, 8, "MB", 0.25)
+
+
+def noise_folder(path, count, side=16):
+    """`count` distinct small PNGs of noise in four class folders: cheap to make by the thousand."""
+    rng = np.random.default_rng(0)
+    for index in range(count):
+        folder = path / f"class{index % 4}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{index:06d}.png").write_bytes(images.encode(
+            Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8)), "PNG"))
+    return path
+
+
+def test_every_source_of_a_long_job_crosses_beams_data_plane(tmp_path, capsys, monkeypatch):
+    """DirectRunner hands the staged sources from the threads that read them to the shuffle in buffers that a
+    timer also flushes, every second: a job of minutes flushes them hundreds of times while they are written.
+    Here it flushes every millisecond and each send waits a millisecond, as on a busy machine, while two staged
+    lists are read at once: every source ends in a record or a dead letter."""
+    from apache_beam.runners.portability.fn_api_runner import worker_handlers
+    from apache_beam.runners.worker import data_plane
+
+    monkeypatch.setattr(worker_handlers, "DATA_BUFFER_TIME_LIMIT_MS", 1)
+    send = data_plane._GrpcDataChannel._enqueue_to_send
+    monkeypatch.setattr(data_plane._GrpcDataChannel, "_enqueue_to_send",
+                        lambda channel, element: time.sleep(0.001) or send(channel, element))
+    monkeypatch.setattr(job, "CHUNK", 500)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)  # converted on the image workers, as an arrival this size is
+    source = noise_folder(tmp_path / "source", 2000)
+    for index in range(20):
+        (source / "class0" / f"broken{index}.jpg").write_bytes(images.truncated_jpeg())
+    code, summary = ingest(source, tmp_path / "root", "--direct_num_workers=2", capsys=capsys)
+    assert code == 0 and summary["published"], summary
+    assert summary["counts"] == {"train": summary["counts"]["train"], "eval": 2000 - summary["counts"]["train"],
+                                 "dead_letter": 20, "duplicates": 0}
+
+
+def test_beams_timed_flush_drops_what_is_written_while_it_sends():
+    """Why the job flushes Beam's data plane by size alone (beam_jobs/job.py): a timed flush sends the buffer and
+    then empties it, so a write landing in between is lost. When a Beam upgrade keeps it, this fails and says so."""
+    from apache_beam.runners.worker.data_plane import TimeBasedBufferingClosableOutputStream
+
+    sent = []
+
+    def send(data):
+        sent.append(data)
+        stream.write(b" and meanwhile")  # the bundle's thread writes while the timer's thread sends
+
+    stream = TimeBasedBufferingClosableOutputStream(sent.append, send, time_flush_threshold_ms=3_600_000)
+    stream.write(b"first")
+    stream.flush()
+    stream.close()
+    assert b"".join(sent) == b"first", "Beam keeps what is written during a timed flush now: the job may use its timer"
