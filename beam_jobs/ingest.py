@@ -25,7 +25,6 @@ import logging
 import os
 import posixpath
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -63,7 +62,8 @@ class IngestError(Exception):
 def ingest(config: RunConfig, pipeline_args: list[str], progress: Callable[[Progress], None] | None = None, *,
            arrived: str | None = None) -> IngestSummary:
     """Runs the whole job and returns its summary; raises IngestError when it cannot publish.
-    `progress` gets the MB written every few seconds while the runner works (default: a line on stderr);
+    `progress` gets the MB of new sources converted every few seconds while the runner works on this process's
+    threads (beam_jobs/progress.py; default: a line on stderr);
     `arrived` names a file of the URIs bucket notifications announced, the only ones then read."""
     started = time.monotonic()
     root = Root(config.root)
@@ -159,11 +159,10 @@ def _convert(root, staging, chunks, fresh, labels, config, pipeline_args, progre
     if not fresh:
         return [], [], Findings(kept=[], dropped=[])
     published = stage_published(root, staging)  # so near-copies of published images join their split in the job
-    with _Progress(staging, sum(s.size for s in fresh), progress):
-        try:
-            run_pipeline(chunks, staging, config.ingest, pipeline_args, published, fresh, labels)
-        except JobFailed as error:
-            raise IngestError(str(error)) from error
+    try:
+        run_pipeline(chunks, staging, config.ingest, pipeline_args, published, fresh, labels, progress)
+    except JobFailed as error:
+        raise IngestError(str(error)) from error
     dead = read_json(join(staging, STAGED_DEAD_LETTERS))
     shards, copies, findings = settle(staging, read_json(join(staging, STAGED_SHARDS)), fresh, root, config.ingest,
                                       published)
@@ -295,36 +294,6 @@ def publish(root, number, shards, dead, labels, fresh, refused, config, findings
 
 
 # ---------------------------------------------------------------- plumbing
-
-
-class _Progress:
-    """A progress event (MB written of MB read) every few seconds while the runner works; none once
-    the block is left, so none can follow the summary."""
-
-    def __init__(self, staging: str, total_bytes: int, show: Callable[[Progress], None], every: float = 10.0):
-        self.staging, self.total, self.show, self.every = staging, total_bytes, show, every
-        self.started, self.done, self.lock = time.monotonic(), threading.Event(), threading.Lock()
-
-    def __enter__(self):
-        threading.Thread(target=self._report, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc):
-        with self.lock:
-            self.done.set()
-
-    def _report(self):
-        fs, path = filesystem(self.staging)
-        while not self.done.wait(self.every):
-            try:
-                written = sum(fs.du(path, total=False, withdirs=False).values())
-            except OSError:
-                continue
-            event = Progress(stage="ingest", done=round(written / 1e6, 1), total=round(self.total / 1e6, 1),
-                             unit="MB", seconds=round(time.monotonic() - self.started, 1))
-            with self.lock:
-                if not self.done.is_set():
-                    self.show(event)
 
 
 def run(argv: list[str] | None = None) -> int:

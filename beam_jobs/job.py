@@ -7,12 +7,15 @@ import itertools
 import json
 import os
 import sys
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import contextmanager, nullcontext
 
 from beam_jobs import bounded
+from beam_jobs.progress import Shown
 from beam_jobs.sources import Source
 from components.common.files import join, write_text
 from components.contracts.config import IngestConfig
+from components.contracts.summaries import Progress
 
 CHUNK = 10_000  # sources per staged list file: keeps the job graph small on any runner
 
@@ -44,31 +47,36 @@ def first_sources(fresh: list[Source], budget: int) -> list[Source]:
 
 
 def run_pipeline(chunks: list[str], staging: str, config: IngestConfig, pipeline_args: list[str],
-                 published: str | None, fresh: list[Source], labels: list[str]) -> None:
-    """The Beam job over the staged source lists of the new sources `fresh` (named with `labels`)."""
+                 published: str | None, fresh: list[Source], labels: list[str],
+                 progress: Callable[[Progress], None] | None = None) -> None:
+    """The Beam job over the staged source lists of the new sources `fresh` (named with `labels`); `progress`
+    gets its progress events while it runs on this process's threads (beam_jobs/progress.py)."""
     from beam_jobs import image_pool
     from beam_jobs.records import Conversion
 
     processes = image_pool.processes_for(len(fresh), pipeline_args)
+    on_threads = image_pool.on_threads(pipeline_args)
+    shown = Shown(staging, sum(s.size for s in fresh), progress) if progress and on_threads else nullcontext()
     stuck = False
     try:
-        if processes:  # started first, its processes convert the first sources while Beam loads and starts the job
-            pool = image_pool.pool(processes, Conversion.of(config, published))
-            pool.prefetch(job_rows(first_sources(fresh, image_pool.AHEAD_BYTES), labels))
-        # Beam is imported here, not at the top: `stoke ingest --help` answers before it loads.
-        with _long_lived(), _without_cloud_clients(image_pool.on_threads(pipeline_args)):
-            import apache_beam as beam
+        with shown:
+            if processes:  # started first, its processes convert the first sources while Beam loads and starts the job
+                pool = image_pool.pool(processes, Conversion.of(config, published))
+                pool.prefetch(job_rows(first_sources(fresh, image_pool.AHEAD_BYTES), labels))
+            # Beam is imported here, not at the top: `stoke ingest --help` answers before it loads.
+            with _long_lived(), _without_cloud_clients(on_threads):
+                import apache_beam as beam
 
-            from beam_jobs.pipeline import build
+                from beam_jobs.pipeline import build
 
-        _flushed_by_size()
-        options = pipeline_options(pipeline_args)
+            _flushed_by_size()
+            options = pipeline_options(pipeline_args)
 
-        def job():
-            with beam.Pipeline(options=options) as pipeline:
-                build(pipeline, chunks, staging, config, published, processes)
+            def job():
+                with beam.Pipeline(options=options) as pipeline:
+                    build(pipeline, chunks, staging, config, published, processes)
 
-        bounded.run(job)
+            bounded.run(job)
     except Exception as error:  # the runner wraps worker errors in its own types
         stuck = isinstance(error, bounded.StuckRunner)
         raise JobFailed(f"the Beam job failed, nothing was published: {_last_line(error)} "

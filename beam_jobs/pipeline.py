@@ -25,7 +25,7 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils import shared
 from apache_beam.utils.windowed_value import WindowedValue
 
-from beam_jobs import image_pool
+from beam_jobs import image_pool, progress
 from beam_jobs.debris import STAGED_DEAD_LETTERS, STAGED_SHARDS, STAGED_SIGNATURES
 from beam_jobs.near_lookup import Published
 from beam_jobs.records import MB, Conversion, Converter
@@ -45,10 +45,11 @@ class Normalize(beam.DoFn):
     """Each source to a record (main output) or a dead letter (tagged DEAD): converted here, with the
     published records' dHash index loaded once per process (Beam's Shared), or with `processes`, in
     batches on beam_jobs/image_pool.py's worker processes, a few batches in flight, in order (sources the
-    pool converted ahead, while Beam started, are taken as they come)."""
+    pool converted ahead, while Beam started, are taken as they come). Each source converted is counted for
+    the driver's progress line, under the name of its `job` (beam_jobs/progress.py)."""
 
-    def __init__(self, conversion: Conversion, processes: int = 0):
-        self.conversion, self.processes = conversion, processes
+    def __init__(self, conversion: Conversion, processes: int = 0, job: str = ""):
+        self.conversion, self.processes, self.job = conversion, processes, job
         self._shared = shared.Shared()
 
     def setup(self):
@@ -64,7 +65,7 @@ class Normalize(beam.DoFn):
 
     def process(self, source):
         if not self.processes:
-            yield from _outputs(source, *self.convert(source))
+            yield from self._outputs(source, *self.convert(source))
             return
         ahead = self.pool.claim(source)
         if ahead is not None:
@@ -89,17 +90,17 @@ class Normalize(beam.DoFn):
     def _take(self):
         sources, converted = self.pending.popleft()
         for source, (record, reason) in zip(sources, converted.result()):
-            yield from _outputs(source, record, reason)
+            yield from self._outputs(source, record, reason)
 
-
-def _outputs(source: dict, record, reason: str | None):
-    if record is None:
-        DEAD_LETTERS.inc()
-        yield beam.pvalue.TaggedOutput(DEAD, dead_letter(source, reason))
-    else:
-        IMAGES.inc()
-        BYTES_READ.inc(source["size"])
-        yield record
+    def _outputs(self, source: dict, record, reason: str | None):
+        progress.converted(self.job, source["size"])
+        if record is None:
+            DEAD_LETTERS.inc()
+            yield beam.pvalue.TaggedOutput(DEAD, dead_letter(source, reason))
+        else:
+            IMAGES.inc()
+            BYTES_READ.inc(source["size"])
+            yield record
 
 
 def _in_window(output):
@@ -168,7 +169,7 @@ def build(pipeline, chunks: list[str], staging: str, config: IngestConfig, publi
         | "ReadSources" >> beam.FlatMap(_read_json_lines)
         | "Spread" >> beam.Reshuffle()
     )
-    normalize = Normalize(Conversion.of(config, published), processes)
+    normalize = Normalize(Conversion.of(config, published), processes, staging)
     normalized = sources | "Normalize" >> beam.ParDo(normalize).with_outputs(DEAD, main="good")
     good, bad = normalized.good, normalized[DEAD]
     max_bytes = int(config.shard_mb * MB)

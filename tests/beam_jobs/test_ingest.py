@@ -8,15 +8,18 @@ import sys
 import time
 
 import numpy as np
+import pytest
 import tensorflow as tf
 from PIL import Image
 
-from beam_jobs import job
+from beam_jobs import job, progress
+from beam_jobs.ingest import ingest as ingest_with_progress
 from beam_jobs.ingest import run
 from components.common.files import filesystem, join, read_json
 from components.common.spans import Spans
 from components.contracts import schema
 from components.contracts.layout import DEAD_LETTER, MANIFEST, TF_COMPRESSION, Root
+from components.contracts.run_config import RunConfig
 from tests.beam_jobs import images
 from tests.waiting import wait_for
 
@@ -297,17 +300,37 @@ def test_a_broken_span_manifest_is_one_line_naming_it(tmp_path, capsys):
     assert captured.err.strip() == f"stoke ingest: error: {error}"
 
 
-def test_progress_events_count_the_mb_written_and_stop_with_the_runner(tmp_path):
-    from beam_jobs.ingest import _Progress
-
-    (tmp_path / "shard").write_bytes(b"x" * 2_000_000)
+def test_progress_events_count_the_mb_converted_and_stop_with_the_runner(monkeypatch):
+    monkeypatch.setattr(progress, "EVERY", 0.01)
     seen = []
-    with _Progress(str(tmp_path), 8_000_000, seen.append, every=0.01):
+    with progress.Shown("job", 8_000_000, seen.append):
+        progress.converted("job", 2_000_000)
+        progress.converted("another job", 1_000_000)
         wait_for(lambda: seen, "a progress event", seconds=30, every=0.01)
-    count = len(seen)
+        count = len(seen)
+    assert len(seen) == count + 1  # and the last, as the job ended
     time.sleep(0.1)  # ten of the watcher's polls: an event after the block would show by now
-    assert count and len(seen) == count  # none after the block: none can follow the summary
+    assert len(seen) == count + 1  # none after the block: none can follow the summary
     assert (seen[0].stage, seen[0].done, seen[0].total, seen[0].unit, seen[0].fraction) == ("ingest", 2, 8, "MB", 0.25)
+
+    seen.clear()
+    with pytest.raises(OSError), progress.Shown("job", 8_000_000, seen.append):
+        raise OSError("a job that fails ends without a last event")
+    assert seen == []
+
+
+def test_progress_never_passes_its_total_and_ends_at_it(tmp_path, monkeypatch):
+    """Records larger than their sources (small PNGs of noise: framed, in a GZIP member each) and staged
+    lists and signatures beside them: the MB written would pass the MB read, the MB converted cannot."""
+    monkeypatch.setattr(progress, "EVERY", 0.02)
+    source = noise_folder(tmp_path / "source", 400, side=48)
+    events = []
+    config = RunConfig(source=str(source), root=str(tmp_path / "root"))
+    summary = ingest_with_progress(config, ["--direct_num_workers=2"], events.append)
+    assert summary.published and summary.bytes_out > summary.bytes_in
+    total = round(summary.bytes_in / 1e6, 1)
+    assert len(events) > 1 and all(e.total == total and e.done <= total for e in events)
+    assert events[-1].done == total
 
 
 def noise_folder(path, count, side=16):
