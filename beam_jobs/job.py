@@ -17,7 +17,10 @@ from components.common.files import join, write_text
 from components.contracts.config import IngestConfig
 from components.contracts.summaries import Progress
 
-CHUNK = 10_000  # sources per staged list file: keeps the job graph small on any runner
+# Sources per staged list file. The lists are what the job spreads over its workers (beam_jobs/pipeline.py):
+# an arrival of a few thousand makes a few, enough for every worker; and their names keep the job graph small
+# on any runner (10,000 for ten million sources).
+CHUNK = 1_000
 
 
 class JobFailed(Exception):
