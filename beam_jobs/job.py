@@ -28,7 +28,8 @@ class JobFailed(Exception):
 
 
 def stage_sources(staging: str, fresh: list[Source], labels: list[str]) -> list[str]:
-    """The job's input: the sources' rows in files of CHUNK lines under `staging`; returns their URIs."""
+    """The job's input: the sources' rows in files of CHUNK lines under `staging` (without their queries:
+    the job's Conversion hands those to its workers); returns their URIs."""
     chunks = []
     for start in range(0, len(fresh), CHUNK):
         uri = join(staging, f"sources-{start // CHUNK:05d}.jsonl")
@@ -60,11 +61,12 @@ def run_pipeline(chunks: list[str], staging: str, config: IngestConfig, pipeline
     processes = image_pool.processes_for(len(fresh), pipeline_args)
     on_threads = image_pool.on_threads(pipeline_args)
     shown = Shown(staging, sum(s.size for s in fresh), progress) if progress and on_threads else nullcontext()
+    conversion = Conversion.of(config, published, tuple((s.uri, s.query) for s in fresh if s.query))
     stuck = False
     try:
         with shown:
             if processes:  # started first, its processes convert the first sources while Beam loads and starts the job
-                pool = image_pool.pool(processes, Conversion.of(config, published))
+                pool = image_pool.pool(processes, conversion)
                 pool.prefetch(job_rows(first_sources(fresh, image_pool.AHEAD_BYTES), labels))
             # Beam is imported here, not at the top: `stoke ingest --help` answers before it loads.
             with _long_lived(), _without_cloud_clients(on_threads):
@@ -77,7 +79,7 @@ def run_pipeline(chunks: list[str], staging: str, config: IngestConfig, pipeline
 
             def job():
                 with beam.Pipeline(options=options) as pipeline:
-                    build(pipeline, chunks, staging, config, published, processes)
+                    build(pipeline, chunks, staging, config, conversion, processes)
 
             bounded.run(job)
     except Exception as error:  # the runner wraps worker errors in its own types

@@ -50,6 +50,8 @@ class Shown:
             self.done.set()
             if error_type is None:
                 self.show(self._event())
+        if hasattr(self.show, "close"):  # a terminal's bar (program.ProgressBar): done before the summary prints
+            self.show.close(finished=error_type is None)
         with _lock:
             _converted.pop(self.job, None)
 

@@ -71,9 +71,12 @@ def given_fields(config: BaseModel) -> dict:
 
 
 def as_yaml(config: BaseModel, indent: str = "") -> str:
-    """`config` as YAML, each setting under its help as a comment: a file `--config` takes."""
+    """`config` as YAML, each setting under its help as a comment: a file `--config` takes. A secret setting
+    (alerts.webhook), which no record holds, is left out."""
     lines = []
     for name, field in type(config).model_fields.items():
+        if field.exclude:
+            continue
         value = getattr(config, name)
         about = field.description or (type(value).__doc__ if isinstance(value, BaseModel) else None)
         if about:

@@ -26,7 +26,7 @@ from collections.abc import Hashable, Iterator
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, SecretStr, ValidationError
 from pydantic.fields import FieldInfo
 
 from components.common.files import NotASmallFile, read_small
@@ -139,11 +139,12 @@ def build(model: type[BaseModel], data: dict):
     try:
         return model.model_validate(data)
     except ValidationError as error:
-        raise ConfigError(problems(error)) from None
+        raise ConfigError(problems(error, model)) from None
 
 
-def problems(error: ValidationError, limit: int = 3) -> str:
-    """`train.epochs: Input should be greater than 0 (got -1)` for the first few problems, on one line."""
+def problems(error: ValidationError, model: type[BaseModel] | None = None, limit: int = 3) -> str:
+    """`train.epochs: Input should be greater than 0 (got -1)` for the first few problems, on one line; the
+    value given to a secret setting of `model` is not repeated."""
     shown = []
     for problem in error.errors()[:limit]:
         path = ".".join(str(part) for part in problem["loc"] if not isinstance(part, int) or part >= 0) or "settings"
@@ -151,9 +152,25 @@ def problems(error: ValidationError, limit: int = 3) -> str:
             shown.append(f"{path}: no such setting")
         else:
             got = problem.get("input")
-            shown.append(f"{path}: {said(problem)}" + (f" (got {_shown(got)})" if isinstance(got, str | int | float) else ""))
+            echo = isinstance(got, str | int | float) and not _secret(model, problem["loc"])
+            shown.append(f"{path}: {said(problem)}" + (f" (got {_shown(got)})" if echo else ""))
     more = len(error.errors()) - limit
     return "; ".join(shown) + (f"; and {more} more" if more > 0 else "")
+
+
+def _secret(model: type[BaseModel] | None, loc: tuple) -> bool:
+    """Whether `loc` names a setting of `model` that holds a SecretStr (alerts.webhook)."""
+    field = None
+    for name in loc:
+        if model is None or name not in model.model_fields:
+            return False
+        field = model.model_fields[name]
+        model = model_of(field.annotation)
+    return field is not None and _holds(field.annotation, SecretStr)
+
+
+def _holds(annotation, kind: type) -> bool:
+    return annotation is kind or any(_holds(arg, kind) for arg in typing.get_args(annotation))
 
 
 def said(problem: dict) -> str:

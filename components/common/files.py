@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-import re
 import stat
 from contextlib import contextmanager
 
@@ -200,14 +199,6 @@ def version_of(info: dict) -> str:
 def is_uri(location: str) -> bool:
     """A location with a scheme (`s3://b/k`, `file:///x`), not a local path."""
     return "://" in location
-
-
-def without_query(location: str) -> str:
-    """A URL without its query (`?X-Amz-Signature=...`) and fragment: what names the file, the folder its
-    neighbours are in and its kind (`m.csv`) when a presigned URL reads it. Only a URL has one: `?` is part
-    of a local file's name, and fsspec's paths of bucket keys (`bucket/a?b.jpg`) hold no scheme."""
-    scheme, has_scheme, rest = location.partition("://")
-    return f"{scheme}://{re.split(r'[?#]', rest, maxsplit=1)[0]}" if has_scheme else location
 
 
 def check_writable(uri: str) -> None:

@@ -52,6 +52,7 @@ ASSETS_EXTRA = "assets.extra"
 LINEAGE_FILE = "stoke_lineage.json"
 ANSWERS_FILE = "stoke_answers.json.gz"  # the answers recorded at the version's gate (components/gate/answers.py)
 RETIRED_ANSWERS = ".answers.json.gz"  # _retired/<version> + this
+MODEL_CARD, MODEL_CARD_JSON = "model_card.md", "model_card.json"  # components/push/model_card.py
 ROLLED_BACK_PREFIX = "rolled-back-"
 SET_ASIDE_PREFIX = "set-aside-"
 RETIRED = "_retired"

@@ -149,10 +149,15 @@ def held_by_repository(root: Root) -> dict[str, str]:
     return held
 
 
+def newest_first(folders: list[Folder]) -> list[Folder]:
+    """The folders by when their latest attempt began, the newest first (a tie by run id)."""
+    return sorted(folders, key=lambda f: (f.started, f.run.run_id), reverse=True)
+
+
 def plan(folders: list[Folder], held: dict[str, str], settings: RunsConfig, now: float) -> list[RunFate]:
     """What the rule does with each folder, newest first (pure: nothing is read or removed)."""
     fates, trained = [], 0
-    for position, folder in enumerate(sorted(folders, key=lambda f: (f.started, f.run.run_id), reverse=True)):
+    for position, folder in enumerate(newest_first(folders)):
         heavy = folder.heavy()
         live = folder.in_progress(now) if folder.marker is None or folder.marker.kept == "record" else None
         kept = folder.marker.kept if folder.marker else None

@@ -9,9 +9,10 @@ from __future__ import annotations
 import os
 import re
 import typing
+import urllib.parse
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from components.contracts import schema
 from components.contracts.buckets import bucket_problem
@@ -263,6 +264,32 @@ class RunsConfig(BaseModel):
             raise ValueError(f"keep_records ({self.keep_records}) must be at least keep ({self.keep}): a run keeps "
                              "its record for longer than its heavy parts")
         return self
+
+
+def check_webhook(url: SecretStr) -> SecretStr:
+    """alerts.webhook: an http(s) URL with a host. The whole URL is the secret (a chat's incoming webhook
+    holds its token in the path), so the refusal never repeats it."""
+    parts = urllib.parse.urlsplit(url.get_secret_value())
+    if parts.scheme not in ("http", "https") or not parts.hostname or re.search(r"\s", url.get_secret_value()):
+        raise ValueError("an http:// or https:// URL is needed, such as a chat's incoming webhook")
+    return url
+
+
+class AlertsConfig(BaseModel):
+    """Alerts of the deployments (`stoke up`, `stoke deploy`; flows/alerts.py): a train/nightly run that fails or
+    crashes, and runs in a row that push no model, are sent to a webhook. `webhook` is a secret: kept in a Prefect
+    notification block, never in the deployments' parameters, a run's config.json or `stoke config show`."""
+
+    model_config = SETTINGS_CONFIG
+
+    webhook: Annotated[SecretStr, AfterValidator(check_webhook)] | None = Field(
+        None, exclude=True, description="URL the alerts are POSTed to, as JSON {\"text\": ...} (what Slack, "
+        "Mattermost and Google Chat incoming webhooks take); unset: no alerts")
+    # 3: one quiet night or one refused candidate says little, and a weekend without photos stays below it; a
+    # feed that stopped, or a gate that refuses every candidate, is known on the third night.
+    after: int = Field(3, ge=1, le=10_000, description="alert when this many runs in a row of the model pushed "
+                       "nothing, each refused by the gate or skipped (nothing new to train on), and again after each "
+                       "further as many; a failed run is alerted on its own and neither counts nor ends the row")
 
 
 class PreflightConfig(BaseModel):

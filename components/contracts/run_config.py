@@ -1,8 +1,8 @@
 """The run configuration: one `RunConfig` describes a run of the `train` flow, and it is the only
 settings object: every stage program reads the whole of it.
 
-A RunConfig is the run-wide fields (source, root, model name, preset, shard cache, Beam options,
-timeouts) plus one group per stage of the registry. It is the flow's parameters, what `stoke run`,
+A RunConfig is the run-wide fields (source, root, model name, preset, shard cache, retention, alerts, Beam
+options, timeouts) plus one group per stage of the registry. It is the flow's parameters, what `stoke run`,
 `stoke up` and `stoke deploy` take (a file plus `--set group.field=value`, components/common/config_files.py), and, once
 resolved (presets applied), what the run records as ROOT/runs/<id>/config.json before its first
 stage. The flow starts each stage program on that file (`--config ROOT/runs/<id>/config.json`); a
@@ -13,13 +13,14 @@ they travel beside the configuration (`RunFacts`).
 """
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
 
 from components.contracts import presets, stages
 from components.contracts.beam_options import BeamArgs
 from components.contracts.config import (
     MAX_SPAN,
     SETTINGS_CONFIG,
+    AlertsConfig,
     DataCheckConfig,
     GateConfig,
     IngestConfig,
@@ -66,6 +67,7 @@ class RunConfig(BaseModel):
         "small_cnn at 32 px, no flips, 8 epochs, batch 32)")
     shard_cache: ShardCacheConfig = ShardCacheConfig()
     runs: RunsConfig = RunsConfig()
+    alerts: AlertsConfig = AlertsConfig()
     beam_args: BeamArgs = Field([], description="Beam options of the run's ingest, --NAME=VALUE, among those that "
                                 "size its runner (the runner itself belongs to the deployment)")
     timeouts: Timeouts = Timeouts()
@@ -75,6 +77,15 @@ class RunConfig(BaseModel):
     train: TrainConfig = TrainConfig()
     gate: GateConfig = GateConfig()
     push: PushConfig = PushConfig()
+
+    @field_validator("alerts")
+    @classmethod
+    def _alerts_within_the_records(cls, alerts: AlertsConfig, info: ValidationInfo) -> AlertsConfig:
+        runs = info.data.get("runs")  # declared before alerts: validated first (absent when it was refused)
+        if runs is not None and alerts.after > runs.keep_records:
+            raise ValueError(f"after ({alerts.after}) must be at most runs.keep_records ({runs.keep_records}): the "
+                             "runs in a row are counted from the records kept")
+        return alerts
 
     def resolved(self) -> RunConfig:
         """This configuration with the preset's values in every field left unset."""

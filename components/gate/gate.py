@@ -54,6 +54,7 @@ from components.common.spans import SpanNotChecked, Spans
 from components.common.store_errors import on_root
 from components.common.tf_files import local_copy, push, tf_reads
 from components.contracts import schema
+from components.contracts.label_set import LabelSet
 from components.contracts.layout import Root, RunDir, Shard
 from components.contracts.results import GateResult, ResultError, TrainMetrics
 from components.contracts.run_config import RunConfig
@@ -88,8 +89,8 @@ class Served:
     uri: str | None  # None when the candidate is not compared with it
     shared: list[str] | None  # the classes compared on, when the candidate added some
     notes: list[str]
-    # Every retained version comparable with the candidate: version -> (uri, how many of the candidate's
-    # classes it knows), for the paired comparisons (the newest one's, and the best retained one's).
+    # Every retained version comparable with the candidate: version -> (uri, the ids of the classes both
+    # answer), for the paired comparisons (the newest one's, and the best retained one's).
     retained: dict = dataclasses.field(default_factory=dict)
     refusals: list[str] = dataclasses.field(default_factory=list)  # the label-set rule's reasons
     held_to: reference.Chosen | None = None  # the reference; None: no version compared with
@@ -154,7 +155,7 @@ def gather(config: RunConfig, run_id: str) -> GateInputs:
         raise GateError(f"run {run_id} has no candidate SavedModel at {candidate}")
     labels = trained.labels
     try:  # every checked span's eval records, not only those training read (evalset.py)
-        spans, left_out = eval_spans(root, trained.spans, labels)
+        spans, left_out = eval_spans(root, trained.spans, trained.label_set)
         shards = Spans(root).shards("eval", spans)
     except SpanNotChecked as exc:  # held back since the run trained on it: its records are no evidence
         raise GateError(f"run {run_id} trained on a span the data check does not let in now: {exc}; "
@@ -168,14 +169,28 @@ def gather(config: RunConfig, run_id: str) -> GateInputs:
         counts, warm_images = _scan_eval(shards, config.gate.warmup_images)
     majority_id, majority_count = counts.most_common(1)[0]
     majority_rate = majority_count / sum(counts.values())
-    served = _served(Repository(root, config.model_name), labels)
+    repo = Repository(root, config.model_name)
+    served = _served(repo, trained.label_set)
+    changed = environment_notes(trained, repo, served.version)
     return GateInputs(run=run, candidate=candidate, labels=labels, spans=spans, shards=shards, counts=counts,
                       warm_images=warm_images, majority_rate=majority_rate,
                       floor=_floor(config.gate.min_accuracy, majority_count, sum(counts.values()),
                                    label_name(labels, majority_id)),
-                      served=dataclasses.replace(served, notes=served.notes + left_out + staged),
+                      served=dataclasses.replace(served, notes=served.notes + left_out + staged + changed),
                       top_k=min(config.gate.top_k, len(labels)),
                       warm=trained.start is not None and trained.start.kind == "warm")
+
+
+def environment_notes(trained: TrainMetrics, repo: Repository, version: int | None) -> list[str]:
+    """A note, never a reason, when the candidate was trained in another environment than the served version
+    (the lineage's): what changed, or that the served version's environment is not recorded."""
+    lineage = repo.lineage(version) if version is not None else None
+    if lineage is None or trained.environment is None:
+        return []  # nothing served, a version Stoke did not push, or a candidate trained before Stoke recorded it
+    if lineage.environment is None:
+        return [f"served version {version}: environment not recorded"]
+    changed = trained.environment.changes_since(lineage.environment)
+    return [f"trained in another environment than served version {version}: {'; '.join(changed)}"] if changed else []
 
 
 def _staged(config: RunConfig, shards: list[Shard]) -> tuple[list[Shard], list[str]]:
@@ -210,8 +225,8 @@ def _floor(min_accuracy: float | None, majority_count: int, total: int, majority
                               f"class ({majority_label}) in the eval split", majority_label, majority_count, total)
 
 
-def _served(repo: Repository, labels: list[str]) -> Served:
-    """The served version to compare with: on every class, on the classes both know, or refused. It is
+def _served(repo: Repository, candidate: LabelSet) -> Served:
+    """The served version to compare with: on every class, on the classes both answer, or refused. It is
     the newest version TF Serving serves once the next push has set strangers aside (repository.py)."""
     found = repo.survey()
     version = found.versions[-1] if found.versions else None
@@ -220,19 +235,21 @@ def _served(repo: Repository, labels: list[str]) -> Served:
     if version is None:
         return Served(None, None, None, ignored + ["no served version yet: only the accuracy floor applies"])
     lineages = {v: repo.lineage(v) for v in found.versions}
-    known = {v: known_classes(lineage.labels if lineage else None, labels) for v, lineage in lineages.items()}
-    retained = {v: (repo.version_uri(v), len(classes)) for v, classes in known.items() if classes is not None}
+    known = {v: known_classes(lineage.label_set if lineage else None, candidate) for v, lineage in lineages.items()}
+    retained = {v: (repo.version_uri(v), frozenset(map(candidate.labels.index, classes)))
+                for v, classes in known.items() if classes is not None}
     served_labels = known[version]
     if served_labels is None:
         return Served(version, None, None, ignored,
-                      refusals=label_set_reasons(lineages[version].labels, labels, version))
-    chosen = reference.choose(repo, version, lineages[version], labels, clock.now())
-    if served_labels == list(labels):
+                      refusals=label_set_reasons(lineages[version].label_set, candidate, version))
+    chosen = reference.choose(repo, version, lineages[version], candidate, clock.now())
+    if served_labels == candidate.answered:
         return Served(version, repo.version_uri(version), None, ignored, retained, held_to=chosen)
+    added = [name for name in candidate.answered if name not in served_labels]
     return Served(version, repo.version_uri(version), served_labels, ignored + [
         f"the label set grew (served version {version} knows {len(served_labels)} classes, the "
-        f"candidate added {', '.join(labels[len(served_labels):])}): compared on the {len(served_labels)} "
-        "classes both know"], retained, held_to=chosen)
+        f"candidate added {', '.join(added)}): compared on the {len(served_labels)} classes both know"], retained,
+        held_to=chosen)
 
 
 def _damaged(which: str, config: RunConfig) -> str:

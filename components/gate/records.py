@@ -40,16 +40,16 @@ def answered(model_dir: str, shards) -> Answered:
     return out
 
 
-def pairs(candidate: Answered, versions: dict[int, tuple[str, int]],
+def pairs(candidate: Answered, versions: dict[int, tuple[str, frozenset[int]]],
           shards) -> dict[int, tuple[list[bool], list[bool], list[int]]]:
-    """For each served version (local path, classes it knows: the candidate's first ones), whether the
+    """For each served version (local path, ids of the classes it and the candidate answer), whether the
     candidate and the version are right on each eval record of those classes, and the record's class."""
     labels = candidate.labels
     candidate_right = [answer == label for answer, label in zip(candidate.answers, labels)]
     out = {}
     for version, (path, known) in versions.items():
         served = answered(path, shards).answers
-        keep = [i for i, label in enumerate(labels) if label < known]
+        keep = [i for i, label in enumerate(labels) if label in known]
         out[version] = ([candidate_right[i] for i in keep], [served[i] == labels[i] for i in keep],
                         [labels[i] for i in keep])
     return out

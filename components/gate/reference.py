@@ -25,6 +25,7 @@ import dataclasses
 from components.common import clock
 from components.common.files import exists, read_bytes
 from components.common.repository import Repository
+from components.contracts.label_set import LabelSet
 from components.contracts.lineage import Lineage
 from components.contracts.results import Answers, ResultError
 from components.gate import answers
@@ -44,8 +45,8 @@ class Chosen:
     notes: list[str] = dataclasses.field(default_factory=list)
 
 
-def choose(repo: Repository, newest: int, lineage: Lineage | None, labels: list[str], now: str) -> Chosen:
-    """The reference for a candidate knowing `labels`, gated at `now`, from the lineage of the newest served
+def choose(repo: Repository, newest: int, lineage: Lineage | None, candidate: LabelSet, now: str) -> Chosen:
+    """The reference for a candidate of the label set `candidate`, gated at `now`, from the lineage of the newest served
     version."""
     if lineage is None or lineage.reference is None:
         return Chosen(None, notes=[
@@ -54,7 +55,7 @@ def choose(repo: Repository, newest: int, lineage: Lineage | None, labels: list[
     version = lineage.reference
     if version == newest:
         return Chosen(newest)
-    recorded, why = _recorded(repo, version, labels)
+    recorded, why = _recorded(repo, version, candidate)
     if recorded is None:
         return Chosen(newest, notes=[
             f"the reference version {version} {why}: class by class the candidate is compared with the served "
@@ -73,7 +74,7 @@ def _days(repo: Repository, version: int, pushed_at: str, now: str) -> int:
                           "which is no time as Stoke writes them") from None
 
 
-def _recorded(repo: Repository, version: int, labels: list[str]) -> tuple[Answers | None, str]:
+def _recorded(repo: Repository, version: int, candidate: LabelSet) -> tuple[Answers | None, str]:
     """The recorded answers of reference `version`, or None and why it cannot be one."""
     if version in repo.rolled_back():
         return None, "was rolled back"
@@ -81,6 +82,6 @@ def _recorded(repo: Repository, version: int, labels: list[str]) -> tuple[Answer
     if not exists(uri) or repo.lineage(version) is None:  # retirement keeps both while a version names it
         return None, f"has no recorded answers or lineage left ({uri})"
     recorded = answers.decode(read_bytes(uri), uri)
-    if known_classes(recorded.labels, labels) is None:
+    if known_classes(LabelSet(recorded.labels, repo.lineage(version).untrained), candidate) is None:
         return None, f"answered other classes than the candidate's ({', '.join(recorded.labels)})"
     return recorded, ""

@@ -23,11 +23,13 @@ import json
 import subprocess
 
 from components.common import clock, processes, program
-from components.common.files import exists, filesystem, read_bytes, read_result, remove, write_json
+from components.common.files import exists, filesystem, join, read_bytes, read_result, remove, write_json
 from components.common.repository import (
     ANSWERS_FILE,
     ASSETS_EXTRA,
     LINEAGE_FILE,
+    MODEL_CARD,
+    MODEL_CARD_JSON,
     Repository,
     RepositoryError,
     kill_drill,
@@ -37,8 +39,9 @@ from components.contracts.layout import WARMUP_FILE, Root, RunDir
 from components.contracts.lineage import Blessing, Lineage, LineageSpan, Pushed, PushIntent, Training
 from components.contracts.results import GateReference, GateResult, ResultError, SpanManifest, TrainMetrics
 from components.contracts.run_config import RunConfig
-from components.contracts.secrets import without_secrets
+from components.contracts.secrets import recorded
 from components.contracts.summaries import PushSummary
+from components.push import model_card
 from components.push.serving_image import ServingError
 
 
@@ -74,7 +77,7 @@ def push(config: RunConfig, *, run_id: str) -> PushSummary:
         earlier = earlier_push(repo, run)
         summary = (_finish(config, root, run, repo, earlier) if earlier is not None
                    else _publish(config, root, run, repo, validation))
-    summary.image = (serving.build_image(root.serving, config.model_name, summary.versions[-1])
+    summary.image = (serving.build_image(root.serving, config.model_name, summary.versions[-1], summary.serving_image)
                      if config.push.build_image else {"built": False, "reason": "not asked (push.build_image false)"})
     write_json(run.result("push"), summary.to_json())  # the run's record of the push, for its report
     return summary
@@ -95,6 +98,7 @@ def _finish(config: RunConfig, root: Root, run: RunDir, repo: Repository, earlie
     return PushSummary(
         pushed=False, already_pushed=True, run_id=run.run_id, model_name=config.model_name,
         version=earlier.version, model_uri=earlier.model_uri, serving_uri=rendered["serving_uri"],
+        serving_image=rendered["serving_image"],
         commands=rendered["commands"], versions=rendered["versions"], retired=retired,
         message=f"run {run.run_id} was already pushed as version {earlier.version} on {earlier.pushed_at}"
                 + finished)
@@ -112,18 +116,21 @@ def _publish(config: RunConfig, root: Root, run: RunDir, repo: Repository, valid
 
     candidate = run.candidate
     trained_tf = serving.saved_model_tf_version(candidate)
-    serving.check_server_version(trained_tf)
+    serving.server_for(trained_tf)  # before anything is written: a model no pinned server can serve is refused
     version = repo.next_version()
     # A run gated before the gate recorded answers has none: its version is nobody's reference.
-    recorded = read_bytes(run.answers) if exists(run.answers) else None
-    lineage = build_lineage(root, run, config, validation, version, trained_tf, recorded is not None)
+    answers = read_bytes(run.answers) if exists(run.answers) else None
+    lineage = build_lineage(root, run, config, validation, version, trained_tf, answers is not None)
+    card = model_card.build(root, lineage, validation, read_result(run.metrics, TrainMetrics))
     warmup_fs, warmup_path = filesystem(run.warmup)
     intent = PushIntent(version=version, model_uri=repo.version_uri(version), started_at=lineage.pushed_at)
     write_json(run.push_intent, intent.to_json())
     model_uri = repo.publish(candidate, version, {
         f"{ASSETS_EXTRA}/{LINEAGE_FILE}": json.dumps(lineage.to_json(), indent=2, sort_keys=True).encode(),
         f"{ASSETS_EXTRA}/{WARMUP_FILE}": warmup_fs.cat_file(warmup_path),
-        **({f"{ASSETS_EXTRA}/{ANSWERS_FILE}": recorded} if recorded is not None else {}),
+        **({f"{ASSETS_EXTRA}/{ANSWERS_FILE}": answers} if answers is not None else {}),
+        f"{ASSETS_EXTRA}/{MODEL_CARD_JSON}": json.dumps(card.to_json(), indent=2, sort_keys=True).encode(),
+        f"{ASSETS_EXTRA}/{MODEL_CARD}": model_card.render_markdown(card).encode(),
     })
     kill_drill("published")
     write_json(run.pushed, Pushed(version=version, model_uri=model_uri, pushed_at=lineage.pushed_at).to_json())
@@ -138,6 +145,7 @@ def _publish(config: RunConfig, root: Root, run: RunDir, repo: Repository, valid
         model_name=config.model_name,
         version=version,
         model_uri=model_uri,
+        model_card=join(model_uri, ASSETS_EXTRA, MODEL_CARD),
         previous_version=newest,
         versions=rendered["versions"],
         retired=retired,
@@ -173,7 +181,7 @@ def earlier_push(repo: Repository, run: RunDir) -> Pushed | None:
 
 
 def build_lineage(root: Root, run: RunDir, config: RunConfig, validation: GateResult, version: int, trained_tf: str,
-                  recorded: bool) -> Lineage:
+                  answered: bool) -> Lineage:
     """Served version -> run -> spans (with their manifests' hashes and counts) -> metrics, blessing, and the
     reference later candidates are held to (reference_after)."""
     from components.push import serving_image as serving
@@ -186,7 +194,7 @@ def build_lineage(root: Root, run: RunDir, config: RunConfig, validation: GateRe
         manifest = SpanManifest.check(json.loads(raw), manifest_uri)
         spans.append(LineageSpan(span=manifest.span, manifest_uri=manifest_uri,
                                  manifest_sha256=hashlib.sha256(raw).hexdigest(),
-                                 source=without_secrets(manifest.source),  # a span published before names kept it
+                                 source=recorded(manifest.source),  # a span published before names kept it
                                  created=manifest.created, counts=manifest.counts, sources=len(manifest.sources)))
     return Lineage(
         model_name=config.model_name,
@@ -195,22 +203,24 @@ def build_lineage(root: Root, run: RunDir, config: RunConfig, validation: GateRe
         run_id=run.run_id,
         run_uri=run.uri,
         labels=trained.labels,
+        untrained=trained.untrained,
         spans=spans,
         training=Training.model_validate(trained.model_dump(include=set(Training.model_fields))),
         metrics=validation.metrics,
         blessing=Blessing.model_validate(validation.model_dump(include=set(Blessing.model_fields))),
         tensorflow_version=trained_tf,
-        serving_image=f"{serving.SERVING_IMAGE}:{serving.SERVING_VERSION}",
+        serving_image=serving.server_for(trained_tf),
         code_version=code_version(),
-        reference=reference_after(validation.reference, version, recorded),
+        reference=reference_after(validation.reference, version, answered),
+        environment=trained.environment,
     )
 
 
-def reference_after(held: GateReference | None, version: int, recorded: bool) -> int | None:
+def reference_after(held: GateReference | None, version: int, answered: bool) -> int | None:
     """The reference later candidates are held to class by class once `version` is pushed (components/gate/
     reference.py): the one the gate `held` a warm run to, else the version itself; none when its gate
-    `recorded` no answers."""
-    if not recorded:
+    recorded no answers (not `answered`)."""
+    if not answered:
         return None
     return held.version if held is not None and held.kept else version
 

@@ -23,7 +23,7 @@ from components.common.files import filesystem, is_local, join, uri_of, write_js
 from components.common.local_copies import clear
 from components.common.model_folders import SAVED_MODEL, SAVED_MODEL_TEXT, SERVING_FILES
 from components.common.repository import ANSWERS_FILE, ASSETS_EXTRA, LINEAGE_FILE, Repository
-from components.common.serving import SERVING_IMAGE, SERVING_VERSION, docker_engine
+from components.common.serving import SERVING_IMAGE, SERVING_RELEASES, docker_engine, serving_release
 from components.contracts.layout import Root
 from components.contracts.secrets import without_secrets
 
@@ -52,11 +52,16 @@ def version_tuple(text: str) -> tuple[int, ...]:
     return tuple(int(n) for n in numbers) + (0,) * (3 - len(numbers))
 
 
-def check_server_version(trained_tf: str, serving_version: str = SERVING_VERSION) -> None:
-    """Refuses a server older than the TensorFlow that wrote the model (major.minor)."""
-    if version_tuple(serving_version)[:2] < version_tuple(trained_tf)[:2]:
-        raise ServingError(f"the model was written by TensorFlow {trained_tf}, newer than "
-                           f"{SERVING_IMAGE}:{serving_version}; raise SERVING_VERSION in components/common/serving.py")
+def server_for(trained_tf: str) -> str:
+    """The serving image for models TensorFlow `trained_tf` wrote (components/common/serving.py's table);
+    refuses, in one line, a TensorFlow newer than every release the table names."""
+    release = serving_release(trained_tf)
+    if release is None:
+        newest = max(SERVING_RELEASES.values(), key=version_tuple)
+        raise ServingError(f"the model was written by TensorFlow {trained_tf}, newer than the newest TF Serving "
+                           f"Stoke pins ({SERVING_IMAGE}:{newest}); add its release to SERVING_RELEASES in "
+                           "components/common/serving.py")
+    return f"{SERVING_IMAGE}:{release}"
 
 
 def saved_model_tf_version(model_uri: str) -> str:
@@ -109,11 +114,10 @@ def render_text(model_name: str, versions: list[int], trained_tf: str, bucket_mo
     batching["allowed_batch_sizes"] = "\n".join(f"allowed_batch_sizes: {s}" for s in BATCHING["allowed_batch_sizes"])
     image = {"model_name": model_name, "trained_tf": trained_tf, "grpc_port": GRPC_PORT, "rest_port": REST_PORT,
              "model_base_path": MODEL_BASE_PATH, "metrics_path": METRICS_PATH, "user_id": USER_ID}
+    base = server_for(trained_tf)
     files = {
-        "Dockerfile": template("Dockerfile.tmpl").substitute(
-            base_image=f"{SERVING_IMAGE}:{SERVING_VERSION}", **image),
-        "Dockerfile.gpu": template("Dockerfile.tmpl").substitute(
-            base_image=f"{SERVING_IMAGE}:{SERVING_VERSION}-gpu", **image),
+        "Dockerfile": template("Dockerfile.tmpl").substitute(base_image=base, **image),
+        "Dockerfile.gpu": template("Dockerfile.tmpl").substitute(base_image=f"{base}-gpu", **image),
         "models.config": template("models.config.tmpl").substitute(
             model_name=model_name, stable=stable, canary=canary, model_base_path=MODEL_BASE_PATH,
             version_lines="\n".join(f"        versions: {v}" for v in versions)),
@@ -177,9 +181,7 @@ def render(root: Root | str, model_name: str) -> dict:
     versions = repo.versions()
     if not versions:
         raise ServingError(f"{repo.uri} holds no version to serve")
-    lineage = repo.lineage(versions[-1])
-    trained_tf = lineage.tensorflow_version if lineage else saved_model_tf_version(repo.version_uri(versions[-1]))
-    check_server_version(trained_tf)
+    trained_tf = max(map(functools.partial(trained_tensorflow, repo), versions), key=version_tuple)
     serving = root.serving
     fs, base = filesystem(serving)
     files = render_text(model_name, versions, trained_tf, None if is_local(fs) else join(root.uri, "models"))
@@ -190,11 +192,17 @@ def render(root: Root | str, model_name: str) -> dict:
     cmds = commands(serving, model_name, versions[-1])
     summary = {"serving_uri": serving, "model_name": model_name, "versions": versions,
                "labels": {"stable": versions[-2] if len(versions) > 1 else versions[-1], "canary": versions[-1]},
-               "serving_image": f"{SERVING_IMAGE}:{SERVING_VERSION}", "trained_tensorflow": trained_tf,
+               "serving_image": server_for(trained_tf), "trained_tensorflow": trained_tf,
                "files": sorted(files), "commands": cmds}
     bucket = bucket_serving(serving, cmds["image"])
     write_json(join(serving, "commands.json"), summary | ({"bucket": bucket} if bucket else {}))
     return summary | {"changed": changed}
+
+
+def trained_tensorflow(repo: Repository, version: int) -> str:
+    """The TensorFlow that wrote a kept version: its lineage's, or its SavedModel's for one Stoke did not push."""
+    lineage = repo.lineage(version)
+    return lineage.tensorflow_version if lineage else saved_model_tf_version(repo.version_uri(version))
 
 
 def _mirror_versions(repo: Repository, versions: list[int], fs, target: str) -> list[str]:
@@ -305,15 +313,15 @@ def _lineage_copy(fs, version: str, dest: str) -> None:
     write_whole(uri_of(fs, out), text.encode())
 
 
-def build_image(serving_uri: str, model_name: str, newest: int) -> dict:
+def build_image(serving_uri: str, model_name: str, newest: int, base_image: str) -> dict:
     """Builds the image of the context `serving_uri` (build_arguments) when a container engine answers and
-    the base image's tag exists; otherwise says why not."""
+    its base image's tag (`base_image`, as render chose it) exists; otherwise says why not."""
     fs, _ = filesystem(serving_uri)
     if not is_local(fs):
         return {"built": False, "reason": "the build context is on an object store; copy it locally to build"}
     if not docker_engine():
         return {"built": False, "reason": "no container engine answers (`docker info` failed or docker is absent)"}
-    problem = base_image_problem(f"{SERVING_IMAGE}:{SERVING_VERSION}")
+    problem = base_image_problem(base_image)
     if problem:
         return {"built": False, "reason": problem}
     try:
@@ -327,7 +335,7 @@ def build_image(serving_uri: str, model_name: str, newest: int) -> dict:
 
 def base_image_problem(image: str) -> str | None:
     """None when the engine holds `image` or can pull it (the pull the build would make anyway);
-    else why the build cannot start from it. SERVING_VERSION is written by hand: a tag that does not
+    else why the build cannot start from it. SERVING_RELEASES is written by hand: a tag that does not
     exist would otherwise surface as a pull error halfway through `docker build`."""
     try:
         if processes.run(["docker", "image", "inspect", image], timeout=60).returncode == 0:
@@ -340,6 +348,6 @@ def base_image_problem(image: str) -> str | None:
     said = next((line.strip() for line in reversed((pulled.stderr + pulled.stdout).splitlines()) if line.strip()),
                 f"exit code {pulled.returncode}")[:300]
     if "manifest unknown" in said.lower() or "not found" in said.lower():
-        return (f"{image} does not exist in its registry ({said}); set SERVING_VERSION in "
+        return (f"{image} does not exist in its registry ({said}); set its row of SERVING_RELEASES in "
                 "components/common/serving.py to a tensorflow/serving tag that exists")
     return f"cannot pull {image}, the base of the serving image: {said}"

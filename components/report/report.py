@@ -35,8 +35,8 @@ from components.report.input_verdict import figure, verdict
 INGEST_KEYS = {"published", "span", "span_uri", "counts", "new_sources", "images_per_sec", "seconds",
                "dead_letters", "dead_letter_uri", "message", "error", "duplicates", "near_duplicates", "set_aside",
                "quality"}
-PUSH_KEYS = {"pushed", "already_pushed", "version", "previous_version", "model_uri", "serving_uri", "commands",
-             "image", "retired", "set_aside", "message"}
+PUSH_KEYS = {"pushed", "already_pushed", "version", "previous_version", "model_uri", "model_card", "serving_uri",
+             "commands", "image", "retired", "set_aside", "message"}
 
 
 def build_report(run: RunDir, skipped: str | None = None, failed: str | None = None) -> RunReport:
@@ -71,7 +71,7 @@ def build_report(run: RunDir, skipped: str | None = None, failed: str | None = N
             **train.model_dump(include={
                 "network", "spans", "epochs", "total_steps", "strategy", "precision", "xla", "replicas",
                 "global_batch_size", "images_per_sec", "train", "eval", "model_dir", "resumed_from_step", "weights",
-                "phases", "start"}),
+                "phases", "start", "environment"}),
             "input_bound": probe.input_bound,
             "input_images_per_sec": probe.input_images_per_sec,
             "model_images_per_sec": probe.model_images_per_sec_synthetic,
@@ -194,6 +194,7 @@ def _push_section(report: RunReport) -> list[str]:
     lines = ["## Push", "", f"Version **{p.version}** of `{p.model_uri}`; serving image build context `{p.serving_uri}`"
              + ("; image built." if p.image and p.image.built else
                 f"; image not built ({p.image.reason or 'no container engine'})." if p.image else "."), ""]
+    lines += [f"Model card: [`{p.model_card}`]({p.model_card})", ""] if p.model_card else []
     lines += [f"Set aside `{a.name}` as `{a.moved_to}`: {a.reason}." for a in p.set_aside or []]
     lines += [""] if p.set_aside else []
     if p.commands:
@@ -220,6 +221,7 @@ def _training_lines(t, plots: dict) -> list[str]:
              ""]
     lines += [_start_in_words(t.start), ""] if t.start else []
     lines += [_phases_in_words(t), ""] if t.phases and t.phases[0].name != "all" else []
+    lines += [f"Environment: {t.environment.in_words() if t.environment else 'not recorded'}.", ""]
     lines += [f"Input: {t.verdict}", ""]
     lines += [f"Shards: {t.shards}", ""] if t.shards else []
     if t.data_service:

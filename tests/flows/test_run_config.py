@@ -1,5 +1,6 @@
 """One run configuration: a file plus --set overrides reaches every stage program, the resolved
-configuration is recorded before the first stage, and a rerun from the record resolves the same."""
+configuration is recorded before the first stage, and a rerun from the record resolves the same; a secret
+setting (alerts.webhook) is in no record, parameter or line."""
 from __future__ import annotations
 
 import argparse
@@ -19,6 +20,7 @@ from components.contracts.run_config import RunConfig
 from components.contracts.stages import STAGES
 from components.contracts.summaries import DataCheckSummary, PushSummary
 from flows.run_options import add_config_arguments, config_from
+from tests.credentials import TOKEN, shows
 
 BIN = os.path.dirname(sys.executable)
 
@@ -241,3 +243,45 @@ def test_the_same_preset_or_a_file_of_ones_own_takes_the_preset(tmp_path):
         "train", ["--config", str(tmp_path / "mine.yaml"), "--root", "r", "--preset", "cpu"]))
     assert mine.preset == "cpu"
     assert mine.train == RunConfig(root="r", preset="cpu", train=TrainConfig(network="resnet50", epochs=3)).resolved().train
+
+
+def test_the_webhook_is_in_no_record_parameter_or_shown_configuration(tmp_path, capsys):
+    from flows import cli
+    from flows.deployments import build_deployments
+    from flows.pipeline import recorded
+
+    url = f"https://hooks.example/services/T0/B0/{TOKEN}"
+    config = RunConfig(source=str(tmp_path), root=str(tmp_path / "root"), alerts={"webhook": url, "after": 4})
+    assert config.alerts.webhook.get_secret_value() == url and not shows(repr(config))
+    nightly, poll = build_deployments(config)
+    assert nightly.parameters["alerts"] == {"after": 4}  # the deployment's, which Prefect keeps and shows
+    assert not shows(json.dumps([nightly.parameters, poll.parameters, recorded(config.resolved())]))
+
+    for json_or_yaml in (["--json"], []):
+        assert cli.main(["config", "show", str(tmp_path), "--root", str(tmp_path / "root"), "--set",
+                         f"alerts.webhook={url}", *json_or_yaml]) == 0
+        out = capsys.readouterr().out
+        assert "after" in out and not shows(out)
+
+
+@pytest.mark.parametrize("value", [f"ftp://hooks.example/{TOKEN}", f"file:///tmp/{TOKEN}", f"hooks.example/{TOKEN}", f"https:///{TOKEN}",
+                                   f"https://hooks.example/{TOKEN} x"])
+def test_a_webhook_that_is_no_url_is_one_line_that_does_not_repeat_it(value, tmp_path, capsys, monkeypatch):
+    from flows import cli, work_pools
+
+    monkeypatch.setenv("STOKE_WORK_POOL", "process")
+    given = [str(tmp_path), "--root", str(tmp_path / "root"), "--set", f"alerts.webhook={value}"]
+    for command, argv in (("stoke config", ["config", "show", *given]), ("stoke run", ["run", *given]),
+                          ("stoke up", ["up", "--source", *given]), ("stoke deploy", ["deploy", "--source", *given])):
+        code = work_pools.main(argv[1:]) if command == "stoke deploy" else cli.main(argv)
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and line == (f"{command}: error: alerts.webhook: an http:// or https:// URL is needed, such "
+                                      "as a chat's incoming webhook"), line
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_the_row_counted_must_fit_in_the_records_kept():
+    from components.common.config_files import ConfigError, build
+
+    with pytest.raises(ConfigError, match=r"^alerts: after \(20\) must be at most runs.keep_records \(10\)"):
+        build(RunConfig, {"root": "/r", "alerts": {"after": 20}, "runs": {"keep_records": 10}})

@@ -225,3 +225,27 @@ def test_bad_arguments_are_one_line_errors(trained_runs, capsys):
     assert "training did not finish" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
     assert validate.run(["--root", trained_runs["root"], "--run-id", "good", "--model-name", "../etc", "--json"]) == 2
     assert "--model-name" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
+
+
+def test_a_candidate_trained_in_another_environment_gets_a_note_naming_what_changed(trained_runs, tmp_path):
+    """The gate notes, never refuses, a candidate whose environment differs from the served version's lineage."""
+    from components.contracts.results import TrainMetrics
+    from components.gate.gate import environment_notes
+
+    code, summary = trained_runs["validate"]["mixed"]  # trained in the same environment as the served version
+    assert code == 0 and summary["blessed"] and not [n for n in summary["notes"] if "environment" in n]
+    root = copy_root(trained_runs, tmp_path)
+    repo, version = Repository(root, "stoke"), trained_runs["push"]["good"][1]["version"]
+    trained = TrainMetrics.model_validate(json.load(open(os.path.join(root, "runs", "mixed", "metrics.json"))))
+    assert environment_notes(trained, repo, version) == []
+    newer = trained.model_copy(update={"environment": trained.environment.model_copy(update={
+        "tensorflow": "2.22.0", "lock": "requirements/runtime.lock", "lock_sha256": "d4e5f6" + "0" * 58})})
+    path = os.path.join(root, "models", "stoke", str(version), "assets.extra", "stoke_lineage.json")
+    served = json.load(open(path))
+    served["environment"].update(tensorflow="2.21.0", lock="requirements/runtime.lock", lock_sha256="a1b2c3" + "0" * 58)
+    json.dump(served, open(path, "w"))
+    assert environment_notes(newer, repo, version) == [
+        f"trained in another environment than served version {version}: TensorFlow 2.21.0 -> 2.22.0; lock a1b2c3 -> d4e5f6"]
+    del served["environment"]  # a version pushed before Stoke recorded environments
+    json.dump(served, open(path, "w"))
+    assert environment_notes(newer, repo, version) == [f"served version {version}: environment not recorded"]

@@ -14,6 +14,7 @@ import pytest
 
 from components.common.files import exists
 from components.common.repository import ANSWERS_FILE, ASSETS_EXTRA, LINEAGE_FILE, Repository
+from components.contracts.label_set import LabelSet
 from components.contracts.results import GateReference, ResultError
 from components.gate import answers, gate, records, reference
 from components.gate.decision import Floor, decide
@@ -174,7 +175,7 @@ def push(repo: Repository, source: str, version: int, kind: str, labels: list[st
     """A push as the gate and push make it: the gate chooses the reference from the newest served version's
     lineage, the push records the one later candidates are held to, and retention keeps push.keep versions."""
     newest = repo.newest()
-    chosen = reference.choose(repo, newest, repo.lineage(newest), labels, NOW) if newest is not None else None
+    chosen = reference.choose(repo, newest, repo.lineage(newest), LabelSet(labels), NOW) if newest is not None else None
     held = GateReference(version=chosen.version, kept=kind == "warm") if chosen and chosen.version else None
     lineage = json.loads(SAMPLE.read_text()) | {
         "version": version, "pushed_at": f"2026-12-{version % 100:02d}T02:00:00Z", "labels": labels,
@@ -190,7 +191,7 @@ def push(repo: Repository, source: str, version: int, kind: str, labels: list[st
 def held(repo: Repository, labels: list[str] = COLOURS) -> reference.Chosen:
     """The reference the next candidate is held to."""
     newest = repo.newest()
-    return reference.choose(repo, newest, repo.lineage(newest), labels, NOW)
+    return reference.choose(repo, newest, repo.lineage(newest), LabelSet(labels), NOW)
 
 
 @pytest.fixture

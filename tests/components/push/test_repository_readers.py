@@ -12,6 +12,7 @@ import shutil
 import pytest
 
 from components.common.repository import Repository
+from components.contracts.label_set import LabelSet
 from components.contracts.layout import Root
 
 SAMPLE_LINEAGE = pathlib.Path(__file__).parents[1] / "contracts" / "samples" / "stoke_lineage.json"
@@ -55,7 +56,7 @@ def test_the_newest_served_version_is_the_same_for_every_reader(root):
     assert repo.versions() == [100, 200] and repo.newest() == 200
     assert sorted(repo.survey().strangers) == ["0400", "300", "500"]
 
-    gate = _served(repo, LABELS)
+    gate = _served(repo, LabelSet(LABELS))
     assert gate.version == 200 and gate.uri == repo.version_uri(200) and sorted(gate.retained) == [100, 200]
     assert [note.split(" is not compared with")[0] for note in gate.notes if "is not compared" in note] == [
         os.path.join(repo.path, name) for name in ("0400", "300", "500")]

@@ -8,6 +8,7 @@ import pytest
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
+from components.common.serving import SERVING_VERSION
 from components.push import serving_image as serving
 from tests.components.gate_runs import gate_scenario
 
@@ -73,12 +74,26 @@ def test_the_trained_tensorflow_is_read_from_either_form_of_a_saved_model(traine
         serving.saved_model_tf_version(text)
 
 
-def test_server_never_older_than_the_training_tensorflow():
-    serving.check_server_version("2.21.0", "2.21.0")
-    serving.check_server_version("2.20.1", "2.21.0")
-    with pytest.raises(serving.ServingError, match="newer than tensorflow/serving:2.20.0"):
-        serving.check_server_version("2.21.0", "2.20.0")
-    assert serving.version_tuple(serving.SERVING_VERSION) >= serving.version_tuple("2.21")
+def test_the_server_is_the_release_of_the_tensorflow_that_trained_the_model():
+    """components/common/serving.py's table, by its rule (docs/push.md): the model's own TensorFlow's
+    release; before the first row the first row's; after the last a refusal in one line."""
+    import tensorflow as tf
+
+    from components.common.serving import SERVING_RELEASES, serving_release
+
+    assert SERVING_RELEASES["2.20"] == "2.20.0" and SERVING_RELEASES["2.21"] == "2.21.0"
+    assert serving.server_for("2.21.0") == serving.server_for("2.21.4") == "tensorflow/serving:2.21.0"
+    assert serving.server_for("2.20.1") == "tensorflow/serving:2.20.0"
+    assert serving.server_for("2.18.0") == "tensorflow/serving:2.20.0"  # servers read older SavedModels
+    with pytest.raises(serving.ServingError) as refused:
+        serving.server_for("2.22.0")
+    assert str(refused.value) == ("the model was written by TensorFlow 2.22.0, newer than the newest TF Serving Stoke "
+                                  "pins (tensorflow/serving:2.21.0); add its release to SERVING_RELEASES in "
+                                  "components/common/serving.py")
+    assert serving_release(tf.__version__) == SERVING_VERSION  # the TensorFlow pyproject.toml pins has its row
+    files = serving.render_text("stoke", [1, 2], "2.20.3")
+    assert files["Dockerfile"].count("FROM tensorflow/serving:2.20.0\n") == 1
+    assert "FROM tensorflow/serving:2.20.0-gpu\n" in files["Dockerfile.gpu"]
 
 
 def test_templates_ship_as_package_data():
@@ -127,7 +142,7 @@ def calls(log: str) -> list[str]:
     return [line.split()[0] for line in open(log).read().splitlines()]
 
 
-BASE = f"{serving.SERVING_IMAGE}:{serving.SERVING_VERSION}"
+BASE = f"{serving.SERVING_IMAGE}:{SERVING_VERSION}"
 
 
 def test_push_does_not_build_on_a_base_image_tag_that_does_not_exist(trained_runs, tmp_path, monkeypatch):
@@ -139,7 +154,7 @@ def test_push_does_not_build_on_a_base_image_tag_that_does_not_exist(trained_run
     code, summary = push_run(root, "mixed", "--build-image")
     assert code == 0 and summary["already_pushed"]
     image = summary["image"]
-    assert image["built"] is False and "SERVING_VERSION" in image["reason"]
+    assert image["built"] is False and "SERVING_RELEASES" in image["reason"]
     assert image["reason"].startswith(f"{BASE} does not exist in its registry (Error response from daemon: manifest for "
                                       f"{BASE} not found")
     assert calls(log) == ["info", "image", "pull"]  # never `build`
@@ -157,7 +172,7 @@ def test_the_build_starts_only_from_a_base_image_the_engine_holds_or_pulls(tmp_p
     log = fake_docker(tmp_path, monkeypatch, **scenario)
     context = tmp_path / "serving"
     context.mkdir()
-    result = serving.build_image(str(context), "stoke", 3)
+    result = serving.build_image(str(context), "stoke", 3, BASE)
     assert result["built"] is built and calls(log) == expected_calls, result
     if scenario.get("pull") == "offline":
         assert result["reason"] == f"cannot pull {BASE}, the base of the serving image: Error response from daemon: " \
