@@ -280,7 +280,7 @@ def test_a_served_version_without_recorded_answers_is_compared_alone(repo):
         "served version 102 has no recorded answers, so class by class the candidate is compared with it alone; "
         "once pushed, it is the reference later candidates are held to"]
     # What the gate says of it: that note, once, and no comparison beside the newest served version's.
-    served = gate._served(repo, COLOURS)
+    served = gate._served(repo, LabelSet(COLOURS))
     compared, notes = gate._reference_pair(served.held_to, records.Answered(["r1"], [0], [0]))
     assert compared is None and [n for n in served.notes + notes if "recorded answers" in n] == chosen.notes
     push(repo, source, 103, "warm")
