@@ -16,6 +16,15 @@ share, the JPEG headers that a stream finds again in the next record: 1.9% of th
 JPEGs, 0.1% of photos stored at 512 px. ZLIB allows one stream a file (TensorFlow
 reads no further), so its records are rewritten when they move.
 
+TensorFlow's GZIP reader (ZlibInputStream, tensorflow/tensorflow third_party/xla/xla/tsl/lib/io/
+zlib_inputstream.cc) reads a file 256 KiB at a time, and takes a read that brings nothing for the end of
+the file even while bytes it read before wait in its buffer. That happens when the last read (the one that
+reaches the file's end) starts among a member's last bytes that inflate to nothing, its 8-byte trailer
+and at most 2 bytes of end-of-block code before it: after that member, TensorFlow 2.21 reads nothing more
+of the file, without an error (Python's gzip and `gzip -d` read on). So a member is written not to end
+1 to QUIET_END bytes past a multiple of READ_STEP: where it would, its header takes an extra field of a
+few bytes (`placed`).
+
 Each file's SHA-256 is taken over the bytes as they are written, which are the whole file: the manifest
 records what ingest wrote (a cached copy must match it), at no second read of the shard from its store,
 and a store that later returns other bytes fails that check instead of becoming the record.
@@ -36,6 +45,9 @@ from components.common.tfrecord import frame
 WINDOW_BITS = {"gzip": 16 + 15, "zlib": 15}  # 16+ asks for the gzip header and trailer
 LEVEL = isal_zlib.ISAL_DEFAULT_COMPRESSION
 FRAMING = 16  # bytes a frame adds to its record: length, its CRC, the data's CRC
+READ_STEP = 64 << 10  # TensorFlow reads GZIP 256 KiB at a time; a step of 64 KiB covers 64 and 128 KiB as well
+QUIET_END = 16  # a member's last bytes that may inflate to nothing: trailer and end-of-block code (at most 10)
+FEXTRA = 4  # the header's flag of an extra field (RFC 1952, 2.3.1)
 THREADS = 2  # shards settled at once after the job (beam_jobs/duplicates.py): each is in memory meanwhile
 
 
@@ -57,6 +69,8 @@ class RecordFile:
 
     def add(self, unit: bytes) -> None:
         """Appends one record's unit as a file of this compression holds it (see `units`)."""
+        if self.compression == "gzip":
+            unit = placed(unit, self._offset)
         self.starts.append(self._offset)
         self._offset += len(unit)
         self.records += 1
@@ -81,6 +95,22 @@ def unit(record: bytes, compression: str) -> bytes:
     ZLIB file the stream compresses the frames)."""
     data = frame(record)
     return isal_zlib.compress(data, LEVEL, WINDOW_BITS["gzip"]) if compression == "gzip" else data
+
+
+def placed(member: bytes, offset: int) -> bytes:
+    """A GZIP member as it is written at `offset`: itself, or where it would end 1 to QUIET_END bytes past a
+    multiple of READ_STEP, with an extra field in its header (a subfield "St" of zeros; readers skip fields
+    they do not know) that takes it past them. A member that comes from another file (a record that moves,
+    or stays in a pruned copy) is placed again: the field it had there is dropped first."""
+    if member[3] & FEXTRA:  # only `placed` writes one: right after the 10-byte header (RFC 1952, 2.3)
+        xlen = int.from_bytes(member[10:12], "little")
+        member = b"".join((member[:3], bytes([member[3] & ~FEXTRA]), member[4:10], member[12 + xlen:]))
+    past = (offset + len(member)) % READ_STEP
+    if not 0 < past <= QUIET_END:
+        return member
+    added = max(QUIET_END + 1 - past, 6)  # XLEN (2), then the subfield's id (2), its length (2) and its data
+    field = (added - 2).to_bytes(2, "little") + b"St" + (added - 6).to_bytes(2, "little") + bytes(added - 6)
+    return b"".join((member[:3], bytes([member[3] | FEXTRA]), member[4:10], field, member[10:]))
 
 
 def record_size(unit: bytes, compression: str) -> int:
