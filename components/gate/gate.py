@@ -49,6 +49,7 @@ from components.common.model_folders import SAVED_MODEL
 from components.common.repository import Repository, RepositoryError
 from components.common.runtime_logs import program_environment, quiet_tensorflow_python
 from components.common.shard_cache import CacheError, ShardCache
+from components.common.shard_scan import counted, cut_short
 from components.common.spans import SpanNotChecked, Spans
 from components.common.store_errors import on_root
 from components.common.tf_files import local_copy, push, tf_reads
@@ -344,18 +345,24 @@ def write(config: RunConfig, inputs: GateInputs, metrics: dict, results: dict, s
 
 
 def _scan_eval(shards, keep_images: int) -> tuple[collections.Counter, list[bytes]]:
-    """Label counts of the eval split and the first images of distinct classes for warm-up."""
+    """Label counts of the eval split and the first images of distinct classes for warm-up; a shard TensorFlow
+    reads short without an error (shard_scan.cut_short) stops the gate before any model is judged on part of it."""
     import tensorflow as tf
 
     spec = {schema.LABEL: schema.feature_spec()[schema.LABEL], schema.ENCODED: schema.feature_spec()[schema.ENCODED]}
     counts: collections.Counter = collections.Counter()
     images: list[tuple[int, bytes]] = []
+    scans = []
     for shard in shards:
-        records = tf.data.TFRecordDataset(shard.uri, compression_type=shard.compression).batch(256)
+        records, read = tf.data.TFRecordDataset(shard.uri, compression_type=shard.compression).batch(256), 0
         for batch in records.map(lambda b: tf.io.parse_example(b, spec)).as_numpy_iterator():
             counts.update(int(v) for v in batch[schema.LABEL])
+            read += len(batch[schema.LABEL])
             if len(images) < keep_images * 4:
                 images.extend(zip((int(v) for v in batch[schema.LABEL]), batch[schema.ENCODED]))
+        scans.append(counted(shard, read))
+    if short := [scan for scan in scans if scan.cut_short]:
+        raise GateError(cut_short(short))
     # Round-robin over classes so the warm-up batch looks like real traffic.
     by_class = collections.defaultdict(list)
     for label, encoded in images:

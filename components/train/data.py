@@ -252,17 +252,20 @@ def _records(shards: list[Shard], train: TrainConfig, options: PipelineOptions, 
     # Shard by FILE when every worker gets at least one file (no worker reads what it throws
     # away); by DATA otherwise (every worker reads everything and keeps 1/N of the records).
     files = tf.data.Dataset.from_tensor_slices(([s.uri for s in shards], [s.compression for s in shards],
-                                                [s.span for s in shards]))
+                                                [s.span for s in shards], [s.records for s in shards]))
     if by_file(len(shards), pipelines):
         files = files.shard(pipelines, pipeline_id)
     if options.training:
         files = files.shuffle(len(shards), seed=options.seed, reshuffle_each_iteration=True)
 
-    def read(uri, compression, span):
+    def read(uri, compression, span, count):
         records = tf.data.TFRecordDataset(uri, compression_type=compression, buffer_size=4 << 20)
         # A bad CRC ends that shard's reading (the reader cannot find the next record boundary);
-        # the training report counts the records lost (see components/common/shard_scan.py).
-        records = records.ignore_errors() if train.skip_corrupt else records
+        # the training report counts the records lost (see components/common/shard_scan.py). Otherwise
+        # each shard holds what its manifest counts, which TensorFlow's GZIP reader may cut short without an
+        # error: FailedPreconditionError once the shard is read, which the trainer names (shard_scan.cut_short).
+        records = records.ignore_errors() if train.skip_corrupt else \
+            records.apply(tf.data.experimental.assert_cardinality(tf.cast(count, tf.int64)))
         # Records to leave out are named by span and source: each record goes with its shard's span to the filter.
         return records.map(lambda record: (record, span)) if options.exclude else records
 

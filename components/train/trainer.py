@@ -38,7 +38,7 @@ from components.common.program import setting_hint
 from components.common.repository import SAVED_MODEL
 from components.common.runtime_logs import quiet_tensorflow_python
 from components.common.shard_cache import CacheError, ShardCache
-from components.common.shard_scan import scan_shards
+from components.common.shard_scan import cut_short, scan_shards
 from components.common.span_labels import label_set
 from components.common.spans import SpanNotChecked, Spans
 from components.common.store_errors import on_root
@@ -350,6 +350,8 @@ def readable_records(settings: TrainConfig, train_shards: list[Shard],
     if not settings.skip_corrupt:
         return [], sum(s.records for s in train_shards), [s.records for s in eval_shards]
     scans = scan_shards(train_shards + eval_shards)
+    if short := [s for s in scans if s.cut_short]:  # no damage to read around: TensorFlow's reader stops early
+        raise TrainError(cut_short(short))
     return ([s for s in scans if s.error], sum(s.readable for s in scans[:len(train_shards)]),
             [s.readable for s in scans[len(train_shards):]])
 
@@ -444,6 +446,11 @@ def fit(settings: TrainConfig, plan: RunPlan, model, train_data, eval_data, mine
         if not bad:
             raise
         raise TrainError(str(data.CorruptShardError(bad))) from None
+    except tf.errors.FailedPreconditionError:  # also what a shard read short raises (data.py)
+        short = [s for s in scan_shards(plan.train_shards + plan.eval_shards) if s.cut_short]
+        if not short:
+            raise
+        raise TrainError(cut_short(short)) from None
     except InputsChanged:
         if plan.placement.is_chief:  # what it learnt from the changed file is in the backup too
             drop_backups(plan.work, plan.run)

@@ -99,6 +99,31 @@ def relabel(path: str, label: int) -> None:
         f.write(gzip.compress(b"".join(records)))
 
 
+def read_short_by_tensorflow(root: str, number: int, split: str) -> str:
+    """Rewrites span `number`'s first `split` shard into one TensorFlow reads short without an error, as ingest
+    once could write it: the same records, each a member of its own, with the manifest and the data check's
+    record naming its new bytes. The first member's header holds a file name (RFC 1952, FNAME) long enough
+    to end the third 8 bytes past 256 KiB, where TensorFlow's last read of the file starts: TensorFlow reads
+    3 records. Returns the shard's URI."""
+    from beam_jobs.shards import unit
+    from components.common.tfrecord import shard_records
+
+    base = layout.Root(root)
+    manifest = files.read_json(base.manifest(number))
+    entry = next(e for e in manifest["shards"] if e["split"] == split)
+    path = files.join(base.span(number), entry["file"])
+    members = [unit(record, "gzip") for record in shard_records(path, "gzip")]
+    named = (256 << 10) + 8 - sum(map(len, members[:3])) - 1  # the name's bytes, then its terminating zero
+    members[0] = members[0][:3] + bytes([8]) + members[0][4:10] + b"n" * named + b"\0" + members[0][10:]
+    data = b"".join(members)
+    with open(path, "wb") as f:
+        f.write(data)
+    entry.update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    write_json(base.manifest(number), manifest)
+    let_in(root, number)
+    return path
+
+
 def fake_model(folder, payload_mb: int = 0) -> str:
     """A folder shaped like a SavedModel; `payload_mb` makes copying it take a while."""
     (folder / "variables").mkdir(parents=True)

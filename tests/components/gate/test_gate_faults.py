@@ -42,6 +42,19 @@ def test_a_truncated_eval_shard_is_named_in_one_line(trained_runs, tmp_path, cap
     assert "Traceback" not in err and shard in summary["error"]
 
 
+def test_an_eval_shard_tensorflow_reads_short_is_named_in_one_line(trained_runs, tmp_path, capsys):
+    """Its bytes are those its manifest names and every CRC holds, but TensorFlow reads 3 of its 12 records
+    without an error (TFMA, through Beam's reader, would read all 12): the gate refuses before judging a model."""
+    from tests.components.conftest import read_short_by_tensorflow
+
+    root = copy_root(trained_runs, tmp_path)
+    shard = read_short_by_tensorflow(root, 1, "eval")
+    code, err, summary = _gate(root, capsys)
+    assert code == 1 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert summary["error"].startswith(f"TensorFlow reads shards short, without an error: {shard} (3 of 12 records)")
+    assert "ingest their sources again into a new span" in summary["error"]
+
+
 def test_an_eval_shard_changed_after_publishing_is_no_evidence(trained_runs, tmp_path, capsys):
     """Its records read, but they are not those published (every label 0): the gate refuses in one line,
     before TFMA, rather than blessing on them."""

@@ -212,6 +212,35 @@ def test_corrupt_shard_fails_reading_unless_skipped(corrupt_spans_root):
     assert len(images) == 48 - 11
 
 
+@pytest.fixture(scope="module")
+def short_spans_root(small_spans_root, tmp_path_factory):
+    """A copy of small_spans_root whose first train shard TensorFlow reads short, 3 of 16 records, without an error."""
+    from tests.components.conftest import read_short_by_tensorflow
+
+    root = str(tmp_path_factory.mktemp("short-root") / "root")
+    shutil.copytree(small_spans_root, root, ignore=shutil.ignore_patterns("runs"))
+    read_short_by_tensorflow(root, 1, "train")
+    return root
+
+
+def test_scan_tells_a_shard_read_short_from_a_damaged_one(short_spans_root, corrupt_spans_root):
+    [short, *whole] = scan_shards(Spans(short_spans_root).shards("train"))
+    assert (short.readable, short.error, short.cut_short) == (3, "ends after 3 records", True)
+    assert not any(s.error or s.cut_short for s in whole)
+    assert not any(s.cut_short for s in scan_shards(Spans(corrupt_spans_root).shards("train")))
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_a_shard_read_short_fails_reading_where_it_ends(short_spans_root, training):
+    """Not after the records of the other shards: each shard's reading counts its records against its manifest."""
+    shards = Spans(short_spans_root).shards("train")
+    options = pipeline.PipelineOptions(batch_size=4, training=True, seed=1) if training else _eval_options()
+    batches = iter(pipeline.make_dataset(shards, _settings(), options))
+    with pytest.raises(tf.errors.FailedPreconditionError, match="expected to contain 16 elements but contained only 3"):
+        for _ in range(12):  # one pass over the 48 records the manifests count
+            next(batches)
+
+
 def test_bench_input_reports_every_rate(tmp_path, capsys):
     from benchmarks import input_pipeline as bench_input
     from tests.components.conftest import TRAIN_LABELS, tiny_records, write_span

@@ -296,6 +296,25 @@ def test_skip_corrupt_trains_on_the_rest_and_counts_it(train_corrupt_root, capsy
     assert summary["steps_per_epoch"] == (48 - 13) // 8
 
 
+@pytest.mark.parametrize("skip_corrupt", [False, True])
+def test_a_shard_tensorflow_reads_short_stops_training_naming_it(small_spans_root, tmp_path, capsys, skip_corrupt):
+    """Its bytes are those the manifest names, and TensorFlow reads 3 of its 16 records without an error: no
+    damage to read around, so --skip-corrupt stops too (before the first step), rather than train on a part."""
+    from tests.components.conftest import read_short_by_tensorflow
+
+    root = str(tmp_path / "root")
+    shutil.copytree(small_spans_root, root, ignore=shutil.ignore_patterns("runs"))
+    shard = read_short_by_tensorflow(root, 1, "train")
+    code = train.run(["--root", root, *TINY, "--run-id", "short", "--epochs", "1", "--json",
+                      *(["--skip-corrupt"] if skip_corrupt else [])])
+    out, err = capsys.readouterr()
+    error = json.loads(out.strip().splitlines()[-1])["error"]
+    assert code == 1 and err.strip().splitlines()[-1] == f"stoke train: error: {error}" and "Traceback" not in err, err
+    assert error.startswith(f"TensorFlow reads shards short, without an error: {shard} (3 of 16 records): "), error
+    assert error.endswith("ingest their sources again into a new span: move the span's folder out of ROOT, then ingest")
+    assert not os.path.exists(Root(root).run("short").candidate)
+
+
 @pytest.mark.parametrize("split", ["train", "eval"])
 def test_a_span_whose_shards_changed_after_publishing_is_not_trained_on(small_spans_root, tmp_path, capsys, split):
     """Every shard of one split rewritten with label 0 (records that read, not those published): the run
