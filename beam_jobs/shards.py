@@ -16,14 +16,15 @@ share, the JPEG headers that a stream finds again in the next record: 1.9% of th
 JPEGs, 0.1% of photos stored at 512 px. ZLIB allows one stream a file (TensorFlow
 reads no further), so its records are rewritten when they move.
 
-TensorFlow's GZIP reader (ZlibInputStream, tensorflow/tensorflow third_party/xla/xla/tsl/lib/io/
-zlib_inputstream.cc) reads a file 256 KiB at a time, and takes a read that brings nothing for the end of
-the file even while bytes it read before wait in its buffer. That happens when the last read (the one that
-reaches the file's end) starts among a member's last bytes that inflate to nothing, its 8-byte trailer
-and at most 2 bytes of end-of-block code before it: after that member, TensorFlow 2.21 reads nothing more
-of the file, without an error (Python's gzip and `gzip -d` read on). So a member is written not to end
-1 to QUIET_END bytes past a multiple of READ_STEP: where it would, its header takes an extra field of a
-few bytes (`placed`).
+TensorFlow's GZIP reader reads a file 256 KiB at a time (ZlibInputStream, in tensorflow/tensorflow
+third_party/xla/xla/tsl/lib/io/zlib_inputstream.cc; the buffer is ZlibCompressionOptions' input_buffer_size,
+which no Python reader sets). When inflate ends a member and gives no data, it reads more input, and
+ReadFromStream takes a read that brings nothing for the end of the file even while bytes it read before
+wait in its buffer. That happens when its last read (the one that reaches the file's end) starts among a
+member's last bytes that inflate to nothing, its 8-byte trailer and at most 2 bytes of end-of-block code
+before it: after that member, TensorFlow 2.21 reads nothing more of the file, without an error (Python's
+gzip, `gzip -d` and Beam's reader read on). So a member is written not to end 1 to QUIET_END bytes past a
+multiple of READ_STEP: where it would, its header takes an extra field of a few bytes (`placed`).
 
 Each file's SHA-256 is taken over the bytes as they are written, which are the whole file: the manifest
 records what ingest wrote (a cached copy must match it), at no second read of the shard from its store,
