@@ -32,6 +32,7 @@ import gzip
 import hashlib
 import json
 import os
+import re
 import urllib.parse
 from pathlib import Path
 
@@ -196,12 +197,12 @@ class Checks:
             if half:
                 problems.append(f"half-written folders after run {last.run_id} ended: {sorted(half)}")
             error = last.error_line() if last.status in ("failed",) or (last.exit or 0) != 0 else ""
+            same = re.sub(r"\d+", "#", error)  # the same failure, whatever run or span it names
             if error and not night.faults:
-                before = self.failed_before.get(night.number - 1)
-                if before == error:
+                if self.failed_before.get(night.number - 1) == same:
                     problems.append(f"run {last.run_id} failed as the night before did, with nothing done to it: "
                                     f"{error[:300]}")
-                self.failed_before[night.number] = error
+                self.failed_before[night.number] = same
         return problems
 
     # ------------------------------------------------------------ 2
@@ -432,7 +433,7 @@ class Checks:
                     except OSError:
                         continue
                     if any(n in data for n in needles):
-                        found.append(str(path.relative_to(self.world.work)))
+                        found.append(os.path.relpath(path, self.world.work.parent))
         import time
 
         self.scanned_at = time.time()
