@@ -267,7 +267,8 @@ def table(results: list[YearResult]) -> str:
     rows: dict[tuple[str, str], list[dict]] = {}
     for result in results:
         for f in result.failures:
-            rows.setdefault((f["invariant"], re.sub(r"\d+|[0-9a-z_]{8,}", "#", f["what"])), []).append(f)
+            shape = re.sub(r"\[[^]]*\]|\d+|[0-9a-z_]{8,}", "#", f["what"])  # the same failure, whatever it names
+            rows.setdefault((f["invariant"], shape), []).append(f)
     lines = ["| invariant | first seen | nights | what | events | replay |", "| --- | --- | ---: | --- | --- | --- |"]
     for (invariant, _), found in sorted(rows.items()):
         f = found[0]

@@ -87,19 +87,13 @@ class Disk:
     def fill(self) -> str:
         if not self.mounted:
             return f"skipped: no file system of its own for ROOT ({self.why_not})"
-        ballast, chunk = self.folder / BALLAST, b"\0" * (1 << 20)
-        try:
-            with open(ballast, "ab") as f:
-                while True:
-                    f.write(chunk)
-                    f.flush()
-        except OSError:
-            pass
-        with open(ballast, "ab") as f:  # the last bytes too
+        ballast = self.folder / BALLAST
+        for size in (1 << 20, 4096, 1):  # big writes, then the last bytes too
             try:
-                while True:
-                    f.write(b"\0" * 4096)
-                    f.flush()
+                with open(ballast, "ab") as f:
+                    while True:
+                        f.write(b"\0" * size)
+                        f.flush()
             except OSError:
                 pass
         return f"disk full ({shutil.disk_usage(self.folder).free} bytes free)"

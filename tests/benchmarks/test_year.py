@@ -121,4 +121,4 @@ def test_a_few_seeds_of_a_short_year_keep_every_invariant(tmp_path_factory, tmp_
     assert all(r.nights[0]["served_version"] for r in results), lines  # the first night trains and pushes
     done = set().union(*(r.kinds for r in results))
     assert {"one", "none", "broken", "odd", "disk_full", "kill_stage"} <= done, done
-    assert not [f for r in results for f in r.failures], table(results)
+    assert not [f for r in results for f in r.failures], table(results) + "\n" + "\n".join(lines)
