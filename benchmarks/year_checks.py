@@ -1,8 +1,8 @@
 """The invariants a simulated year checks after every night, each a named check that returns what broke.
 
 1. runs-next: nothing wedges: no lock left held, no published span left unchecked by a run that got to
-   the data check, no half-written folder left by a run that ended, and no night failing the way the
-   night before failed when nothing was done to it.
+   the data check, no half-written folder left by a run that ended, no night failing the way the night
+   before failed when nothing was done to it, and a run that fails says why in one line (no traceback).
 2. nothing-lost: every readable file of the bucket is in exactly one published span (as it is now: a file
    rewritten in place in a span published after the rewrite) or in a dead letter with its reason; every
    checked span is learnt by the served model (by span and manifest digest) or held with a reason and the
@@ -186,6 +186,10 @@ class Checks:
         for lock in (root / "data" / ".ingest.lock", self.world.models / ".lock", root / "runs" / ".prune.lock"):
             if lock.exists() and not _free(lock):
                 problems.append(f"{lock.relative_to(root)} is still locked: {lock.read_text(errors='replace')[:100]}")
+        for attempt in night.attempts:
+            if not attempt.killed and "Traceback (most recent call last)" in attempt.err.read_text(errors="replace"):
+                problems.append(f"run {attempt.run_id} printed a traceback ({attempt.status}): "
+                                f"{attempt.error_line()[:200] or 'see ' + attempt.err.name}")
         last = night.last
         if night.clean() and last.status != "timeout":
             for number, span in spans(root).items():

@@ -337,6 +337,8 @@ def said(done: subprocess.CompletedProcess) -> str:
     except ValueError:
         summary = {}
     text = summary.get("error") or summary.get("message")
+    if not text and summary.get("rolled_back"):
+        text = f"rolled back {summary['rolled_back']}, serving {summary.get('serving_version')}"
     if not text:
         errors = [line for line in done.stderr.strip().splitlines() if line.strip()]
         text = errors[-1] if errors else ""
