@@ -49,15 +49,18 @@ class YearResult:
     notes: list[str]
 
 
-def replay_command(seed: int, nights: int, night: int) -> str:
-    return f"stoke bench year --seed {seed} --nights {nights} --replay-to {night} --keep /tmp/year-{seed}-{night}"
+def replay_command(seed: int, nights: int, night: int, without: frozenset[str] = frozenset()) -> str:
+    leave_out = f" --without {','.join(sorted(without))}" if without else ""
+    return f"stoke bench year --seed {seed} --nights {nights}{leave_out} --replay-to {night} --keep /tmp/year-{seed}-{night}"
 
 
 class Nights:
     """One year's nights, run in order in WORK against the Prefect server `api_env` names."""
 
-    def __init__(self, seed: int, nights: int, work: Path, api_env: dict, say=print):
-        self.year = schedule.draw(seed, nights)
+    def __init__(self, seed: int, nights: int, work: Path, api_env: dict, say=print,
+                 without: frozenset[str] = frozenset()):
+        self.year = schedule.draw(seed, nights, without)
+        self.without = without
         self.seed, self.count, self.work, self.say = seed, nights, work, say
         self.world = World(work, self.year.root_name, api_env)
         self.disk = Disk(self.world.disk)
@@ -178,7 +181,7 @@ class Nights:
 
     def fail(self, night: schedule.Night, done: list[str], failure: Failure) -> None:
         record = {"seed": self.seed, "night": night.number, "invariant": failure.invariant, "what": failure.what,
-                  "events": done, "replay": replay_command(self.seed, self.count, night.number)}
+                  "events": done, "replay": replay_command(self.seed, self.count, night.number, self.without)}
         self.result.failures.append(record)
         with open(self.work / "failures.jsonl", "a") as f:
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
@@ -238,7 +241,7 @@ class Nights:
 
 
 def run_years(seeds: list[int], nights: int, work: Path, replay_to: int | None = None, prefect_home: Path | None = None,
-              say=print) -> list[YearResult]:
+              say=print, without: frozenset[str] = frozenset()) -> list[YearResult]:
     """Each seed's year in WORK/seed-S, against one Prefect server (its home: PREFECT_HOME, else WORK/prefect)."""
     import os
 
@@ -254,7 +257,8 @@ def run_years(seeds: list[int], nights: int, work: Path, replay_to: int | None =
         for seed in seeds:
             folder = work / f"seed-{seed}"
             folder.mkdir(parents=True, exist_ok=True)
-            results.append(Nights(seed, nights, folder, {**api_env, "PREFECT_HOME": str(home)}, say).run(replay_to))
+            results.append(Nights(seed, nights, folder, {**api_env, "PREFECT_HOME": str(home)}, say,
+                                  without).run(replay_to))
     finally:
         processes.stop(server)
     return results
@@ -292,12 +296,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replay-to", type=int, default=None, help="stop after this night's checks, keeping WORK")
     parser.add_argument("--keep", default=None, help="work in this folder and keep it (default: a temporary one)")
     parser.add_argument("--schedule", action="store_true", help="print what each seed draws and run nothing")
+    parser.add_argument("--without", default="", help="event kinds to leave out once drawn (e.g. `one,kill_run`), to "
+                        "look past a failure known already; an arrival left out brings nothing")
     args = parser.parse_args(argv)
+    kinds = schedule.ARRIVALS + schedule.EXTRAS + schedule.FAULTS + schedule.ACTS
+    without = frozenset(filter(None, args.without.split(",")))
+    if without - set(kinds):
+        parser.error(f"--without: no such event kind: {', '.join(sorted(without - set(kinds)))}")
     signal.signal(signal.SIGTERM, _interrupted)  # stopped: the runs, the server and the mount go as at the end
     seeds = [s for text in (args.seed or ["0"]) for s in seeds_of(text)]
     if args.schedule:
         for seed in seeds:
-            year = schedule.draw(seed, args.nights)
+            year = schedule.draw(seed, args.nights, without)
             print(json.dumps({"seed": seed, "secret": year.secret, "root": year.root_name, "withheld": year.withheld,
                               "vanishing": year.vanishing}, ensure_ascii=False))
             for night in year.nights:
@@ -307,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(keep or tempfile.mkdtemp(prefix="stoke-year-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
     try:
-        results = run_years(seeds, args.nights, work, args.replay_to)
+        results = run_years(seeds, args.nights, work, args.replay_to, without=without)
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)

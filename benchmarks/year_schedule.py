@@ -70,8 +70,9 @@ class Year:
     nights: tuple[Night, ...]
 
 
-def draw(seed: int, nights: int) -> Year:
-    """The year of `seed`, `nights` long."""
+def draw(seed: int, nights: int, without: frozenset[str] = frozenset()) -> Year:
+    """The year of `seed`, `nights` long; events of the kinds `without` names are drawn, then left out (an
+    arrival becomes `none`), to look past a failure known already."""
     rng = np.random.default_rng([seed])
     secret, root_name = SECRETS[seed % len(SECRETS)], ROOT_NAMES[seed % len(ROOT_NAMES)]  # each within a few seeds
     withheld = str(rng.choice(NAMES)) if rng.random() < 0.6 else None
@@ -79,7 +80,16 @@ def draw(seed: int, nights: int) -> Year:
     if rng.random() < 0.5:
         vanishing = (str(rng.choice([n for n in NAMES if n != withheld])), int(rng.integers(2, 12)))
     return Year(seed, secret, root_name, withheld, vanishing,
-                tuple(draw_night(seed, number) for number in range(1, nights + 1)))
+                tuple(_leave_out(draw_night(seed, number), without) for number in range(1, nights + 1)))
+
+
+def _leave_out(night: Night, without: frozenset[str]) -> Night:
+    if not without:
+        return night
+    return Night(night.number, Event("none") if night.arrivals.kind in without else night.arrivals,
+                 tuple(e for e in night.extras if e.kind not in without),
+                 None if night.fault is not None and night.fault.kind in without else night.fault,
+                 tuple(e for e in night.acts if e.kind not in without))
 
 
 def draw_night(seed: int, number: int) -> Night:
