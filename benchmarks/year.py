@@ -82,7 +82,8 @@ class Nights:
         return [c for c in schedule.NAMES if (c != self.year.withheld or self.introduced)
                 and not (gone and c == gone[0] and night >= gone[1])]
 
-    def run(self, replay_to: int | None = None) -> YearResult:
+    def run(self, replay_to: int | None = None, keep: bool = False) -> YearResult:
+        """The nights up to `replay_to` (all by default); `keep`: ROOT outlives its tmpfs, copied into WORK/disk."""
         try:
             for night in self.year.nights:
                 self.night(night)
@@ -90,7 +91,7 @@ class Nights:
                     break
                 self.next_morning(night)
         finally:
-            self.close(keep=replay_to is not None)
+            self.close(keep=keep)
         return self.result
 
     # ------------------------------------------------------------ a night
@@ -241,8 +242,9 @@ class Nights:
 
 
 def run_years(seeds: list[int], nights: int, work: Path, replay_to: int | None = None, prefect_home: Path | None = None,
-              say=print, without: frozenset[str] = frozenset()) -> list[YearResult]:
-    """Each seed's year in WORK/seed-S, against one Prefect server (its home: PREFECT_HOME, else WORK/prefect)."""
+              say=print, without: frozenset[str] = frozenset(), keep: bool = False) -> list[YearResult]:
+    """Each seed's year in WORK/seed-S, against one Prefect server (its home: PREFECT_HOME, else WORK/prefect);
+    `keep`: WORK is kept, ROOT with it."""
     import os
 
     from benchmarks.month import start_server
@@ -258,7 +260,7 @@ def run_years(seeds: list[int], nights: int, work: Path, replay_to: int | None =
             folder = work / f"seed-{seed}"
             folder.mkdir(parents=True, exist_ok=True)
             results.append(Nights(seed, nights, folder, {**api_env, "PREFECT_HOME": str(home)}, say,
-                                  without).run(replay_to))
+                                  without).run(replay_to, keep))
     finally:
         processes.stop(server)
     return results
@@ -317,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(keep or tempfile.mkdtemp(prefix="stoke-year-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
     try:
-        results = run_years(seeds, args.nights, work, args.replay_to, without=without)
+        results = run_years(seeds, args.nights, work, args.replay_to, without=without, keep=bool(keep))
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
