@@ -34,9 +34,13 @@ SETTINGS = [
     "push.keep=3", "runs.keep=4", "runs.keep_records=8", "shard_cache.max_gb=0.05",
 ]
 FAKE_DOCKER = """#!/bin/sh
-# A container engine that answers: records each call, builds nothing.
+# A container engine that answers: records each call, builds nothing, runs no container.
 echo "$@" >> "{log}"
-case "$1" in info) echo "Server Version: 0";; image) echo "[{{}}]";; esac
+case "$1" in
+  info) echo "Server Version: 0";;
+  image) echo "[{{}}]";;
+  run) echo "no containers here" >&2; exit 125;;
+esac
 exit 0
 """
 
