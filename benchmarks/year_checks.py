@@ -408,13 +408,20 @@ class Checks:
         return []
 
     def _mirror(self) -> list[str]:
+        """The serving context's copy of each version: the repository's files, and a lineage that reads (the copy
+        is the lineage without credentials, so it may differ in those)."""
         mirror, problems = self.world.root / "serving" / "models" / MODEL, []
+        lineage_file = "assets.extra/stoke_lineage.json"
         for folder in sorted(mirror.glob("*")) if mirror.is_dir() else []:
             original = self.world.models / folder.name
             if not folder.name.isdigit() or not original.is_dir():
                 continue
-            if _tree(folder) != _tree(original):
+            copied, held = _tree(folder), _tree(original)
+            if {k: v for k, v in copied.items() if k != lineage_file} != \
+                    {k: v for k, v in held.items() if k != lineage_file}:
                 problems.append(f"serving/models/{MODEL}/{folder.name} is not the repository's version {folder.name}")
+            if lineage_file in copied and read_json(folder / lineage_file) is None:
+                problems.append(f"serving/models/{MODEL}/{folder.name}/{lineage_file} is not JSON")
         return problems
 
     # ------------------------------------------------------------ 5
