@@ -15,7 +15,8 @@
 4. lineage-true: the served version's lineage names the spans of its run's metrics.json with the manifest
    digests they had that night, only labels those spans hold, and the start its weights came from (the
    decision training printed, or for a resumed run the decision of the attempt whose backup it resumed);
-   a version without a lineage of its own is no run's; the serving context holds the repository's files.
+   a version without a lineage of its own is no run's; the serving context holds the repository's files and
+   a copy of each lineage that reads.
 5. no-secret: SOURCE's secret in no file under ROOT (gzip members opened), in neither Prefect's database
    nor its logs, and in no line any command of the year printed.
 6. bounded: run folders within the retention rule (docs/layout.md), at most push.keep versions, the shard
