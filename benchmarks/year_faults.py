@@ -233,13 +233,14 @@ def by_hand(world: World, fault: Event, rng) -> str:
         shutil.rmtree(mirror / str(versions[-1]) / "variables")
         shutil.copytree(mirror / str(versions[0]) / "variables", mirror / str(versions[-1]) / "variables")
         return f"serving/models/{MODEL}/{versions[-1]}/variables replaced by version {versions[0]}'s"
-    if fault.kind == "candidate_linked":
+    if fault.kind == "candidate_linked":  # the oldest run no version came from: the next prune reduces it first
         if served is None:
             return "not applicable: nothing served"
-        runs = sorted((p for p in (root / "runs").iterdir() if (p / "report.json").exists()),
+        held = {(read_json(p) or {}).get("run_id") for p in models.glob("*/assets.extra/stoke_lineage.json")}
+        runs = sorted((p for p in (root / "runs").iterdir() if (p / "report.json").exists() and p.name not in held),
                       key=lambda p: (p / "config.json").stat().st_mtime) if (root / "runs").is_dir() else []
         if not runs:
-            return "not applicable: no finished run"
+            return "not applicable: no finished run that no version came from"
         run = runs[0]
         remove(run / "candidate")
         os.symlink(f"../../models/{MODEL}/{served}", run / "candidate")

@@ -133,7 +133,8 @@ def _extra_params(extra: str, rng) -> dict:
 
 def _fault(rng) -> Event:
     kind = str(rng.choice(FAULTS))
-    at = {"stage": str(rng.choice(STAGES)), "after": round(float(rng.uniform(0, 3)), 1)}
+    # a point in a stage: its program seen, then up to 12 s (a training here lasts 10 to 40 s)
+    at = {"stage": str(rng.choice(STAGES)), "after": round(float(rng.uniform(0, 12)), 1)}
     if kind in ("kill_run", "disk_full", "rollback", "prune"):
         return Event(kind, at)
     if kind == "kill_stage":
