@@ -72,7 +72,8 @@ def _published(indexes: dict[int, str], workdir: str) -> Iterator[str]:
 
 def _line(source: Source, reason: str | None) -> str:
     """The source's identity line, then all it takes to make the Source again."""
-    payload = [source.uri, source.size, source.version, source.label, source.split, source.key, reason, source.fixed]
+    payload = [source.uri, source.size, source.version, source.label, source.split, source.key, reason, source.fixed,
+               source.query]  # spilled to a private temp folder, never under ROOT
     return f"{identity(source.uri, source.size, source.version)}\t{json.dumps(payload)}"
 
 
@@ -96,8 +97,8 @@ def _merge(listed: Iterable[str], published: Iterable[str]) -> Comparison:
             _, size, version, payload = line.split("\t", 3)
             if f"{size}\t{version}" in held:
                 continue
-            uri_, size_, version_, label, split, key, reason, fixed = json.loads(payload)
-            source = Source(uri_, size_, version_, label, split, key, fixed)
+            uri_, size_, version_, label, split, key, reason, fixed, query = json.loads(payload)
+            source = Source(uri_, size_, version_, label, split, key, fixed, query)
             if reason is not None:
                 found.refused.append((source, reason))
                 continue

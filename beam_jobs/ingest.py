@@ -13,7 +13,8 @@
 
 Only the driver publishes, and only after the runner has finished, so a job that fails or is
 killed leaves a staging folder that the next run removes, never a half-written span. Options that
-this job does not know (`--runner`, `--project`, `--flink_master`, ...) pass through to Beam.
+this job does not know (`--runner`, `--project`, `--flink_master`, ...) pass through to Beam, after the
+deployment's, which come in the environment (STOKE_BEAM_ARGS: components/contracts/beam_options.py).
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ from beam_jobs.sources import Source, each_listed, list_named
 from beam_jobs.statistics import label_conflicts, write_statistics
 from beam_jobs.unchanged import without_unchanged
 from components.common import clock, program
-from components.common.config_files import read_option_file
+from components.common.config_files import ConfigError, read_option_file
 from components.common.content_index import write_index
 from components.common.files import exists, filesystem, join, read_json, write_json, write_text
 from components.common.lease import LeaseError, LeaseHeld, exclusive
@@ -49,10 +50,11 @@ from components.common.source_files import no_images
 from components.common.spans import Spans
 from components.common.store_errors import naming
 from components.contracts import schema
+from components.contracts.beam_options import BEAM_ARGS_ENV, deployment_options
 from components.contracts.layout import Root, shard_name
 from components.contracts.results import ResultError, SpanManifest
 from components.contracts.run_config import RunConfig, RunFacts
-from components.contracts.secrets import source_for_workers, without_secrets
+from components.contracts.secrets import recorded, source_for_workers, without_secrets
 from components.contracts.summaries import IngestSummary, Progress
 
 
@@ -104,7 +106,7 @@ def _ingest(config: RunConfig, arrived: str | None, pipeline_args: list[str], ro
         raise IngestError(str(error)) from None
 
     entries = listed(config, arrived)
-    shown = without_secrets(config.source)  # what the summary says: SOURCE without its credentials
+    shown = recorded(config.source)  # what the summary says: SOURCE without its credentials and query
     with naming(config.source):
         first = next(entries, None)  # a local folder is walked as it is compared: its first file, here
     if first is None and not arrived:  # notifications may name only sidecars: that is nothing new
@@ -277,7 +279,7 @@ def publish(root, number, shards, dead, labels, fresh, refused, config, findings
     manifest = SpanManifest(
         span=number,
         created=clock.now(),
-        source=without_secrets(config.source),
+        source=recorded(config.source),
         compression=config.ingest.compression,
         counts={**{split: sum(s["records"] for s in named if s["split"] == split) for split in schema.SPLITS},
                 "dead_letter": len(dead), "duplicates": len(findings.dropped)},
@@ -312,6 +314,8 @@ class _Progress:
     def __exit__(self, *exc):
         with self.lock:
             self.done.set()
+        if hasattr(self.show, "close"):  # a terminal's bar (program.ProgressBar): done before the summary prints
+            self.show.close(finished=exc[0] is None)
 
     def _report(self):
         fs, path = filesystem(self.staging)
@@ -329,7 +333,8 @@ class _Progress:
 
 def run(argv: list[str] | None = None) -> int:
     parser = program.stage_parser("ingest", positional=("source",))
-    parser.epilog = "Other options (--runner, --project, --region, --flink_master, ...) go to Apache Beam."
+    parser.epilog = (f"Other options (--runner, --project, --region, --flink_master, ...) go to Apache Beam, after the "
+                     f"deployment's in the environment variable {BEAM_ARGS_ENV}.")
     args, pipeline_args = parser.parse_known_args(argv)
     if not os.environ.get("STOKE_DEBUG"):
         # Beam relays every worker's log lines; the summary says what matters.
@@ -346,7 +351,11 @@ def run(argv: list[str] | None = None) -> int:
 
 def _run(found: tuple[RunConfig, RunFacts], pipeline_args: list[str], as_json: bool) -> IngestSummary:
     config, facts = found
-    return ingest(config, pipeline_args, program.progress_printer(as_json), arrived=facts.arrived)
+    try:
+        deployment = deployment_options(os.environ.get(BEAM_ARGS_ENV, ""))
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    return ingest(config, [*deployment, *pipeline_args], program.progress_printer(as_json), arrived=facts.arrived)
 
 
 if __name__ == "__main__":

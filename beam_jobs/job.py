@@ -22,7 +22,8 @@ class JobFailed(Exception):
 
 
 def stage_sources(staging: str, fresh: list[Source], labels: list[str]) -> list[str]:
-    """The job's input: the sources' rows in files of CHUNK lines under `staging`; returns their URIs."""
+    """The job's input: the sources' rows in files of CHUNK lines under `staging` (without their queries:
+    the job's Conversion hands those to its workers); returns their URIs."""
     chunks = []
     for start in range(0, len(fresh), CHUNK):
         uri = join(staging, f"sources-{start // CHUNK:05d}.jsonl")
@@ -50,10 +51,11 @@ def run_pipeline(chunks: list[str], staging: str, config: IngestConfig, pipeline
     from beam_jobs.records import Conversion
 
     processes = image_pool.processes_for(len(fresh), pipeline_args)
+    conversion = Conversion.of(config, published, tuple((s.uri, s.query) for s in fresh if s.query))
     stuck = False
     try:
         if processes:  # started first, its processes convert the first sources while Beam loads and starts the job
-            pool = image_pool.pool(processes, Conversion.of(config, published))
+            pool = image_pool.pool(processes, conversion)
             pool.prefetch(job_rows(first_sources(fresh, image_pool.AHEAD_BYTES), labels))
         # Beam is imported here, not at the top: `stoke ingest --help` answers before it loads.
         with _long_lived(), _without_cloud_clients(image_pool.on_threads(pipeline_args)):
@@ -65,7 +67,7 @@ def run_pipeline(chunks: list[str], staging: str, config: IngestConfig, pipeline
 
         def job():
             with beam.Pipeline(options=options) as pipeline:
-                build(pipeline, chunks, staging, config, published, processes)
+                build(pipeline, chunks, staging, config, conversion, processes)
 
         bounded.run(job)
     except Exception as error:  # the runner wraps worker errors in its own types

@@ -160,7 +160,7 @@ class Gather(beam.PTransform):
         return items | "ToList" >> beam.combiners.ToList() | "Write" >> beam.Map(_write_list, self.uri)
 
 
-def build(pipeline, chunks: list[str], staging: str, config: IngestConfig, published: str | None = None,
+def build(pipeline, chunks: list[str], staging: str, config: IngestConfig, conversion: Conversion,
           processes: int = 0) -> None:
     sources = (
         pipeline
@@ -168,7 +168,7 @@ def build(pipeline, chunks: list[str], staging: str, config: IngestConfig, publi
         | "ReadSources" >> beam.FlatMap(_read_json_lines)
         | "Spread" >> beam.Reshuffle()
     )
-    normalize = Normalize(Conversion.of(config, published), processes)
+    normalize = Normalize(conversion, processes)
     normalized = sources | "Normalize" >> beam.ParDo(normalize).with_outputs(DEAD, main="good")
     good, bad = normalized.good, normalized[DEAD]
     max_bytes = int(config.shard_mb * MB)

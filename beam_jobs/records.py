@@ -23,19 +23,22 @@ MB = 1024 * 1024
 
 @dataclass(frozen=True)
 class Conversion:
-    """What every record of one job is converted by; `published` is the staged dHashes' file."""
+    """What every record of one job is converted by; `published` is the staged dHashes' file; `queries` the
+    query each file named there is read with (its signature: beam_jobs/sources.py, Source.query), handed to
+    the workers with the job itself, as Beam hands them the job's code, never in the staged lists under ROOT."""
     limits: Limits = Limits()
     rules: Rules = Rules()
     near: NearRules = NearRules()
     published: str | None = None
     compression: str = "gzip"  # of the shards: a record leaves as the unit their files hold (beam_jobs/shards.py)
+    queries: tuple[tuple[str, str], ...] = ()  # (name, query): hashable, as a pool's key (beam_jobs/image_pool.py)
 
     @classmethod
-    def of(cls, config, published: str | None = None) -> Conversion:
+    def of(cls, config, published: str | None = None, queries: tuple[tuple[str, str], ...] = ()) -> Conversion:
         """From the ingest settings."""
         limits = Limits(max_side=config.max_side, max_pixels=int(config.max_megapixels * 1e6),
                         max_bytes=int(config.max_file_mb * MB), blank_std=config.blank_std)
-        return cls(limits, Rules.of(config), NearRules.of(config), published, config.compression)
+        return cls(limits, Rules.of(config), NearRules.of(config), published, config.compression, queries)
 
 
 class Converter:
@@ -45,10 +48,13 @@ class Converter:
         self.conversion = conversion
         uri = conversion.published
         self.published = published or (Published(uri, conversion.near.bits) if uri else None)
+        self.queries = dict(conversion.queries)
 
     def __call__(self, source: dict) -> tuple[tuple[str, bytes, dict] | None, str | None]:
         """(split, the record's unit, signature), or the reason there is none: framed and compressed here,
         where conversion runs in parallel, so Beam's threads only write."""
+        query = self.queries.get(source["uri"])
+        source = {**source, "query": query} if query else source
         try:
             split, example, signature = to_example(source, self.conversion, self.published)
         except Rejected as rejected:
@@ -91,12 +97,12 @@ def to_example(source: dict, conversion: Conversion, published: Published | None
 
 
 def read_source(source: dict, max_bytes: int | None) -> bytes:
-    """The file's bytes. A file listed larger than `max_bytes` is never opened, and no more than
-    that is read of one that grew after it was listed."""
+    """The file's bytes, read with its query when it has one. A file listed larger than `max_bytes` is never
+    opened, and no more than that is read of one that grew after it was listed."""
     if max_bytes and source["size"] > max_bytes:
         raise Rejected(_too_large(source["size"], max_bytes))
     try:
-        with open_source(source["uri"]) as f:
+        with open_source(source["uri"] + source.get("query", "")) as f:
             # As much as was listed and a byte more, to see it grew: a read of the limit's size would first
             # allocate all of it (64 MB: 0.02 ms of the 1.1 a small JPEG costs).
             data = f.read(source["size"] + 1)

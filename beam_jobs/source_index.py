@@ -25,7 +25,7 @@ from components.common.files import filesystem, is_local, is_uri, read_result
 from components.common.program import printable
 from components.contracts.layout import Root
 from components.contracts.results import ResultError, SpanManifest
-from components.contracts.secrets import has_secrets, without_secrets
+from components.contracts.secrets import has_secrets, recorded
 
 HEADER = "# sources "
 
@@ -40,11 +40,11 @@ class BrokenIndex(ResultError):
 
 def identity(uri: str, size: int, version: str) -> str:
     """A source's identity as an index line: local paths by their real path, so spans published
-    under another spelling of SOURCE still match; a URI without credentials, as ingest names a file
-    (beam_jobs/source_names.py), so spans published with SOURCE's password in their names match too;
-    JSON keeps tabs and newlines out of the line."""
+    under another spelling of SOURCE still match; a URI without credentials and query, as ingest names a
+    file (beam_jobs/source_names.py), so spans published with SOURCE's password or a row's signature in
+    their names match too; JSON keeps tabs and newlines out of the line."""
     name = canonical(uri)
-    return f"{json.dumps(without_secrets(name) if is_uri(name) else name)}\t{int(size)}\t{json.dumps(version)}"
+    return f"{json.dumps(recorded(name) if is_uri(name) else name)}\t{int(size)}\t{json.dumps(version)}"
 
 
 def write_source_index(uri: str, identities: Iterable[str]) -> None:

@@ -3,8 +3,11 @@
 Listing happens once, on the machine that launches the job; workers only read the files it names.
 A source file is known by its URI, size and version (ETag, generation or mtime), which is how a
 later run tells new files from files that a published span already holds. Its URI is its name
-without the credentials SOURCE was given with (components/contracts/secrets.py), so no record, index,
-manifest or dead letter holds them; beam_jobs/local.py reads it with them.
+without the credentials SOURCE was given with and without its URL's query and fragment
+(components/contracts/secrets.py), so no record, index, manifest or dead letter holds them; it is read
+with both (beam_jobs/local.py), the query from `Source.query`, which the job hands its workers in memory.
+A row signed on its own (`a.jpg?hmac=...`) is so the file `a.jpg`: two rows that differ only in their
+query name one file, read once, and the same file signed again on a later night is no new file.
 """
 from __future__ import annotations
 
@@ -24,11 +27,11 @@ import fsspec
 from beam_jobs import source_names
 from beam_jobs.local import CHAINING, NOT_REGULAR, local_path, walk
 from components.common import source_files, store_errors
-from components.common.files import filesystem, is_local, is_uri, join, protocol, uri_of, version_of, without_query
+from components.common.files import filesystem, is_local, is_uri, join, protocol, uri_of, version_of
 from components.common.source_files import is_candidate
 from components.common.store_errors import transient
 from components.contracts.buckets import bucket_problem, store_of
-from components.contracts.secrets import SourceCredentials, has_secrets, without_secrets
+from components.contracts.secrets import SourceCredentials, has_secrets, recorded, without_query
 
 MANIFEST_SUFFIXES = (".csv", ".jsonl")
 SPLIT_NAMES = {"train": "train", "eval": "eval", "validation": "eval"}
@@ -47,13 +50,16 @@ class Source:
     split: str = ""  # "train" or "eval"; empty until assigned
     key: str = ""  # what the split hash reads: the path below SOURCE, so a moved bucket splits alike
     fixed: bool = False  # the split is a manifest's: near-copies never move it
+    query: str = ""  # the URL's query and fragment it is read with (a signature): never in a record or file
 
     @property
     def identity(self) -> tuple[str, int, str]:
         return (self.uri, self.size, self.version)
 
     def as_dict(self) -> dict:
-        return dict(self.__dict__)  # plain values: dataclasses.asdict deep-copies (0.5 s a 6,000-file listing)
+        """What the job's staged lists hold (under ROOT): everything but the query."""
+        # plain values: dataclasses.asdict deep-copies (0.5 s a 6,000-file listing)
+        return {name: value for name, value in self.__dict__.items() if name != "query"}
 
 
 @dataclass(frozen=True)
@@ -98,7 +104,7 @@ def each_listed(source: str, eval_fraction: float, allow_outside: bool = False) 
     elif fs.isdir(path):
         entries = _list_bucket_folder(fs, path).entries()
     elif without_query(path).lower().endswith(MANIFEST_SUFFIXES):  # a presigned URL's too
-        entries = _list_manifest(fs, path, allow_outside).entries()
+        entries = _list_manifest(fs, path, allow_outside, SourceCredentials(source)).entries()
     else:
         raise ValueError(f"source {source} is neither a folder nor a .csv/.jsonl manifest")
     credentials = SourceCredentials(source)
@@ -107,8 +113,10 @@ def each_listed(source: str, eval_fraction: float, allow_outside: bool = False) 
 
 
 def _named(source: Source, reason: str | None, credentials: SourceCredentials) -> tuple[Source, str | None]:
-    uri, reason = source_names.named(source.uri, reason, credentials)
-    return replace(source, uri=uri), reason
+    """The listed file under its name; a file that is read keeps its URL's query to be read with."""
+    query = "" if reason else source.uri[len(without_query(source.uri)):]
+    uri, reason = source_names.named(source.uri[:len(source.uri) - len(query)], reason, credentials)
+    return replace(source, uri=uri, query=query), reason
 
 
 def _in_store(source: str, fs, path: str) -> bool:
@@ -174,7 +182,7 @@ def list_named(source: str, uris: list[str], eval_fraction: float = 0.0) -> List
     named = _collected(_named(s, reason, credentials) for s, reason in listing.entries())
     sources = [_with_split(s, eval_fraction) for s in named.sources]
     return Listing(sources, named.rejected + [_named(s, r, credentials) for s, r in rejected],
-                   [(without_secrets(credentials.hide(uri)), why) for uri, why in skipped])
+                   [(recorded(credentials.hide(uri)), why) for uri, why in skipped])
 
 
 def _path_in(fs, uri: str) -> str | None:
@@ -235,7 +243,7 @@ def _collected(entries: Iterable[tuple[Source, str | None]]) -> Listing:
     return Listing(sources, rejected)
 
 
-def _list_manifest(fs, path: str, allow_outside: bool) -> Listing:
+def _list_manifest(fs, path: str, allow_outside: bool, credentials: SourceCredentials) -> Listing:
     rows = _read_rows(fs, path)
     named = without_query(path)  # a presigned manifest's signature reads it, and only it
     folder = source_names.normalized(posixpath.dirname(named))
@@ -248,16 +256,16 @@ def _list_manifest(fs, path: str, allow_outside: bool) -> Listing:
             continue
         given = row["uri"].strip()
         try:
-            uri, key = resolve(fs, folder, given, allow_outside)
+            uri, key = resolve(fs, folder, given, allow_outside, credentials)
         except ValueError as refused:
             uri, reason = refused.args
-            if uri not in seen:
-                seen.add(uri)
+            if without_query(uri) not in seen:
+                seen.add(without_query(uri))
                 rejected.append((Source(uri, 0, ""), reason))
             continue
-        if uri in seen:
-            continue  # listed twice, maybe spelled differently: ingest it once
-        seen.add(uri)
+        if without_query(uri) in seen:
+            continue  # listed twice, maybe spelled or signed differently: ingest it once
+        seen.add(without_query(uri))
         label = (row.get("label") or "").strip()
         split = (row.get("split") or "").strip().lower()
         if not label:
@@ -276,16 +284,19 @@ def _list_manifest(fs, path: str, allow_outside: bool) -> Listing:
     return Listing(sources, rejected)
 
 
-def resolve(fs, folder: str, given: str, allow_outside: bool) -> tuple[str, str]:
+def resolve(fs, folder: str, given: str, allow_outside: bool, credentials: SourceCredentials) -> tuple[str, str]:
     """A manifest row's file as (uri, split key), normalized so that every spelling of one path
     (`a.png`, `./a.png`, `img/../a.png`, absolute) is one URI and one key: the path below the
-    manifest's folder; a local file by its real path, so a link must point inside too.
+    manifest's folder; a local file by its real path, so a link must point inside too. A web server's
+    file keeps its query (`a.png?hmac=...`), which reads it and which its name leaves out (`_named`).
     Raises ValueError(uri, reason) for a row that must not be read."""
     if CHAINING in given:
         raise ValueError(given, "'::' (fsspec's chaining) is not read: name one file")
-    if has_secrets(given):  # never sent anywhere, nor kept: its name is stored scrubbed (`_named`)
-        raise ValueError(given, source_names.CREDENTIAL_IN_NAME)
     scheme, has_scheme, rest = given.partition("://")
+    # Never sent anywhere, nor kept: its name is stored scrubbed (`_named`). A relative row's query, read
+    # from a web server with it, is checked below as its store takes it (a bucket key's `?` is a name's).
+    if has_secrets(given if has_scheme or given.startswith("/") else given.partition("?")[0].partition("#")[0]):
+        raise ValueError(given, source_names.CREDENTIAL_IN_NAME)
     if has_scheme and scheme.lower() not in STORES:
         raise ValueError(given, f"scheme {scheme.lower()}:// is not read: local paths, s3:// and gs:// only")
     bad_bucket = bucket_problem(given)  # botocore would raise for it, deep in the listing's threads
@@ -302,6 +313,8 @@ def resolve(fs, folder: str, given: str, allow_outside: bool) -> tuple[str, str]
         target, path = fs, join(folder, given)
     path = os.path.realpath(path) if is_local(target) else source_names.normalized(path)
     uri = uri_of(target, path)
+    if has_secrets(credentials.hide(without_query(uri))):  # a credential in what would name it: never read
+        raise ValueError(uri, source_names.CREDENTIAL_IN_NAME)
     inside = _store(target) == _store(fs) and (path == folder or path.startswith(folder.rstrip("/") + "/"))
     if not inside and not allow_outside:
         raise ValueError(uri, f"outside the manifest's folder {uri_of(fs, folder)}; --allow-outside-source reads it")
@@ -328,7 +341,7 @@ def _row_problem(row) -> str:
 def _read_rows(fs, path: str) -> list[dict | str]:
     """The manifest's rows as dicts; a row that cannot be parsed as the reason (a dead letter).
     Raises ManifestError for a manifest without rows or without the columns (components/common/source_files.py)."""
-    text, manifest = fs.cat_file(path).decode("utf-8-sig"), uri_of(fs, without_query(path))
+    text, manifest = fs.cat_file(path).decode("utf-8-sig"), recorded(uri_of(fs, path))
     jsonl = without_query(path).lower().endswith(".jsonl")
     rows = _jsonl_rows(manifest, text) if jsonl else _csv_rows(manifest, text)
     if not rows:

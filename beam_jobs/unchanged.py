@@ -25,7 +25,7 @@ def without_unchanged(fresh: list[Source], touched: list[Source], root: Root) ->
     candidates = {canonical(s.uri): s for s in touched}
     published = _published_hashes(candidates, root) if candidates else {}
     with ThreadPoolExecutor(max_workers=8) as pool:
-        digests = list(pool.map(lambda name: _digest(candidates[name].uri), published))
+        digests = list(pool.map(lambda name: _digest(candidates[name].uri + candidates[name].query), published))
     same = {name for name, digest in zip(published, digests) if digest == published[name]}
     return [s for s in fresh if canonical(s.uri) not in same], len(same)
 

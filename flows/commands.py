@@ -26,10 +26,11 @@ from components.common import config_files, processes
 from components.common.files import exists, is_uri, read_json
 from components.common.program import BAD_SETTINGS, printable, scrubbed
 from components.common.shard_cache import CacheError
+from components.common.tf_files import folders_problem
 from components.contracts.beam_options import BEAM_ARGS_ENV
 from components.contracts.layout import Root, new_run_id
 from components.contracts.run_config import RunConfig
-from components.contracts.secrets import SOURCE_ENV, without_secrets
+from components.contracts.secrets import SOURCE_ENV, recorded, without_secrets
 from flows.parameters import read_beam_args
 from flows.run_options import FIELDS, POLL_SECONDS_MAX, add_config_arguments, bounded, config_from
 from flows.work_pools import add_notifications_argument
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
         quiet_restated_failures("train", errors=QUIET_FAILURES)  # a failure is this command's last line, once
 
-        os.environ[SOURCE_ENV] = config.source  # the flow's parameter is SOURCE without its credentials
+        os.environ[SOURCE_ENV] = config.source  # the flow's parameter is SOURCE as recorded, without its credentials
         state = pipeline(**flow_parameters(config), skip_unchanged=args.skip_unchanged, run_id=run_id,
                          return_state=True)
     except ServerError as error:
@@ -179,6 +180,9 @@ def checked(args: argparse.Namespace) -> tuple[str, RunConfig]:
     if not args.preflight:  # --no-preflight is `--set preflight=null`, before the --set given
         args.overrides = ["preflight=null", *args.overrides]
     config = config_from(args, model_name=args.model_name)
+    unreadable = folders_problem(config.shard_cache.dir)
+    if unreadable:
+        raise config_files.ConfigError(unreadable)
     run_id = args.run_id or new_run_id()
     try:
         Root(config.root).run(run_id)
@@ -198,9 +202,9 @@ def prefect_home(root: str) -> str:
 
 def flow_parameters(config: RunConfig) -> dict:
     """The train flow's parameters for `config`: its fields, groups as models (what they set is what the run was given).
-    SOURCE without its credentials, since Prefect records and shows a run's parameters: the flow takes
-    SOURCE itself from STOKE_SOURCE (flows/pipeline.py)."""
-    return {name: getattr(config, name) for name in FIELDS} | {"source": without_secrets(config.source)}
+    SOURCE as recorded, without its credentials and query, since Prefect records and shows a run's parameters:
+    the flow takes SOURCE itself from STOKE_SOURCE (flows/pipeline.py)."""
+    return {name: getattr(config, name) for name in FIELDS} | {"source": recorded(config.source)}
 
 
 def _failed_summary(root: str, run_id: str, state) -> dict:
@@ -213,15 +217,10 @@ def _failed_summary(root: str, run_id: str, state) -> dict:
 
 
 def _failure_line(state, summary: dict) -> str:
-    """A failed run's cause in one line: the stage and its own error (flows/programs.py StageError.line),
-    a configuration's refusal as it is, else the report's message."""
-    try:
-        error = state.result(raise_on_failure=False)
-    except Exception:  # a result that cannot be read back says nothing more than the report
-        error = None
-    if isinstance(error, Exception):
-        return getattr(error, "line", None) or str(error)
-    return str(summary["message"])
+    """A failed run's cause in one line (flows/pipeline.py failure_line), else the report's message."""
+    from flows.pipeline import failure_line
+
+    return failure_line(state) or str(summary["message"])
 
 
 def _describe(summary: dict) -> str:
@@ -288,7 +287,7 @@ def up(args: argparse.Namespace) -> int:
     finally:
         if server is not None:
             processes.stop(server, SERVER_STOP_SECONDS)
-    summary = {"api_url": f"{url}/api", "ui_url": url, "prefect_home": home, "source": without_secrets(config.source),
+    summary = {"api_url": f"{url}/api", "ui_url": url, "prefect_home": home, "source": recorded(config.source),
                "root": config.root, "deployments": ["train/nightly", "watch-bucket/poll"], "stopped": True}
     print(json.dumps(summary, sort_keys=True) if args.json else "stoke up: server and deployments stopped",
           flush=True)
@@ -332,7 +331,10 @@ def _server_environment(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def _banner(args: argparse.Namespace, config: RunConfig, home: str, url: str, log_path: str) -> str:
-    """What `stoke up` serves, what a run will train, and how to start one by hand."""
+    """What `stoke up` serves, what a run will train, its alerts, and how to start one by hand."""
+    from flows.alerts import described
+    from flows.deployments import NIGHTLY
+
     database = os.environ.get("PREFECT_SERVER_DATABASE_CONNECTION_URL") or os.path.join(home, "prefect.db")
     auth = "  export PREFECT_API_AUTH_STRING=<user:password>\n" if os.environ.get(AUTH_ENV) else ""
     train = config.resolved().train
@@ -342,12 +344,13 @@ def _banner(args: argparse.Namespace, config: RunConfig, home: str, url: str, lo
             + f"Serving train/nightly ({args.cron or 'cron 0 2 * * *'} {args.timezone}; and on stoke.data.arrived) "
             f"and watch-bucket/poll (every {args.poll_seconds:g} s"
             + (f", reading {args.notifications}" if args.notifications else "")
-            + f") for {without_secrets(config.source)} -> {config.root}.\n"
+            + f") for {recorded(config.source)} -> {config.root}.\n"
             f"A run trains {train.network} at {train.image_size} px for "
             + (f"{train.epochs} epochs" if train.epochs else f"at least {train.min_steps} steps")
             + f" (preset {config.preset}; "
             "--preset, --config and --set change it). watch-bucket asks for a run as soon as SOURCE holds files "
             "no published span has, so the first one may start now.\n"
+            f"{described(config, NIGHTLY)}.\n"
             f"From another shell:\n  export PREFECT_API_URL={url}/api\n{auth}  "
             f"{_prefect()} deployment run train/nightly\nCtrl-C stops both.")
 

@@ -9,7 +9,7 @@ import sys
 
 from components.common import config_files
 from components.common.program import BAD_SETTINGS, printable
-from components.contracts.secrets import without_secrets
+from components.contracts.secrets import recorded
 from flows.run_options import add_config_arguments, as_yaml, config_from
 
 PLACEHOLDERS = {"source": "SOURCE", "root": "ROOT"}  # shown for what the options leave out
@@ -28,7 +28,7 @@ def show(args: argparse.Namespace) -> int:
         print(f"stoke config: error: {printable(str(error))}", file=sys.stderr, flush=True)
         return BAD_SETTINGS
     resolved = config.resolved()
-    resolved = resolved.model_copy(update={"source": without_secrets(resolved.source)})  # printed: never its password
+    resolved = resolved.model_copy(update={"source": recorded(resolved.source)})  # printed: never its credentials
     print(json.dumps(resolved.model_dump(mode="json"), sort_keys=True) if args.json else as_yaml(resolved), end="\n"
           if args.json else "", flush=True)
     return 0

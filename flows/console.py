@@ -82,3 +82,9 @@ def _console_handlers() -> list[logging.Handler]:
     from prefect.logging.handlers import PrefectConsoleHandler
 
     return [h for name in ("", "prefect") for h in logging.getLogger(name).handlers if isinstance(h, PrefectConsoleHandler)]
+
+
+def console_of_logs():
+    """The rich console Prefect's console handler prints the run's lines through, or None: a progress bar on it
+    keeps below those lines (flows/reporting.py)."""
+    return next((handler.console for handler in _console_handlers() if hasattr(handler, "console")), None)

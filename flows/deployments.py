@@ -9,10 +9,14 @@
                         the train run an event asks for ingests only the files it names; the nightly
                         run still lists everything, the reconcile that catches a lost notification
 
+A train/nightly run that fails or crashes, or the `alerts.after`-th in a row to push no model, is sent to
+`alerts.webhook` by automations registered beside the deployments (flows/alerts.py).
+
 Their parameters are the run configuration `stoke up` or `stoke deploy` was given (--config, --set,
---preset), as far as it differs from the defaults, with SOURCE recorded without its credentials: a
-flow run takes SOURCE itself from STOKE_SOURCE in its environment (`stoke up` sets it for the runs it
-serves; a worker's flow runs get it as they get bucket credentials, flows/work_pools.py).
+--preset), as far as it differs from the defaults, never alerts.webhook (a secret, which pydantic leaves
+out of every dump), and SOURCE without its credentials: a flow run takes SOURCE itself from STOKE_SOURCE
+in its environment (`stoke up` sets it for the runs it serves; a worker's flow runs get it as they get
+bucket credentials, flows/work_pools.py).
 `prefect deployment run train/nightly` starts a run by hand; `-p train='{"epochs": 20}'` and the like
 lay settings over the deployment's, group by group.
 """
@@ -28,12 +32,14 @@ from prefect.events import DeploymentEventTrigger
 from prefect.schedules import Cron, Interval
 
 from components.contracts.run_config import RunConfig
-from components.contracts.secrets import without_secrets
+from components.contracts.secrets import recorded
+from flows.alerts import register
 from flows.pipeline import pipeline
 from flows.run_options import given_fields
 from flows.watch_bucket import EVENT, watch_bucket
 
 NIGHTLY_CRON = "0 2 * * *"
+NIGHTLY = f"{pipeline.name}/nightly"  # the deployment the schedule runs, and whose runs alert (flows/alerts.py)
 # The files an event names, one a line, for the train run it triggers; "" (list all of SOURCE) when it
 # names none, as a poll's events and an event over watch_bucket.NAMED_LIMIT files do.
 ARRIVED = "{{ event.payload.files | default([]) | join('\\n') }}"
@@ -43,9 +49,9 @@ def build_deployments(config: RunConfig, *, poll_seconds: float = 60, cron: str 
                       timezone: str = "UTC", notifications: str | None = None) -> list[RunnerDeployment]:
     """train/nightly, with `config` as its parameters, and watch-bucket/poll of its SOURCE; with
     `notifications` (sqs://QUEUE, pubsub://projects/P/subscriptions/S) the watcher reads that queue."""
-    config = config.model_copy(update={"source": without_secrets(config.source)})
+    config = config.model_copy(update={"source": recorded(config.source)})
     nightly = pipeline.to_deployment(
-        name="nightly",
+        name=NIGHTLY.split("/")[1],
         schedules=[Cron(cron, timezone=timezone)],
         triggers=[DeploymentEventTrigger(
             name="train when data arrives",
@@ -90,7 +96,9 @@ def wait_seconds(poll_seconds: float) -> float:
 
 
 def serve_deployments(config: RunConfig, **options) -> None:
-    """Registers the deployments and runs their flow runs here until Ctrl-C or SIGTERM (blocking)."""
+    """Registers the deployments and their alerts, and runs their flow runs here until Ctrl-C or SIGTERM
+    (blocking)."""
+    register(config, NIGHTLY)
     # Ctrl-C takes the path of SIGTERM (`docker stop`, systemd), on which Prefect's runner shuts down
     # cleanly; under asyncio's own Ctrl-C handling its shutdown can wait forever.
     previous = signal.signal(signal.SIGINT, lambda signum, frame: os.kill(os.getpid(), signal.SIGTERM))

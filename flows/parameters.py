@@ -49,11 +49,11 @@ def run_job_variables() -> dict:
         return client.read_flow_run(flow_run.id).job_variables or {}
 
 
-def deployment_beam_args() -> list[str]:
-    """The deployment's Beam options: those `stoke deploy` registered with the deployment (its `env`
-    job variable, which a run cannot change and the locked pool does not pass on), else those in the
-    environment of the process running the flow (`stoke up`'s, or the worker's)."""
-    return shlex.split(_registered_env().get(BEAM_ARGS_ENV) or os.environ.get(BEAM_ARGS_ENV, ""))
+def deployment_beam_args() -> str:
+    """The deployment's Beam options, one shell-quoted line: those `stoke deploy` registered with the
+    deployment (its `env` job variable, which a run cannot change and the locked pool does not pass on),
+    else those in the environment of the process running the flow (`stoke up`'s, or the worker's)."""
+    return _registered_env().get(BEAM_ARGS_ENV) or os.environ.get(BEAM_ARGS_ENV, "")
 
 
 def registered_parameters() -> dict:

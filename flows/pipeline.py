@@ -24,7 +24,8 @@ run beside it: `--run-id`, `--arrived`) and hands back its result, which is writ
 ROOT/runs/<id>/<stage>.json (train's: metrics.json), by the program when it is given the run and by the flow
 for the others; stages pass each other URIs under ROOT, never objects, and
 the report is built from the run folder alone. A refused model is a normal outcome: the flow
-completes and the report says why.
+completes and the report says why. In a deployment, a run that fails, and the `alerts.after`-th in a row that
+pushes no model, say so as events, which the deployment's alerts send on (flows/alerts.py).
 
 Credentials in SOURCE never reach a file, a command line or Prefect: the flow's `source` parameter is
 SOURCE without them (`stoke run` and `stoke up` pass it so), the flow takes SOURCE itself from the
@@ -37,6 +38,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 
 from prefect import flow, get_run_logger, task
+from prefect.logging.loggers import flow_run_logger
 from prefect.runtime import flow_run
 
 from components.common import config_files
@@ -44,7 +46,9 @@ from components.common.files import exists, read_result, write_json, write_text
 from components.common.program import option, scrubbed
 from components.common.spans import Spans
 from components.contracts import results, secrets, stages, summaries
+from components.contracts.beam_options import BEAM_ARGS_ENV
 from components.contracts.config import (
+    AlertsConfig,
     DataCheckConfig,
     GateConfig,
     IngestConfig,
@@ -56,9 +60,10 @@ from components.contracts.config import (
 )
 from components.contracts.layout import Root, RunDir, new_run_id
 from components.contracts.presets import PresetName
-from components.contracts.run_config import RunConfig, Timeouts
+from components.contracts.run_config import RunConfig, Timeouts, preset_problem
 from components.contracts.stages import Stage, stage
 from components.preflight.source import NAME as SOURCE_CHECK
+from flows.alerts import alert_failed, alert_if_due
 from flows.console import quiet_failures
 from flows.gpus import gpu_slot
 from flows.parameters import check_job_variables, deployment_beam_args, registered_parameters, run_job_variables
@@ -76,7 +81,17 @@ def only_transient(task, task_run, state) -> bool:
     return bool(getattr(state.result(raise_on_failure=False), "transient", False))
 
 
-@flow(name="train", description="preflight -> ingest -> datacheck -> train -> gate -> push -> report")
+def failure_alert(flow, failed_run, state) -> None:
+    """The flow's on_failure hook: every failure (a stage's, a setting refused at run time, a timeout) said as
+    `stoke.run.failed`, naming the run, its report and the one-line reason (flows/alerts.py). Parameters Prefect
+    refused fail the run before it has a run context: its logger is had from the run itself."""
+    alert_failed(flow_run_logger(failed_run, flow), failed_run.parameters.get("root"),
+                 failed_run.parameters.get("run_id") or flow_run_id(), failure_line(state) or state.message or state.name,
+                 state.name)
+
+
+@flow(name="train", description="preflight -> ingest -> datacheck -> train -> gate -> push -> report",
+      on_failure=[failure_alert])
 def pipeline(
     source: str,
     root: str,
@@ -84,6 +99,7 @@ def pipeline(
     preset: PresetName = "production",
     shard_cache: ShardCacheConfig = ShardCacheConfig(),
     runs: RunsConfig = RunsConfig(),
+    alerts: AlertsConfig = AlertsConfig(),
     beam_args: list[str] = [],
     timeouts: Timeouts = Timeouts(),
     preflight: PreflightConfig | None = PreflightConfig(),
@@ -105,13 +121,14 @@ def pipeline(
     check_job_variables(run_job_variables())  # before anything runs: no run chooses its command or env
     config = configure(  # every setting checked before anything is ingested or trained
         source=source, root=root, model_name=model_name, preset=preset, shard_cache=shard_cache, runs=runs,
-        beam_args=beam_args, timeouts=timeouts, preflight=preflight, ingest=ingest, datacheck=datacheck, train=train,
-        gate=gate, push=push)
+        alerts=alerts, beam_args=beam_args, timeouts=timeouts, preflight=preflight, ingest=ingest, datacheck=datacheck,
+        train=train, gate=gate, push=push)
     try:
         run = Root(config.root).run(run_id or flow_run_id())
     except ValueError as error:  # a run id that would leave ROOT/runs
         raise ConfigurationError(str(error)) from None
-    get_run_logger().info("run %s: %s -> %s (preset %s)", run.run_id, config.source, run.uri, config.preset)
+    get_run_logger().info("run %s: %s -> %s (preset %s)", run.run_id, secrets.recorded(config.source), run.uri,
+                          config.preset)
     write_json(run.config, recorded(config))
     try:
         if config.preflight is not None:
@@ -121,14 +138,14 @@ def pipeline(
         run_added("checks", config, run)
         skipped = nothing_to_train(config, held, skip_unchanged)
         if skipped:
-            return write_report(run, skipped=skipped)
+            return alert_if_due(config, write_report(run, skipped=skipped))
         train_model(config, run)                                                            # 3
         blessed = gate_model(config, run).blessed                                           # 4
         run_added("training", config, run)
         if blessed:
             push_model(config, run)                                                         # 5
             run_added("blessed", config, run)
-        return write_report(run)                                                            # 6
+        return alert_if_due(config, write_report(run))                                      # 6
     except Exception as error:
         write_report(run, failed=str(error), return_state=True)  # never hides the cause
         raise
@@ -145,6 +162,9 @@ def configure(**given) -> RunConfig:
     try:
         registered = {name: value for name, value in registered_parameters().items() if name in RunConfig.model_fields}
         config = config_files.build(RunConfig, config_files.deep_merge(registered, values)).resolved()
+        hybrid = preset_problem(registered, config.preset, "the deployment's parameters") if registered else None
+        if hybrid:
+            raise config_files.ConfigError(hybrid)
         config = config.model_copy(update={"source": secrets.given(config.source)})
     except (config_files.ConfigError, ValueError) as error:
         raise ConfigurationError(str(error)) from None
@@ -160,8 +180,9 @@ def configure(**given) -> RunConfig:
 
 def recorded(config: RunConfig) -> dict:
     """config.json: the resolved configuration, with any credential in SOURCE, ROOT or a Beam option
-    left out, since the run folder is read by whoever may read the run."""
-    return scrubbed(config.model_dump(mode="json"))
+    left out, since the run folder is read by whoever may read the run: SOURCE as recorded (without its
+    query), the rest scrubbed."""
+    return {**scrubbed(config.model_dump(mode="json")), "source": secrets.recorded(config.source)}
 
 
 # ---------------------------------------------------------------- stages
@@ -195,7 +216,10 @@ def ingest_span(config: RunConfig, run: RunDir, arrived: str = "") -> summaries.
         write_text(run.arrived, arrived.strip() + "\n")
         facts["arrived"] = run.arrived
     with ProgressArtifact("ingest") as progress:
-        return run_program(stage("ingest"), config, run, progress, beam_options(config), **facts)
+        # The run's Beam options (sizes, recorded) on its command line; the deployment's (a runner's
+        # credentials) in its environment, which only its user reads.
+        return run_program(stage("ingest"), config, run, progress, config.beam_args,
+                           env={BEAM_ARGS_ENV: deployment_beam_args()}, **facts)
 
 
 @stage_task("datacheck")
@@ -287,25 +311,21 @@ quiet_failures("train", errors=QUIET_FAILURES)
 
 
 def run_program(of: Stage, config: RunConfig, run: RunDir, progress: ProgressArtifact | None = None,
-                extra: list[str] = (), **facts):
+                extra: list[str] = (), env: dict[str, str] | None = None, **facts):
     """Runs the stage's program on the run's configuration and the `facts` of the run (`python -m module
     --config ROOT/runs/<id>/config.json --run-id ID --json`: the run id when the stage takes it), holding the
     GPU slot when its entry says so, and keeps its summary in the run folder. SOURCE with its credentials goes
-    to the programs that read SOURCE, in their environment; the others (training, the gate...) get none."""
+    to the programs that read SOURCE, in their environment, and `env` to this one; the others (training, the
+    gate...) get none of them."""
     facts = {"run_id": run.run_id, **facts} if "run_id" in of.inputs else facts
     given = [arg for name, value in facts.items() for arg in (option(name), str(value))]
     with gpu_slot(get_run_logger(), f"{of.name} of run {run.run_id}") if of.gpu else nullcontext() as slot:
         summary = run_stage(of.name, of.program, ["--config", run.config, *given, *extra, "--json"],
                             timeout=getattr(config.timeouts, of.name, of.timeout) * 60, logger=get_run_logger(),
-                            progress=progress, env={secrets.SOURCE_ENV: config.source if "source" in of.inputs else ""},
+                            progress=progress, env={secrets.SOURCE_ENV: config.source if "source" in of.inputs else "",
+                                                    BEAM_ARGS_ENV: "", **(env or {})},
                             pass_fds=() if slot is None else (slot,))
     return keep_result(of, summary, run)
-
-
-def beam_options(config: RunConfig) -> list[str]:
-    """Ingest's Beam options: the deployment's (runner, project: not part of the recorded configuration),
-    then the run's (checked sizes, recorded)."""
-    return [*deployment_beam_args(), *config.beam_args]
 
 
 def keep_result(of: Stage, summary: dict, run: RunDir):
@@ -325,6 +345,16 @@ def finished_training(run: RunDir) -> results.TrainMetrics | None:
     if exists(run.metrics) and exists(run.saved_model):
         return read_result(run.metrics, results.TrainMetrics)
     return None
+
+
+def failure_line(state) -> str | None:
+    """A failed flow run's cause in one line: the stage and its own error (flows/programs.py StageError.line), a
+    configuration's refusal as it is; None when its state holds no exception to say it."""
+    try:
+        error = state.result(raise_on_failure=False)
+    except Exception:  # a result that cannot be read back says nothing
+        return None
+    return (getattr(error, "line", None) or str(error)) if isinstance(error, Exception) else None
 
 
 def flow_run_id() -> str:

@@ -21,8 +21,7 @@ from collections.abc import Callable
 
 from components.common import processes
 from components.common.program import TRANSIENT, escape_logs, printable
-from components.common.quiet_beam import debugging
-from components.common.runtime_logs import program_environment
+from components.common.runtime_logs import program_environment, tensorflow_lines_asked
 from components.contracts.results import ResultError
 from components.contracts.summaries import Progress, event
 
@@ -174,12 +173,13 @@ def _signal_name(number: int) -> str:
 
 # TensorFlow's C++ logging (absl): "I0000 00:00:... port.cc:153] ...". Its info and warning lines
 # (oneDNN, "no CUDA drivers") say nothing about the run; keep them out of the run log's INFO view, unless
-# STOKE_DEBUG asks for them (components/common/runtime_logs.py keeps the rest from being printed at all).
+# STOKE_DEBUG or the user's TF_CPP_MIN_LOG_LEVEL asks for them (components/common/runtime_logs.py keeps the
+# rest from being printed at all).
 _ABSL_LINE = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:\d\d")
 
 
 def _level(line: str) -> int:
-    if debugging():
+    if tensorflow_lines_asked():
         return logging.INFO
     match = _ABSL_LINE.match(line)
     if match:

@@ -11,7 +11,7 @@ from pydantic import BaseModel
 from components.common import config_files
 from components.common.config_files import model_of
 from components.contracts.presets import PRESETS
-from components.contracts.run_config import RunConfig
+from components.contracts.run_config import RunConfig, preset_problem
 
 FIELDS = RunConfig.model_fields
 
@@ -54,10 +54,13 @@ def config_from(args: argparse.Namespace, **options) -> RunConfig:
     `options` are run-wide settings the command's own flags gave (None: not given)."""
     data = config_files.read_file(args.config) if args.config else {}
     given = {"source": args.source, "root": args.root, "preset": args.preset, **options}
-    data.update({name: value for name, value in given.items() if value is not None})
-    config = config_files.build(RunConfig, config_files.with_overrides(data, args.overrides, RunConfig))
+    laid = {**data, **{name: value for name, value in given.items() if value is not None}}
+    config = config_files.build(RunConfig, config_files.with_overrides(laid, args.overrides, RunConfig))
     if config.source is None:  # a stage by hand may go without SOURCE; a run ingests from it
         raise config_files.ConfigError("source: Field required")
+    hybrid = args.config and preset_problem(data, config.preset, args.config)
+    if hybrid:
+        raise config_files.ConfigError(hybrid)
     return config
 
 
@@ -68,9 +71,12 @@ def given_fields(config: BaseModel) -> dict:
 
 
 def as_yaml(config: BaseModel, indent: str = "") -> str:
-    """`config` as YAML, each setting under its help as a comment: a file `--config` takes."""
+    """`config` as YAML, each setting under its help as a comment: a file `--config` takes. A secret setting
+    (alerts.webhook), which no record holds, is left out."""
     lines = []
     for name, field in type(config).model_fields.items():
+        if field.exclude:
+            continue
         value = getattr(config, name)
         about = field.description or (type(value).__doc__ if isinstance(value, BaseModel) else None)
         if about:

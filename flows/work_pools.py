@@ -10,8 +10,9 @@
     stoke deploy --source S --root R [--config FILE] [--set GROUP.FIELD=VALUE ...] [--json]
 
 registers train/nightly and watch-bucket/poll (flows/deployments.py, the same schedules and
-trigger) to that pool, creating the pool when the server has none of that name. Only train/nightly
-asks for GPUs: a poll that lists a bucket would otherwise hold one all day.
+trigger) to that pool, creating the pool when the server has none of that name, and the alerts of
+train/nightly (flows/alerts.py). Only train/nightly asks for GPUs: a poll that lists a bucket would
+otherwise hold one all day.
 Also read: STOKE_WORK_POOL_NAME (default `stoke`), STOKE_IMAGE, STOKE_GPUS, STOKE_ROOT_VOLUME,
 STOKE_DOCKER_NETWORK. Flow runs inherit the worker's Prefect settings (API URL, auth string).
 The pool's base job template is locked (lock_template): command, env, image, volumes, account and
@@ -146,8 +147,10 @@ def _fill(node, values: dict):
 def deploy(config: RunConfig, pool: WorkPool, base_job_template: dict | None = None,
            beam_args: str | None = None, **options) -> list[str]:
     """Creates the pool if missing, locks its template (lock_template) and registers the deployments
-    to it; returns their names. `beam_args`: the Beam runner options of the train deployment's ingest."""
-    from flows.deployments import build_deployments
+    to it, and their alerts (flows/alerts.py); returns their names. `beam_args`: the Beam runner options of
+    the train deployment's ingest."""
+    from flows.alerts import register
+    from flows.deployments import NIGHTLY, build_deployments
 
     ensure_pool(pool, base_job_template, beam_args)
     names = []
@@ -158,6 +161,7 @@ def deploy(config: RunConfig, pool: WorkPool, base_job_template: dict | None = N
                                     if key in OPEN_VARIABLES or key == "env"}  # env: read by the flow only
         deployment.apply(work_pool_name=pool.name)
         names.append(f"{deployment.flow_name}/{deployment.name}")
+    register(config, NIGHTLY)
     return names
 
 
@@ -228,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.base_job_template:
             template = _template(args.base_job_template)
         beam_args = read_beam_args(args.beam_args_file) if args.beam_args_file else None
-        names = deploy(config_from(args), pool, template, beam_args, poll_seconds=args.poll_seconds,
+        config = config_from(args)
+        names = deploy(config, pool, template, beam_args, poll_seconds=args.poll_seconds,
                        notifications=args.notifications)
     except ConfigError as error:  # the run configuration or a file an option names
         print(f"stoke deploy: error: {printable(str(error))}", file=sys.stderr)
@@ -240,10 +245,14 @@ def main(argv: list[str] | None = None) -> int:
     except (WorkPoolError, OSError, ValueError) as error:  # ValueError: a bad configuration too
         print(f"stoke deploy: error: {printable(str(error))}", file=sys.stderr)
         return 1
-    summary = {"work_pool": pool.name, "type": pool.type, "deployments": names, "image": pool.image}
+    from flows.alerts import described
+    from flows.deployments import NIGHTLY
+
+    summary = {"work_pool": pool.name, "type": pool.type, "deployments": names, "image": pool.image,
+               "alerts": config.alerts.webhook is not None}
     print(json.dumps(summary, sort_keys=True) if args.json else
           f"registered {', '.join(names)} to work pool {pool.name} ({pool.type}); "
-          f"start a worker: prefect worker start --pool {pool.name}", flush=True)
+          f"start a worker: prefect worker start --pool {pool.name}\n{described(config, NIGHTLY)}", flush=True)
     return 0
 
 

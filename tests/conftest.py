@@ -25,6 +25,7 @@ LONG_FILES = (
     "tests/flows/test_cli.py",
     "tests/flows/test_one_line_errors.py",
     "tests/flows/test_deployments.py",
+    "tests/flows/test_alerts.py",
     "tests/components/train/test_data_service.py",
     "tests/components/train/test_profile.py",
     "tests/components/train/test_data_service_exposure.py",

@@ -7,14 +7,17 @@ import base64
 import gzip
 import http.server
 import os
-from contextlib import AbstractContextManager
+import threading
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 
 from tests.waiting import web_server
 
 USER = "alice"
 TOKEN = "S3CRETPASS"  # what every search looks for: any spelling of the password holds it
-# As written in SOURCE: quotes, a space, unencoded @ and :, a percent-encoded @.
-PASSWORD = f"pa\"s's {TOKEN}@:%40x"
+# As written in SOURCE: digits first, as a port would start, then `;`, quotes, a space, unencoded @ and :, a
+# percent-encoded @.
+PASSWORD = f"2024;pa\"s's {TOKEN}@:%40x"
 DECODED = PASSWORD.replace("%40", "@")  # what the server is sent (aiohttp decodes the user info)
 # A header that was logged would hold the password only as base64.
 NEEDLES = (TOKEN.encode(), base64.b64encode(f"{USER}:{DECODED}".encode()))
@@ -64,6 +67,31 @@ def shows(data: bytes | str) -> bool:
     """Whether `data` (printed text, a file's bytes) holds the password."""
     data = data.encode() if isinstance(data, str) else data
     return any(needle in data for needle in NEEDLES)
+
+
+@contextmanager
+def command_lines() -> Iterator[set[bytes]]:
+    """The command lines of this machine's processes, as `ps` shows them to every local user, seen while the
+    block runs: sampled from /proc every 50 ms."""
+    seen, done = set(), threading.Event()
+
+    def watch():
+        while not done.is_set():
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        seen.add(f.read().replace(b"\0", b" "))
+                except OSError:  # ended meanwhile
+                    pass
+            done.wait(0.05)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        yield seen
+    finally:
+        done.set()
+        thread.join()
 
 
 def _contents(path: str) -> bytes:

@@ -20,3 +20,19 @@ def test_every_setting_of_the_run_configuration_is_in_the_reference():
 
 def test_the_readme_is_a_quickstart():
     assert len((REPO / "README.md").read_text().splitlines()) <= 300
+
+
+def test_every_stoke_environment_variable_is_in_the_reference():
+    """Every `STOKE_` variable the code or infra/ reads is a row of the Environment table in
+    docs/configuration.md, and every row there is one the code still reads."""
+    import re
+
+    name = re.compile(r"\bSTOKE_[A-Z0-9_]+\b")
+    files = [path for folder in ("components", "flows", "beam_jobs", "benchmarks") for path in (REPO / folder).rglob("*.py")]
+    files += [path for path in (REPO / "infra").rglob("*") if path.is_file()] + [REPO / "Makefile"]
+    used = {found for path in files for found in name.findall(path.read_text())}
+    reference = (REPO / "docs" / "configuration.md").read_text()
+    table = reference.split("\n### Environment\n", 1)[1].split("\n### ", 1)[0]
+    rows = {found for line in table.splitlines() if line.startswith("| `") for found in name.findall(line.split(" | ")[0])}
+    assert used - rows == set(), f"add these to the Environment table of docs/configuration.md: {sorted(used - rows)}"
+    assert rows - used == set(), f"nothing reads these any more: {sorted(rows - used)}"

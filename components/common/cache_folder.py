@@ -25,6 +25,7 @@ import stat
 
 from components.common.local_copies import Folder
 from components.common.program import setting_hint
+from components.contracts.config import NO_PATTERN, pattern_problem
 
 CACHE_DIR_ENV = "STOKE_CACHE_DIR"
 PINS = ".pins"
@@ -46,12 +47,16 @@ def default_folder() -> str:
 
 def refusal(folder: str) -> tuple[str, str] | None:
     """Why `folder` may not hold the cache, and the fix; None when it may, or does not exist yet (it is
-    then made, 0700)."""
+    then made, 0700) and TensorFlow would read its path as it is."""
+    where = f"{setting_hint(None, {'shard_cache.dir': 'PATH'})} or ${CACHE_DIR_ENV}"
+    patterned = pattern_problem(folder, "the shard cache")
+    if patterned:
+        return patterned, f"name {NO_PATTERN}, {where}"
     try:
         st = os.lstat(folder)
     except FileNotFoundError:
         return None
-    fix = f"use a folder of your own for the shard cache, {setting_hint(None, {'shard_cache.dir': 'PATH'})} or ${CACHE_DIR_ENV}"
+    fix = f"use a folder of your own for the shard cache, {where}"
     if stat.S_ISLNK(st.st_mode):
         return f"the shard cache {folder} is a symbolic link (to {os.readlink(folder)}), not a folder", fix
     if not stat.S_ISDIR(st.st_mode):
@@ -65,15 +70,18 @@ def refusal(folder: str) -> tuple[str, str] | None:
 
 
 def secure(folder: str) -> str:
-    """Makes `folder` (mode 0700) or checks it; CacheError when it is refused."""
-    try:
-        os.makedirs(os.path.dirname(folder), exist_ok=True)
-        os.mkdir(folder, 0o700)
-    except FileExistsError:
-        pass
-    except OSError as error:
-        raise CacheError(f"cannot create the shard cache {folder}: {error.strerror}") from None
+    """Makes `folder` (mode 0700) or checks it; CacheError when it is refused (a path refused as it is
+    named is not made)."""
     refused = refusal(folder)
+    if refused is None:
+        try:
+            os.makedirs(os.path.dirname(folder), exist_ok=True)
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as error:
+            raise CacheError(f"cannot create the shard cache {folder}: {error.strerror}") from None
+        refused = refusal(folder)
     if refused:
         raise CacheError(": ".join(refused))
     return folder

@@ -9,18 +9,24 @@ it is named, so 342 bytes of aliases of aliases expand to hundreds of MB (and on
 ends); tags build dates, bytes and sets, which no setting takes and JSON (the recorded config.json)
 cannot hold; and lists nested thousands deep exhaust Python's recursion. So aliases, every tag but
 JSON's and nesting past MAX_DEPTH are refused where the parser meets them, before anything is built.
+PyYAML reads YAML 1.1, where `1:30` is 90 (base 60) and `0755` is 493 (octal), while YAML 1.2 and
+JSON read text and 755: such a number is refused, naming both readings, rather than read one way
+silently. A key given twice (YAML and JSON readers keep the last one) is refused too, in files and
+in --set values alike. YAML 1.1's yes/no/on/off stay booleans: a setting that takes text refuses a
+boolean, so they are never misread silently.
 """
 from __future__ import annotations
 
 import difflib
 import json
+import re
 import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, SecretStr, ValidationError
 from pydantic.fields import FieldInfo
 
 from components.common.files import NotASmallFile, read_small
@@ -88,8 +94,10 @@ def with_overrides(data: dict, overrides: list[str], model: type[BaseModel]) -> 
         try:
             value = _value(text, check_path(model, names))
             check_depth(value)
-        except (NotPlainData, RecursionError):
+        except RecursionError:
             raise ConfigError(f"--set {path.strip()}: nested more than {MAX_DEPTH} deep") from None
+        except NotPlainData as error:
+            raise ConfigError(f"--set {path.strip()}: {error}") from None
         node = data
         for name in names[:-1]:
             if not isinstance(node.get(name), dict):
@@ -119,7 +127,9 @@ def _value(text: str, field):
     if model_of(field.annotation) is None and argument_type(field.annotation)[0] is str and not text.startswith('"'):
         return text
     try:
-        return json.loads(text)
+        return json_loads(text)
+    except NotPlainData:
+        raise
     except ValueError:
         return text
 
@@ -129,11 +139,12 @@ def build(model: type[BaseModel], data: dict):
     try:
         return model.model_validate(data)
     except ValidationError as error:
-        raise ConfigError(problems(error)) from None
+        raise ConfigError(problems(error, model)) from None
 
 
-def problems(error: ValidationError, limit: int = 3) -> str:
-    """`train.epochs: Input should be greater than 0 (got -1)` for the first few problems, on one line."""
+def problems(error: ValidationError, model: type[BaseModel] | None = None, limit: int = 3) -> str:
+    """`train.epochs: Input should be greater than 0 (got -1)` for the first few problems, on one line; the
+    value given to a secret setting of `model` is not repeated."""
     shown = []
     for problem in error.errors()[:limit]:
         path = ".".join(str(part) for part in problem["loc"] if not isinstance(part, int) or part >= 0) or "settings"
@@ -141,9 +152,25 @@ def problems(error: ValidationError, limit: int = 3) -> str:
             shown.append(f"{path}: no such setting")
         else:
             got = problem.get("input")
-            shown.append(f"{path}: {said(problem)}" + (f" (got {_shown(got)})" if isinstance(got, str | int | float) else ""))
+            echo = isinstance(got, str | int | float) and not _secret(model, problem["loc"])
+            shown.append(f"{path}: {said(problem)}" + (f" (got {_shown(got)})" if echo else ""))
     more = len(error.errors()) - limit
     return "; ".join(shown) + (f"; and {more} more" if more > 0 else "")
+
+
+def _secret(model: type[BaseModel] | None, loc: tuple) -> bool:
+    """Whether `loc` names a setting of `model` that holds a SecretStr (alerts.webhook)."""
+    field = None
+    for name in loc:
+        if model is None or name not in model.model_fields:
+            return False
+        field = model.model_fields[name]
+        model = model_of(field.annotation)
+    return field is not None and _holds(field.annotation, SecretStr)
+
+
+def _holds(annotation, kind: type) -> bool:
+    return annotation is kind or any(_holds(arg, kind) for arg in typing.get_args(annotation))
 
 
 def said(problem: dict) -> str:
@@ -216,6 +243,8 @@ def _first_line(error: Exception) -> str:
 MAX_DEPTH = 32  # a run configuration is three deep: group, setting, a list's items
 JSON_TAGS = frozenset(f"tag:yaml.org,2002:{name}" for name in ("null", "bool", "int", "float", "str", "seq", "map"))
 PLAIN = "settings are text, numbers, true/false, null, lists and groups"
+NUMBER_TAGS = frozenset(f"tag:yaml.org,2002:{name}" for name in ("int", "float"))
+OCTAL = re.compile(r"[-+]?0[0-7_]+")  # YAML 1.1's octal; YAML 1.2 writes 0o755
 
 
 class NotPlainData(ValueError):
@@ -226,12 +255,25 @@ def loads(text: str, as_json: bool = False):
     """The plain data in `text`, YAML (or JSON, which YAML reads too, with `as_json` as JSON reads it)."""
     if as_json:
         try:
-            data = json.loads(text)
+            data = json_loads(text)
         except RecursionError:
             raise NotPlainData(f"nested more than {MAX_DEPTH} deep") from None
         check_depth(data)
         return data
     return yaml.load(text, Loader=_PlainLoader)  # SafeLoader, narrowed further
+
+
+def json_loads(text: str):
+    """JSON as json.loads reads it, a key given twice in one object refused."""
+    return json.loads(text, object_pairs_hook=_once_each)
+
+
+def _once_each(pairs: list[tuple]) -> dict:
+    keys = [key for key, _ in pairs]
+    twice = next((key for key in keys if keys.count(key) > 1), None)
+    if twice is not None:
+        raise NotPlainData(f"{twice!r} is given twice in one group; keep one")
+    return dict(pairs)
 
 
 def check_depth(value, limit: int = MAX_DEPTH) -> None:
@@ -264,7 +306,32 @@ class _PlainLoader(yaml.SafeLoader):
             self.depth -= 1
         if node.tag not in JSON_TAGS:
             raise NotPlainData(f"{line}: {_what(node)} is no setting's value ({PLAIN})")
+        if isinstance(node, yaml.ScalarNode) and node.style is None and node.tag in NUMBER_TAGS:
+            self._check_number(node, line)
         return node
+
+    def _check_number(self, node, line: str) -> None:
+        """Refuses a plain number YAML 1.1 reads otherwise than YAML 1.2 and JSON."""
+        number = self.yaml_constructors[node.tag](self, node)
+        if ":" in node.value:
+            raise NotPlainData(f"{line}: {node.value} is {number} in YAML 1.1 (a number in base 60) but text in "
+                               f"YAML 1.2; write {number}, or quote it for text")
+        if OCTAL.fullmatch(node.value) and number != int(node.value.replace("_", "")):
+            raise NotPlainData(f"{line}: {node.value} is {number} in YAML 1.1 (an octal number) but "
+                               f"{int(node.value.replace('_', ''))} in YAML 1.2; write {number} or "
+                               f"{int(node.value.replace('_', ''))}")
+
+    def construct_mapping(self, node, deep=False):
+        """A group, each key in it once: YAML readers keep the last of a key given twice, silently."""
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, Hashable):  # an unhashable key is PyYAML's own error
+                if key in seen:
+                    raise NotPlainData(f"line {key_node.start_mark.line + 1}: {key} is given twice in one group; "
+                                       "keep one")
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def _what(node) -> str:

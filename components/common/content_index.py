@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from components.common.files import filesystem, is_local, is_uri
 from components.contracts.results import ResultError
 from components.contracts.schema import SPLITS
-from components.contracts.secrets import without_secrets
+from components.contracts.secrets import recorded
 
 # Possessive: a line that fails must fail in linear time, whatever it holds.
 _JSON_STRING = r'"(?:[^"\\\x00-\x1f]++|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*+"'
@@ -87,8 +87,8 @@ def write_index(uri: str, kept: list[dict]) -> None:
 
 
 def parse(line: str) -> tuple[str, str, str, str, str]:
-    """(sha256, dhash, split, label, uri) of an index line; the URI without credentials, as ingest
-    names files, whatever a span published before that kept (it reaches dead letters and manifests)."""
+    """(sha256, dhash, split, label, uri) of an index line; the URI without credentials and query, as
+    ingest names files, whatever a span published before that kept (it reaches dead letters and manifests)."""
     sha, dhash, split, label, uri = line.split("\t", 4)
     uri = json.loads(uri)
-    return sha, dhash, split, json.loads(label), without_secrets(uri) if is_uri(uri) else uri
+    return sha, dhash, split, json.loads(label), recorded(uri) if is_uri(uri) else uri

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-import re
 import stat
 from contextlib import contextmanager
 
@@ -104,20 +103,31 @@ def read_bytes(uri: str) -> bytes:
 
 
 def write_json(uri: str, value) -> None:
-    """Writes JSON in one request on object stores; locally through a temp file and a rename, each
-    synced to the disk first, so that a power cut leaves the old file or the new one, never an empty one."""
+    write_whole(uri, json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False).encode() + b"\n")
+
+
+def write_whole(uri: str, data: bytes) -> None:
+    """Writes the file in one step: in one request on object stores; locally through a temp file and a
+    rename, each synced to the disk first, so that a power cut leaves the old file or the new one, never an
+    empty one, and a link at the name is replaced, never written through."""
     with _naming(uri):
-        _write_json(uri, value)
+        _write_whole(uri, data)
 
 
-def _write_json(uri: str, value) -> None:
+def _write_whole(uri: str, data: bytes) -> None:
     fs, path = filesystem(uri)
-    data = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False).encode() + b"\n"
     if is_local(fs):
         folder = posixpath.dirname(path)
         fs.makedirs(folder, exist_ok=True)
         tmp = f"{path}.tmp"
-        with open(tmp, "wb") as f:
+        # What holds that name is an old attempt's leftover: it goes, a link itself, and the new one is
+        # made without following a link (one put there meanwhile fails), never written through one.
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666),
+                       "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -189,14 +199,6 @@ def version_of(info: dict) -> str:
 def is_uri(location: str) -> bool:
     """A location with a scheme (`s3://b/k`, `file:///x`), not a local path."""
     return "://" in location
-
-
-def without_query(location: str) -> str:
-    """A URL without its query (`?X-Amz-Signature=...`) and fragment: what names the file, the folder its
-    neighbours are in and its kind (`m.csv`) when a presigned URL reads it. Only a URL has one: `?` is part
-    of a local file's name, and fsspec's paths of bucket keys (`bucket/a?b.jpg`) hold no scheme."""
-    scheme, has_scheme, rest = location.partition("://")
-    return f"{scheme}://{re.split(r'[?#]', rest, maxsplit=1)[0]}" if has_scheme else location
 
 
 def check_writable(uri: str) -> None:

@@ -8,6 +8,7 @@ import errno
 import json
 import logging
 import sys
+import threading
 import unicodedata
 from collections.abc import Callable
 
@@ -19,7 +20,7 @@ from components.common.config_files import argument_type, leaves
 from components.common.store_errors import transient
 from components.contracts import stages
 from components.contracts.results import Result
-from components.contracts.run_config import RunConfig, RunFacts
+from components.contracts.run_config import RunConfig, RunFacts, preset_problem
 from components.contracts.secrets import given as given_source
 from components.contracts.secrets import without_secrets
 from components.contracts.stages import stage
@@ -70,6 +71,14 @@ def stage_config(name: str, args: argparse.Namespace) -> tuple[RunConfig, RunFac
     facts = RunFacts.model_validate(options.pop(FACTS, {}))
     data = config_files.read_file(args.config) if args.config else {}
     config = RunConfig.model_validate(config_files.deep_merge(data, options)).resolved()
+    hybrid = args.config and preset_problem(data, config.preset, args.config)
+    if hybrid:
+        raise config_files.ConfigError(hybrid)
+    from components.common.tf_files import folders_problem  # here: the cache's module names its fix with ours
+
+    unreadable = folders_problem(config.shard_cache.dir)
+    if unreadable:
+        raise config_files.ConfigError(unreadable)
     missing = [key for key in stage(name).required if getattr(config, key, None) is None and getattr(facts, key, None) is None]
     if missing:
         raise config_files.ConfigError("; ".join(f"{option(key)}: Field required" for key in missing))
@@ -111,10 +120,13 @@ def lines_of(model: type[Result]) -> Callable[[dict], str]:
     return lambda summary: "\n".join(line for _, line in model.model_validate(summary).log_lines())
 
 
-def progress_printer(as_json: bool) -> Callable[[Progress], None]:
+def progress_printer(as_json: bool, terminal: bool | None = None) -> Callable[[Progress], None]:
     """Shows a program's progress events: with --json one JSON line each on stdout (before the
-    summary, which stays the last line), else a line for people on stderr: the stream of the
-    moment it was made, since a Beam job holds back what its workers print to sys.stderr."""
+    summary, which stays the last line); else, when stdout is a terminal (`terminal`, by default asked of
+    stdout), a bar on stderr (ProgressBar); else a line for people on stderr, as a log keeps them: the
+    stream of the moment it was made, since a Beam job holds back what its workers print to sys.stderr."""
+    if not as_json and (sys.stdout.isatty() if terminal is None else terminal):
+        return ProgressBar()
     stream = sys.stderr
 
     def show(event: Progress) -> None:
@@ -125,6 +137,46 @@ def progress_printer(as_json: bool) -> Callable[[Progress], None]:
             print(printable(event.describe()), file=stream, flush=True)
 
     return show
+
+
+class ProgressBar:
+    """Progress events as a bar on a terminal (rich's), redrawn at each event; `close` leaves it where it is,
+    done, before anything is printed below it. On `console` when given (the console every other line goes
+    through, such as Prefect's console handler's, whose lines then print above the bar), else on stderr as it
+    is now (a Beam job later replaces sys.stderr)."""
+
+    def __init__(self, console=None):
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn
+
+        # Colours by name, not rich's theme styles (bar.back, progress.elapsed...): Prefect's console has a
+        # theme of its own without them.
+        self.progress = Progress(TextColumn("{task.description}"),
+                                 BarColumn(style="grey37", complete_style="green", finished_style="green",
+                                           pulse_style="green"),
+                                 TextColumn("{task.completed:,.0f} of {task.total:,.0f} {task.fields[unit]} after "
+                                            "{task.fields[seconds]:,.0f} s"),
+                                 console=console or Console(file=sys.stderr),
+                                 auto_refresh=False, redirect_stdout=False, redirect_stderr=False)
+        self.task, self.lock = None, threading.Lock()  # events may come from a reporting thread (ingest's)
+
+    def __call__(self, event: Progress) -> None:
+        with self.lock:
+            if self.task is None:
+                self.progress.start()
+                self.task = self.progress.add_task(printable(event.stage), total=event.total, unit=event.unit,
+                                                   seconds=event.seconds)
+            self.progress.update(self.task, completed=event.done, total=event.total, seconds=event.seconds)
+            self.progress.refresh()
+
+    def close(self, finished: bool = False) -> None:
+        """Leaves the bar as it is, or full when the stage `finished` (its last event may come before its end)."""
+        with self.lock:
+            if self.task is not None:
+                if finished:
+                    self.progress.update(self.task, completed=self.progress.tasks[0].total)
+                self.progress.stop()
+                self.task = None
 
 
 def printable(value):

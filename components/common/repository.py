@@ -12,7 +12,9 @@ deletes only what Stoke's own interrupted pushes left, and sets aside (renames t
 `set-aside-<name>`, out of TF Serving's sight) anything else TF Serving would take for a version
 that is no version of Stoke's: nothing it does not recognise is ever deleted.
 Versions taken out are never deleted by rollback: they are moved to `rolled-back-<version>`.
-Retention deletes old versions (saved_model.pb first) but keeps their lineage in `_retired/<version>.json`.
+Retention deletes old versions (saved_model.pb first) but keeps their lineage in `_retired/<version>.json`,
+and the answers a version's gate recorded (`assets.extra/stoke_answers.json.gz`) in
+`_retired/<version>.answers.json.gz` while a kept version names it as its reference.
 Whatever changes the repository runs inside `lock()`: the lease ingest also uses
 (components/common/lease.py), an flock on a local disk and a self-renewing lease object on a bucket.
 """
@@ -48,6 +50,9 @@ log = logging.getLogger(__name__)
 
 ASSETS_EXTRA = "assets.extra"
 LINEAGE_FILE = "stoke_lineage.json"
+ANSWERS_FILE = "stoke_answers.json.gz"  # the answers recorded at the version's gate (components/gate/answers.py)
+RETIRED_ANSWERS = ".answers.json.gz"  # _retired/<version> + this
+MODEL_CARD, MODEL_CARD_JSON = "model_card.md", "model_card.json"  # components/push/model_card.py
 ROLLED_BACK_PREFIX = "rolled-back-"
 SET_ASIDE_PREFIX = "set-aside-"
 RETIRED = "_retired"
@@ -161,17 +166,29 @@ class Repository:
         return join(self.uri, str(version))
 
     def lineage_uri(self, version: int) -> str:
-        """Where the lineage of `version` lives now: in the version, aside after rollback, or retired."""
-        for folder in (str(version), f"{ROLLED_BACK_PREFIX}{version}"):
-            uri = join(self.uri, folder, ASSETS_EXTRA, LINEAGE_FILE)
-            if self.fs.exists(filesystem(uri)[1]):
-                return uri
-        return join(self.uri, RETIRED, f"{version}.json")
+        """Where the lineage of `version` lives now: in its folder while one holds the number, else aside after
+        rollback, else retired. A lineage belongs to its folder: a model put at a number rolled back or retired
+        does not inherit that version's lineage (it has its own, or none)."""
+        if self.fs.exists(posixpath.join(self.path, str(version))):
+            return join(self.uri, str(version), ASSETS_EXTRA, LINEAGE_FILE)
+        aside = self._aside_lineage_uri(version)
+        return aside if self.fs.exists(filesystem(aside)[1]) else join(self.uri, RETIRED, f"{version}.json")
 
-    def lineage(self, version: int) -> Lineage | None:
-        """The lineage of `version`; None for a version Stoke did not push (nothing records its
-        origin, and retirement only its number)."""
-        uri = self.lineage_uri(version)
+    def _aside_lineage_uri(self, version: int) -> str:
+        return join(self.uri, f"{ROLLED_BACK_PREFIX}{version}", ASSETS_EXTRA, LINEAGE_FILE)
+
+    def answers_uri(self, version: int) -> str:
+        """Where the answers recorded at the gate of `version` live while it may be a reference: in its folder
+        while one holds the number (as its lineage), else retired; never in a rolled-back version, which is no
+        reference."""
+        if self.fs.exists(posixpath.join(self.path, str(version))):
+            return join(self.uri, str(version), ASSETS_EXTRA, ANSWERS_FILE)
+        return join(self.uri, RETIRED, f"{version}{RETIRED_ANSWERS}")
+
+    def lineage(self, version: int, rolled_back: bool = False) -> Lineage | None:
+        """The lineage of `version` (lineage_uri), or with `rolled_back` the one rolled-back-<version> keeps;
+        None for a version Stoke did not push (nothing records its origin, and retirement only its number)."""
+        uri = self._aside_lineage_uri(version) if rolled_back else self.lineage_uri(version)
         if not self.fs.exists(filesystem(uri)[1]):
             return None
         record = read_json(uri)
@@ -315,8 +332,9 @@ class Repository:
         self._move(str(version), aside)
         return join(self.uri, aside)
 
-    def retire(self, version: int, when: str) -> None:
-        """Deletes an old version, keeping its lineage in _retired/<version>.json."""
+    def retire(self, version: int, when: str, held: bool = False) -> None:
+        """Deletes an old version, keeping its lineage in _retired/<version>.json and, when a kept version is
+        `held` to it, its recorded answers beside it."""
         self._locked("retention")
         lineage = self.lineage(version)
         retired = join(self.uri, RETIRED, f"{version}.json")
@@ -325,17 +343,28 @@ class Repository:
         else:
             write_json(retired, lineage.model_copy(update={"retired_at": when}).to_json())
         source = posixpath.join(self.path, str(version))
+        answers = posixpath.join(source, ASSETS_EXTRA, ANSWERS_FILE)
+        if held and self.fs.exists(answers):
+            self.fs.copy(answers, posixpath.join(self.path, RETIRED, f"{version}{RETIRED_ANSWERS}"))
         self._unload(source)
         self.fs.rm(source, recursive=True)
 
     def apply_retention(self, keep: int, when: str) -> list[int]:
-        """Retires all but the newest `keep` versions (the newest is always kept). Only versions():
-        a stranger is set aside by tidy(), never retired."""
+        """Retires all but the newest `keep` versions (the newest is always kept), and keeps the recorded
+        answers of exactly the references the kept versions name. Only versions(): a stranger is set aside
+        by tidy(), never retired."""
         self._locked("retention")
         versions = self.versions()
-        old = versions[:-max(keep, 1)]
+        old, kept = versions[:-max(keep, 1)], versions[-max(keep, 1):]
+        held = {lineage.reference for lineage in map(self.lineage, kept) if lineage is not None}
         for version in old:
-            self.retire(version, when)
+            self.retire(version, when, held=version in held)
+        folder = posixpath.join(self.path, RETIRED)
+        names = [posixpath.basename(p) for p in self.fs.ls(folder, detail=False)] if self.fs.isdir(folder) else []
+        for name in names:  # the answers of references no kept version names any longer (Stoke's names only)
+            number = version_number(name[:-len(RETIRED_ANSWERS)]) if name.endswith(RETIRED_ANSWERS) else None
+            if number is not None and number not in held:
+                self.fs.rm(posixpath.join(folder, name))
         return old
 
 

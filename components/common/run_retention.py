@@ -29,12 +29,13 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import math
+import os
 import posixpath
 import re
 import time
 
-from components.common import clock
-from components.common.files import filesystem, join, read_json, read_result, write_json
+from components.common import clock, local_copies
+from components.common.files import filesystem, is_local, join, read_json, read_result, write_json
 from components.common.lease import LeaseError, exclusive
 from components.common.program import os_error_line
 from components.common.repository import Repository
@@ -139,7 +140,7 @@ def held_by_repository(root: Root) -> dict[str, str]:
         for version, how in [(v, "") for v in repository.versions()] + [(v, ", rolled back")
                                                                       for v in repository.rolled_back()]:
             try:
-                lineage = repository.lineage(version)
+                lineage = repository.lineage(version, rolled_back=bool(how))
             except (OSError, ValueError) as error:
                 raise RetentionError(f"the lineage of version {version} of model {name} cannot be read ({error}), "
                                      "so it could name any run: no run folder is pruned until it can be") from None
@@ -148,10 +149,15 @@ def held_by_repository(root: Root) -> dict[str, str]:
     return held
 
 
+def newest_first(folders: list[Folder]) -> list[Folder]:
+    """The folders by when their latest attempt began, the newest first (a tie by run id)."""
+    return sorted(folders, key=lambda f: (f.started, f.run.run_id), reverse=True)
+
+
 def plan(folders: list[Folder], held: dict[str, str], settings: RunsConfig, now: float) -> list[RunFate]:
     """What the rule does with each folder, newest first (pure: nothing is read or removed)."""
     fates, trained = [], 0
-    for position, folder in enumerate(sorted(folders, key=lambda f: (f.started, f.run.run_id), reverse=True)):
+    for position, folder in enumerate(newest_first(folders)):
         heavy = folder.heavy()
         live = folder.in_progress(now) if folder.marker is None or folder.marker.kept == "record" else None
         kept = folder.marker.kept if folder.marker else None
@@ -208,24 +214,40 @@ def _apply(folder: Folder, action: str) -> None:
     if folder.marker is None or folder.marker.kept != ("record" if action == "record" else "nothing"):
         marker = Pruned(run_id=run.run_id, pruned_at=clock.now(), kept="record" if action == "record" else "nothing")
         write_json(run.pruned, marker.to_json())
-    fs, _ = filesystem(run.uri)
     for uri in [run.saved_model, *run.heavy]:
-        _remove(fs, uri)
+        _remove(run, _relative(run, uri))
     if action == "delete":
         for entry in sorted({name.split("/")[0] for name in folder.files} - {"pruned.json"}):
-            _remove(fs, posixpath.join(run.uri, entry))
-        _remove(fs, run.uri)
+            _remove(run, entry)
+        _remove(run, "")
 
 
-def _remove(fs, uri: str) -> None:
-    """Removes a file, or a folder and all in it; one already gone is no error (a prune finishing another's).
-    On a disk a symbolic link is removed itself, never followed (fsspec's rm, shutil.rmtree within a folder)."""
-    path = filesystem(uri)[1]
+def _remove(run: RunDir, name: str) -> None:
+    """Removes the entry `name` of the run folder (a file, or a folder and all in it; "" the run folder
+    itself); one already gone is no error (a prune finishing another's). On a disk the way to it is walked
+    one folder at a time without following a link (local_copies.Folder): an entry that is a link is removed
+    itself, and nothing below one is reached, so a link to the served version, a file elsewhere or itself
+    removes only the link. A hard link is another name of its file: removing it leaves the file to its
+    other names. On an object store every key under the entry's name is removed as it is spelled: a key
+    holding '..' is a key of the run folder like any other, never a path to somewhere else."""
+    fs, path = filesystem(run.uri)
+    if not is_local(fs):
+        try:
+            target = posixpath.join(path, name) if name else path
+            if fs.exists(target):
+                fs.rm(target, recursive=True)
+        except FileNotFoundError:
+            pass
+        return
+    # ROOT/runs is where the user put it, a link to another disk included; below it nothing is followed.
+    parts = [posixpath.basename(path), *(name.split("/") if name else [])]
     try:
-        if fs.exists(path):
-            fs.rm(path, recursive=True)
+        folder = local_copies.Folder.open(os.path.realpath(posixpath.dirname(path)), parts[:-1], create=False)
     except FileNotFoundError:
-        pass
+        return
+    if folder is not None:
+        with folder:
+            folder.discard(parts[-1])
 
 
 def after_run(run: RunDir) -> RetentionSummary:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -15,16 +16,35 @@ import urllib.request
 from components.common import processes
 from components.contracts.schema import SERVING_INPUT, SERVING_SIGNATURE
 
-# tensorflow/serving releases follow TensorFlow's. 2.21.0 is the newest release seen, checked on
-# 2026-12-01: PyPI has tensorflow-serving-api 2.21.0 (released 2026-09, from the same release), and
+# The tensorflow/serving release that serves the models each TensorFlow (major.minor) trains: the rule,
+# in docs/push.md, is the model's own TensorFlow's release (TF Serving's releases follow TensorFlow's, and a
+# server older than the TensorFlow that wrote a model may not know its ops); a TensorFlow older than the
+# first row is served by the first row's release; one newer than the last row is refused by the push, until
+# its row is added. Each tag is written by hand, so `stoke push --build-image` has the container engine find
+# or pull it before building (components/push/serving_image.py). Checked on 2026-12-01: 2.21.0 is the
+# newest release seen (PyPI has tensorflow-serving-api 2.21.0, released 2026-09, from the same release, and
 # the public tutorial github.com/subirroy71/tfserving_tutorial serves SavedModels exported by
-# tensorflow==2.21.0 from `tensorflow/serving:2.21.0` (docker-compose.yml) in its CI's end-to-end
-# run; TF Serving's own release PRs seen stop at 2.20.0 (tensorflow/serving#4135), and no 2.22 was
-# found. The 2.21.0-gpu tag was seen named, not run. Written by hand, so `stoke push --build-image`
-# has the container engine find or pull the tag before building (components/push/serving_image.py).
-# Raise it together with TensorFlow.
-SERVING_VERSION = "2.21.0"
+# tensorflow==2.21.0 from `tensorflow/serving:2.21.0` in its CI's end-to-end run; its 2.21.0-gpu tag was
+# seen named, not run); TF Serving's own release PRs seen stop at 2.20.0 (tensorflow/serving#4135).
+SERVING_RELEASES = {"2.20": "2.20.0", "2.21": "2.21.0"}
+# The release for the TensorFlow pyproject.toml pins: the stock server infra/ runs and the gate's check.
+SERVING_VERSION = SERVING_RELEASES["2.21"]
 SERVING_IMAGE = "tensorflow/serving"
+
+
+def serving_release(trained_tf: str) -> str | None:
+    """The tensorflow/serving release for models TensorFlow `trained_tf` wrote (SERVING_RELEASES' rule);
+    None when it is newer than every row."""
+    wrote = _minor(trained_tf)
+    rows = sorted(SERVING_RELEASES, key=_minor)
+    if wrote > _minor(rows[-1]):
+        return None
+    return SERVING_RELEASES[next((row for row in reversed(rows) if _minor(row) <= wrote), rows[0])]
+
+
+def _minor(version: str) -> tuple[int, int]:
+    numbers = [int(n) for n in re.findall(r"\d+", version or "")[:2]]
+    return tuple(numbers + [0] * (2 - len(numbers)))
 
 
 def docker_engine() -> bool:

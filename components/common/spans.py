@@ -56,14 +56,6 @@ class Spans:
                               "and ingest rebuilds it from the spans' manifests")
         return labels
 
-    def label_names(self, spans: list[int] | None = None) -> list[str]:
-        """labels.json (append-only, so it covers every span), else the longest list of a manifest."""
-        names = self.read_labels()
-        for manifest in self.each_manifest(spans, checked=False, sources=False):
-            if len(manifest.labels) > len(names):
-                names = list(manifest.labels)
-        return names
-
     def manifest_sha256(self, number: int) -> str | None:
         """The SHA-256 of span `number`'s manifest as it is now; None when it has none."""
         try:

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from components.contracts.secrets import without_secrets
+from components.contracts.secrets import recorded, without_secrets
 
 STORES = {"s3": "S3", "s3a": "S3", "gs": "GCS", "gcs": "GCS", "http": "HTTP", "https": "HTTP"}
 S3_CREDENTIALS = ("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, or run where an instance role "
@@ -181,8 +181,8 @@ def refused(error: BaseException, uri: str) -> str | None:
                 and isinstance(getattr(link, "status", None), int)), None)
     if web is not None:  # the status names the file's fate; the URL that answered, when a redirect led there
         answered = str(getattr(getattr(web, "request_info", None), "real_url", "") or "")
-        # last: the scrubber takes a parameter's value up to a space, `&`, `;` or `#`, a comma or bracket with it
-        moved = f", redirected to {without_secrets(answered)}" if web.history and answered else ""
+        # last: a URL runs to the end of the line (without its query: a redirect to a signed URL carries it)
+        moved = f", redirected to {recorded(answered)}" if web.history and answered else ""
         kind = NOT_FOUND if web.status in (404, 410) else "refused"
         return f"{kind}: the server answered HTTP {web.status} {web.message}".rstrip() + moved
     names = {kind.__name__ for link in causes(error) for kind in type(link).__mro__}

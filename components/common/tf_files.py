@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import os
 import posixpath
+import tempfile
 
+from components.common.cache_folder import default_folder, refusal
 from components.common.files import filesystem, is_local, protocol
 from components.common.local_copies import copy_file, copy_tree
+from components.contracts.config import NO_PATTERN, pattern_problem
 
 # gcsfs reads this to talk to an emulator; TensorFlow's GCS client always talks to Google.
 GCS_EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
@@ -31,6 +34,18 @@ def tf_reads(uri: str) -> bool:
 def access(uri: str) -> str:
     """How a run reaches `uri`, for its report: "direct" or "local copies"."""
     return "direct" if tf_reads(uri) else "local copies"
+
+
+def folders_problem(cache_dir: str | None) -> str | None:
+    """Why TensorFlow could not load what a run keeps in the local folders it reads below, and the fix; None
+    when it could. They are the shard cache (a bucket ROOT's shards, and training's folder before its upload)
+    and the temporary folder (a bucket ROOT's models are copied there to be loaded, and the gate's serving
+    check serves its candidate from there)."""
+    cache = os.path.abspath(cache_dir or default_folder())
+    if pattern_problem(cache, "the shard cache"):
+        return ": ".join(refusal(cache))
+    problem = pattern_problem(tempfile.gettempdir(), "the temporary folder")
+    return f"{problem}; set $TMPDIR to {NO_PATTERN}" if problem else None
 
 
 def local_copy(uri: str, scratch: str, name: str) -> str:

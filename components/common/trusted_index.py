@@ -41,7 +41,7 @@ from components.common.tfrecord import BadRecord, read_records
 from components.contracts.layout import Root
 from components.contracts.results import ResultError, SpanManifest
 from components.contracts.schema import ENCODED, SOURCE, TEXT, example_bytes
-from components.contracts.secrets import SourceCredentials, without_secrets
+from components.contracts.secrets import SourceCredentials, recorded
 
 T = TypeVar("T")
 LOCAL = fsspec.filesystem("file")
@@ -144,7 +144,7 @@ def _line(index: int, record: bytes, split: str, sources: dict, max_side: int | 
         sha, dhash = found or (sha256(encoded), normalize(encoded, max_side).pixels.dhash)
     except Rejected as error:
         raise _Unindexable(f"record {index} holds no image ingest would store ({error})") from None
-    name = without_secrets(uri) if is_uri(uri) else uri  # a span published before may hold SOURCE's password
+    name = recorded(uri) if is_uri(uri) else uri  # a span published before may hold SOURCE's password or a query
     return {"sha256": sha, "dhash": dhash, "split": split, "label": label, "uri": name}, kept_as_it_came or bool(found)
 
 

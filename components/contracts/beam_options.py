@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from typing import Annotated
 
 from pydantic import AfterValidator
@@ -31,7 +32,20 @@ RUN_BEAM_OPTIONS = {
     "number_of_worker_harness_threads": lambda: (1, 4 * (os.cpu_count() or 1), "4 per core of this machine"),
     "parallelism": lambda: (1, MAX_CLOUD_WORKERS, "MAX_CLOUD_WORKERS"),
 }
+# The deployment's options, one shell-quoted line (flows/parameters.py read_beam_args): where a runner's
+# credentials go, so they reach ingest in its environment, never on its command line, which every local
+# user reads in the process list.
 BEAM_ARGS_ENV = "STOKE_BEAM_ARGS"
+
+
+def deployment_options(line: str) -> list[str]:
+    """The deployment's Beam options, from BEAM_ARGS_ENV's value. Raises ValueError for a line a shell
+    could not split (an unclosed quote)."""
+    try:
+        return shlex.split(line)
+    except ValueError as error:
+        raise ValueError(f"{BEAM_ARGS_ENV}: {error}; it holds the deployment's Beam options, "
+                         "one shell-quoted line (`stoke up` or `stoke deploy` --beam-args-file)") from None
 
 
 def check_beam_args(args: list[str]) -> list[str]:

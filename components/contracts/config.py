@@ -6,11 +6,13 @@ preset's" are None until a preset (presets.py) fills them.
 """
 from __future__ import annotations
 
+import os
 import re
 import typing
+import urllib.parse
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from components.contracts import schema
 from components.contracts.buckets import bucket_problem
@@ -48,11 +50,31 @@ ServedModelName = Annotated[str, AfterValidator(check_model_name)]
 
 # ROOT is written by every stage, each a process of its own, and read by later runs and other machines: a
 # local path or a bucket every process reaches alike. fsspec's other schemes are each wrong for it: memory://
-# lives in one process, http(s)://, tar://, zip:// and github:// are read-only, and a chain (simplecache::s3://,
-# "a::b") reads one place through another, each process with a cache of its own. SOURCE is only read, so it
-# may also be an http(s):// manifest or folder; a chain is refused there too.
+# lives in one process, http(s)://, tar://, zip://, github:// and data: URLs are read-only, and a chain
+# (simplecache::s3://, "a::b") reads one place through another, each process with a cache of its own. SOURCE is
+# only read, so it may also be an http(s):// manifest or folder; a chain or a data: URL is refused there too.
 ROOT_SCHEMES = ("file", "s3", "gs")
 SOURCE_SCHEMES = (*ROOT_SCHEMES, "http", "https")
+DATA_URL = "data:"  # fsspec's one protocol without '//' (an inline file: `data:text/csv;base64,...`)
+
+# TensorFlow reads a path as a pattern where it loads a checkpoint (a SavedModel's variables: the gate's candidate,
+# a warm start's served version, TF Serving's loader), and Beam's file reads (the gate's TFMA) and fsspec's glob
+# read theirs alike: below `exp[1]` the brackets match only `exp1`, a backslash escapes, and `*` or `?` match a
+# neighbour too. So the folders TensorFlow reads below (ROOT, the shard cache, the temporary folder) hold none.
+PATTERN_CHARACTERS = "*?[\\"
+
+
+def pattern_problem(path: str, what: str) -> str | None:
+    """Why TensorFlow could not load the models saved below `path` (`what`, e.g. "ROOT"), or None; the caller
+    says what to change."""
+    found = " and ".join(f"'{c}'" for c in dict.fromkeys(path) if c in PATTERN_CHARACTERS)
+    if not found:
+        return None
+    return (f"{what} {path} holds {found}, which TensorFlow reads as a pattern where it loads a model (the run "
+            "would train, then find no model to gate)")
+
+
+NO_PATTERN = "a folder whose path has none of * ? [ \\"
 
 
 def _check_location(uri: str, what: str, schemes: tuple[str, ...], why: str) -> str:
@@ -62,6 +84,8 @@ def _check_location(uri: str, what: str, schemes: tuple[str, ...], why: str) -> 
         raise ValueError(f"{what} is empty: {allowed}")
     if "::" in uri:
         raise ValueError(f"{shown}: '::' (fsspec's chaining) is not taken for {what}; {allowed}")
+    if uri[:len(DATA_URL)].lower() == DATA_URL:
+        raise ValueError(f"{shown}: a data: URL is not taken for {what}, which {why}; {allowed}")
     scheme = uri.partition("://")[0] if "://" in uri else None
     if scheme is not None and scheme not in schemes:
         raise ValueError(f"{shown}: {scheme}:// is not taken for {what}, which {why}; {allowed}")
@@ -72,7 +96,17 @@ def _check_location(uri: str, what: str, schemes: tuple[str, ...], why: str) -> 
 
 
 def check_root(uri: str) -> str:
-    return _check_location(uri, "ROOT", ROOT_SCHEMES, "each stage writes from a process of its own")
+    _check_location(uri, "ROOT", ROOT_SCHEMES, "each stage writes from a process of its own")
+    problem = pattern_problem(local_folder(uri) if uri.startswith("file://") or "://" not in uri else uri, "ROOT")
+    if problem:
+        raise ValueError(without_secrets(f"{problem}; rename the folder, or name another ROOT, {NO_PATTERN}"))
+    return uri
+
+
+def local_folder(path: str) -> str:
+    """A local path or file:// URI as the absolute path fsspec and TensorFlow are handed (a relative one below the
+    working folder)."""
+    return os.path.abspath(path.removeprefix("file://"))
 
 
 def check_source(uri: str) -> str:
@@ -178,6 +212,19 @@ def check_trace_steps(text: str) -> str:
 
 TraceSteps = Annotated[str, AfterValidator(check_trace_steps)]
 
+
+def check_cache_folder(folder: str) -> str:
+    """shard_cache.dir: a local folder, which TensorFlow reads the copies from."""
+    if "://" in folder or "::" in folder:
+        raise ValueError(f"{without_secrets(repr(folder))} is not a local folder: the shard cache holds local copies")
+    problem = pattern_problem(local_folder(folder), "the shard cache")
+    if problem:
+        raise ValueError(f"{problem}; name {NO_PATTERN}")
+    return folder
+
+
+CacheFolder = Annotated[str, AfterValidator(check_cache_folder)]
+
 # Every settings model refuses inf and nan: a number that can never be reached (`--shard-mb inf`)
 # would otherwise pass `gt=0` and fail late, deep in Beam or Keras, instead of as a setting.
 SETTINGS_CONFIG = ConfigDict(extra="forbid", protected_namespaces=(), allow_inf_nan=False)
@@ -189,8 +236,8 @@ class ShardCacheConfig(BaseModel):
 
     model_config = SETTINGS_CONFIG
 
-    dir: str | None = Field(None, description="local folder for the copies, reused across runs, your own (made 0700; "
-                            "default: $STOKE_CACHE_DIR, else $XDG_CACHE_HOME/stoke or ~/.cache/stoke)")
+    dir: CacheFolder | None = Field(None, description="local folder for the copies, reused across runs, your own (made "
+                                    "0700; default: $STOKE_CACHE_DIR, else $XDG_CACHE_HOME/stoke or ~/.cache/stoke)")
     max_gb: float = Field(100.0, gt=0, le=1e6, description="size cap of that folder in GB; the copies used "
                           "longest ago are evicted first")
 
@@ -217,6 +264,32 @@ class RunsConfig(BaseModel):
             raise ValueError(f"keep_records ({self.keep_records}) must be at least keep ({self.keep}): a run keeps "
                              "its record for longer than its heavy parts")
         return self
+
+
+def check_webhook(url: SecretStr) -> SecretStr:
+    """alerts.webhook: an http(s) URL with a host. The whole URL is the secret (a chat's incoming webhook
+    holds its token in the path), so the refusal never repeats it."""
+    parts = urllib.parse.urlsplit(url.get_secret_value())
+    if parts.scheme not in ("http", "https") or not parts.hostname or re.search(r"\s", url.get_secret_value()):
+        raise ValueError("an http:// or https:// URL is needed, such as a chat's incoming webhook")
+    return url
+
+
+class AlertsConfig(BaseModel):
+    """Alerts of the deployments (`stoke up`, `stoke deploy`; flows/alerts.py): a train/nightly run that fails or
+    crashes, and runs in a row that push no model, are sent to a webhook. `webhook` is a secret: kept in a Prefect
+    notification block, never in the deployments' parameters, a run's config.json or `stoke config show`."""
+
+    model_config = SETTINGS_CONFIG
+
+    webhook: Annotated[SecretStr, AfterValidator(check_webhook)] | None = Field(
+        None, exclude=True, description="URL the alerts are POSTed to, as JSON {\"text\": ...} (what Slack, "
+        "Mattermost and Google Chat incoming webhooks take); unset: no alerts")
+    # 3: one quiet night or one refused candidate says little, and a weekend without photos stays below it; a
+    # feed that stopped, or a gate that refuses every candidate, is known on the third night.
+    after: int = Field(3, ge=1, le=10_000, description="alert when this many runs in a row of the model pushed "
+                       "nothing, each refused by the gate or skipped (nothing new to train on), and again after each "
+                       "further as many; a failed run is alerted on its own and neither counts nor ends the row")
 
 
 class PreflightConfig(BaseModel):
@@ -451,9 +524,10 @@ class GateConfig(BaseModel):
                                                                 "(decision evidence); McNemar's p-value is reported beside it; "
                                                                 "1 - confidence is the per-class rule's level")
     per_class: bool = Field(
-        True, description="also refuse a candidate that answers one class worse than the served version with "
-                          "evidence (McNemar's exact one-sided test per class, Holm's correction over the classes, at "
-                          "level 1 - confidence) by more than max_regression, under either decision")
+        True, description="also refuse a candidate that answers one class worse than the served version, or than "
+                          "the reference (the version it is held to across nights), with evidence (McNemar's exact "
+                          "one-sided test per class, Holm's correction over the classes, at level 1 - confidence) by "
+                          "more than max_regression, under either decision")
     top_k: int = Field(5, gt=0, le=100_000, description="k of the top-k accuracy (capped at the number of classes)")
     warmup_images: int = Field(8, gt=0, le=256, description="real eval images in TF Serving's warm-up requests")
 

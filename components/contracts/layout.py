@@ -1,9 +1,9 @@
 """The ROOT layout of DESIGN.md: the one place that knows where each artifact lives.
 
-ROOT is a local path or any fsspec URI (s3://, gs://). Every stage reads and writes under it, so
-stages hand each other URIs, never objects in memory. `Root` names the data (labels, spans and
-their shards), the runs, the model repositories and the serving context; `RunDir` names the files
-of one run. No other module spells these names, and nothing here reads them: what the spans under
+ROOT is a local path, file://, s3:// or gs:// (config.py says why no other). Every stage reads and
+writes under it, so stages hand each other URIs, never objects in memory. `Root` names the data
+(labels, spans and their shards), the runs, the model repositories and the serving context; `RunDir`
+names the files of one run. No other module spells these names, and nothing here reads them: what the spans under
 a ROOT hold is read by components/common/spans.py.
 """
 from __future__ import annotations
@@ -149,6 +149,7 @@ class RunDir:
     tfma = property(lambda self: self._file("tfma"))
     warmup = property(lambda self: join(self.uri, "warmup", WARMUP_FILE))
     gate = property(lambda self: self._file("gate.json"))
+    answers = property(lambda self: self._file("answers.json.gz"))  # the candidate's per record; the push copies it
     confusion_matrix = property(lambda self: self._file("confusion_matrix.png"))
     blessed = property(lambda self: self._file("BLESSED"))
     not_blessed = property(lambda self: self._file("NOT_BLESSED"))
@@ -172,7 +173,7 @@ class RunDir:
     def heavy(self) -> list[str]:
         """The heavy parts of the run, which the retention rule removes first; the rest is the run's record
         (metrics.json, the train stage's result, among it)."""
-        return [self.candidate, self.backup, self.tensorboard, self.tfma, posixpath.dirname(self.warmup)]
+        return [self.candidate, self.backup, self.tensorboard, self.tfma, posixpath.dirname(self.warmup), self.answers]
 
     def result(self, stage: str) -> str:
         """The one file of a stage's result in the run: `<stage>.json`; train's is metrics.json, the name it

@@ -15,6 +15,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
+from components.contracts.label_set import LabelSet
+
 
 class ResultError(ValueError):
     """A result file that is not what its model says; the message names the file."""
@@ -254,6 +256,53 @@ class BestEpoch(Result):
     loss: float
 
 
+# What changed between two environments is said with these names, in this order.
+ENVIRONMENT_NAMES = {"python": "Python", "tensorflow": "TensorFlow", "tf_keras": "Keras (tf_keras)", "beam": "Beam",
+                     "tfma": "TFMA", "numpy": "numpy", "pillow": "Pillow", "cuda": "CUDA", "cudnn": "cuDNN",
+                     "gpu_driver": "GPU driver"}
+
+
+class Environment(Result):
+    """What a model was trained with (components/common/environment.py), which its lineage carries."""
+
+    python: str
+    tensorflow: str
+    tf_keras: str | None
+    beam: str | None
+    tfma: str | None
+    numpy: str | None
+    pillow: str | None
+    cuda: str | None  # as TensorFlow was built (tf.sysconfig.get_build_info); None: a build without CUDA
+    cudnn: str | None
+    gpu_driver: str | None  # None: no NVIDIA driver answered
+    lock: str | None  # the lock every package of which is installed (requirements/test.lock...); None: none is
+    lock_sha256: str | None  # of the lock file
+    unlocked: list[str]  # installed beside the lock (or, without one, every package): name==version
+    packages_sha256: str  # of the installed set, `name==version` lines, sorted
+
+    def packages_in_words(self) -> str:
+        return f"lock {self.lock_sha256[:6]}" if self.lock_sha256 else f"unlocked packages {self.packages_sha256[:6]}"
+
+    def in_words(self) -> str:
+        said = ", ".join(f"{name} {getattr(self, key)}" for key, name in ENVIRONMENT_NAMES.items()
+                         if getattr(self, key) is not None)
+        extra = f" (+{len(self.unlocked)} beside it)" if self.lock and self.unlocked else ""
+        return f"{said}; {self.packages_in_words()}{f' ({self.lock})' if self.lock else ''}{extra}"
+
+    def changes_since(self, before: Environment) -> list[str]:
+        """What differs from `before`, one phrase each: "TensorFlow 2.21.0 -> 2.22.0", "lock a1b2c3 -> d4e5f6"."""
+        changed = [f"{name} {getattr(before, key) or 'none'} -> {getattr(self, key) or 'none'}"
+                   for key, name in ENVIRONMENT_NAMES.items() if getattr(before, key) != getattr(self, key)]
+        if before.lock_sha256 and self.lock_sha256 and before.lock_sha256 != self.lock_sha256:
+            changed.append(f"lock {before.lock_sha256[:6]} -> {self.lock_sha256[:6]}")
+        elif before.lock_sha256 != self.lock_sha256 or (not self.lock_sha256 and before.packages_sha256 != self.packages_sha256):
+            changed.append(f"{before.packages_in_words()} -> {self.packages_in_words()}")
+        elif before.unlocked != self.unlocked:
+            gone, new = sorted(set(before.unlocked) - set(self.unlocked)), sorted(set(self.unlocked) - set(before.unlocked))
+            changed.append("beside the lock: " + ", ".join([f"+{p}" for p in new] + [f"-{p}" for p in gone]))
+        return changed
+
+
 class TrainMetrics(Result):
     """ROOT/runs/<id>/metrics.json, written last by training: the run's summary."""
 
@@ -295,6 +344,12 @@ class TrainMetrics(Result):
     staging: dict | None = None  # the shard cache's record (common/shard_cache.py); None: TensorFlow read ROOT
     dropped_label_errors: int | None = None  # train records left out as suspected label errors; None: not asked to
     start: TrainStart | None = None  # None: a run from before warm starts
+    environment: Environment | None = None  # None: a run from before environments were recorded
+    untrained: list[str] = []  # classes of `labels` no record it trained on carries: it never answers them
+
+    @property
+    def label_set(self) -> LabelSet:
+        return LabelSet(self.labels, self.untrained)
 
 
 # ---------------------------------------------------------------- a run: the gate
@@ -372,6 +427,22 @@ class PerClassComparison(Result):
     classes: list[ClassComparison]  # the classes with eval records, in class-id order
 
 
+class ReferenceComparison(PerClassComparison):
+    """The guard against forgetting against the reference, the version whose recorded answers candidates are held
+    to class by class (components/gate/reference.py), on the eval records both answered."""
+
+    pushed_at: str  # when the reference was pushed
+    days: int  # from its push to this gate
+    versions_since: int  # versions pushed after it
+
+
+class GateReference(Result):
+    """The version whose recorded answers a candidate was held to class by class (components/gate/reference.py)."""
+
+    version: int
+    kept: bool  # once the candidate is pushed, later candidates are held to it too (a warm run); False: to the candidate
+
+
 class Comparison(PairedComparison):
     """The paired comparison with the newest served version, and the rule that decided."""
 
@@ -379,6 +450,16 @@ class Comparison(PairedComparison):
     confidence: float
     best_retained: PairedComparison | None = None  # against the retained version most accurate on these records
     per_class: PerClassComparison | None = None  # None: gate.per_class off, or gated before it existed
+    # None: per_class off, no reference, or the reference is the newest served version (per_class is then against it)
+    reference: ReferenceComparison | None = None
+
+
+class Answers(Result):
+    """ROOT/runs/<id>/answers.json.gz (JSON, gzipped), and assets.extra/stoke_answers.json.gz of the version the run
+    became: the class the candidate answered for each eval record at its gate (components/gate/answers.py)."""
+
+    labels: list[str]  # the model's classes, by id
+    records: dict[str, tuple[int, int]]  # SHA-256 of the record's image/encoded -> (its label id then, the class answered)
 
 
 class Collapse(Result):
@@ -405,6 +486,7 @@ class GateResult(Result):
     comparison: Comparison | None = None  # paired, per record; None: no served version to compare with
     collapse: Collapse | None = None  # None: the candidate answers more than one class
     served_version: int | None  # the newest served version when gated
+    reference: GateReference | None = None  # None: held to no reference, as when no served version recorded answers
     thresholds: Thresholds
     serving_check: dict  # components/gate/serving_check.py's report
     labels: list[str]

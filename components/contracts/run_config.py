@@ -1,8 +1,8 @@
 """The run configuration: one `RunConfig` describes a run of the `train` flow, and it is the only
 settings object: every stage program reads the whole of it.
 
-A RunConfig is the run-wide fields (source, root, model name, preset, shard cache, Beam options,
-timeouts) plus one group per stage of the registry. It is the flow's parameters, what `stoke run`,
+A RunConfig is the run-wide fields (source, root, model name, preset, shard cache, retention, alerts, Beam
+options, timeouts) plus one group per stage of the registry. It is the flow's parameters, what `stoke run`,
 `stoke up` and `stoke deploy` take (a file plus `--set group.field=value`, components/common/config_files.py), and, once
 resolved (presets applied), what the run records as ROOT/runs/<id>/config.json before its first
 stage. The flow starts each stage program on that file (`--config ROOT/runs/<id>/config.json`); a
@@ -13,13 +13,14 @@ they travel beside the configuration (`RunFacts`).
 """
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
 
 from components.contracts import presets, stages
 from components.contracts.beam_options import BeamArgs
 from components.contracts.config import (
     MAX_SPAN,
     SETTINGS_CONFIG,
+    AlertsConfig,
     DataCheckConfig,
     GateConfig,
     IngestConfig,
@@ -66,6 +67,7 @@ class RunConfig(BaseModel):
         "small_cnn at 32 px, no flips, 8 epochs, batch 32)")
     shard_cache: ShardCacheConfig = ShardCacheConfig()
     runs: RunsConfig = RunsConfig()
+    alerts: AlertsConfig = AlertsConfig()
     beam_args: BeamArgs = Field([], description="Beam options of the run's ingest, --NAME=VALUE, among those that "
                                 "size its runner (the runner itself belongs to the deployment)")
     timeouts: Timeouts = Timeouts()
@@ -76,11 +78,36 @@ class RunConfig(BaseModel):
     gate: GateConfig = GateConfig()
     push: PushConfig = PushConfig()
 
+    @field_validator("alerts")
+    @classmethod
+    def _alerts_within_the_records(cls, alerts: AlertsConfig, info: ValidationInfo) -> AlertsConfig:
+        runs = info.data.get("runs")  # declared before alerts: validated first (absent when it was refused)
+        if runs is not None and alerts.after > runs.keep_records:
+            raise ValueError(f"after ({alerts.after}) must be at most runs.keep_records ({runs.keep_records}): the "
+                             "runs in a row are counted from the records kept")
+        return alerts
+
     def resolved(self) -> RunConfig:
         """This configuration with the preset's values in every field left unset."""
         groups = {s.name: presets.fill(self.preset, s.name, getattr(self, s.name)) for s in stages.STAGES
                   if s.settings is not None and getattr(self, s.name) is not None}
         return self.model_copy(update=groups)
+
+
+def preset_problem(base: dict, preset: str, named: str) -> str | None:
+    """Why the configuration `base` (the data of `named`: a settings file, a deployment's parameters) may not
+    take `preset`, or None. A configuration that names another preset and sets every setting that preset fills
+    is resolved already, as a run's config.json is: `preset` would fill only what the other left unset, and put
+    its name on a run of the other's network, size and epochs."""
+    held = base.get("preset", RunConfig.model_fields["preset"].default)
+    if preset == held or held not in presets.PRESETS:
+        return None
+    for group, values in presets.PRESETS[held].items():
+        if not isinstance(base.get(group), dict) or any(base[group].get(name) is None for name in values):
+            return None
+    return (f"preset {preset} over {named}, which holds the {held} preset's values already (a run's config.json is "
+            f"resolved): {preset} would fill only what {held} left unset; drop the preset to run it as it is, or "
+            "start from a file of your own that leaves those settings unset")
 
 
 class RunFacts(BaseModel):

@@ -17,6 +17,7 @@ from components.contracts.results import (
     Anomaly,
     Comparison,
     DataServiceUse,
+    Environment,
     GateMetrics,
     LossAccuracy,
     ProfilerVerdict,
@@ -211,6 +212,7 @@ class PushSummary(Summary):
     model_name: str | None = None
     version: int | None = None
     model_uri: str | None = None
+    model_card: str | None = None  # the version's assets.extra/model_card.md
     serving_uri: str | None = None
     commands: ServingCommands | None = None
     image: ImageBuild | None = None
@@ -399,6 +401,7 @@ class TrainSection(Result):
     weights: str | None = None  # train.weights
     phases: list[TrainPhase] = []
     start: TrainStart | None = None  # warm or full (None: a run from before warm starts)
+    environment: Environment | None = None  # None: a run from before Stoke recorded it
 
 
 class GateSection(Result):

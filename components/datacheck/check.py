@@ -15,7 +15,7 @@ from collections import Counter
 from tensorflow_metadata.proto.v0 import statistics_pb2
 
 from components.common.program import setting_hint
-from components.contracts import schema
+from components.common.span_labels import label_counts
 from components.contracts.config import DataCheckConfig
 from components.contracts.results import Anomaly, QualityFinding, SamePicture
 from components.contracts.summaries import DataAnomaly
@@ -52,15 +52,13 @@ class Verdict:
 
 def profile(statistics: dict[str, statistics_pb2.DatasetFeatureStatisticsList]) -> Profile:
     """Split -> its statistics (one dataset each) to a Profile. Label counts are read off the rank
-    histogram, which holds 1000 classes where the top values hold 20."""
+    histogram, which holds every class where the top values hold 20."""
     labels, ranges, buckets = {}, {}, {}
     for split, found in statistics.items():
-        labels[split] = Counter()
+        labels[split] = label_counts(found)
         for feature in (f for dataset in found.datasets for f in dataset.features):
             name = feature.path.step[0] if feature.path.step else feature.name
-            if name == schema.TEXT:
-                labels[split].update({b.label: int(b.sample_count) for b in feature.string_stats.rank_histogram.buckets})
-            elif name in SIZES and feature.num_stats.common_stats.num_non_missing:
+            if name in SIZES and feature.num_stats.common_stats.num_non_missing:
                 stats = feature.num_stats
                 low, high = ranges.get(name, (stats.min, stats.max))
                 ranges[name] = (min(low, stats.min), max(high, stats.max))

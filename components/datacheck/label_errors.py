@@ -62,10 +62,31 @@ def thresholds(given: np.ndarray, probabilities: np.ndarray) -> np.ndarray:
                      for j in range(probabilities.shape[1])])
 
 
+def unjudged(predictions: Predictions) -> str | None:
+    """Why the served model's predictions cannot be judged, in words; None when they can: no record of a class
+    it knows, or answers that are no probabilities (a model whose weights went to NaN)."""
+    p, given = predictions.probabilities, predictions.given
+    others = "the other checks judge the span"
+    if not len(given):
+        return (f"none of the span's records is of a class the served model answers ({predictions.unknown} of classes "
+                f"it does not know, or that it could not read): {others}")
+    broken = int(np.sum(~(np.isfinite(p).all(axis=1) & (p >= 0).all(axis=1) & (p.sum(axis=1) > 0))))
+    if broken:
+        return (f"the served model's answers on {broken} of {len(given)} records are not probabilities (NaN, infinite, "
+                f"negative or all zero): nothing it says is evidence; {others}")
+    return None
+
+
 def suspects(given: np.ndarray, probabilities: np.ndarray) -> np.ndarray:
     """A boolean mask of the records confident learning flags (prune by noise rate)."""
     if len(given) < 2:
         return np.zeros(len(given), dtype=bool)
+    if len(set(given.tolist())) == 1:
+        # A night of one class: cleanlab takes labels of a single class only when it is class 0 (its multi-label
+        # case), and confident learning treats the classes alike, so the span's class trades places with class 0.
+        swap = np.arange(probabilities.shape[1])
+        swap[[0, given[0]]] = swap[[given[0], 0]]
+        given, probabilities = np.zeros_like(given), probabilities[:, swap]
     from cleanlab.count import compute_confident_joint
     from cleanlab.filter import find_label_issues
 
@@ -108,7 +129,11 @@ def rate_test(flags: np.ndarray, given: np.ndarray, names: list[str], rate: floa
 
 def judge(predictions: Predictions, history: list[LabelCheck], model_error: float | None,
           model: str) -> tuple[list[DataAnomaly], LabelCheck]:
-    """The findings of the label check (one per flagged file, and one about the span) and its record."""
+    """The findings of the label check (one per flagged file, and one about the span) and its record; or
+    none, and the record of a skipped check, when the predictions cannot be judged."""
+    why = unjudged(predictions)
+    if why:
+        return [], LabelCheck(status="skipped", reason=why, model=model, unknown=predictions.unknown)
     p, given, names = predictions.probabilities, predictions.given, predictions.labels
     flags = suspects(given, p)
     rate, where = expected_rate(history, model_error)

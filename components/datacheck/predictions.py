@@ -64,13 +64,14 @@ def served(root: Root, name: str, span: int) -> Served | str:
 
 
 def predict(root: Root, manifest: SpanManifest, model: Served) -> tuple[Predictions, dict[int, bytes], float]:
-    """The model's probabilities on every record of the span whose class it knows, a few encoded images
-    (by row) for the sheet, and the seconds it took."""
+    """The model's probabilities on every record of the span whose class it answers (not one it keeps an id
+    for without a record: it gives that class probability 0), a few encoded images (by row) for the sheet,
+    and the seconds it took."""
     import tensorflow as tf
 
     started = time.monotonic()
     labels = model.lineage.labels
-    index = {name: i for i, name in enumerate(labels)}
+    index = {name: labels.index(name) for name in model.lineage.label_set.answered}
     with tempfile.TemporaryDirectory(prefix="stoke-label-check-") as scratch:
         try:
             signature = tf.saved_model.load(local_copy(model.uri, scratch, "model")).signatures[SERVING_SIGNATURE]
@@ -83,10 +84,10 @@ def predict(root: Root, manifest: SpanManifest, model: Served) -> tuple[Predicti
                 continue
             batch.append(record)
             if len(batch) == BATCH:
-                unknown += run_batch(signature, batch, index, rows, kept)
+                unknown += run_batch(signature, batch, index, len(labels), rows, kept)
                 batch = []
         if batch:
-            unknown += run_batch(signature, batch, index, rows, kept)
+            unknown += run_batch(signature, batch, index, len(labels), rows, kept)
     probabilities = np.array([r[3] for r in rows], dtype=np.float64).reshape(len(rows), len(labels))
     found = Predictions(labels=labels, files=[r[0] for r in rows], splits=[r[1] for r in rows],
                         given=np.array([r[2] for r in rows], dtype=int), probabilities=probabilities, unknown=unknown)
@@ -109,9 +110,11 @@ def records(root: Root, manifest: SpanManifest):
                                  f"tf.Examples ({error})") from None
 
 
-def run_batch(signature, batch: list[tuple], index: dict[str, int], rows: list, kept: dict[int, bytes]) -> int:
+def run_batch(signature, batch: list[tuple], index: dict[str, int], classes: int, rows: list,
+              kept: dict[int, bytes]) -> int:
     """Appends (file, split, label index, probabilities) per record of `batch` the model reads to `rows`;
-    returns how many it could not read (an image refused: the rest of the batch is judged one by one)."""
+    returns how many it could not read (an image refused: the rest of the batch is judged one by one).
+    `classes`: how many the lineage names, as many probabilities as the model answers."""
     import tensorflow as tf
 
     def call(images):
@@ -129,8 +132,8 @@ def run_batch(signature, batch: list[tuple], index: dict[str, int], rows: list, 
     for (file, split, name, encoded), answer in zip(batch, answers):
         if answer is None:
             continue
-        if len(answer) != len(index):
-            raise UnusableModel(f"the served model answers {len(answer)} probabilities, its lineage names {len(index)} "
+        if len(answer) != classes:
+            raise UnusableModel(f"the served model answers {len(answer)} probabilities, its lineage names {classes} "
                                 "classes")
         if len(kept) < KEEP_IMAGES and int(np.argmax(answer)) != index[name]:
             kept[len(rows)] = encoded

@@ -4,9 +4,9 @@ file, no model, no TFMA, no TensorFlow), so every rule is tested on figures writ
 A candidate must reach the floor (gate.min_accuracy, or beat always answering the eval split's most
 common class), decided on counts of records; under `decision: evidence` a drop below the served
 version refuses only when the paired interval shows it (rule.py, evidence.py); under `point` the
-accuracies are compared as they are. Under either, a class that falls below the served version with
-evidence refuses (forgetting.py). The label-set rule's and the serving check's problems refuse
-whatever the accuracy.
+accuracies are compared as they are. Under either, a class that falls below the served version, or
+below the reference (reference.py), with evidence refuses (forgetting.py). The label-set rule's and
+the serving check's problems refuse whatever the accuracy.
 """
 from __future__ import annotations
 
@@ -56,12 +56,22 @@ def decide(candidate: dict, baseline: dict | None, served_version: int | None, s
         reasons += _point_reasons(candidate["accuracy"], baseline, shared_classes, served_version, max_regression)
         said = []
     if compared is not None and evidence.classes is not None:
+        level = 1 - evidence.confidence
         candidate_right, served_right, labels = evidence.pairs[served_version]
         compared["per_class"] = forgetting.compare(labels, candidate_right, served_right, evidence.classes,
-                                                   served_version, 1 - evidence.confidence, max_regression)
-        more, fell = forgetting.verdict(compared["per_class"])
-        reasons += more
-        said += fell
+                                                   served_version, level, max_regression)
+        tables = [compared["per_class"]]
+        if evidence.reference is not None:
+            held = evidence.reference
+            candidate_right, reference_right, labels = held.pair
+            compared["reference"] = forgetting.with_reference(
+                forgetting.compare(labels, candidate_right, reference_right, evidence.classes, held.version, level,
+                                   max_regression), held.pushed_at, held.days, held.since)
+            tables.append(compared["reference"])
+        for table in tables:
+            more, fell = forgetting.verdict(table)
+            reasons += more
+            said += fell
     if shared_classes is not None:
         notes.append("per class, candidate vs served: " + ", ".join(
             f"{name} {value:.4f} vs {shared_classes['baseline_per_class_accuracy'][name]:.4f}"

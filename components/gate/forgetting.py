@@ -19,7 +19,14 @@ records: for class k, b_k of its records only the candidate gets right, c_k only
   significant and still no reason to keep yesterday's model.
 
 The rule is the same under either gate.decision: a point rule per class would refuse on one record of
-a small class. Pure: class ids and correctness in, a table and words out.
+a small class.
+
+Each night is compared with the version it replaces, so a class that falls a little every night,
+each fall within noise, would slide unseen. So the candidate is also held, with the same test and
+threshold, to the reference (reference.py): a version that does not move with the nights, on the
+records both answered. The two tables are each held to the gate's level, as the overall rule holds
+the newest and the best retained versions: a candidate no worse than either is refused by chance at
+most twice as often. Pure: class ids and correctness in, a table and words out.
 """
 from __future__ import annotations
 
@@ -54,18 +61,24 @@ def compare(labels: Sequence[int], candidate: Sequence[bool], served: Sequence[b
     return {"version": version, "method": METHOD, "level": level, "max_regression": max_regression, "classes": rows}
 
 
+def with_reference(table: dict, pushed_at: str, days: int, versions_since: int) -> dict:
+    """gate.json's `comparison.reference`: a table of compare() against the reference, and its age."""
+    return {**table, "pushed_at": pushed_at, "days": days, "versions_since": versions_since}
+
+
 def verdict(table: dict) -> tuple[list[str], list[str]]:
     """(reasons, notes): a reason for each class worse with evidence, with its figures; one note for the
     falls beyond the allowance that are within noise."""
-    rows, version = table["classes"], table["version"]
-    family = f"{_classes(len(rows))} at {table['level']:g}"
+    rows = table["classes"]
+    family = f"{_count(len(rows), 'class')} at {table['level']:g}"
+    whom, short = _against(table)
     reasons = []
     for r in rows:
         if r["verdict"] == "worse":
             n, (b, c) = r["example_count"], r["discordant"]
             reasons.append(
-                f"class {r['label']} fell from {r['baseline_right']}/{n} right under the served version {version} "
-                f"to {r['right']}/{n} ({c} of its records only the served version gets right, {b} only the "
+                f"class {r['label']} fell from {r['baseline_right']}/{n} right under {whom} "
+                f"to {r['right']}/{n} ({c} of its records only {short} gets right, {b} only the "
                 f"candidate): McNemar's exact one-sided p = {r['p_value']:.2g}, within Holm's threshold "
                 f"{r['threshold']:.2g} for {family}; a fall beyond the allowed regression "
                 f"{table['max_regression']:g} with evidence")
@@ -74,11 +87,22 @@ def verdict(table: dict) -> tuple[list[str], list[str]]:
         return reasons, []
     named = ", ".join(f"{r['label']} {r['right']}/{r['example_count']} from {r['baseline_right']}/{r['example_count']} "
                       f"(p = {r['p_value']:.2g}, threshold {r['threshold']:.2g})" for r in noise[:SHOWN])
-    more = f" and {len(noise) - SHOWN} more (gate.json's comparison.per_class)" if len(noise) > SHOWN else ""
-    return reasons, [f"per class against the served version {version}, {_classes(len(noise))} fell beyond the "
+    key = "reference" if "pushed_at" in table else "per_class"
+    more = f" and {len(noise) - SHOWN} more (gate.json's comparison.{key})" if len(noise) > SHOWN else ""
+    return reasons, [f"per class against {whom}, {_count(len(noise), 'class')} fell beyond the "
                      f"allowed regression within noise (McNemar's exact one-sided test, Holm's step-down over "
                      f"{family}): {named}{more}"]
 
 
-def _classes(count: int) -> str:
-    return f"{count} class" if count == 1 else f"{count} classes"
+def _against(table: dict) -> tuple[str, str]:
+    """Whom a table compares the candidate with, in full and in short: the served version, or the reference
+    with how long ago it was pushed, in days and in versions (the nights a slide took)."""
+    if "pushed_at" not in table:
+        return f"the served version {table['version']}", "the served version"
+    return (f"the reference version {table['version']} (pushed {table['pushed_at'][:10]}, "
+            f"{_count(table['days'], 'day')} ago; {_count(table['versions_since'], 'version')} pushed since)",
+            "the reference")
+
+
+def _count(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}{'es' if noun.endswith('s') else 's'}"

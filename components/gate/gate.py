@@ -11,12 +11,14 @@ the difference lies below -max_regression, against the newest served version or 
 most accurate on these records; --decision point compares the two accuracies as they are (TFMA then
 holds the same change threshold). When the candidate knows classes the served version does not
 (labels are append-only, so they come last), the two are compared on the classes both know. Class by
-class, a fall below the served version with evidence refuses (forgetting.py), under either decision.
+class, a fall below the served version with evidence refuses (forgetting.py), under either decision,
+and so does a fall below the reference (reference.py), judged on the answers its gate recorded.
 A candidate that lacks a class the served version answers, or holds them in another order, is
 refused whatever its accuracy (labelset.py: its own labels against the served version's lineage).
 A fresh process then checks the serving contract with the warm-up requests the push will ship.
 
-Writes ROOT/runs/ID/: tfma/, gate.json, confusion_matrix.png, warmup/, and BLESSED or
+Writes ROOT/runs/ID/: tfma/, answers.json.gz (the candidate's answer to each eval record, which the
+push keeps beside the version: answers.py), gate.json, confusion_matrix.png, warmup/, and BLESSED or
 NOT_BLESSED last. Exit 0 either way: a refused model is a normal outcome.
 """
 from __future__ import annotations
@@ -32,7 +34,17 @@ import sys
 import tempfile
 
 from components.common import clock, plots, processes, program, shard_digests
-from components.common.files import check_writable, exists, filesystem, join, read_result, remove, write_json, write_text
+from components.common.files import (
+    check_writable,
+    exists,
+    filesystem,
+    join,
+    read_result,
+    remove,
+    write_bytes,
+    write_json,
+    write_text,
+)
 from components.common.local_copies import UnsafeKey
 from components.common.model_folders import SAVED_MODEL
 from components.common.repository import Repository, RepositoryError
@@ -42,10 +54,11 @@ from components.common.spans import SpanNotChecked, Spans
 from components.common.store_errors import on_root
 from components.common.tf_files import local_copy, push, tf_reads
 from components.contracts import schema
+from components.contracts.label_set import LabelSet
 from components.contracts.layout import Root, RunDir, Shard
 from components.contracts.results import GateResult, ResultError, TrainMetrics
 from components.contracts.run_config import RunConfig
-from components.gate import records, rule
+from components.gate import answers, records, reference, rule
 from components.gate.decision import Decision, Floor, collapse, decide
 from components.gate.evalset import eval_spans
 from components.gate.labelset import known_classes, label_set_reasons
@@ -76,10 +89,11 @@ class Served:
     uri: str | None  # None when the candidate is not compared with it
     shared: list[str] | None  # the classes compared on, when the candidate added some
     notes: list[str]
-    # Every retained version comparable with the candidate: version -> (uri, how many of the candidate's
-    # classes it knows), for the paired comparisons (the newest one's, and the best retained one's).
+    # Every retained version comparable with the candidate: version -> (uri, the ids of the classes both
+    # answer), for the paired comparisons (the newest one's, and the best retained one's).
     retained: dict = dataclasses.field(default_factory=dict)
     refusals: list[str] = dataclasses.field(default_factory=list)  # the label-set rule's reasons
+    held_to: reference.Chosen | None = None  # the reference; None: no version compared with
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +110,7 @@ class GateInputs:
     floor: Floor
     served: Served
     top_k: int
+    warm: bool  # trained from the served model's weights: a warm run keeps its reference
 
 
 def gate(config: RunConfig, *, run_id: str) -> dict:
@@ -105,12 +120,26 @@ def gate(config: RunConfig, *, run_id: str) -> dict:
     results, serving = evaluate(config, inputs)
     metrics = dict(results["candidate"], majority_class_rate=inputs.majority_rate,
                    eval_label_counts={label_name(inputs.labels, k): v for k, v in sorted(inputs.counts.items())})
+    held, notes = _reference_pair(inputs.served.held_to, results["answers"]) if config.gate.per_class else (None, [])
     decision = decide(metrics, results.get("baseline"), inputs.served.version, inputs.served.shared, inputs.floor,
                       config.gate.max_regression, serving, results["validation_ok"], results["validation_failures"],
                       rule.Evidence(config.gate.decision, config.gate.confidence, results["pairs"],
-                                    inputs.labels if config.gate.per_class else None),
+                                    inputs.labels if config.gate.per_class else None, held),
                       label_reasons=inputs.served.refusals)
-    return write(config, inputs, metrics, results, serving, decision)
+    return write(config, inputs, metrics, results, serving, decision._replace(notes=notes + decision.notes))
+
+
+def _reference_pair(chosen: reference.Chosen | None,
+                    candidate: records.Answered) -> tuple[rule.Reference | None, list[str]]:
+    """The reference's comparison with the candidate, on the records both answered, when it is not the newest
+    served version; and what the gate says of the reference."""
+    if chosen is None or chosen.recorded is None:
+        return None, chosen.notes if chosen is not None else []
+    pair = answers.paired(chosen.recorded, candidate.keys, candidate.labels, candidate.answers)
+    if not pair[0]:
+        return None, [*chosen.notes, f"the reference version {chosen.version} answered none of the eval records gated "
+                      "on (each is known by its image's SHA-256 and label): class by class it is not compared"]
+    return rule.Reference(chosen.version, chosen.pushed_at, chosen.days, chosen.since, pair), chosen.notes
 
 
 def gather(config: RunConfig, run_id: str) -> GateInputs:
@@ -126,7 +155,7 @@ def gather(config: RunConfig, run_id: str) -> GateInputs:
         raise GateError(f"run {run_id} has no candidate SavedModel at {candidate}")
     labels = trained.labels
     try:  # every checked span's eval records, not only those training read (evalset.py)
-        spans, left_out = eval_spans(root, trained.spans, labels)
+        spans, left_out = eval_spans(root, trained.spans, trained.label_set)
         shards = Spans(root).shards("eval", spans)
     except SpanNotChecked as exc:  # held back since the run trained on it: its records are no evidence
         raise GateError(f"run {run_id} trained on a span the data check does not let in now: {exc}; "
@@ -140,13 +169,28 @@ def gather(config: RunConfig, run_id: str) -> GateInputs:
         counts, warm_images = _scan_eval(shards, config.gate.warmup_images)
     majority_id, majority_count = counts.most_common(1)[0]
     majority_rate = majority_count / sum(counts.values())
-    served = _served(Repository(root, config.model_name), labels)
+    repo = Repository(root, config.model_name)
+    served = _served(repo, trained.label_set)
+    changed = environment_notes(trained, repo, served.version)
     return GateInputs(run=run, candidate=candidate, labels=labels, spans=spans, shards=shards, counts=counts,
                       warm_images=warm_images, majority_rate=majority_rate,
                       floor=_floor(config.gate.min_accuracy, majority_count, sum(counts.values()),
                                    label_name(labels, majority_id)),
-                      served=dataclasses.replace(served, notes=served.notes + left_out + staged),
-                      top_k=min(config.gate.top_k, len(labels)))
+                      served=dataclasses.replace(served, notes=served.notes + left_out + staged + changed),
+                      top_k=min(config.gate.top_k, len(labels)),
+                      warm=trained.start is not None and trained.start.kind == "warm")
+
+
+def environment_notes(trained: TrainMetrics, repo: Repository, version: int | None) -> list[str]:
+    """A note, never a reason, when the candidate was trained in another environment than the served version
+    (the lineage's): what changed, or that the served version's environment is not recorded."""
+    lineage = repo.lineage(version) if version is not None else None
+    if lineage is None or trained.environment is None:
+        return []  # nothing served, a version Stoke did not push, or a candidate trained before Stoke recorded it
+    if lineage.environment is None:
+        return [f"served version {version}: environment not recorded"]
+    changed = trained.environment.changes_since(lineage.environment)
+    return [f"trained in another environment than served version {version}: {'; '.join(changed)}"] if changed else []
 
 
 def _staged(config: RunConfig, shards: list[Shard]) -> tuple[list[Shard], list[str]]:
@@ -181,8 +225,8 @@ def _floor(min_accuracy: float | None, majority_count: int, total: int, majority
                               f"class ({majority_label}) in the eval split", majority_label, majority_count, total)
 
 
-def _served(repo: Repository, labels: list[str]) -> Served:
-    """The served version to compare with: on every class, on the classes both know, or refused. It is
+def _served(repo: Repository, candidate: LabelSet) -> Served:
+    """The served version to compare with: on every class, on the classes both answer, or refused. It is
     the newest version TF Serving serves once the next push has set strangers aside (repository.py)."""
     found = repo.survey()
     version = found.versions[-1] if found.versions else None
@@ -191,18 +235,21 @@ def _served(repo: Repository, labels: list[str]) -> Served:
     if version is None:
         return Served(None, None, None, ignored + ["no served version yet: only the accuracy floor applies"])
     lineages = {v: repo.lineage(v) for v in found.versions}
-    known = {v: known_classes(lineage.labels if lineage else None, labels) for v, lineage in lineages.items()}
-    retained = {v: (repo.version_uri(v), len(classes)) for v, classes in known.items() if classes is not None}
+    known = {v: known_classes(lineage.label_set if lineage else None, candidate) for v, lineage in lineages.items()}
+    retained = {v: (repo.version_uri(v), frozenset(map(candidate.labels.index, classes)))
+                for v, classes in known.items() if classes is not None}
     served_labels = known[version]
     if served_labels is None:
         return Served(version, None, None, ignored,
-                      refusals=label_set_reasons(lineages[version].labels, labels, version))
-    if served_labels == list(labels):
-        return Served(version, repo.version_uri(version), None, ignored, retained)
+                      refusals=label_set_reasons(lineages[version].label_set, candidate, version))
+    chosen = reference.choose(repo, version, lineages[version], candidate, clock.now())
+    if served_labels == candidate.answered:
+        return Served(version, repo.version_uri(version), None, ignored, retained, held_to=chosen)
+    added = [name for name in candidate.answered if name not in served_labels]
     return Served(version, repo.version_uri(version), served_labels, ignored + [
         f"the label set grew (served version {version} knows {len(served_labels)} classes, the "
-        f"candidate added {', '.join(labels[len(served_labels):])}): compared on the {len(served_labels)} "
-        "classes both know"], retained)
+        f"candidate added {', '.join(added)}): compared on the {len(served_labels)} classes both know"], retained,
+        held_to=chosen)
 
 
 def _damaged(which: str, config: RunConfig) -> str:
@@ -240,7 +287,8 @@ def evaluate(config: RunConfig, inputs: GateInputs) -> tuple[dict, dict]:
             results = read_tfma(output, inputs.labels, inputs.top_k)
             if output != run.tfma:
                 push(output, run.tfma)
-            results["pairs"] = records.pairs(models["candidate"], versions, inputs.shards) if versions else {}
+            results["answers"] = records.answered(models["candidate"], inputs.shards)
+            results["pairs"] = records.pairs(results["answers"], versions, inputs.shards)
 
         _write_warmup(run.warmup, inputs.warm_images, config.model_name)
         serving = serving_check(models["candidate"], local_copy(run.warmup, scratch, "warmup"), config.model_name)
@@ -249,8 +297,13 @@ def evaluate(config: RunConfig, inputs: GateInputs) -> tuple[dict, dict]:
 
 def write(config: RunConfig, inputs: GateInputs, metrics: dict, results: dict, serving: dict,
           decision: Decision) -> dict:
-    """gate.json, the confusion matrix and, last, the BLESSED or NOT_BLESSED marker."""
+    """The candidate's answers, gate.json, the confusion matrix and, last, the BLESSED or NOT_BLESSED marker."""
     run, floor, served = inputs.run, inputs.floor, inputs.served
+    candidate = results["answers"]
+    write_bytes(run.answers, answers.encode(answers.record(candidate.keys, candidate.labels, candidate.answers,
+                                                           inputs.labels)))
+    chosen = served.held_to
+    held = None if chosen is None or chosen.version is None else {"version": chosen.version, "kept": inputs.warm}
     baseline = results.get("baseline")
     plot_uri = run.confusion_matrix
     plots.confusion_matrix(metrics["confusion_matrix"], inputs.labels, plot_uri,
@@ -268,6 +321,7 @@ def write(config: RunConfig, inputs: GateInputs, metrics: dict, results: dict, s
         "comparison": decision.comparison,
         "collapse": collapse(metrics, inputs.labels),
         "served_version": served.version,
+        "reference": held,
         "thresholds": {"min_accuracy": floor.value, "min_accuracy_inclusive": floor.inclusive,
                        "min_accuracy_source": floor.source, "max_regression": config.gate.max_regression,
                        "compared_to_baseline": baseline is not None, "top_k": inputs.top_k},

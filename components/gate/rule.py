@@ -15,12 +15,24 @@ EPSILON = 1e-12
 
 
 @dataclasses.dataclass(frozen=True)
+class Reference:
+    """The version whose recorded answers the candidate is held to class by class (reference.py), when it is
+    not the newest served version, and the records both answered."""
+    version: int
+    pushed_at: str
+    days: int  # from its push to this gate
+    since: int  # versions pushed after it
+    pair: tuple  # (candidate right, reference right, class id) lists (answers.paired)
+
+
+@dataclasses.dataclass(frozen=True)
 class Evidence:
     """Per-record correctness for the paired comparison, and the rule that weighs it."""
     decision: str  # "evidence" or "point" (the overall comparison is then recorded, not used; the per-class rule holds)
     confidence: float
     pairs: dict  # served version -> (candidate right, version right, class id) lists, on the records both know
     classes: list[str] | None = None  # class names by id: the per-class rule's (forgetting.py); None: off
+    reference: Reference | None = None  # the per-class rule's second comparison; None: none beside the newest
 
 
 def comparison(evidence: Evidence | None, served_version: int | None) -> dict | None:

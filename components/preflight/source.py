@@ -14,7 +14,8 @@ import os
 import threading
 
 from components.common import program, source_files, store_errors
-from components.common.files import filesystem, is_local, uri_of, without_query
+from components.common.files import filesystem, is_local, uri_of
+from components.contracts.secrets import without_query
 from components.preflight.checks import Check
 
 NAME = "source"

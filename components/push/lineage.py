@@ -12,7 +12,7 @@ import sys
 from components.common import program
 from components.common.model_folders import MAX_VERSION, version_number
 from components.common.repository import Repository, RepositoryError
-from components.contracts.results import ResultError
+from components.contracts.results import Environment, ResultError
 
 
 def lineage(root: str, model_name: str = "stoke", version: int | None = None) -> dict:
@@ -36,17 +36,27 @@ def render_text(record: dict) -> str:
     lines = [f"{record['model_name']} version {record['version']} ({record['status']}), pushed {record.get('pushed_at')}",
              f"  run {record.get('run_id')}  ({record.get('run_uri')})",
              f"  trained with TensorFlow {record.get('tensorflow_version')}; image {record.get('serving_image')}",
+             f"  environment: {_environment(record.get('environment'))}",
              f"  accuracy {metrics.get('accuracy')}  top-{metrics.get('top_k')} {metrics.get('top_k_accuracy')}  "
              f"on {metrics.get('example_count')} eval records",
              f"  blessed: {blessing.get('blessed')} (baseline version {blessing.get('baseline_version')})"]
+    if record.get("reference") is not None:
+        lines.append(f"  reference: version {record['reference']} (later candidates are held to it class by class)")
     for span in record.get("spans", []):
         lines.append(f"  span {span['span']}: {span.get('counts')} from {span.get('source')} "
                      f"(manifest sha256 {span.get('manifest_sha256', '')[:12]})")
+    if record.get("untrained"):
+        lines.append(f"  never answers {', '.join(record['untrained'])}: no record of the spans it was trained on "
+                     f"carries {'them' if len(record['untrained']) > 1 else 'it'}")
     if record.get("rolled_back"):
         lines.append(f"  rolled back {record['rolled_back']['at']}: {record['rolled_back']['reason']}")
     if record.get("retired_at"):
         lines.append(f"  retired {record['retired_at']}")
     return "\n".join(lines)
+
+
+def _environment(recorded: dict | None) -> str:
+    return Environment.model_validate(recorded).in_words() if recorded else "not recorded"
 
 
 def _version(text: str) -> int:

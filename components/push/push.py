@@ -8,7 +8,9 @@ pushed.json after (the version's record, which makes a second push report the fi
 push.json, last; a version whose lineage names the run counts as pushed, so a push stopped
 between the two is finished by the next attempt instead of repeated. The
 version folder gets the candidate, `assets.extra/tf_serving_warmup_requests` (the requests
-validation replayed) and `assets.extra/stoke_lineage.json`; it appears atomically
+validation replayed), `assets.extra/stoke_answers.json.gz` (the candidate's answers the gate recorded,
+which later gates hold candidates to while it is their reference) and `assets.extra/stoke_lineage.json`,
+which names that reference; it appears atomically
 (components/common/repository.py). Then retention keeps the newest --keep versions and ROOT/serving
 is rendered again; the image is built when a container engine answers. A retry of a push killed
 after its version appeared finishes those two steps (retention only while its version is still
@@ -21,15 +23,25 @@ import json
 import subprocess
 
 from components.common import clock, processes, program
-from components.common.files import exists, filesystem, join, read_json, read_result, remove, write_json
-from components.common.repository import ASSETS_EXTRA, LINEAGE_FILE, Repository, RepositoryError, kill_drill
+from components.common.files import exists, filesystem, join, read_bytes, read_result, remove, write_json
+from components.common.repository import (
+    ANSWERS_FILE,
+    ASSETS_EXTRA,
+    LINEAGE_FILE,
+    MODEL_CARD,
+    MODEL_CARD_JSON,
+    Repository,
+    RepositoryError,
+    kill_drill,
+)
 from components.common.store_errors import on_root
 from components.contracts.layout import WARMUP_FILE, Root, RunDir
 from components.contracts.lineage import Blessing, Lineage, LineageSpan, Pushed, PushIntent, Training
-from components.contracts.results import GateResult, ResultError, SpanManifest, TrainMetrics
+from components.contracts.results import GateReference, GateResult, ResultError, SpanManifest, TrainMetrics
 from components.contracts.run_config import RunConfig
-from components.contracts.secrets import without_secrets
+from components.contracts.secrets import recorded
 from components.contracts.summaries import PushSummary
+from components.push import model_card
 from components.push.serving_image import ServingError
 
 
@@ -65,7 +77,7 @@ def push(config: RunConfig, *, run_id: str) -> PushSummary:
         earlier = earlier_push(repo, run)
         summary = (_finish(config, root, run, repo, earlier) if earlier is not None
                    else _publish(config, root, run, repo, validation))
-    summary.image = (serving.build_image(summary.serving_uri, summary.commands.docker_build)
+    summary.image = (serving.build_image(root.serving, config.model_name, summary.versions[-1], summary.serving_image)
                      if config.push.build_image else {"built": False, "reason": "not asked (push.build_image false)"})
     write_json(run.result("push"), summary.to_json())  # the run's record of the push, for its report
     return summary
@@ -74,20 +86,19 @@ def push(config: RunConfig, *, run_id: str) -> PushSummary:
 def _finish(config: RunConfig, root: Root, run: RunDir, repo: Repository, earlier: Pushed) -> PushSummary:
     """A run pushed before: the steps after its version appeared are finished if a kill stopped them.
     Retention only while its version is the newest (a later push applied its own --keep); the
-    serving context is rendered again when it does not hold the repository's versions."""
+    serving context is rendered again, so what the push builds and prints is what Stoke writes, never
+    what it finds there (it says what it changed: versions it did not hold, or held otherwise)."""
     from components.push import serving_image as serving
 
     retired = repo.apply_retention(config.push.keep, clock.now()) if repo.newest() == earlier.version else []
-    rendered_uri = join(root.serving, "commands.json")
-    rendered = read_json(rendered_uri) if exists(rendered_uri) else None
-    stale = rendered is None or rendered.get("versions") != repo.versions()
-    if stale:
-        rendered = serving.render(root, config.model_name)
-    finished = (f"; finished what it left undone: {'retired ' + str(retired) + ', ' if retired else ''}"
-                f"rendered {rendered['serving_uri']}") if retired or stale else "; nothing to do"
+    rendered = serving.render(root, config.model_name)
+    done = ([f"retired {retired}"] if retired else []) + (
+        [f"rendered {rendered['serving_uri']}: {', '.join(rendered['changed'])}"] if rendered["changed"] else [])
+    finished = f"; finished what it left undone: {', '.join(done)}" if done else "; nothing to do"
     return PushSummary(
         pushed=False, already_pushed=True, run_id=run.run_id, model_name=config.model_name,
         version=earlier.version, model_uri=earlier.model_uri, serving_uri=rendered["serving_uri"],
+        serving_image=rendered["serving_image"],
         commands=rendered["commands"], versions=rendered["versions"], retired=retired,
         message=f"run {run.run_id} was already pushed as version {earlier.version} on {earlier.pushed_at}"
                 + finished)
@@ -105,15 +116,21 @@ def _publish(config: RunConfig, root: Root, run: RunDir, repo: Repository, valid
 
     candidate = run.candidate
     trained_tf = serving.saved_model_tf_version(candidate)
-    serving.check_server_version(trained_tf)
+    serving.server_for(trained_tf)  # before anything is written: a model no pinned server can serve is refused
     version = repo.next_version()
-    lineage = build_lineage(root, run, config, validation, version, trained_tf)
+    # A run gated before the gate recorded answers has none: its version is nobody's reference.
+    answers = read_bytes(run.answers) if exists(run.answers) else None
+    lineage = build_lineage(root, run, config, validation, version, trained_tf, answers is not None)
+    card = model_card.build(root, lineage, validation, read_result(run.metrics, TrainMetrics))
     warmup_fs, warmup_path = filesystem(run.warmup)
     intent = PushIntent(version=version, model_uri=repo.version_uri(version), started_at=lineage.pushed_at)
     write_json(run.push_intent, intent.to_json())
     model_uri = repo.publish(candidate, version, {
         f"{ASSETS_EXTRA}/{LINEAGE_FILE}": json.dumps(lineage.to_json(), indent=2, sort_keys=True).encode(),
         f"{ASSETS_EXTRA}/{WARMUP_FILE}": warmup_fs.cat_file(warmup_path),
+        **({f"{ASSETS_EXTRA}/{ANSWERS_FILE}": answers} if answers is not None else {}),
+        f"{ASSETS_EXTRA}/{MODEL_CARD_JSON}": json.dumps(card.to_json(), indent=2, sort_keys=True).encode(),
+        f"{ASSETS_EXTRA}/{MODEL_CARD}": model_card.render_markdown(card).encode(),
     })
     kill_drill("published")
     write_json(run.pushed, Pushed(version=version, model_uri=model_uri, pushed_at=lineage.pushed_at).to_json())
@@ -128,6 +145,7 @@ def _publish(config: RunConfig, root: Root, run: RunDir, repo: Repository, valid
         model_name=config.model_name,
         version=version,
         model_uri=model_uri,
+        model_card=join(model_uri, ASSETS_EXTRA, MODEL_CARD),
         previous_version=newest,
         versions=rendered["versions"],
         retired=retired,
@@ -150,8 +168,9 @@ def earlier_push(repo: Repository, run: RunDir) -> Pushed | None:
         return read_result(run.pushed, Pushed)
     complete = set(repo.versions() + repo.rolled_back() + repo.retired())
     intended = [read_result(run.push_intent, PushIntent).version] if exists(run.push_intent) else []
-    for version in [v for v in intended if v in complete] + repo.versions()[::-1] + repo.rolled_back()[::-1]:
-        lineage = repo.lineage(version)
+    for version, aside in ([(v, False) for v in intended if v in complete] + [(v, False) for v in repo.versions()[::-1]]
+                           + [(v, True) for v in repo.rolled_back()[::-1]]):
+        lineage = repo.lineage(version, rolled_back=aside)
         if lineage is not None and lineage.run_id == run.run_id:
             pushed = Pushed(version=version, model_uri=repo.version_uri(version), pushed_at=lineage.pushed_at)
             write_json(run.pushed, pushed.to_json())
@@ -161,8 +180,10 @@ def earlier_push(repo: Repository, run: RunDir) -> Pushed | None:
     return None
 
 
-def build_lineage(root: Root, run: RunDir, config: RunConfig, validation: GateResult, version: int, trained_tf: str) -> Lineage:
-    """Served version -> run -> spans (with their manifests' hashes and counts) -> metrics, blessing."""
+def build_lineage(root: Root, run: RunDir, config: RunConfig, validation: GateResult, version: int, trained_tf: str,
+                  answered: bool) -> Lineage:
+    """Served version -> run -> spans (with their manifests' hashes and counts) -> metrics, blessing, and the
+    reference later candidates are held to (reference_after)."""
     from components.push import serving_image as serving
 
     trained = read_result(run.metrics, TrainMetrics)
@@ -173,7 +194,7 @@ def build_lineage(root: Root, run: RunDir, config: RunConfig, validation: GateRe
         manifest = SpanManifest.check(json.loads(raw), manifest_uri)
         spans.append(LineageSpan(span=manifest.span, manifest_uri=manifest_uri,
                                  manifest_sha256=hashlib.sha256(raw).hexdigest(),
-                                 source=without_secrets(manifest.source),  # a span published before names kept it
+                                 source=recorded(manifest.source),  # a span published before names kept it
                                  created=manifest.created, counts=manifest.counts, sources=len(manifest.sources)))
     return Lineage(
         model_name=config.model_name,
@@ -182,14 +203,26 @@ def build_lineage(root: Root, run: RunDir, config: RunConfig, validation: GateRe
         run_id=run.run_id,
         run_uri=run.uri,
         labels=trained.labels,
+        untrained=trained.untrained,
         spans=spans,
         training=Training.model_validate(trained.model_dump(include=set(Training.model_fields))),
         metrics=validation.metrics,
         blessing=Blessing.model_validate(validation.model_dump(include=set(Blessing.model_fields))),
         tensorflow_version=trained_tf,
-        serving_image=f"{serving.SERVING_IMAGE}:{serving.SERVING_VERSION}",
+        serving_image=serving.server_for(trained_tf),
         code_version=code_version(),
+        reference=reference_after(validation.reference, version, answered),
+        environment=trained.environment,
     )
+
+
+def reference_after(held: GateReference | None, version: int, answered: bool) -> int | None:
+    """The reference later candidates are held to class by class once `version` is pushed (components/gate/
+    reference.py): the one the gate `held` a warm run to, else the version itself; none when its gate
+    recorded no answers (not `answered`)."""
+    if not answered:
+        return None
+    return held.version if held is not None and held.kept else version
 
 
 def code_version() -> dict:

@@ -17,7 +17,14 @@ from components.common.program import printable, scrubbed
 from components.common.spans import Spans
 from components.contracts import stages
 from components.contracts.layout import Root, RunDir
-from components.contracts.results import Comparison, GateMetrics, GateResult, TrainMetrics
+from components.contracts.results import (
+    Comparison,
+    GateMetrics,
+    GateResult,
+    PerClassComparison,
+    ReferenceComparison,
+    TrainMetrics,
+)
 from components.contracts.retention import RetentionSummary
 from components.contracts.summaries import PushSummary, RunReport, StageSection
 from components.report import datacheck as datacheck_section
@@ -28,8 +35,8 @@ from components.report.input_verdict import figure, verdict
 INGEST_KEYS = {"published", "span", "span_uri", "counts", "new_sources", "images_per_sec", "seconds",
                "dead_letters", "dead_letter_uri", "message", "error", "duplicates", "near_duplicates", "set_aside",
                "quality"}
-PUSH_KEYS = {"pushed", "already_pushed", "version", "previous_version", "model_uri", "serving_uri", "commands",
-             "image", "retired", "set_aside", "message"}
+PUSH_KEYS = {"pushed", "already_pushed", "version", "previous_version", "model_uri", "model_card", "serving_uri",
+             "commands", "image", "retired", "set_aside", "message"}
 
 
 def build_report(run: RunDir, skipped: str | None = None, failed: str | None = None) -> RunReport:
@@ -64,7 +71,7 @@ def build_report(run: RunDir, skipped: str | None = None, failed: str | None = N
             **train.model_dump(include={
                 "network", "spans", "epochs", "total_steps", "strategy", "precision", "xla", "replicas",
                 "global_batch_size", "images_per_sec", "train", "eval", "model_dir", "resumed_from_step", "weights",
-                "phases", "start"}),
+                "phases", "start", "environment"}),
             "input_bound": probe.input_bound,
             "input_images_per_sec": probe.input_images_per_sec,
             "model_images_per_sec": probe.model_images_per_sec_synthetic,
@@ -187,6 +194,7 @@ def _push_section(report: RunReport) -> list[str]:
     lines = ["## Push", "", f"Version **{p.version}** of `{p.model_uri}`; serving image build context `{p.serving_uri}`"
              + ("; image built." if p.image and p.image.built else
                 f"; image not built ({p.image.reason or 'no container engine'})." if p.image else "."), ""]
+    lines += [f"Model card: [`{p.model_card}`]({p.model_card})", ""] if p.model_card else []
     lines += [f"Set aside `{a.name}` as `{a.moved_to}`: {a.reason}." for a in p.set_aside or []]
     lines += [""] if p.set_aside else []
     if p.commands:
@@ -213,6 +221,7 @@ def _training_lines(t, plots: dict) -> list[str]:
              ""]
     lines += [_start_in_words(t.start), ""] if t.start else []
     lines += [_phases_in_words(t), ""] if t.phases and t.phases[0].name != "all" else []
+    lines += [f"Environment: {t.environment.in_words() if t.environment else 'not recorded'}.", ""]
     lines += [f"Input: {t.verdict}", ""]
     lines += [f"Shards: {t.shards}", ""] if t.shards else []
     if t.data_service:
@@ -313,32 +322,45 @@ CLASS_VERDICTS = {"worse": "**worse**: a reason to refuse", "within noise": "fel
 
 
 def _per_class_table(metrics: GateMetrics, comparison: Comparison | None) -> list[str]:
-    """Accuracy per class and, when the gate compared class by class, the served version's beside it
-    with the figures of the guard against forgetting and its verdict."""
+    """Accuracy per class and, when the gate compared class by class, a table against the served version with
+    the figures of the guard against forgetting and its verdict, and one against the reference when it is
+    another version."""
     accuracy, examples = metrics.per_class_accuracy, metrics.per_class_examples
     if not accuracy:
         return []
-    table = comparison.per_class if comparison is not None else None
-    if table is None:
+    tables = [t for t in (comparison.per_class, comparison.reference) if t is not None] if comparison else []
+    if not tables:
         lines = ["| class | eval examples | accuracy |", "| --- | --- | --- |"]
         lines += [f"| {name} | {examples.get(name, '-')} | {figure(value, 4)} |" for name, value in sorted(accuracy.items())]
         return lines + [""]
+    return [line for table in tables for line in _class_comparison(accuracy, examples, table)]
+
+
+def _class_comparison(accuracy: dict[str, float], examples: dict[str, int],
+                      table: PerClassComparison | ReferenceComparison) -> list[str]:
+    """One table of the guard against forgetting: each class's figures, the other version's beside them."""
     rows = {row.label: row for row in table.classes}
-    lines = [f"Class by class against served version {table.version}: McNemar's exact one-sided test on each class's "
-             f"records, Holm's step-down over the {len(rows)} classes at {table.level:g}; a class is worse when its fall "
-             f"is significant and beyond the allowed regression {table.max_regression:g}.", "",
-             "| class | eval examples | accuracy | served | only candidate right / only served right | p, one-sided "
+    if isinstance(table, ReferenceComparison):
+        whom, short, absent = (f"the reference, version {table.version} (pushed {table.pushed_at[:10]}, {table.days} "
+                               f"days ago; {table.versions_since} versions pushed since), on the eval records both "
+                               "answered", "reference", "not answered by the reference")
+    else:
+        whom, short, absent = f"served version {table.version}", "served", "new: not compared"
+    lines = [f"Class by class against {whom}: McNemar's exact one-sided test on each class's records, Holm's "
+             f"step-down over the {len(rows)} classes at {table.level:g}; a class is worse when its fall is "
+             f"significant and beyond the allowed regression {table.max_regression:g}.", "",
+             f"| class | eval examples | accuracy | {short} | only candidate right / only {short} right | p, one-sided "
              "| Holm threshold | verdict |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, value in sorted(accuracy.items()):
         row = rows.get(name)
-        if row is None:  # a class the served version does not know
-            lines.append(f"| {name} | {examples.get(name, '-')} | {figure(value, 4)} | - | - | - | - | new: not compared |")
+        if row is None:
+            lines.append(f"| {name} | {examples.get(name, '-')} | {figure(value, 4)} | - | - | - | - | {absent} |")
             continue
         n, (b, c) = row.example_count, row.discordant
-        lines.append(f"| {name} | {n} | {figure(value, 4)} ({row.right}/{n}) | {figure(row.baseline_right / n, 4)} "
-                     f"({row.baseline_right}/{n}) | {b} / {c} | {row.p_value:.2g} | {row.threshold:.2g} "
-                     f"| {CLASS_VERDICTS[row.verdict]} |")
+        lines.append(f"| {name} | {n} | {figure(row.right / n, 4)} ({row.right}/{n}) | "
+                     f"{figure(row.baseline_right / n, 4)} ({row.baseline_right}/{n}) | {b} / {c} | {row.p_value:.2g} "
+                     f"| {row.threshold:.2g} | {CLASS_VERDICTS[row.verdict]} |")
     return lines + [""]
 
 

@@ -2,11 +2,14 @@
 
     stoke data-service dispatcher [--host 127.0.0.1] [--port 5050] [--work-dir URI] [--trusted-network]
     stoke data-service worker --dispatcher HOST:5050 [--host 127.0.0.1] [--port 5051] [--trusted-network]
+                              [--dispatcher-wait 300]
 
 The dispatcher hands out the splits of each epoch and keeps its state in --work-dir when given
 (fault-tolerant mode: restarted on the same work dir, it resumes its jobs). A worker runs the input
-pipelines it is given and serves their batches to the trainers. Both log their address on stderr,
-run until SIGTERM or Ctrl-C, then stop and print a summary (with --json, one JSON line).
+pipelines it is given and serves their batches to the trainers; started before its dispatcher answers
+(pods start in any order), it waits for it, as TensorFlow's own worker would, up to --dispatcher-wait
+seconds. Both log their address on stderr, run until SIGTERM or Ctrl-C, then stop and print a summary
+(with --json, one JSON line).
 
 What a peer can do: tf.data service's gRPC has no authentication, and TensorFlow's servers listen on
 every interface of the machine, IPv4 and IPv6, whatever --host says (below: who can reach it). Any peer that
@@ -34,6 +37,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 
 import grpc
 
@@ -46,6 +50,13 @@ WORKER_TIMEOUT_SECONDS = 30.0  # a worker silent this long is gone: its tasks le
 # minutes, would keep a lost worker on the books that long).
 CHECK_MS = 1000
 ANSWER_SECONDS = 10.0  # how long the dispatcher has to answer GetWorkers
+# How long a worker waits for a dispatcher that does not answer yet: long enough for its pod to be
+# scheduled, its image pulled and TensorFlow loaded; a wrong address still fails, in one line.
+DISPATCHER_WAIT_SECONDS = 300.0
+MAX_DISPATCHER_WAIT_SECONDS = 24 * 60 * 60.0
+RETRY_SECONDS = 1.0
+# gRPC's codes for "nothing answers there": refused, no such host yet, no answer in time.
+NO_ANSWER = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 _GET_WORKERS = "/tensorflow.data.DispatcherService/GetWorkers"
 _LEFT_RUNNING: list = []
 PEERS_CAN = "run TensorFlow ops on the workers, reading and writing their files, with no authentication"
@@ -62,6 +73,14 @@ class ServeError(RuntimeError):
 
 class ServiceError(RuntimeError):
     """A dispatcher that does not answer, or has no workers; the message says which."""
+
+
+class NoAnswer(ServiceError):
+    """Nothing answers at the dispatcher's address, or not in time: it may not have started yet."""
+
+    def __init__(self, address: str, why: str):
+        super().__init__(f"no tf.data service dispatcher answers at {address}: {why}")
+        self.address, self.why = address, why
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -86,6 +105,9 @@ def _parser() -> argparse.ArgumentParser:
                             help=f"seconds without a heartbeat before a worker is gone (default: {WORKER_TIMEOUT_SECONDS:g})")
     worker.add_argument("--dispatcher", required=True, help="HOST:PORT (or grpc://HOST:PORT) of the dispatcher")
     worker.add_argument("--port", type=int, default=WORKER_PORT, help=f"(default: {WORKER_PORT}; 0: any free)")
+    worker.add_argument("--dispatcher-wait", type=float, default=DISPATCHER_WAIT_SECONDS, metavar="SECONDS",
+                        help="how long to wait for a dispatcher that does not answer yet before failing (default: "
+                             f"{DISPATCHER_WAIT_SECONDS:g})")
     for role in (dispatcher, worker):
         role.add_argument("--host", default="127.0.0.1", help="the address of this machine the server is reached "
                           "at, not where it listens (default: 127.0.0.1; with --trusted-network, in a pod, its IP)")
@@ -99,11 +121,8 @@ def serve(args: argparse.Namespace, prog: str, stop: threading.Event) -> dict:
     dispatcher = _address("--dispatcher", args.dispatcher) if args.role == "worker" else None
     host = _checked_host(args.host, args.port, args.trusted_network)
     if dispatcher:
-        try:  # a worker registers with its dispatcher before it serves: a wrong address would hang there
-            workers(dispatcher)
-        except ServiceError as error:
-            if not stop.is_set():
-                raise ServeError(str(error)) from None
+        # A worker registers with its dispatcher before it serves: a wrong address would hang there.
+        _wait_for_dispatcher(dispatcher, args.dispatcher_wait, stop, prog)
     if stop.is_set():  # stopped while starting: nothing was served
         return _unserved(args.role)
     # Here, after the checks, not at the top: TensorFlow takes about 4 s to import (3.9 s measured on
@@ -131,6 +150,31 @@ def serve(args: argparse.Namespace, prog: str, stop: threading.Event) -> dict:
                          "to serve on a network")
     print(f"{prog}: stopped", file=sys.stderr, flush=True)
     return {**summary, "stopped": True}
+
+
+def _wait_for_dispatcher(address: str, seconds: float, stop: threading.Event, prog: str) -> None:
+    """Returns once the dispatcher at `address` answers, or once stopped. While nothing answers there it
+    waits up to `seconds`, saying so once; ServeError past that, and at once for any other failure."""
+    if not 0 <= seconds <= MAX_DISPATCHER_WAIT_SECONDS:  # nan too, which no deadline would ever pass
+        raise ServeError(f"--dispatcher-wait {seconds:g}: seconds from 0 to {MAX_DISPATCHER_WAIT_SECONDS:g}")
+    deadline = time.monotonic() + seconds
+    said = False
+    while not stop.is_set():
+        try:
+            workers(address)
+            return
+        except NoAnswer as error:
+            unanswered = f"no tf.data service dispatcher answers at {error.address}"
+            if time.monotonic() >= deadline:
+                raise ServeError(f"{unanswered} after {seconds:g} s ({error.why}); start it (`stoke data-service "
+                                 "dispatcher`), or wait longer with --dispatcher-wait") from None
+            if not said:
+                print(program.printable(f"{prog}: {unanswered} yet ({error.why}); waiting up to {seconds:g} s"),
+                      file=sys.stderr, flush=True)
+                said = True
+        except ServiceError as error:
+            raise ServeError(str(error)) from None
+        stop.wait(RETRY_SECONDS)
 
 
 def _unserved(role: str) -> dict:
@@ -243,6 +287,8 @@ def workers(address: str, timeout: float = ANSWER_SECONDS) -> list[str]:
         try:
             return ask(b"", timeout=timeout)  # GetWorkersRequest has no fields: its encoding is empty
         except grpc.RpcError as error:
+            if error.code() in NO_ANSWER:
+                raise NoAnswer(address, error.details() or error.code().name) from None
             raise ServiceError(f"no tf.data service dispatcher answers at {address}: "
                                f"{error.details() or error.code().name}") from None
 

@@ -173,18 +173,23 @@ def imagenet_file(network: str, timeout: float = FETCH_TIMEOUT_SECONDS, origin: 
 # is how a later run restores a served version's weights.
 
 class ServingModule(tf.Module):
-    def __init__(self, model: keras.Model, labels: list[str], image_size: int):
+    def __init__(self, model: keras.Model, labels: list[str], image_size: int, untrained: list[str] = ()):
         super().__init__()
         self.model = model
         self.image_size = image_size
         self.label_table = tf.constant(labels, dtype=tf.string)
+        # Classes no training record carried keep their ids (records store ids) and are never answered.
+        self.untrained = tf.constant([name in untrained for name in labels]) if untrained else None
 
     def _predict(self, image_bytes):
         size = self.image_size
         max_pixels = int(schema.MAX_MEGAPIXELS * 1e6)
         images = tf.map_fn(lambda b: decode_eval(b, size, max_pixels), image_bytes,
                            fn_output_signature=tf.TensorSpec([size, size, 3], tf.uint8))
-        probabilities = tf.nn.softmax(tf.cast(self.model(images, training=False), tf.float32), axis=-1)
+        logits = tf.cast(self.model(images, training=False), tf.float32)
+        if self.untrained is not None:
+            logits = tf.where(self.untrained, float("-inf"), logits)
+        probabilities = tf.nn.softmax(logits, axis=-1)
         class_ids = tf.argmax(probabilities, axis=-1, output_type=tf.int64)
         return {"probabilities": probabilities, "class_ids": class_ids,
                 "labels": tf.gather(self.label_table, class_ids)}
@@ -199,8 +204,10 @@ class ServingModule(tf.Module):
         return self._predict(parsed[schema.ENCODED])
 
 
-def export_candidate(*, network: str, weights: list, labels: list[str], image_size: int, path: str) -> str:
-    """Writes the SavedModel to `path` (a local path or a URI TensorFlow writes, e.g. gs://)."""
+def export_candidate(*, network: str, weights: list, labels: list[str], image_size: int, path: str,
+                     untrained: list[str] = ()) -> str:
+    """Writes the SavedModel to `path` (a local path or a URI TensorFlow writes, e.g. gs://); the classes of
+    `untrained` get probability 0."""
     if tf.distribute.has_strategy():
         raise RuntimeError("export the candidate outside strategy.scope(): it is a single-device model")
     previous = keras.mixed_precision.global_policy()
@@ -210,7 +217,7 @@ def export_candidate(*, network: str, weights: list, labels: list[str], image_si
         model.set_weights(weights)
     finally:
         keras.mixed_precision.set_global_policy(previous)
-    module = ServingModule(model, labels, image_size)
+    module = ServingModule(model, labels, image_size, untrained)
     tf.saved_model.save(module, path, signatures={
         schema.SERVING_SIGNATURE: module.serve_images.get_concrete_function(),
         schema.EXAMPLES_SIGNATURE: module.serve_examples.get_concrete_function(),

@@ -30,7 +30,7 @@ from collections.abc import Callable
 import tensorflow as tf
 import tf_keras as keras
 
-from components.common import advice, plots, program, shard_digests
+from components.common import advice, environment, plots, program, shard_digests
 from components.common.files import check_writable, exists, remove, write_json
 from components.common.local_copies import UnsafeKey
 from components.common.program import setting_hint
@@ -38,10 +38,12 @@ from components.common.repository import SAVED_MODEL
 from components.common.runtime_logs import quiet_tensorflow_python
 from components.common.shard_cache import CacheError, ShardCache
 from components.common.shard_scan import scan_shards
+from components.common.span_labels import label_set
 from components.common.spans import SpanNotChecked, Spans
 from components.common.store_errors import on_root
 from components.common.tf_files import pull, push, tf_reads
 from components.contracts.config import DEFAULT_BATCH, MIN_STEPS_PER_EPOCH, SMALL_BATCH, TrainConfig, trace_range
+from components.contracts.label_set import LabelSet
 from components.contracts.layout import Root, RunDir, Shard, new_run_id, parse_spans
 from components.contracts.results import ResultError, TrainMetrics
 from components.contracts.run_config import RunConfig, RunFacts
@@ -54,6 +56,8 @@ from components.train.recipe import Phase
 # Fault drill: with this set to N, the process kills itself (SIGKILL, no cleanup) once N training
 # steps are done, so resume from backup can be tested the way a preempted machine fails.
 KILL_AT_STEP_ENV = "STOKE_KILL_AT_STEP"
+# Keras' own progress: a bar per epoch on a terminal, else a line per epoch, as a log keeps them.
+KERAS_VERBOSE = 1 if sys.stdout.isatty() else 2
 CHECKPOINT_POINTER = "checkpoint"  # tf.train.CheckpointManager's index of the newest checkpoint
 
 
@@ -98,7 +102,7 @@ def train(config: RunConfig, *, run_id: str | None = None,
         # fit() ends by copying the average into the model's trainable weights (tf_keras'
         # finalize_variable_values), so with EMA these are the averaged weights.
         export_candidate(network=config.train.network, weights=model.get_weights(), labels=plan.labels,
-                         image_size=config.train.image_size, path=mine.candidate)
+                         untrained=plan.untrained, image_size=config.train.image_size, path=mine.candidate)
         probe = {}
         if config.train.input_probe_steps:
             probe = measure.input_probe(model, plan.placement.strategy, plan.train_shards, config.train,
@@ -147,6 +151,7 @@ class RunPlan:
     # source URIs of train records left out: suspected label errors, and the history a warm run does not replay
     excluded: tuple[str, ...] = ()
     label_errors: int = 0  # of them, the suspected label errors
+    untrained: list[str] = dataclasses.field(default_factory=list)  # classes of `labels` no record carries
 
     @property
     def total(self) -> int:
@@ -195,7 +200,8 @@ def make_plan(config: RunConfig, run_id: str | None) -> RunPlan:
     # new records and the replay sample alone: its steps follow the new data, not the total.
     epochs = run_epochs(settings, max(1, all_records // global_batch) if start.warm else steps_per_epoch)
     return RunPlan(
-        placement=placement, run=run, work=work, labels=labels, train_shards=train_shards, eval_shards=eval_shards,
+        placement=placement, run=run, work=work, labels=labels.labels, untrained=labels.untrained,
+        train_shards=train_shards, eval_shards=eval_shards,
         corrupt=corrupt, batch_size=batch_size, global_batch=global_batch, steps_per_epoch=steps_per_epoch,
         validation_steps=data.eval_steps(eval_counts, placement.workers, global_batch),
         eval_records=sum(eval_counts), train_records=train_records, epochs=epochs,
@@ -232,8 +238,8 @@ def connect_service(settings: TrainConfig) -> dict | None:
         raise TrainError(str(exc)) from None
 
 
-def find_data(config: RunConfig, run_id: str | None) -> tuple[RunDir, list[Shard], list[Shard], list[str]]:
-    """The run folder, the train and eval shards of the spans asked for, and their label names."""
+def find_data(config: RunConfig, run_id: str | None) -> tuple[RunDir, list[Shard], list[Shard], LabelSet]:
+    """The run folder, the train and eval shards of the spans asked for, and the label set their records make."""
     root = Root(config.root)
     stored_spans = Spans(root)
     try:
@@ -255,7 +261,7 @@ def find_data(config: RunConfig, run_id: str | None) -> tuple[RunDir, list[Shard
                          + (f"; {'; '.join(unchecked[:3])}" if unchecked else "; run `stoke ingest` first"))
     for why in unchecked:
         print(f"stoke train: warning: left out: {why}", file=sys.stderr, flush=True)
-    labels = stored_spans.label_names(spans)
+    labels = label_set(root, spans)
     stored = min((m.max_side for m in stored_spans.manifests(spans) if m.max_side), default=None)
     if stored and config.train.image_size > stored:
         larger = setting_hint("ingest", {"ingest.max_side": max(512, 2 * config.train.image_size)})
@@ -402,7 +408,7 @@ def fit(settings: TrainConfig, plan: RunPlan, model, train_data, eval_data, mine
                 logs = model.fit(train_data, initial_epoch=phase.first_epoch, epochs=phase.end_epoch,
                                  steps_per_epoch=plan.steps_per_epoch, validation_data=eval_data,
                                  validation_steps=plan.validation_steps or None,
-                                 callbacks=callbacks + ([shown] if shown else []), verbose=2)
+                                 callbacks=callbacks + ([shown] if shown else []), verbose=KERAS_VERBOSE)
                 history = recipe.merged(history, logs.history)
                 done, resumed = done + int(model.optimizer.iterations.numpy()), resumed + resume.step
                 records.append(_phase_record(model, phase, resume.step))
@@ -622,6 +628,7 @@ def summarize(settings: TrainConfig, plan: RunPlan, fitted: Fitted, probe: dict,
         "network": settings.network,
         "image_size": settings.image_size,
         "labels": plan.labels,
+        "untrained": plan.untrained,
         "spans": sorted({s.span for s in plan.train_shards + plan.eval_shards}),
         "strategy": placement.strategy_name,
         "workers": placement.workers,
@@ -649,6 +656,7 @@ def summarize(settings: TrainConfig, plan: RunPlan, fitted: Fitted, probe: dict,
         "weights": settings.weights,
         "weights_file": plan.weights_file,
         "start": start_record(plan),
+        "environment": environment.record(),
         "phases": fitted.phases,
         "input": probe,
         "data_service": data_service,
@@ -678,6 +686,12 @@ def warnings(settings: TrainConfig, plan: RunPlan, history: dict) -> list[str]:
     model memorised the training images: on 150 photos, efficientnet_b0 from scratch scores 1.00 on
     them and the majority's 0.33 on the eval split, epoch after epoch)."""
     found = [] if plan.start.warm else short_run_warnings(plan.total, settings.weights)
+    if plan.untrained:
+        one = len(plan.untrained) == 1
+        found.append(f"no record of the spans trained on carries {', '.join(plan.untrained)}, though one carries a "
+                     f"class of a higher id ({'its' if one else 'their'} span is held back by the data check, or ingest "
+                     f"refused {'its' if one else 'their'} files): the model keeps {'its id' if one else 'their ids'} "
+                     f"and never answers {'it' if one else 'them'}")
     flat = learned_nothing(history, plan.eval_records, lambda: [label for label, _ in warm.labelled_sources(
         plan.eval_shards, settings.skip_corrupt)])
     if flat:

@@ -42,6 +42,7 @@ from components.common.repository import Repository, RepositoryError
 from components.common.spans import Spans
 from components.common.tf_files import pull, tf_reads
 from components.contracts import schema
+from components.contracts.label_set import LabelSet
 from components.contracts.layout import Root, Shard
 from components.contracts.lineage import Lineage
 from components.contracts.results import ResultError
@@ -73,8 +74,8 @@ def full(reason: str) -> Start:
     return Start(kind="full", reason=reason)
 
 
-def decide(config: RunConfig, labels: list[str], spans: list[int]) -> Start:
-    """Warm or full for a run over the checked `spans` (their labels `labels`), and why."""
+def decide(config: RunConfig, labels: LabelSet, spans: list[int]) -> Start:
+    """Warm or full for a run over the checked `spans` (the label set of their records `labels`), and why."""
     settings = config.train
     if not settings.warm_start:
         return full("train.warm_start is off")
@@ -107,16 +108,19 @@ def decide(config: RunConfig, labels: list[str], spans: list[int]) -> Start:
                  new_spans=new, replay_spans=tuple(s for s in spans if s in learnt), warm_runs_since_full=since + 1)
 
 
-def _changed(lineage: Lineage, network: str, image_size: int, labels: list[str]) -> str | None:
-    """What differs between the served model and this run, in words; None when nothing does."""
+def _changed(lineage: Lineage, network: str, image_size: int, labels: LabelSet) -> str | None:
+    """What differs between the served model and this run, in words; None when nothing does. A class the run
+    keeps an id for without a record (a held span's) is no new class: neither model answers it."""
     if lineage.training.network != network:
         return f"train.network changed from {lineage.training.network} to {network}"
     if lineage.training.image_size != image_size:
         return f"train.image_size changed from {lineage.training.image_size} to {image_size}"
-    if lineage.labels != labels:
-        added = [name for name in labels if name not in lineage.labels]
-        return (f"new class{'es' if len(added) > 1 else ''} {', '.join(added)}" if added and
-                labels[:len(lineage.labels)] == lineage.labels else "the label set changed")
+    served = lineage.label_set
+    if served != labels:
+        added = [name for name in labels.answered if name not in served.answered]
+        kept = labels.labels[:len(served.labels)] == served.labels and set(served.answered) <= set(labels.answered)
+        return f"new class{'es' if len(added) > 1 else ''} {', '.join(added)}" if added and kept else \
+            "the label set changed"
     return None
 
 

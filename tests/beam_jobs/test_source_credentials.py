@@ -1,6 +1,7 @@
 """A SOURCE behind a password (a web server on 127.0.0.1 with basic auth): ingest reads its manifest and
 images with the password and names every file without it, in the records themselves, the indexes,
-the dead letters and the manifest; a row whose own URI holds a credential is refused unread."""
+the dead letters and the manifest; a row's own query is read with and never named, and a row whose name
+holds a credential of its own is refused unread."""
 from __future__ import annotations
 
 import gzip
@@ -58,18 +59,29 @@ def test_files_behind_a_password_are_read_with_it_and_named_without_it(site, tmp
     assert not shows(printed.out + printed.err)
 
 
-def test_a_row_whose_uri_holds_a_credential_is_refused_unread(site, tmp_path, capsys, s3_endpoint):
-    with open(os.path.join(site, "photos", "manifest.csv"), "a") as f:
-        f.write(f"cat/a.jpg?token={TOKEN},cat\ns3://{USER}:{TOKEN}@bucket/x.jpg,cat\n"
-                f"https://{TOKEN}@elsewhere/x.jpg,cat\n")
+def test_a_row_signed_on_its_own_is_read_with_its_query_and_one_with_a_user_info_is_refused_unread(site, tmp_path,
+                                                                                                   capsys, s3_endpoint):
+    """A row's query or fragment is read with and never named; a credential in what names the file (a user
+    info, a path parameter) cannot be left out of its name, so the row is refused unread."""
+    photos = os.path.join(site, "photos")
+    for seed, name in enumerate(["t.jpg", "u.jpg"]):
+        with open(os.path.join(photos, "cat", name), "wb") as f:
+            f.write(images.rgb_jpeg(seed + 10))
+    with open(os.path.join(photos, "manifest.csv"), "a") as f:
+        f.write(f"cat/t.jpg?token={TOKEN},cat\ncat/u.jpg#access_token={TOKEN},cat\ncat/a.jpg?sig={TOKEN},cat\n"
+                f"s3://{USER}:{TOKEN}@bucket/x.jpg,cat\nhttps://{TOKEN}@elsewhere/x.jpg,cat\n"
+                f"cat/v;jsessionid={TOKEN}.jpg,cat\n")
     root = tmp_path / "root"
     with basic_auth_server(site) as port:
+        named = f"http://{USER}:***@127.0.0.1:{port}/photos"
         source = f"http://{USER}:{PASSWORD}@127.0.0.1:{port}/photos/manifest.csv"
         code, summary = ingest(source, root, *IN_MEMORY, *LENIENT, "--allow-outside-source", capsys=capsys)
-    assert code == 0 and summary["counts"]["train"] + summary["counts"]["eval"] == 4, summary
+    assert code == 0 and summary["counts"]["train"] + summary["counts"]["eval"] == 6, summary
+    manifest = json.load(open(Root(str(root)).manifest(1)))
+    assert {f"{named}/cat/t.jpg", f"{named}/cat/u.jpg"} < {r[schema.SOURCE] for r in records(root, manifest)}
     reasons = {d["uri"]: d["reason"] for d in dead_letters(root, 1)}
-    assert reasons["cat/a.jpg?token=***"] == reasons[f"s3://{USER}:***@bucket/x.jpg"] == CREDENTIAL_IN_NAME
-    assert reasons["https://***@elsewhere/x.jpg"] == CREDENTIAL_IN_NAME, reasons
+    assert reasons[f"s3://{USER}:***@bucket/x.jpg"] == reasons["https://***@elsewhere/x.jpg"] == CREDENTIAL_IN_NAME
+    assert reasons["cat/v;jsessionid=***"] == CREDENTIAL_IN_NAME, reasons  # refused as the row names it
     assert holding(str(root)) == [] and not shows(json.dumps(summary))
 
 

@@ -107,6 +107,25 @@ def test_an_index_that_cannot_be_stored_is_kept_for_the_run(tmp_path):
     assert os.path.isdir(root.source_index(1))
 
 
+def test_a_span_that_named_files_with_their_signatures_knows_them_by_name(tmp_path, capsys):
+    """A span published when a row's query was part of its name: its index (rebuilt without the query) and
+    the listing, which names files without it, agree; a key's `?` and a manifest row's `#rowN` are names."""
+    root = Root(str(tmp_path / "root"))
+    signed = [("http://h/a.png?hmac=S1", 1, "v"), ("http://u:p@h/b.png#access_token=S2", 2, "v"),
+              ("s3://b/c?versionId=3", 3, "v"), ("http://h/m.csv#row4", 0, "")]
+    publish(root, 1, signed)
+    with gzip.open(root.source_index(1), "wt") as f:  # as ingest wrote it then: the names as they were
+        f.write(f"{HEADER}{len(signed)}\n" + "".join(sorted(
+            f'"{u}"\t{s}\t"{v}"\n' for u, s, v in signed)))
+    listed = [(Source("http://h/a.png", 1, "v", query="?hmac=NEW"), None), (Source("http://u:***@h/b.png", 2, "v"), None),
+              (Source("s3://b/c?versionId=3", 3, "v"), None), (Source("http://h/m.csv#row4", 0, ""), "bad row"),
+              (Source("http://h/m.csv#row5", 0, ""), "bad row")]
+    assert [s.uri for s, _ in compare(listed, root).refused] == ["http://h/m.csv#row5"]
+    assert compare(listed, root).fresh == []
+    assert "S1" not in gzip.open(root.source_index(1), "rt").read()
+    assert capsys.readouterr().err.startswith(f"stoke: warning: {root.source_index(1)}: line ")
+
+
 def test_a_broken_manifest_behind_a_missing_index_is_one_line_naming_it(tmp_path):
     root = Root(str(tmp_path / "root"))
     os.makedirs(root.span(1))

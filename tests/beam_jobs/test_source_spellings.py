@@ -101,3 +101,16 @@ def test_links_out_of_the_source_are_dead_letters_unless_allowed(tmp_path, capsy
     code, summary = ingest(source, root, "--max-bad-fraction", "1", *IN_MEMORY, capsys=capsys)
     assert code == 0 and summary["counts"]["dead_letter"] == 3  # two links out, one copy of in.jpg
     assert {d["reason"] for d in dead_letters(root, 1)} >= {outside}
+
+
+def test_a_source_whose_path_holds_pattern_characters_is_read_as_it_is(tmp_path, capsys):
+    """SOURCE is listed and read by name, never matched as a pattern (ROOT may not hold these: TensorFlow loads
+    models from it), so a neighbour the pattern would match is not read."""
+    source, root = tmp_path / "photos[1]*?\\", tmp_path / "root"
+    write(source / "cat" / "a[1].png", images.rgb_png(seed=1))
+    write(source / "cat" / "b*?.png", images.rgb_png(seed=2))
+    write(tmp_path / "photos1" / "cat" / "c.png", images.rgb_png(seed=3))
+    code, summary = ingest(source, root, "--eval-fraction", "0", *IN_MEMORY, capsys=capsys)
+    assert code == 0 and summary["counts"] == {**summary["counts"], "train": 2, "dead_letter": 0}
+    manifest = read_json(os.path.join(summary["span_uri"], MANIFEST))
+    assert sorted(os.path.basename(r[schema.SOURCE]) for r in records(root, manifest)) == ["a[1].png", "b*?.png"]

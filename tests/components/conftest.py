@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 
 import numpy as np
 import pytest
@@ -96,6 +97,16 @@ def relabel(path: str, label: int) -> None:
         records.append(frame(example.SerializeToString()))
     with open(path, "wb") as f:
         f.write(gzip.compress(b"".join(records)))
+
+
+def fake_model(folder, payload_mb: int = 0) -> str:
+    """A folder shaped like a SavedModel; `payload_mb` makes copying it take a while."""
+    (folder / "variables").mkdir(parents=True)
+    (folder / "saved_model.pb").write_bytes(b"graph")
+    (folder / "fingerprint.pb").write_bytes(b"fp")
+    (folder / "variables" / "variables.index").write_bytes(b"index")
+    (folder / "variables" / "variables.data-00000-of-00001").write_bytes(os.urandom(1 << 20) * max(payload_mb, 1))
+    return str(folder)
 
 
 def tiny_records(count: int, offset: int = 0, size: int = 32) -> list[tuple[bytes, str, int]]:

@@ -84,6 +84,17 @@ def copy_of(pushed_run, tmp_path) -> tuple[str, str]:
     return source, root
 
 
+def one_class_night(source: str, pool, name: str = "seven") -> int:
+    """Lands in `source` the digits of class `name` among the demo's first 200 that the first run's 40 do not
+    hold (about sixteen): a night of one line or one camera, of a class the served model knows."""
+    write_digits(str(pool), limit=200)
+    files = sorted(path for path in (pool / name).glob("*.png") if int(path.stem.split("-")[1]) >= 40)
+    os.makedirs(os.path.join(source, name), exist_ok=True)
+    for path in files:
+        shutil.copy(path, os.path.join(source, name, path.name))
+    return len(files)
+
+
 @pytest.fixture
 def digits(tmp_path):
     """A source folder with 40 demo digits in class folders (all ten classes)."""

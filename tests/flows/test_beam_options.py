@@ -4,10 +4,10 @@ import shlex
 
 import pytest
 
-from components.contracts.beam_options import BEAM_ARGS_ENV, check_beam_args
-from components.contracts.run_config import RunConfig
-from flows.parameters import read_beam_args
-from flows.pipeline import beam_options, pipeline
+from components.contracts.beam_options import BEAM_ARGS_ENV, check_beam_args, deployment_options
+from flows.parameters import deployment_beam_args, read_beam_args
+from flows.pipeline import pipeline
+from tests.beam_jobs import images
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHELL = ["--environment_type=beam:env:harness_subprocess_python:v1", "--environment_config=touch {marker}"]
@@ -33,13 +33,32 @@ def test_the_flow_refuses_a_command_in_its_parameters_before_anything_runs(tmp_p
     assert not marker.exists() and not (tmp_path / "root").exists()
 
 
-def test_the_deployment_options_come_first_and_the_run_may_add_sizes(monkeypatch):
+def test_the_deployment_options_are_one_line_of_the_environment(monkeypatch):
     options = read_beam_args(os.path.join(REPO, "infra", "beam", "dataflow.args"))
     monkeypatch.setenv(BEAM_ARGS_ENV, options)
-    argv = beam_options(RunConfig(source="gs://bkt/in", root="gs://bkt/root", beam_args=["--max_num_workers=4"]))
-    assert "--runner=DataflowRunner" in argv and argv[-1] == "--max_num_workers=4"
-    assert argv[argv.index("--runner=DataflowRunner"):-1] == shlex.split(options)
+    assert deployment_beam_args() == options  # what the flow hands ingest in its environment
+    argv = deployment_options(options)
+    assert "--runner=DataflowRunner" in argv and argv == shlex.split(options)
     assert all(not a.startswith("#") for a in argv)
+
+
+def test_ingest_takes_the_deployment_options_from_its_environment(tmp_path, monkeypatch, capsys):
+    """Before its command line's, never on it (where `ps` shows them to every local user); an option given as
+    two tokens stays an option with its value, never SOURCE; a line a shell cannot split is a settings error."""
+    from beam_jobs.ingest import run
+
+    (tmp_path / "photos" / "cat").mkdir(parents=True)
+    (tmp_path / "photos" / "cat" / "a.png").write_bytes(images.rgb_png())
+    argv = [str(tmp_path / "photos"), "--root", str(tmp_path / "root"), "--json"]
+    monkeypatch.setenv(BEAM_ARGS_ENV, "--s3_session_token S3CRETTOKEN --runner=NoSuchRunner")
+    assert run(argv) == 1  # the deployment's runner, which the run may not name
+    printed = capsys.readouterr()
+    assert "NoSuchRunner" in printed.err and "S3CRETTOKEN" not in printed.out + printed.err, printed.err
+    monkeypatch.setenv(BEAM_ARGS_ENV, "--s3_session_token 'S3CRET")
+    assert run(argv) == 2
+    printed = capsys.readouterr()
+    assert printed.err.startswith(f"stoke ingest: error: {BEAM_ARGS_ENV}: No closing quotation")
+    assert printed.err.count("\n") == 1 and "S3CRET" not in printed.err
 
 
 def test_a_run_may_not_ask_for_more_direct_workers_than_the_machine_has_cores():

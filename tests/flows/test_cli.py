@@ -19,8 +19,9 @@ import urllib.request
 import pytest
 
 from components.common.files import read_json
+from components.common.spans import Spans
 from components.contracts.layout import Root
-from tests.flows.conftest import copy_of
+from tests.flows.conftest import copy_of, one_class_night
 from tests.prefect_homes import migrated_home
 from tests.waiting import free_port, listening, wait_for
 
@@ -28,18 +29,25 @@ BIN = os.path.dirname(sys.executable)
 
 
 def test_run_passes_its_configuration_to_the_flow_and_prints_the_summary_last(pushed_run, tmp_path, tmp_path_factory):
+    """A scheduled-style run (--skip-unchanged) on a night of one class, sevens only: it is checked and
+    trained on with the warning of its mix, and nothing is left unchecked for the next night."""
     source, root = copy_of(pushed_run, tmp_path)
+    sevens = one_class_night(source, tmp_path / "pool")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     env["PREFECT_HOME"] = str(migrated_home(tmp_path_factory, tmp_path / "prefect-home"))  # its own ephemeral server and database
     done = subprocess.run([os.path.join(BIN, "stoke"), "run", source, "--root", root,
                            "--config", pushed_run["config_file"], "--skip-unchanged", "--no-preflight", "--run-id",
                            "from-cli", "--set", "ingest.compression=zlib", "--json"],
-                          capture_output=True, text=True, env=env, timeout=300)
+                          capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout.strip().splitlines()[-1])
-    assert summary["run_id"] == "from-cli" and summary["status"] == "skipped" and summary["stages"] == ["ingest"]
-    assert summary["pushed_version"] is None and summary["blessed"] is False
+    assert summary["run_id"] == "from-cli" and summary["status"] in ("pushed", "refused")
+    assert summary["stages"][:4] == ["ingest", "datacheck", "train", "gate"]
     run = Root(root).run("from-cli")
+    (night,) = read_json(run.result("datacheck"))["spans"]
+    assert (night["span"], night["status"], night["label_counts"]) == (2, "warning", {"seven": sevens})
+    assert night["label_check"]["status"] == "done" and "span 2: warning" in done.stderr
+    assert read_json(run.metrics)["spans"] == [1, 2] and Spans(root).unchecked() == []
     recorded = read_json(run.config)
     assert recorded["ingest"]["compression"] == "zlib" and recorded["preflight"] is None
     assert recorded["preset"] == "demo" and recorded["train"]["network"] == "small_cnn"  # from the file, resolved
@@ -103,11 +111,14 @@ def test_up_serves_the_deployments_until_ctrl_c(pushed_run, tmp_path, tmp_path_f
         assert json.load(open(report))["status"] == "skipped"
         recorded = json.load(open(os.path.join(os.path.dirname(report), "config.json")))
         assert (recorded["train"]["seed"], recorded["train"]["epochs"], recorded["train"]["network"]) == (7, 2, "small_cnn")
+        automations = [a["name"] for a in _post(f"{api}/automations/filter", {})]
+        assert automations == ["train when data arrives"]  # no alerts.webhook: no alerts, said in the banner
     finally:
         up.send_signal(signal.SIGINT)
         out, _ = up.communicate(timeout=90)
 
     assert up.returncode == 0 and "s3cret" not in out
+    assert out.count("No alerts: set alerts.webhook to hear of train/nightly's failures") == 1
     assert json.loads(out.strip().splitlines()[-1]) == {
         "api_url": api, "ui_url": api[:-4], "prefect_home": str(home), "source": source,
         "root": root, "deployments": ["train/nightly", "watch-bucket/poll"], "stopped": True}

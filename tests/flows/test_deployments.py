@@ -20,12 +20,10 @@ from components.common.files import read_json
 from components.common.repository import Repository
 from components.common.spans import Spans
 from components.contracts.run_config import RunConfig
-from components.contracts.secrets import without_secrets
-from flows.demo import write_digits
 from flows.deployments import ARRIVED, build_deployments
 from flows.watch_bucket import EVENT, source_resource
 from tests.credentials import PASSWORD, TOKEN, USER, shows
-from tests.flows.conftest import TINY_BEAM, TINY_MODEL, copy_of
+from tests.flows.conftest import TINY_BEAM, TINY_MODEL, copy_of, one_class_night
 from tests.waiting import wait_for
 
 TRIGGER = "train when data arrives"
@@ -76,7 +74,7 @@ def test_the_deployments_record_source_without_its_password(tmp_path):
     the process that serves them (`stoke up`) or of the workers (STOKE_SOURCE)."""
     source = f"https://{USER}:{PASSWORD}@127.0.0.1:9/photos/manifest.csv?code={TOKEN}"
     nightly, poll = build_deployments(RunConfig(source=source, root=str(tmp_path)), notifications="sqs://q")
-    assert nightly.parameters["source"] == poll.parameters["source"] == without_secrets(source)
+    assert nightly.parameters["source"] == poll.parameters["source"] == "https://alice:***@127.0.0.1:9/photos/manifest.csv"
     assert not shows(json.dumps([nightly.parameters, poll.parameters]))
 
 
@@ -100,13 +98,14 @@ def test_with_notifications_the_watcher_reads_the_queue_and_events_name_what_ing
 
 def test_an_arrival_event_runs_train_nightly_on_a_span_never_checked_and_a_refused_model_completes(
         client, pushed_run, tmp_path):
-    """A copy of the served ROOT, whose source 20 new digits land in; a `stoke ingest` by hand published
-    them and nothing checked them (as a run stopped before its data check leaves a span). The event's
-    run, scheduled-style (it skips when nothing is new), checks that span and trains on it too: a
-    span is never stranded for being published outside a run. The deployment's own default source is
-    elsewhere: the run must take the event's."""
+    """A copy of the served ROOT, whose source a night of one class lands in (sevens only: one line, one
+    camera); a `stoke ingest` by hand published them and nothing checked them (as a run stopped before its
+    data check leaves a span). The event's run, scheduled-style (it skips when nothing is new), checks that
+    span, the served model judging its labels, and trains on it too, with the warning of its skewed mix: a
+    span is never stranded for being published outside a run, nor for being of one class. The deployment's
+    own default source is elsewhere: the run must take the event's."""
     source, root = copy_of(pushed_run, tmp_path)
-    write_digits(source, limit=60)
+    one_class_night(source, tmp_path / "pool")
     assert ingest([source, "--root", root, *TINY_BEAM]) == 0  # by hand: published, never checked
     assert {s.span for s in Spans(root).shards("train")} == {1}  # training would not read it yet
     config = {"source": "/nowhere", "root": root, "preflight": None,
@@ -133,7 +132,9 @@ def test_an_arrival_event_runs_train_nightly_on_a_span_never_checked_and_a_refus
     report = json.load(open(report_uri))
     assert report["status"] == "refused" and not report["blessed"] and report["pushed_version"] is None
     assert any("accuracy" in reason for reason in report["reasons"])
-    assert [check["span"] for check in report["datacheck"]["spans"]] == [2]  # checked by the run
+    (check,) = report["datacheck"]["spans"]  # checked by the run
+    assert (check["span"], check["status"], check["label_check"]["status"]) == (2, "warning", "done")
+    assert list(check["label_counts"]) == ["seven"] and Spans(root).unchecked() == []
     assert read_json(os.path.join(os.path.dirname(report_uri), "metrics.json"))["spans"] == [1, 2]
     assert Repository(root, "stoke").versions() == [pushed_run["summary"]["pushed_version"]]
 

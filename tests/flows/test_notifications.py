@@ -6,6 +6,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
 from urllib.parse import quote_plus
 
 import boto3
@@ -20,11 +25,15 @@ from flows import notifications
 from flows import watch_bucket as watcher
 from flows.demo import write_digits
 from flows.watch_bucket import watch_bucket
+from tests import runtime_only
 from tests.flows.conftest import TINY_BEAM
 from tests.flows.fake_pubsub import FakeSubscription, serve
 from tests.flows.test_watch_bucket import events_for
+from tests.prefect_homes import migrated_home
+from tests.waiting import free_port, wait_for
 
 QUICK = {"settle_seconds": 0.5, "wait_seconds": 5}
+BIN = os.path.dirname(sys.executable)
 
 
 @pytest.fixture
@@ -304,3 +313,48 @@ def test_a_notifications_value_with_a_password_fails_the_run_without_echoing_it(
                              return_state=True)
     assert state.is_failed() and "sqs://u:***@queue" in state.message and "hunter2" not in state.message
     assert caplog.records and not any("hunter2" in r.getMessage() for r in caplog.records)
+
+
+def test_stoke_up_reads_the_queue_with_the_runtime_dependencies_alone(announced, s3_endpoint, tmp_path,
+                                                                      tmp_path_factory):
+    """`stoke up --notifications sqs://...`, its server and the poll it serves, with the packages only the test
+    extras install made unimportable (tests/runtime_only.py): what `make install` installs reads and deletes the
+    queue's messages. (They name nothing new under SOURCE, so no training run follows.)"""
+    boto3.client("s3").put_object(Bucket=announced["bucket"], Key="elsewhere/1/a.png", Body=b"outside SOURCE")
+    assert in_queue(announced["url"]) == 2  # S3's test event and the foreign object
+    port = free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = {k: v for k, v in runtime_only.environment(tmp_path / "runtime").items() if not k.startswith("PREFECT_API")}
+    env.update(PREFECT_HOME=str(migrated_home(tmp_path_factory, tmp_path / "home")), PREFECT_RUNNER_POLL_FREQUENCY="1")
+    with open(tmp_path / "up.out", "w") as out, open(tmp_path / "up.err", "w") as err:
+        up = subprocess.Popen([os.path.join(BIN, "stoke"), "up", "--source", announced["source"], "--root",
+                               announced["root"], "--notifications", announced["queue"], "--port", str(port),
+                               "--poll-seconds", "3600", "--json"], stdout=out, stderr=err, env=env)
+    try:
+        poll = wait_for(lambda: _get(f"{api}/deployments/name/watch-bucket/poll"), "stoke up to serve the poll", 180,
+                        process=up)
+        polled = subprocess.run([os.path.join(BIN, "prefect"), "deployment", "run", "watch-bucket/poll", "--watch",
+                                 *(f"-p={name}={value}" for name, value in QUICK.items())],
+                                env={**env, "PREFECT_API_URL": api}, capture_output=True, text=True, timeout=300)
+        runs = _post(f"{api}/flow_runs/filter", {"deployments": {"id": {"any_": [poll["id"]]}}})
+        states = [r["state_type"] for r in runs if r["state_type"] != "SCHEDULED"]
+        assert polled.returncode == 0 and states == ["COMPLETED"], polled.stdout[-3000:]
+        assert in_queue(announced["url"]) == 0
+    finally:
+        up.send_signal(signal.SIGINT)
+        up.wait(timeout=90)
+    assert up.returncode == 0 and json.loads((tmp_path / "up.out").read_text().strip().splitlines()[-1])["stopped"]
+
+
+def _get(url: str):
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return json.load(response)
+    except OSError:
+        return None
+
+
+def _post(url: str, body: dict):
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)

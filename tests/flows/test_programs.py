@@ -129,32 +129,37 @@ def test_the_programs_own_error_line_is_said_once_by_the_failure(logger, tmp_pat
 
 
 @functools.cache
-def tensorflow_stage(debug: bool) -> tuple[list[tuple[int, str]], dict]:
+def tensorflow_stage(debug: bool, level: str | None = None) -> tuple[list[tuple[int, str]], dict]:
     """The records logged and the summary returned by a stage program that starts TensorFlow (a process
-    importing it costs seconds of CPU), run once per module for each STOKE_DEBUG: the tests below read
-    the same run. Called from a test, after the session's environment was restored for it."""
-    log, lines = logging.getLogger(f"test-tensorflow-stage-{debug}"), Lines()
+    importing it costs seconds of CPU), run once per module for each STOKE_DEBUG and TF_CPP_MIN_LOG_LEVEL
+    (None: not set by the user): the tests below read the same run. Called from a test, after the session's
+    environment was restored for it."""
+    log, lines = logging.getLogger(f"test-tensorflow-stage-{debug}-{level}"), Lines()
     log.setLevel(logging.DEBUG)
     log.addHandler(lines)
     with tempfile.TemporaryDirectory() as folder, pytest.MonkeyPatch.context() as patch:
         patch.delenv("STOKE_DEBUG", raising=False)
+        patch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
         if debug:
             patch.setenv("STOKE_DEBUG", "1")
+        if level is not None:
+            patch.setenv("TF_CPP_MIN_LOG_LEVEL", level)
         summary = run_stage("fake", PROGRAM, ["tensorflow", os.path.join(folder, "pid")], timeout=300, logger=log)
     log.removeHandler(lines)
     return lines.records, summary
 
 
-@pytest.mark.parametrize("debug", [False, True])
-def test_tensorflows_start_up_log_is_for_stoke_debug(debug):
+@pytest.mark.parametrize("debug, level, shown", [(False, None, False), (True, None, True), (False, "0", True)])
+def test_tensorflows_start_up_log_is_for_stoke_debug_or_the_users_own_level(debug, level, shown):
     """What TensorFlow's runtime says as it starts (no CUDA driver, oneDNN...) is not a line of the run;
-    STOKE_DEBUG=1 shows it."""
+    STOKE_DEBUG=1 shows it, and so does a TF_CPP_MIN_LOG_LEVEL of the user's own that asks for it
+    (`TF_CPP_MIN_LOG_LEVEL=0 stoke run ...`): Stoke sets the level only when the user has not."""
     import re
 
-    records, _ = tensorflow_stage(debug)
-    shown = [message for level, message in records if level >= logging.INFO]
-    runtime = [message for message in shown if re.match(r"fake: ([IWEF]\d{4} |WARNING: All log messages)", message)]
-    assert bool(runtime) == debug, shown
+    records, _ = tensorflow_stage(debug, level)
+    said = [message for at, message in records if at >= logging.INFO]
+    runtime = [message for message in said if re.match(r"fake: ([IWEF]\d{4} |WARNING: All log messages)", message)]
+    assert bool(runtime) == shown, said
 
 
 def test_a_stage_program_gets_no_keras_setting_from_a_test_that_imported_training():

@@ -1,5 +1,6 @@
 """One run configuration: a file plus --set overrides reaches every stage program, the resolved
-configuration is recorded before the first stage, and a rerun from the record resolves the same."""
+configuration is recorded before the first stage, and a rerun from the record resolves the same; a secret
+setting (alerts.webhook) is in no record, parameter or line."""
 from __future__ import annotations
 
 import argparse
@@ -19,6 +20,7 @@ from components.contracts.run_config import RunConfig
 from components.contracts.stages import STAGES
 from components.contracts.summaries import DataCheckSummary, PushSummary
 from flows.run_options import add_config_arguments, config_from
+from tests.credentials import TOKEN, shows
 
 BIN = os.path.dirname(sys.executable)
 
@@ -174,3 +176,112 @@ def test_a_run_without_source_is_refused_though_a_stage_by_hand_may_go_without(t
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line == "stoke run: error: source: Field required"
     assert not (tmp_path / "root").exists()
+
+
+def recorded_config(tmp_path, preset: str = "production") -> str:
+    """A run's config.json: the resolved configuration, as the flow records it."""
+    from flows.pipeline import recorded
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(recorded(RunConfig(source=str(tmp_path), root=str(tmp_path / "root"), preset=preset)
+                                        .resolved())))
+    return str(path)
+
+
+HYBRID = "which holds the production preset's values already"
+
+
+@pytest.mark.parametrize("argv", [["--preset", "cpu"], ["--set", "preset=demo"]])
+def test_a_preset_over_a_recorded_configuration_is_refused(argv, tmp_path, capsys):
+    """A recorded configuration is resolved: a preset laid over it would fill only what the recorded preset left
+    unset, and put its own name on a run of the other's network, size and epochs."""
+    from components.common import program
+    from flows import cli
+
+    path = recorded_config(tmp_path)
+    for command in (["run", str(tmp_path), "--root", str(tmp_path / "root")], ["config", "show"]):
+        assert cli.main([*command, "--config", path, *argv]) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert HYBRID in line and "drop the preset" in line, line
+    with pytest.raises(program.config_files.ConfigError, match=HYBRID):  # a stage program by hand
+        program.stage_config("train", program.stage_arguments("train", ["--config", path, "--preset", "cpu"]))
+    assert not (tmp_path / "root").exists()
+
+
+def test_a_preset_over_a_deployment_of_a_recorded_configuration_is_refused(tmp_path, prefect_api, monkeypatch):
+    """`stoke up --config runs/<id>/config.json` registers it; `prefect deployment run -p preset=cpu` then asks for
+    the same hybrid."""
+    from components.common.config_files import read_file
+    from flows.pipeline import ConfigurationError, configure, pipeline
+    from flows.run_options import given_fields
+
+    registered = given_fields(RunConfig.model_validate(read_file(recorded_config(tmp_path))))
+    deployment_id = pipeline.to_deployment(name="recorded", parameters=registered).apply()
+    monkeypatch.setenv("PREFECT__RUNTIME__DEPLOYMENT__ID", str(deployment_id))  # as in a run of that deployment
+    given = {**{name: field.default for name, field in RunConfig.model_fields.items() if not field.is_required()},
+             "source": registered["source"], "root": registered["root"]}  # what Prefect hands the flow
+    try:
+        assert configure(**given).train.network == "efficientnet_b0"  # as registered
+        with pytest.raises(ConfigurationError, match=HYBRID):
+            configure(**{**given, "preset": "cpu"})
+    finally:
+        from prefect import get_client
+
+        with get_client(sync_client=True) as client:
+            client.delete_deployment(deployment_id)
+
+
+def test_the_same_preset_or_a_file_of_ones_own_takes_the_preset(tmp_path):
+    from components.common import program
+    from components.contracts.config import TrainConfig
+
+    path = recorded_config(tmp_path, preset="demo")
+    same, _ = program.stage_config("train", program.stage_arguments("train", ["--config", path, "--preset", "demo"]))
+    assert same.train == RunConfig(root="r", preset="demo").resolved().train
+    (tmp_path / "mine.yaml").write_text("preset: production\ntrain:\n  network: resnet50\n  epochs: 3\n")
+    mine, _ = program.stage_config("train", program.stage_arguments(
+        "train", ["--config", str(tmp_path / "mine.yaml"), "--root", "r", "--preset", "cpu"]))
+    assert mine.preset == "cpu"
+    assert mine.train == RunConfig(root="r", preset="cpu", train=TrainConfig(network="resnet50", epochs=3)).resolved().train
+
+
+def test_the_webhook_is_in_no_record_parameter_or_shown_configuration(tmp_path, capsys):
+    from flows import cli
+    from flows.deployments import build_deployments
+    from flows.pipeline import recorded
+
+    url = f"https://hooks.example/services/T0/B0/{TOKEN}"
+    config = RunConfig(source=str(tmp_path), root=str(tmp_path / "root"), alerts={"webhook": url, "after": 4})
+    assert config.alerts.webhook.get_secret_value() == url and not shows(repr(config))
+    nightly, poll = build_deployments(config)
+    assert nightly.parameters["alerts"] == {"after": 4}  # the deployment's, which Prefect keeps and shows
+    assert not shows(json.dumps([nightly.parameters, poll.parameters, recorded(config.resolved())]))
+
+    for json_or_yaml in (["--json"], []):
+        assert cli.main(["config", "show", str(tmp_path), "--root", str(tmp_path / "root"), "--set",
+                         f"alerts.webhook={url}", *json_or_yaml]) == 0
+        out = capsys.readouterr().out
+        assert "after" in out and not shows(out)
+
+
+@pytest.mark.parametrize("value", [f"ftp://hooks.example/{TOKEN}", f"file:///tmp/{TOKEN}", f"hooks.example/{TOKEN}", f"https:///{TOKEN}",
+                                   f"https://hooks.example/{TOKEN} x"])
+def test_a_webhook_that_is_no_url_is_one_line_that_does_not_repeat_it(value, tmp_path, capsys, monkeypatch):
+    from flows import cli, work_pools
+
+    monkeypatch.setenv("STOKE_WORK_POOL", "process")
+    given = [str(tmp_path), "--root", str(tmp_path / "root"), "--set", f"alerts.webhook={value}"]
+    for command, argv in (("stoke config", ["config", "show", *given]), ("stoke run", ["run", *given]),
+                          ("stoke up", ["up", "--source", *given]), ("stoke deploy", ["deploy", "--source", *given])):
+        code = work_pools.main(argv[1:]) if command == "stoke deploy" else cli.main(argv)
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and line == (f"{command}: error: alerts.webhook: an http:// or https:// URL is needed, such "
+                                      "as a chat's incoming webhook"), line
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_the_row_counted_must_fit_in_the_records_kept():
+    from components.common.config_files import ConfigError, build
+
+    with pytest.raises(ConfigError, match=r"^alerts: after \(20\) must be at most runs.keep_records \(10\)"):
+        build(RunConfig, {"root": "/r", "alerts": {"after": 20}, "runs": {"keep_records": 10}})

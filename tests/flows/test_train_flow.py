@@ -56,6 +56,9 @@ def test_training_holds_the_gpu_limit_and_the_run_leaves_artifacts(pushed_run):
     assert report and "## Push" in report[0]["data"] and "data:image/png;base64," in report[0]["data"]
     progress = [a for a in artifacts if a["type"] == "progress"]
     assert len(progress) == 2 and all(a["data"] == 100.0 for a in progress)  # ingest and train
+    card = [a for a in artifacts if a["key"] == "model-card-first"]  # the pushed version's, as the push wrote it
+    assert card and card[0]["data"] == open(pushed_run["summary"]["push"]["model_card"]).read()
+    assert card[0]["data"].startswith("# Model card: stoke version ")
 
 
 def test_nothing_new_with_a_served_model_ends_early_without_training(pushed_run, tmp_path):

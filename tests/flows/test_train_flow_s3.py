@@ -79,6 +79,15 @@ def test_a_second_run_reuses_the_cache_and_compares_with_the_served_version(buck
     validation = read_json(run.gate)
     assert validation["served_version"] == bucket_runs["first"].result()["pushed_version"]
     assert validation["baseline_version"] == validation["served_version"]
+    # The first version is the reference: its gate recorded its answers, its push kept them in the bucket beside
+    # it, and the second run, warm from it, was held to it and names it as the reference of the version it became.
+    first, second = validation["served_version"], state.result()["pushed_version"]
+    repository = Repository(bucket_runs["root"], "stoke")
+    assert read_json(run.metrics)["start"]["kind"] == "warm"
+    assert validation["reference"] == {"version": first, "kept": True}
+    assert repository.lineage(first).reference == repository.lineage(second).reference == first
+    assert repository.answers_uri(first).endswith(f"/{first}/assets.extra/stoke_answers.json.gz")
+    assert all(fsspec.filesystem("s3").exists(repository.answers_uri(v)) for v in (first, second))
 
 
 def join_candidate(run) -> str:

@@ -14,6 +14,7 @@ import jsonschema
 import pytest
 import yaml
 
+from components.common.serving import SERVING_VERSION
 from components.contracts.layout import Root
 from components.push import serving_image as serving
 from flows import work_pools
@@ -117,7 +118,7 @@ def test_images_pinned_and_users_unprivileged(compose):
             continue
         user = str(service.get("user", "")).split(":")[0]
         assert user and user not in ("0", "root"), f"{name} runs as root"
-    assert compose["services"]["serving"]["image"] == f"{serving.SERVING_IMAGE}:{serving.SERVING_VERSION}"
+    assert compose["services"]["serving"]["image"] == f"{serving.SERVING_IMAGE}:{SERVING_VERSION}"
     assert compose["services"]["worker"]["image"] == work_pools.TRAINING_IMAGE
 
 
@@ -126,7 +127,7 @@ def test_gpu_overlay_gives_the_worker_and_serving_all_gpus(env_example):
     for name in ("worker", "serving"):
         (device,) = both["services"][name]["deploy"]["resources"]["reservations"]["devices"]
         assert device == {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}
-    assert both["services"]["serving"]["image"] == f"{serving.SERVING_IMAGE}:{serving.SERVING_VERSION}-gpu"
+    assert both["services"]["serving"]["image"] == f"{serving.SERVING_IMAGE}:{SERVING_VERSION}-gpu"
     assert both["services"]["worker"]["shm_size"] == work_pools.SHM_SIZE  # the base file's flags are kept
 
 

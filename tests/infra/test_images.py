@@ -14,6 +14,7 @@ import tomllib
 import dockerfile
 import pytest
 
+from components.common.serving import SERVING_VERSION
 from components.push import serving_image as serving
 from flows import work_pools
 from tests.infra.conftest import REPO, infra, run_tool
@@ -101,6 +102,19 @@ def test_training_image_installs_every_package_and_runs_as_its_user(training):
     assert list(training)[-1] == "training"  # the default target
 
 
+def test_training_image_installs_the_runtime_lock_exactly_and_stoke_on_top(training):
+    """The image's packages are requirements/runtime.lock's, each by its hashes, and nothing else is installed
+    by name (a package named here would be resolved on the day the image is built); Stoke goes on top,
+    editable and without dependencies, with the lock beside it for the lineage (components/common/environment.py)."""
+    runs = [" ".join(c.value) for cs in training.values() for c in cs if c.cmd == "RUN" and "pip" in " ".join(c.value)]
+    assert [re.sub(r"\s+", " ", run).split(" && ")[0] for run in runs] == [
+        "python3 -m pip install --no-cache-dir --no-deps --require-hashes -r requirements/runtime.lock",
+        "python3 -m pip install --no-cache-dir --no-deps --no-build-isolation -e ."]
+    copied = [c.value for cs in training.values() for c in cs if c.cmd == "COPY" and not c.flags]
+    assert ("requirements/runtime.lock", "requirements/") in copied
+    assert "!requirements/runtime.lock" in open(infra("training", "Dockerfile.dockerignore")).read().split()
+
+
 def test_documented_docker_run_line_has_the_flags_training_needs():
     text = open(TRAINING).read()
     run = re.search(r"docker run (.+?)\n#\s+(.+?)\n", text)
@@ -123,7 +137,7 @@ def test_serving_image_is_only_the_rendered_one():
 @pytest.mark.parametrize("name, suffix", [("Dockerfile", ""), ("Dockerfile.gpu", "-gpu")])
 def test_rendered_serving_image_matches_the_code(rendered, name, suffix):
     commands = dockerfile.parse_string(rendered[name])
-    assert last(commands, "FROM").value[0] == f"{serving.SERVING_IMAGE}:{serving.SERVING_VERSION}{suffix}"
+    assert last(commands, "FROM").value[0] == f"{serving.SERVING_IMAGE}:{SERVING_VERSION}{suffix}"
     assert pinned(last(commands, "FROM").value[0])
     assert last(commands, "USER").value[0] == f"{serving.USER_ID}:{serving.USER_ID}" and serving.USER_ID != 0
     assert set(last(commands, "EXPOSE").value) == {str(serving.GRPC_PORT), str(serving.REST_PORT)}

@@ -14,6 +14,7 @@ import kubernetes_validate
 import pytest
 
 from components.common import program
+from components.common.serving import SERVING_VERSION
 from components.contracts.layout import Root
 from components.push import serving_image as serving
 from components.train import placement
@@ -140,7 +141,7 @@ def test_root_and_settings_agree_with_the_code(objects):
 def test_serving_deployment_matches_the_code_and_the_images_health_check(objects):
     config = find(objects, "ConfigMap", "stoke-config")["data"]
     container = find(objects, "Deployment", "stoke-serving")["spec"]["template"]["spec"]["containers"][0]
-    assert container["image"] == f"{serving.SERVING_IMAGE}:{serving.SERVING_VERSION}-gpu"
+    assert container["image"] == f"{serving.SERVING_IMAGE}:{SERVING_VERSION}-gpu"
     options = flags(container["command"])
     assert int(options["port"]) == serving.GRPC_PORT and int(options["rest_api_port"]) == serving.REST_PORT
     assert options["model_name"] == config["STOKE_MODEL_NAME"]

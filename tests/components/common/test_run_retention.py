@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 import time
 
 import pytest
@@ -52,7 +53,7 @@ def set_age(run: RunDir, age_days: float, only: str | None = None) -> None:
     when = time.time() - age_days * DAY
     for found in fs.find(path):
         if only is None or found.endswith("/" + only):
-            os.utime(found, (when, when))
+            os.utime(found, (when, when), follow_symlinks=False)
 
 
 def files(run: RunDir) -> set[str]:
@@ -182,11 +183,11 @@ def test_a_prune_stopped_halfway_reads_as_such_and_the_next_finishes_it(tmp_path
     lighter, doomed = make_run(root, "lighter", age_days=2), make_run(root, "doomed", age_days=3)
     removals = []
 
-    def stop_at_the_second(fs, uri):
+    def stop_at_the_second(run, name):
         if len(removals) == 1:
-            raise OSError(5, "Input/output error", uri)
-        removals.append(uri)
-        real_remove(fs, uri)
+            raise OSError(5, "Input/output error", join(run.uri, name))
+        removals.append(join(run.uri, name))
+        real_remove(run, name)
 
     real_remove = run_retention._remove
     monkeypatch.setattr(run_retention, "_remove", stop_at_the_second)
@@ -302,3 +303,69 @@ def test_links_in_a_run_folder_are_removed_never_followed(tmp_path):
 
     assert files(lighter) == set(RECORD) | {"pruned.json"} and not os.path.exists(doomed.uri)
     assert all((outside / name / "keep.txt").read_text() == "not the run's" for name in ("logs", "notes", "model"))
+
+
+def test_a_link_anywhere_in_a_run_folder_never_takes_the_prune_out_of_it(tmp_path):
+    """A link is removed itself, whatever it points to and at whatever depth, and nothing is removed or
+    written through one: not the served version, nor a folder elsewhere, nor a loop that never ends."""
+    root = str(tmp_path / "root")
+    make_run(root, "newest", age_days=1)
+    served = pathlib.Path(serve(root, tmp_path, 7, "newest").version_uri(7))
+    outside = tmp_path / "elsewhere"
+    (outside / "metrics").mkdir(parents=True)
+    (outside / "metrics" / "keep.txt").write_text("not the run's")
+    protected = {p: p.read_bytes() for p in [*served.rglob("*"), *outside.rglob("*")] if p.is_file()}
+    record = {name: make_run(root, name, age_days=age) for age, name in enumerate(
+        ["whole", "deeper", "file", "loop", "marker", "hard"], start=2)}
+    doomed = make_run(root, "doomed", age_days=20)
+
+    def link(run: RunDir, name: str, target) -> None:
+        path = pathlib.Path(run.uri, name)
+        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+        path.symlink_to(target)
+
+    link(record["whole"], "candidate", "../../models/stoke/7")  # the candidate is the served version
+    link(record["whole"], "tfma", outside)
+    link(record["deeper"], "candidate/variables", served / "variables")
+    link(record["deeper"], "tfma/metrics-00000-of-00001.tfrecord", outside / "metrics")
+    link(record["file"], "candidate/saved_model.pb", served / "saved_model.pb")
+    link(record["loop"], "candidate", "candidate")  # ELOOP on the way to candidate/saved_model.pb
+    link(record["marker"], "pruned.json.tmp", served / "saved_model.pb")  # where the marker is written first
+    pathlib.Path(record["hard"].saved_model).unlink()
+    os.link(served / "saved_model.pb", record["hard"].saved_model)  # another name of the same file: removing it is fine
+    link(doomed, "candidate", served)
+    for age, run in enumerate([*record.values(), doomed], start=2):
+        set_age(run, 20 if run is doomed else age)
+
+    summary = prune(Root(root), RunsConfig(keep=1, keep_records=7))
+
+    assert fates(summary) == {"newest": ("whole", "keep"), **{name: ("whole", "record") for name in record},
+                              "doomed": ("whole", "delete")}
+    assert {p: p.read_bytes() for p in protected} == protected and Repository(root, "stoke").versions() == [7]
+    for run in record.values():
+        assert files(run) == set(RECORD) | {"pruned.json"}, run.run_id
+        assert not os.path.lexists(os.path.join(run.uri, "candidate")), run.run_id
+    assert not os.path.lexists(doomed.uri)
+    again = prune(Root(root), RunsConfig(keep=1, keep_records=7))  # nothing left half done
+    assert {f.action for f in again.runs} == {"keep"}
+
+
+def test_keys_that_spell_a_way_out_of_a_run_folder_on_a_bucket_are_its_own(s3_bucket, tmp_path):
+    """A bucket has no links, and a key is a name, '..' and all: a run folder's keys that read as paths to
+    the served version are removed as they are spelled, and the version keeps every file."""
+    root = f"s3://{s3_bucket}/root"
+    doomed, lighter, newest = (make_run(root, name) for name in ("run-1", "run-2", "run-3"))
+    served = serve(root, tmp_path, 7, "run-3").version_uri(7)
+    fs, path = filesystem(served)
+    protected = {key: fs.cat_file(key) for key in fs.find(path)}
+    climbing = ["candidate/../../../models/stoke/7/saved_model.pb", "tfma/../../../models/stoke/7/variables",
+                "../../models/stoke/7/saved_model.pb", "./candidate/../../../models/stoke/7/saved_model.pb"]
+    for run in (doomed, lighter):
+        for key in climbing:
+            write_bytes(f"{run.uri}/{key}", b"the run's own")
+
+    summary = prune(Root(root), RunsConfig(keep=1, keep_records=2))
+
+    assert fates(summary) == {"run-3": ("whole", "keep"), "run-2": ("whole", "record"), "run-1": ("whole", "delete")}
+    assert {key: fs.cat_file(key) for key in fs.find(path)} == protected
+    assert files(lighter) == set(RECORD) | {"pruned.json"} | set(climbing[2:]) and not files(doomed)

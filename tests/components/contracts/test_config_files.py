@@ -106,6 +106,18 @@ NOT_PLAIN = [
     ("deep-block.yaml", "".join(f"{'  ' * i}k{i}:\n" for i in range(100)), "line 32: nested more than 32 deep"),
     ("deep.json", '{"train": ' + "[" * 5000 + "]" * 5000 + "}", "nested more than 32 deep"),
     ("deeper.json", '{"train": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested more than 32 deep"),
+    # What YAML 1.1 (PyYAML) reads as a number that YAML 1.2 and JSON read otherwise: refused, not guessed.
+    ("base60.yaml", "train:\n  epochs: 1:30\n", "line 2: 1:30 is 90 in YAML 1.1 (a number in base 60) but text in "
+     "YAML 1.2; write 90, or quote it for text"),
+    ("base60-float.yaml", "train:\n  learning_rate: -1:30.5\n", "line 2: -1:30.5 is -90.5 in YAML 1.1 (a number in "
+     "base 60) but text in YAML 1.2; write -90.5, or quote it for text"),
+    ("octal.yaml", "train:\n  seed: 0755\n", "line 2: 0755 is 493 in YAML 1.1 (an octal number) but 755 in YAML 1.2; "
+     "write 493 or 755"),
+    ("octal-key.yaml", "train:\n  010: 1\n", "line 2: 010 is 8 in YAML 1.1"),
+    # A key given twice: YAML and JSON readers keep the last, silently.
+    ("twice.yaml", "train: {epochs: 2}\ntrain: {epochs: 3}\n", "line 2: train is given twice in one group; keep one"),
+    ("twice-inside.yaml", "train:\n  epochs: 2\n  seed: 1\n  epochs: 3\n", "line 4: epochs is given twice in one group"),
+    ("twice.json", '{"train": {"epochs": 2, "seed": 1, "epochs": 3}}', "'epochs' is given twice in one group; keep one"),
 ]
 
 
@@ -119,11 +131,25 @@ def test_a_settings_file_that_is_not_plain_data_is_one_line_naming_the_file_and_
 
 def test_plain_settings_still_read_as_before(tmp_path):
     (tmp_path / "plain.yaml").write_text("# a comment\nanchored: &fine 3\ntrain:\n  epochs: 3\n  spans: '2026-01-01'\n"
-                                         "  weights: null\n  flip: yes\nbeam_args: [--direct_num_workers=1]\n"
-                                         "ingest: {shard_mb: 1.5e+2, max_side: 0x200}\n")
+                                         "  weights: null\n  flip: yes\n  seed: 0\n  trace_steps: '1:30'\n"
+                                         "beam_args: [--direct_num_workers=1]\n"
+                                         "ingest: {shard_mb: 1.5e+2, max_side: 0x200, max_file_mb: 1_000, blank_std: 00}\n"
+                                         "gate: {top_k: 1, decision: point}\npush: {keep: 3}\n")
     assert config_files.read_file(str(tmp_path / "plain.yaml")) == {
-        "anchored": 3, "train": {"epochs": 3, "spans": "2026-01-01", "weights": None, "flip": True},
-        "beam_args": ["--direct_num_workers=1"], "ingest": {"shard_mb": 150.0, "max_side": 512}}
+        "anchored": 3, "train": {"epochs": 3, "spans": "2026-01-01", "weights": None, "flip": True, "seed": 0,
+                                 "trace_steps": "1:30"},
+        "beam_args": ["--direct_num_workers=1"], "ingest": {"shard_mb": 150.0, "max_side": 512, "max_file_mb": 1000,
+                                                            "blank_std": 0},
+        "gate": {"top_k": 1, "decision": "point"}, "push": {"keep": 3}}
+
+
+def test_an_override_giving_a_key_twice_is_one_line(tmp_path, capsys):
+    (tmp_path / "images").mkdir()
+    code = cli.main(["run", str(tmp_path / "images"), "--root", str(tmp_path / "root"),
+                     "--set", 'train={"epochs": 2, "epochs": 3}'])
+    assert code == 2
+    assert capsys.readouterr().err.strip() == "stoke run: error: --set train: 'epochs' is given twice in one group; keep one"
+    assert not (tmp_path / "root").exists()
 
 
 def test_a_stage_programs_settings_file_is_read_alike(tmp_path):

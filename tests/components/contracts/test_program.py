@@ -182,3 +182,50 @@ def test_a_program_exits_75_for_a_transient_failure_and_1_for_a_deterministic_on
     assert err == 'stoke x: error: EndpointConnectionError: Could not connect to the endpoint URL: "http://s3"\n'
     with pytest.raises(NoCredentialsError):  # not among them and not transient: a bug's traceback is wanted
         program.main("stoke x", True, failing(NoCredentialsError()), str)
+
+
+def test_progress_is_a_bar_on_a_terminal_and_a_line_each_in_a_log(capsys):
+    """A stage program's progress events: on a terminal a bar, redrawn at each event and left done; anywhere
+    else (a log, a pipe) a line each, as before; with --json, JSON lines on stdout."""
+    import io
+
+    from rich.console import Console
+
+    from components.contracts.summaries import Progress
+
+    events = [Progress(stage="ingest", done=done, total=40.0, unit="MB", seconds=seconds) for done, seconds in
+              ((10.0, 10.0), (40.0, 20.0))]
+    show = program.progress_printer(as_json=False, terminal=False)
+    for event in events:
+        show(event)
+    assert capsys.readouterr().err.splitlines() == ["ingest: 10 of 40 MB after 10 s", "ingest: 40 of 40 MB after 20 s"]
+    json_lines = program.progress_printer(as_json=True, terminal=True)
+    json_lines(events[0])
+    assert json.loads(capsys.readouterr().out)["done"] == 10.0
+    assert isinstance(program.progress_printer(as_json=False, terminal=True), program.ProgressBar)
+    screen = io.StringIO()
+    bar = program.ProgressBar(Console(file=screen, force_terminal=True, width=100))
+    for event in events:
+        bar(event)
+    bar.close()
+    bar.close()  # a second close (the block's end after the program's) does nothing
+    drawn = screen.getvalue()
+    assert "10 of 40 MB after 10 s" in drawn and "40 of 40 MB after 20 s" in drawn and "━" in drawn
+    assert capsys.readouterr() == ("", "")  # nothing on the program's own streams
+
+
+def test_the_bar_draws_on_prefects_console_whose_theme_has_none_of_rich_s_own_styles():
+    """`stoke run` draws the bar on the console Prefect's console handler prints the run's lines through
+    (flows/reporting.py), whose theme lacks rich's progress styles."""
+    import io
+
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    from components.contracts.summaries import Progress
+
+    screen = io.StringIO()
+    console = PrefectConsoleHandler(stream=screen).console
+    bar = program.ProgressBar(console)
+    bar(Progress(stage="train", done=2.0, total=8.0, unit="epochs", seconds=30.0))
+    bar.close(finished=True)  # the stage ended well after its last event: the bar is left full
+    assert "8 of 8 epochs after 30 s" in screen.getvalue()

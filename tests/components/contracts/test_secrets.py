@@ -7,7 +7,16 @@ import logging
 import pytest
 
 from components.common import program
-from components.contracts.secrets import HIDDEN, SOURCE_ENV, SourceCredentials, given, has_secrets, without_secrets
+from components.contracts.secrets import (
+    HIDDEN,
+    SOURCE_ENV,
+    SourceCredentials,
+    given,
+    has_secrets,
+    recorded,
+    without_query,
+    without_secrets,
+)
 
 SECRET = "hunter2"
 
@@ -36,11 +45,11 @@ def test_printed_database_urls_hide_every_credential_they_carry(url, secrets):
     assert "db" in shown and not any(secret in shown for secret in secrets), shown
 
 
-def test_printed_database_urls_keep_what_is_not_a_credential():
+def test_printed_database_urls_keep_their_host_and_database_and_hide_their_query():
     assert without_secrets("postgresql+asyncpg://prefect:pw@db:5432/prefect?sslmode=require&application_name=stoke") \
-        == "postgresql+asyncpg://prefect:***@db:5432/prefect?sslmode=require&application_name=stoke"
+        == "postgresql+asyncpg://prefect:***@db:5432/prefect?***"
     for kept in ("sqlite+aiosqlite:////home/me/.prefect/prefect.db", "/home/key/prefect.db",
-                 "postgresql://***@db/prefect?sslmode=verify-full"):
+                 "postgresql://***@db/prefect?***"):
         assert without_secrets(kept) == kept
 
 
@@ -54,9 +63,10 @@ def test_printed_database_urls_keep_what_is_not_a_credential():
     ("cannot reach http://u:hunter2@127.0.0.1:9/v1: refused", "cannot reach http://u:***@127.0.0.1:9/v1: refused"),
     ("s3://a:hunter2@b/x and gs://c:hunter2@d/y", "s3://a:***@b/x and gs://c:***@d/y"),
     ("https://b.s3.amazonaws.com/k?X-Amz-Credential=AK%2Fhunter2&X-Amz-Signature=hunter2&X-Amz-Security-Token=hunter2",
-     "https://b.s3.amazonaws.com/k?X-Amz-Credential=***&X-Amz-Signature=***&X-Amz-Security-Token=***"),
-    ("https://acct.blob.core.windows.net/c/b?sv=2020-01&sig=hunter2%2B", "https://acct.blob.core.windows.net/c/b?sv=2020-01&sig=***"),
+     "https://b.s3.amazonaws.com/k?***"),
+    ("https://acct.blob.core.windows.net/c/b?sv=2020-01&sig=hunter2%2B", "https://acct.blob.core.windows.net/c/b?***"),
     ("gs://bucket/x?token=hunter2", "gs://bucket/x?token=***"),
+    ("s3://b/k?X-Amz-Signature=hunter2&versionId=3", "s3://b/k?X-Amz-Signature=***&versionId=3"),
 ])
 def test_every_spelling_of_a_credential_is_hidden_and_the_rest_kept(text, kept):
     assert without_secrets(text) == kept
@@ -94,6 +104,39 @@ def test_user_info_is_told_from_ports_and_paths(text, kept):
     assert without_secrets(text) == kept
 
 
+# Passwords that start as a port would: digits, then what no port is followed by.
+DIGITS_FIRST = ["2024;Winter", "1234,x", "12)ab", "99]x", "123'x", '123"x', "1234 x", "2024", "8080:x", "1(x",
+                "65535!", "7&x", "443=y"]
+
+
+@pytest.mark.parametrize("scheme", ["http", "https", "s3", "gs", "grpc", "ftp", "HTTPS"])
+@pytest.mark.parametrize("password", DIGITS_FIRST)
+def test_a_password_that_starts_with_digits_is_no_port(scheme, password):
+    """Inside an authority what runs from `:` to a later `@` is a password; a port is only what follows the
+    host, up to a `/`, `?`, `#` or the end."""
+    for port in ("", ":9000"):
+        source = f"{scheme}://bob:{password}@127.0.0.1{port}/photos/manifest.csv"
+        kept = f"{scheme}://bob:***@127.0.0.1{port}/photos/manifest.csv"
+        assert without_secrets(source) == kept
+        assert without_secrets(f"source '{source}' does not exist") == f"source '{kept}' does not exist"
+        credentials = SourceCredentials(source)
+        assert credentials.given == f"{scheme}://bob:{password}@127.0.0.1{port}"
+        assert credentials.hide(source) == kept and credentials.reveal(kept) == source
+
+
+@pytest.mark.parametrize("password", [p for p in DIGITS_FIRST if " " not in p])
+def test_a_bare_password_that_starts_with_digits_is_no_port(password):
+    """grpc's HOST:PORT spelling, without a scheme: a bare token ends at a space."""
+    assert without_secrets(f"bob:{password}@host:5000") == "bob:***@host:5000"
+    assert without_secrets(f"--dispatcher bob:{password}@host:5000/x") == "--dispatcher bob:***@host:5000/x"
+
+
+@pytest.mark.parametrize("text", ["http://host:8080/photos/a@2x.png", "grpc://host:5050", "host:5050/a@b.png",
+                                  "s3://b/k:12/a@2x.png", "http://[::1]:8080/a@2x.png"])
+def test_a_port_followed_by_a_path_keeps_an_at_sign_of_that_path(text):
+    assert without_secrets(text) == text
+
+
 SECRET_PARAMETERS = [
     "pw", "PW", "pwd", "passwd", "password", "Password", "PASSWORD", "sslpassword", "passphrase", "pass", "secret",
     "client_secret", "token", "access_token", "refresh_token", "id_token", "auth_token", "api_key", "apikey", "key",
@@ -107,26 +150,69 @@ SECRET_PARAMETERS = [
 @pytest.mark.parametrize("name", SECRET_PARAMETERS)
 @pytest.mark.parametrize("value", ["hunter2", "hun%40ter2", 'hun"ter2', "hun'ter2", "hun:ter2@x", "hun/ter2", ""])
 def test_a_parameter_named_as_a_credential_is_hidden_in_any_case(name, value):
-    for text in (f"https://host/photos/m.csv?{name}={value}", f"https://host/m.csv?v=1&{name}={value}&size=9",
+    """A second net, beside the structure of a URL: text that is no URL, a path's parameters, a bucket key's
+    query (a bucket key may hold `?`, so its URL has no query to hide whole)."""
+    for text in (f"gs://bucket/photos/m.csv?{name}={value}", f"s3://b/m.csv?v=1&{name}={value}&size=9",
                  f"https://host/m.csv;{name}={value}", f"host=db {name}={value} port=5",
-                 f"source 'https://host/m.csv?{name}={value}' does not exist"):
+                 f"source 'gs://bucket/m.csv?{name}={value}' does not exist"):
         shown = without_secrets(text)
         assert f"{name}={HIDDEN}" in shown and ("hun" not in shown or not value), (text, shown)
-    assert "size=9" in without_secrets(f"https://host/m.csv?v=1&{name}={value}&size=9")
+    assert "size=9" in without_secrets(f"s3://b/m.csv?v=1&{name}={value}&size=9")
 
 
-@pytest.mark.parametrize("text", ["https://host/m.csv?v=1&size=9&format=jpeg", "https://host/search?q=cats&page=2",
-                                  "s3://b/k?versionId=3", "gs://b/photos/code/cat.jpg", "/data/key/sig/a.png"])
-def test_parameters_that_carry_no_credential_are_kept(text):
-    assert without_secrets(text) == text
+@pytest.mark.parametrize("text, kept", [
+    ("ingest: beam_jobs.ingest --config c.json --s3_session_token hunter2 --json",
+     "ingest: beam_jobs.ingest --config c.json --s3_session_token *** --json"),
+    ("--s3_secret_access_key 'hun ter2' --s3_access_key_id=hunter2", "--s3_secret_access_key *** --s3_access_key_id=***"),
+    ("Discarding unparseable args: ['--s3_session_token', 'hunter2', '--x']",
+     "Discarding unparseable args: ['--s3_session_token', ***, '--x']"),
+    ("stoke ingest --password\thunter2", "stoke ingest --password\t***"),
+    ("--api-key --json", "--api-key --json"),  # an option without its value
+    *[(text, text) for text in ["stoke up: error: --auth-string-file /run/auth: no such file"]],
+])
+def test_an_option_named_as_a_credential_hides_the_value_given_as_its_next_token(text, kept):
+    """`--NAME VALUE`, as Beam's and most command lines take an option, as well as `--NAME=VALUE`; an option
+    naming a file that holds a credential (`--auth-string-file PATH`) keeps its path."""
+    assert without_secrets(text) == kept
+
+
+@pytest.mark.parametrize("text", ["s3://b/m.csv?v=1&size=9&format=jpeg", "gs://b/search?q=cats&page=2",
+                                  "s3://b/k?versionId=3", "gs://b/photos/code/cat.jpg", "/data/key/sig/a.png",
+                                  "/data/a?b#c.png", "gs://b/photos/#1.png", "file:///data/a?b.png",
+                                  "S3A://b/k#2.png", "http://host/m.csv#row12", "see docs/ingest.md#sources"])
+def test_what_a_bucket_key_or_a_path_holds_is_kept(text):
+    """`?` and `#` are characters of a local file's name or a bucket's key, not a query; `#rowN` names a
+    manifest's row."""
+    assert without_secrets(text) == text == recorded(text) == without_query(text)
+
+
+SIGNED = ["hmac=SIG", "s=SIG", "hdnts=exp=9~acl=*~hmac=SIG", "ticket=SIG", "otp=SIG", "pin=SIG", "cred=SIG",
+          "assertion=SIG", "sas=SIG", "hash=SIG", "digest=SIG", "verify=SIG", "access_token=SIG", "SIG", "v=2&x=SIG",
+          "url=https%3A%2F%2Fb.s3.amazonaws.com%2Fk%3FX-Amz-Signature%3DSIG", "row1SIG", "a=1#SIG", "=SIG"]
+
+
+@pytest.mark.parametrize("scheme", ["http", "https", "HTTPS", "ftp", "webdav", "abfs", "grpc", "postgresql"])
+@pytest.mark.parametrize("query", SIGNED)
+def test_a_web_urls_query_and_fragment_are_hidden_whole_whatever_they_are_named(scheme, query):
+    """Whatever names a signature (imgix's s, Akamai's hdnts, a signed URL inside another), a URL's query and
+    fragment are a credential or nothing a record needs: hidden whole in text, left out of what is recorded."""
+    for mark in "?#":
+        url = f"{scheme}://host:9/photos/m.csv{mark}{query}"
+        kept = f"{scheme}://host:9/photos/m.csv{mark}{HIDDEN}"
+        assert without_secrets(url) == kept and without_secrets(kept) == kept
+        assert without_secrets(f"cannot read '{url}': HTTP 403, url={url!r}") == \
+            f"cannot read '{kept}': HTTP 403, url={kept!r}"
+        assert recorded(url) == without_query(url) == f"{scheme}://host:9/photos/m.csv"
+        assert recorded(f"{scheme}://bob:2024;W?x#y@host:9/m.csv{mark}{query}") == f"{scheme}://bob:***@host:9/m.csv"
 
 
 def test_a_source_with_hidden_credentials_is_given_back_only_from_the_environment(monkeypatch):
-    real = "http://alice:pa ss@host:9/m.csv?token=t0k"
-    shown = without_secrets(real)
-    assert shown == "http://alice:***@host:9/m.csv?token=***"
+    real = "http://alice:pa ss@host:9/m.csv?hmac=t0k"
+    shown = recorded(real)
+    assert shown == "http://alice:***@host:9/m.csv"
     monkeypatch.setenv(SOURCE_ENV, real)
     assert given(shown) == real and given("/data/photos") == "/data/photos"
+    assert given("http://alice:***@host:9/m.csv?token=***") == real  # as a run recorded it before
     with pytest.raises(ValueError, match="other:9"):  # another source never gets this one's password
         given("http://alice:***@other:9/m.csv")
     monkeypatch.delenv(SOURCE_ENV)
@@ -195,7 +281,9 @@ def test_ingest_errors_echo_bucket_uris_without_their_password(flag, tmp_path, c
 UNREADABLE_SOURCES = [f'http://alice:pa"s\'s {SECRET}@127.0.0.1:9/photos/m.csv', f"http://127.0.0.1:9/m.csv?pw={SECRET}",
                       f"http://127.0.0.1:9/m.csv?code={SECRET}&v=2", f"https://{SECRET}@127.0.0.1:9/m.csv",
                       f"HTTP://alice:{SECRET}@127.0.0.1:9/m.csv?X-Amz-Signature={SECRET}", f"ftp://alice:{SECRET}@127.0.0.1:9/m",
-                      f"s3://alice:{SECRET}@bucket/photos", f"alice:{SECRET}@127.0.0.1:9/photos"]
+                      f"s3://alice:{SECRET}@bucket/photos", f"alice:{SECRET}@127.0.0.1:9/photos",
+                      f"http://127.0.0.1:9/m.csv?hmac={SECRET}", f"http://127.0.0.1:9/m.csv?s=x&hdnts=acl=*~hmac={SECRET}",
+                      f"http://127.0.0.1:9/m.csv#access_token={SECRET}", f"http://bob:2024;{SECRET}@127.0.0.1:9/m.csv"]
 
 
 @pytest.mark.parametrize("source", UNREADABLE_SOURCES)
@@ -252,8 +340,8 @@ def test_every_program_hides_credentials_in_its_error_line_and_json(capsys):
 
     assert program.main("stoke x", True, work, str, errors=(ValueError,)) == program.FAILED
     captured = capsys.readouterr()
-    assert captured.err == "stoke x: error: cannot open postgresql://u:***@db/x?sslpassword=***\n"
-    assert last_json(captured.out)["error"] == "cannot open postgresql://u:***@db/x?sslpassword=***"
+    assert captured.err == "stoke x: error: cannot open postgresql://u:***@db/x?***\n"
+    assert last_json(captured.out)["error"] == "cannot open postgresql://u:***@db/x?***"
 
 
 def test_logs_through_the_escape_filter_hide_credentials(caplog):

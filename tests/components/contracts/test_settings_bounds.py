@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 import typing
 
 import annotated_types
@@ -11,6 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from beam_jobs import ingest
+from components.common import config_files
 from components.common.program import stage_arguments
 from components.common.program import stage_config as program_stage_settings
 from components.contracts import config
@@ -164,8 +167,11 @@ def test_the_flow_refuses_an_unbounded_span_range_given_as_a_run_parameter(tmp_p
 
 
 ROOTS = ["memory://x", "MEMORY://x", "simplecache::s3://bucket/root", "filecache::/tmp/x", "a/b::c",
-         "tar://root::file:///tmp/x.tar", "zip://root::file:///tmp/x.zip", "http://127.0.0.1:9/root",
-         "https://example.com/root", "github://org/repo", "ftp://host/root", "  s3://bucket/root", ""]
+         "blockcache::s3://bucket/root", "tar://root::file:///tmp/x.tar", "zip://root::file:///tmp/x.zip",
+         "http://127.0.0.1:9/root", "https://example.com/root", "github://org/repo", "ftp://host/root",
+         "reference://root", "local:///tmp/root", "s3a://bucket/root", "  s3://bucket/root", "",
+         # a data: URL has no '//', and fsspec reads it as one all the same (read-only, in memory)
+         "data:text/plain,x", "data:,x", "data:text/csv;base64,dXJpLGxhYmVsCg==", "DATA:,x"]
 
 
 @pytest.mark.parametrize("root", ROOTS)
@@ -180,7 +186,8 @@ def test_a_root_no_other_process_can_write_is_refused_when_the_configuration_is_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["images"]
 
 
-@pytest.mark.parametrize("source", ["memory://x", "simplecache::file:///tmp/x", "ftp://host/photos", "zip://x::/y.zip"])
+@pytest.mark.parametrize("source", ["memory://x", "simplecache::file:///tmp/x", "ftp://host/photos", "zip://x::/y.zip",
+                                    "data:text/csv;base64,dXJpLGxhYmVsCi9ldGMvcGFzc3dkLHgK", "data:,x"])
 def test_a_source_ingest_cannot_read_from_its_own_process_is_refused_alike(source, tmp_path, capsys):
     code = cli.main(["run", source, "--root", str(tmp_path / "root")])
     assert code == 2
@@ -189,22 +196,114 @@ def test_a_source_ingest_cannot_read_from_its_own_process_is_refused_alike(sourc
     assert "name a local path, file://, s3://, gs://, http:// or https://" in line and not (tmp_path / "root").exists()
 
 
-def test_the_stage_programs_and_the_flow_refuse_them_alike(tmp_path, capsys, prefect_api):
+@pytest.mark.parametrize("root, says", [
+    ("memory://x", "'memory://x': memory:// is not taken for ROOT"),
+    ("data:,x", "'data:,x': a data: URL is not taken for ROOT"),
+    ("{tmp}/exp[1]/root", "ROOT {tmp}/exp[1]/root holds '[', which TensorFlow"),
+])
+def test_the_stage_programs_up_deploy_and_the_flow_refuse_them_alike(root, says, tmp_path, capsys, prefect_api,
+                                                                       monkeypatch):
+    from flows import work_pools
     from flows.pipeline import pipeline
 
+    root, says = root.format(tmp=tmp_path), says.format(tmp=tmp_path)
     (tmp_path / "images").mkdir()
-    assert ingest.run([str(tmp_path / "images"), "--root", "memory://x", "--json"]) == 2
-    assert "--root: 'memory://x': memory:// is not taken for ROOT" in capsys.readouterr().err
+    assert ingest.run([str(tmp_path / "images"), "--root", root, "--json"]) == 2
+    assert f"--root: {says}" in capsys.readouterr().err
     for name in ("preflight", "train", "gate", "push", "datacheck"):
-        with pytest.raises(ValidationError, match="memory:// is not taken for ROOT"):
-            program_stage_settings(name, stage_arguments(name, ["--root", "memory://x", "--run-id", "r"]
-                                                         if name in ("gate", "push") else ["--root", "memory://x"]))
-    state = pipeline(source=str(tmp_path / "images"), root="memory://x", preflight=None, return_state=True)
-    assert state.is_failed() and "memory:// is not taken for ROOT" in str(state.result(raise_on_failure=False))
+        with pytest.raises(ValidationError, match=re.escape(says)):
+            program_stage_settings(name, stage_arguments(name, ["--root", root, "--run-id", "r"]
+                                                         if name in ("gate", "push") else ["--root", root]))
+    assert cli.main(["up", "--source", str(tmp_path / "images"), "--root", root]) == 2
+    monkeypatch.setenv(work_pools.POOL_ENV, "process")
+    assert work_pools.main(["--source", str(tmp_path / "images"), "--root", root]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert [line.split(": error: root: ")[0] for line in lines] == ["stoke up", "stoke deploy"], lines
+    assert all(says in line for line in lines), lines
+    state = pipeline(source=str(tmp_path / "images"), root=root, preflight=None, return_state=True)
+    assert state.is_failed() and says in str(state.result(raise_on_failure=False))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["images"]
+
+
+# TensorFlow's checkpoint reader, TF Serving's loader, Beam's file reads (the gate's TFMA) and fsspec's glob take
+# these in a path for a pattern: `exp[1]` matches only `exp1`, a backslash escapes, `*` and `?` match a neighbour.
+PATTERN_ROOTS = ["exp[1]/root", "e[x/root", "exp*/root", "exp?/root", "exp\\1/root"]
+
+
+@pytest.mark.parametrize("name", PATTERN_ROOTS)
+def test_a_root_read_as_a_pattern_is_refused_however_it_is_spelled(name, tmp_path, capsys, monkeypatch):
+    (tmp_path / "images").mkdir()
+    for root in (str(tmp_path / name), f"file://{tmp_path / name}", f"s3://bucket/{name}", f"gs://bucket/{name}"):
+        assert cli.main(["run", str(tmp_path / "images"), "--root", root]) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith(f"stoke run: error: root: ROOT {root.removeprefix('file://')} holds "), line
+        assert "TensorFlow reads as a pattern" in line and "rename the folder" in line, line
+    # A relative ROOT is read below the working folder: TensorFlow is handed the whole path.
+    (tmp_path / name).mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / name)
+    assert cli.main(["run", str(tmp_path / "images"), "--root", "root"]) == 2
+    assert f"root: ROOT {tmp_path / name}/root holds " in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path / name)) == []
+
+
+def test_the_refused_characters_are_patterns_to_tensorflow_and_beam(tmp_path):
+    """Why a ROOT may not hold them: a checkpoint below `[1]` or a backslash is not found, and a shard below `*`
+    or `?` is read together with its neighbour's. Braces and the rest are read as they are."""
+    import tensorflow as tf
+    from apache_beam.io.filesystems import FileSystems
+
+    def restored(folder: str) -> float | None:
+        prefix = tf.train.Checkpoint(v=tf.Variable(1.0)).write(str(tmp_path / folder / "ckpt"))
+        into = tf.Variable(0.0)
+        try:
+            tf.train.Checkpoint(v=into).read(prefix).assert_consumed()
+        except (tf.errors.NotFoundError, FileNotFoundError):
+            return None
+        return float(into.numpy())
+
+    def matched(folder: str, neighbour: str) -> list[str]:
+        for name in (folder, neighbour):
+            (tmp_path / neighbour / name).mkdir(parents=True)
+            (tmp_path / neighbour / name / "train.tfrecord").write_bytes(b"")
+        shard = str(tmp_path / neighbour / folder / "train.tfrecord")
+        return sorted(m.path for m in FileSystems.match([shard])[0].metadata_list)
+
+    assert restored("exp[1]") is None and restored("exp\\1") is None
+    assert len(matched("exp*", "expA")) == 2 and len(matched("exp?", "expB")) == 2
+    assert [restored(name) for name in ("exp{1}", "exp]", "e x,~'")] == [1.0, 1.0, 1.0]
+    assert matched("exp{1}", "exp1") == [str(tmp_path / "exp1" / "exp{1}" / "train.tfrecord")]
+    assert config.check_root(str(tmp_path / "exp{1}" / "e x,~'")) == str(tmp_path / "exp{1}" / "e x,~'")
+
+
+def test_the_shard_cache_and_the_temporary_folder_are_refused_alike(tmp_path, capsys, monkeypatch):
+    """TensorFlow reads a bucket ROOT's shards, and loads its models, from copies in the shard cache and the
+    temporary folder: a pattern there fails the same way, from the setting or from the environment."""
+    import tempfile
+
+    (tmp_path / "images").mkdir()
+    argv = ["run", str(tmp_path / "images"), "--root", "s3://bucket/root"]
+    assert cli.main([*argv, "--set", f"shard_cache.dir={tmp_path}/cache[1]"]) == 2
+    assert capsys.readouterr().err.startswith(f"stoke run: error: shard_cache.dir: the shard cache {tmp_path}/cache[1] "
+                                              "holds '['")
+    for variable, folder, what in (("STOKE_CACHE_DIR", "cache?", "the shard cache"),
+                                   ("TMPDIR", "tmp*", "the temporary folder")):
+        with monkeypatch.context() as patched:
+            patched.setenv(variable, str(tmp_path / folder))
+            if variable == "TMPDIR":  # taken when it is a folder one can write to
+                (tmp_path / folder).mkdir()
+                patched.setattr(tempfile, "tempdir", None)
+            assert cli.main(argv) == 2
+            (line,) = capsys.readouterr().err.strip().splitlines()
+            assert line.startswith(f"stoke run: error: {what} {tmp_path / folder} holds "), line
+            assert variable in line
+            with pytest.raises(config_files.ConfigError, match=f"^{what} .* holds "):
+                program_stage_settings("train", stage_arguments("train", ["--root", "s3://bucket/root"]))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["images", "tmp*"]
 
 
 def test_the_roots_and_sources_it_takes(tmp_path):
-    for root in (str(tmp_path), "relative/root", f"file://{tmp_path}", "s3://bucket/root", "gs://bucket/root"):
+    for root in (str(tmp_path), "relative/root", f"file://{tmp_path}", "s3://bucket/root", "gs://bucket/root",
+                 f"{tmp_path}/exp{{1}}/a]b c", "data/root", "./data:x"):
         assert RunConfig(source=str(tmp_path), root=root).root == root
     for source in ("http://127.0.0.1:9/m.csv", "https://example.com/photos/", "s3://photos-bucket/photos", "gs://b_1/m.csv"):
         assert RunConfig(source=source, root=str(tmp_path)).source == source

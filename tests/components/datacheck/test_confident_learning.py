@@ -1,9 +1,14 @@
 """The label check's core on fixed probabilities: confident learning as cleanlab computes it (and where
 Stoke departs from it, for a class no record is labelled with), the expected rate, and the exact binomial
-test that tells a few suspected label errors (warnings, each file named) from far too many (an error)."""
+test that tells a few suspected label errors (warnings, each file named) from far too many (an error);
+and the inputs it cannot judge, which skip it."""
+import dataclasses
+
+import hypothesis
 import numpy as np
 import pytest
 from cleanlab.filter import find_label_issues
+from hypothesis import strategies as st
 
 from components.contracts.label_check import LabelCheck
 from components.datacheck.label_errors import MIN_RATE, Predictions, expected_rate, judge, rate_test, suspects, thresholds
@@ -109,3 +114,84 @@ def test_a_class_that_arrives_wholly_in_another_folder_is_an_error_about_the_spa
     assert span.severity == "error" and {f.label.given for f in files} == {"dog"}
     assert [(p.given, p.predicted, p.count) for p in check.pairs] == [("dog", "owl", 20)]
     assert "far above the expected 3.0%" in span.message and "20 'dog' -> 'owl'" in span.message
+
+
+@pytest.mark.parametrize("label", [0, 1, 2])
+def test_a_night_of_one_class_is_judged_whichever_class_it_is(label):
+    """A night of one line or one camera: 21 records of one class, which cleanlab refuses unless it is class
+    0. Sorted into its own folder nothing is flagged; sorted wholesale into another, all but one are."""
+    given = np.full(21, label)
+    right = np.full((21, 3), 0.05)
+    right[:, label] = 0.9
+    findings, check = judge(predictions(given, right), [], model_error=0.1, model="m/stoke/7")
+    assert findings == [] and (check.status, check.checked, check.unknown, check.flagged) == ("done", 21, 2, 0)
+    other = (label + 1) % 3
+    wrong = np.full((21, 3), 0.05)
+    wrong[:, other] = 0.9
+    findings, check = judge(predictions(given, wrong), [], model_error=0.1, model="m/stoke/7")
+    span, *files = findings
+    assert span.severity == "error" and check.flagged == len(files) == 20
+    assert [(p.given, p.predicted) for p in check.pairs] == [(["cat", "dog", "owl"][label], ["cat", "dog", "owl"][other])]
+    assert suspects(given[:1], wrong[:1]).sum() == 0  # one record: nothing to learn a threshold from
+
+
+def test_one_known_class_beside_records_the_model_does_not_know_is_judged_on_the_known_one():
+    """A known class and a new one: the new one's records are not judged (`unknown`)."""
+    records = dataclasses.replace(predictions([1] * 12, np.tile([0.05, 0.9, 0.05], (12, 1))), unknown=9)
+    findings, check = judge(records, [], None, "m/stoke/7")
+    assert findings == [] and (check.status, check.checked, check.unknown) == ("done", 12, 9)
+
+
+def test_a_span_of_no_class_the_model_knows_skips_the_label_check_and_says_why():
+    records = predictions(np.zeros(0, dtype=int), np.zeros((0, 3)))
+    findings, check = judge(dataclasses.replace(records, unknown=21), [], 0.1, "m/stoke/7")
+    assert findings == [] and (check.status, check.model, check.unknown, check.flagged) == ("skipped", "m/stoke/7", 21, 0)
+    assert check.reason == ("none of the span's records is of a class the served model answers (21 of classes it does "
+                            "not know, or that it could not read): the other checks judge the span")
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -0.5])
+def test_answers_that_are_no_probabilities_skip_the_label_check(bad):
+    """A served model whose weights went to NaN answers NaN: nothing it says is evidence."""
+    probabilities = PROBABILITIES.copy()
+    probabilities[3] = [bad, 0.5, 0.5]
+    findings, check = judge(predictions(GIVEN, probabilities), [], 0.1, "m/stoke/7")
+    assert findings == [] and (check.status, check.checked, check.flagged) == ("skipped", 0, 0)
+    assert check.reason.startswith("the served model's answers on 1 of 12 records are not probabilities")
+    assert check.reason.endswith("the other checks judge the span")
+    zero = PROBABILITIES.copy()
+    zero[0] = 0.0  # no class at all: nothing to normalise
+    assert judge(predictions(GIVEN, zero), [], 0.1, "m/stoke/7")[1].status == "skipped"
+
+
+def test_a_class_of_one_record_and_a_model_that_answers_one_class_are_judged():
+    """The other small cases have an answer: cleanlab never flags the only record of a class (nothing to
+    estimate its threshold from), and a model that calls every record a cat contradicts every dog and owl
+    folder, which is what a folder sorted into another looks like."""
+    given = np.array([0] * 10 + [1])
+    probabilities = np.tile([0.9, 0.05, 0.05], (11, 1))
+    findings, check = judge(predictions(given, probabilities), [], 0.0, "m/stoke/7")
+    assert findings == [] and (check.status, check.checked, check.flagged) == ("done", 11, 0)
+
+    given = np.repeat([0, 1, 2], 20)
+    findings, check = judge(predictions(given, np.tile([0.98, 0.01, 0.01], (60, 1))), [], 0.0, "m/stoke/7")
+    span, *files = findings
+    assert check.status == "done" and span.severity == "error" and {f.label.predicted for f in files} == {"cat"}
+    assert {f.label.given for f in files} == {"dog", "owl"}
+
+
+@hypothesis.settings(max_examples=150, deadline=None, derandomize=True)
+@hypothesis.given(data=st.data(), classes=st.integers(1, 4), records=st.integers(0, 24))
+def test_any_predictions_are_judged_or_skipped_never_a_crash(data, classes, records):
+    """Whatever the served model answers and however few records or classes the span holds."""
+    given = np.array(data.draw(st.lists(st.integers(0, classes - 1), min_size=records, max_size=records)), dtype=int)
+    row = st.lists(st.one_of(st.sampled_from([0.0, 1.0, 0.5]), st.floats(0, 1)), min_size=classes, max_size=classes)
+    probabilities = np.array(data.draw(st.lists(row, min_size=records, max_size=records)), dtype=float)
+    found = Predictions(labels=[f"c{j}" for j in range(classes)], files=[f"s/{i}.jpg" for i in range(records)],
+                        splits=["train"] * records, given=given, probabilities=probabilities.reshape(records, classes))
+    findings, check = judge(found, [], data.draw(st.sampled_from([None, 0.0, 0.2])), "m/stoke/7")
+    if check.status == "skipped":
+        assert check.reason and findings == []
+    else:
+        assert check.checked == records
+        assert check.flagged == len([f for f in findings if f.file]) <= records

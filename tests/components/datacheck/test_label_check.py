@@ -181,3 +181,47 @@ def test_without_a_model_that_may_judge_the_span_the_label_check_says_it_was_ski
     assert record.label_check.status == "skipped" and why in record.label_check.reason
     assert f"label check skipped: {span['label_check']['reason']}" in datacheck.describe(summary)
     shutil.rmtree(root)
+
+
+def test_a_night_of_one_class_is_judged_and_one_of_no_known_class_skips_the_label_check(trained_runs, tmp_path):
+    """Three nights of one class each: reds in their folder (a night of one camera: it trains with a warning),
+    reds sorted wholesale into the green folder (a relabel: quarantined), and yellows, a class the served
+    model does not know (held back as a new label, the label check skipped and saying why). None is left
+    unchecked, and the record, the summary's lines and the report say what the label check did."""
+    root = copy_root(trained_runs, tmp_path)
+    publish(root, 2, [(0, 0)] * 60)
+    publish(root, 3, [(0, 1)] * 60)
+    publish(root, 4, [(0, 3)] * 60)
+    code, summary = check("--root", root)
+    assert code == 0 and Spans(root).unchecked() == []
+    one, relabelled, unknown = summary["spans"]
+    assert (one["status"], one["label_check"]["status"], one["label_check"]["checked"]) == ("warning", "done", 60)
+    assert one["label_check"]["flagged"] == 0 and {a["severity"] for a in one["anomalies"]} == {"warning"}
+    assert (relabelled["status"], relabelled["label_check"]["flagged"]) == ("quarantined", 59)  # cleanlab keeps one
+    assert [(p["given"], p["predicted"]) for p in relabelled["label_check"]["pairs"]] == [("green", "red")]
+    assert unknown["status"] == "quarantined" and unknown["label_check"]["status"] == "skipped"
+    why = unknown["label_check"]["reason"]
+    assert why.startswith("none of the span's records is of a class the served model answers (60 of classes")
+    assert read_result(Root(root).datacheck(4), DataCheckRecord).label_check.reason == why
+    assert f"label check skipped: {why}" in datacheck.describe(summary)
+    assert {s.span for s in Spans(root).shards("train")} == {1, 2}
+
+    run = Root(root).run("r1")
+    write_json(run.result("datacheck"), summary)
+    markdown = write_report(run)["markdown"]
+    assert f"Label check skipped: {why}." in markdown
+    assert "Label check by the served model" in markdown.split("Span 3,")[0].split("Span 2,")[1]
+
+
+def test_a_class_the_served_model_keeps_without_answering_is_not_judged(trained_runs, tmp_path):
+    """A served version that keeps blue's id without a record of blue (its span held back when the version
+    trained) gives blue probability 0: blue records are not judged, as those of a class it does not know,
+    instead of each one flagged as a file the model says is something else."""
+    root = copy_root(trained_runs, tmp_path)
+    repository = Repository(root, "stoke")
+    uri = repository.lineage_uri(repository.newest())
+    write_json(uri, {**json.load(open(uri)), "untrained": ["blue"]})
+    publish(root, 2, CLEAN)
+    code, summary = check("--root", root)
+    labels = summary["spans"][0]["label_check"]
+    assert code == 0 and (labels["status"], labels["checked"], labels["unknown"], labels["flagged"]) == ("done", 40, 20, 0)

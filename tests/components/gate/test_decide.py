@@ -221,19 +221,28 @@ def test_evidence_on_the_classes_both_know_names_them():
                                         "served version 3 (1.0000)")
 
 
-# The label-set rule, decided from the candidate's own labels (metrics.json) against the served
+# The label-set rule, decided from the candidate's own label set (metrics.json) against the served
 # version's lineage: labels.json plays no part, so moving it aside changes nothing.
+from components.contracts.label_set import LabelSet  # noqa: E402
 from components.gate.labelset import known_classes, label_set_reasons  # noqa: E402
 
-SERVED_LABELS = ["red", "green", "blue"]
+SERVED_LABELS = LabelSet(["red", "green", "blue"])
+GREY = ["red", "green", "blue", "grey"]
+GREY_WHITE = [*GREY, "white"]
 
 
-@pytest.mark.parametrize("candidate, known", [
-    (["red", "green", "blue"], ["red", "green", "blue"]),
-    (["red", "green", "blue", "white"], ["red", "green", "blue"]),
+@pytest.mark.parametrize("served, candidate, known", [
+    (SERVED_LABELS, ["red", "green", "blue"], ["red", "green", "blue"]),
+    (SERVED_LABELS, ["red", "green", "blue", "white"], ["red", "green", "blue"]),
+    # grey's span held back, white's let in: grey keeps its id, neither answers it
+    (SERVED_LABELS, LabelSet(GREY_WHITE, ["grey"]), ["red", "green", "blue"]),
+    (LabelSet(GREY_WHITE, ["grey"]), LabelSet(GREY_WHITE, ["grey"]), ["red", "green", "blue", "white"]),
+    # grey's span released: compared on the classes both answer, which leave grey's id out
+    (LabelSet(GREY_WHITE, ["grey"]), GREY_WHITE, ["red", "green", "blue", "white"]),
 ])
-def test_a_candidate_keeping_every_served_class_in_place_is_compared(candidate, known):
-    assert known_classes(SERVED_LABELS, candidate) == known and label_set_reasons(SERVED_LABELS, candidate, 3) == []
+def test_a_candidate_answering_every_served_class_in_place_is_compared(served, candidate, known):
+    candidate = candidate if isinstance(candidate, LabelSet) else LabelSet(candidate)
+    assert known_classes(served, candidate) == known and label_set_reasons(served, candidate, 3) == []
 
 
 @pytest.mark.parametrize("candidate, says", [
@@ -243,20 +252,31 @@ def test_a_candidate_keeping_every_served_class_in_place_is_compared(candidate, 
     (["red", "blue", "green"], "another order"),                 # same classes, other ids
     (["white", "red", "green", "blue"], "another order"),        # a class prepended shifts every id
     ([], "does not know red, green, blue"),
+    (LabelSet(GREY_WHITE, ["blue", "grey"]), "does not know blue"),  # keeps blue's id, no record of it
 ])
 def test_a_candidate_that_drops_or_reorders_served_classes_is_refused_with_a_reason(candidate, says):
+    candidate = candidate if isinstance(candidate, LabelSet) else LabelSet(candidate)
     assert known_classes(SERVED_LABELS, candidate) is None
     reasons = label_set_reasons(SERVED_LABELS, candidate, 3)
     assert len(reasons) == 1 and says in reasons[0] and "served version 3" in reasons[0]
 
 
+def test_a_candidate_that_no_longer_answers_a_class_the_served_version_answers_is_refused():
+    """Grey was released and is served; its span is held back again since (its manifest changed, say), while
+    white's is let in: the candidate keeps grey's id without a record of it."""
+    reasons = label_set_reasons(LabelSet(GREY_WHITE), LabelSet(GREY_WHITE, ["grey"]), 3)
+    assert reasons == ["the candidate does not know grey, which the served version 3 answers: a new version must "
+                       "keep every served class (were spans left out of training?)"]
+
+
 def test_without_served_labels_there_is_nothing_to_refuse():
-    assert known_classes(None, ["red"]) == ["red"] and label_set_reasons(None, ["red"], 3) == []
+    assert known_classes(None, LabelSet(["red"])) == ["red"] and label_set_reasons(None, LabelSet(["red"]), 3) == []
+    assert known_classes(None, LabelSet(GREY, ["grey"])) == ["red", "green", "blue"]
 
 
 def test_a_refused_label_set_refuses_a_candidate_above_the_floor():
     # The reproduction: a 0.37 model that dropped a class, above a 0.34 floor, no baseline to compare.
     floor = Floor(0.34, False, "must beat 0.3400, the share of the most common class (red)", "red")
-    reasons = label_set_reasons(SERVED_LABELS, ["red", "green"], 3)
+    reasons = label_set_reasons(SERVED_LABELS, LabelSet(["red", "green"]), 3)
     decision = decide(metrics(0.37), None, 3, None, floor, 0.01, SERVED, True, [], None, label_reasons=reasons)
     assert not decision.blessed and decision.reasons == reasons

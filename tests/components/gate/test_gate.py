@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from components.common.files import write_json
 from components.common.repository import Repository
+from components.contracts.layout import Root
+from components.gate import answers
 from components.gate.warmup import read_prediction_logs, request_images
 from tests.components.conftest import TRAIN_LABELS, tiny_records, write_span
 from tests.components.gate_runs import copy_root, gate_scenario, scenario_serving_checks, train_run, validate_run
@@ -101,16 +104,50 @@ def test_a_class_the_candidate_lost_is_named_with_its_figures(trained_runs):
     assert "worse" not in {row["verdict"] for row in mixed["comparison"]["per_class"]["classes"]}
 
 
-def test_point_decision_keeps_the_point_rule_and_its_wording(trained_runs, tmp_path, monkeypatch):
-    scenario_serving_checks(trained_runs, monkeypatch)
-    root = copy_root(trained_runs, tmp_path)
-    code, summary = validate_run(root, "flat", "--decision", "point")
+@pytest.fixture(scope="module")
+def flat_gated_again(trained_runs, tmp_path_factory):
+    """Run `flat` gated again under --decision point on a copy of the scenario's ROOT, whose served version
+    (mixed's) names the first version (good's) as its reference, as a warm run held to it would: one gate
+    run for the point rule's test and the reference's."""
+    root = copy_root(trained_runs, tmp_path_factory.mktemp("flat-again"))
+    repo = Repository(root, "stoke")
+    served = repo.lineage(repo.newest())
+    write_json(repo.lineage_uri(served.version), served.model_copy(update={"reference": repo.versions()[0]}).to_json())
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        scenario_serving_checks(trained_runs, monkeypatch)
+        return (root, *validate_run(root, "flat", "--decision", "point"))
+
+
+def test_point_decision_keeps_the_point_rule_and_its_wording(flat_gated_again):
+    _, code, summary = flat_gated_again
     accuracy, served = summary["metrics"]["accuracy"], summary["baseline"]["accuracy"]
     assert code == 0 and not summary["blessed"] and summary["comparison"]["decision"] == "point"
     assert f"accuracy {accuracy:.4f} is {served - accuracy:.4f} below the served version {summary['baseline_version']} " \
            f"({served:.4f}); allowed regression 0.01" in summary["reasons"]
     assert not any("eval images can only detect" in note for note in summary["notes"])
     assert not summary["tfma_validation_ok"]  # TFMA's change threshold is back
+
+
+def test_the_answers_a_push_kept_are_what_the_next_gate_holds_candidates_to(trained_runs, flat_gated_again):
+    """good's gate recorded its answers and its push kept them in the first version. Gated again, flat is
+    held to them, record by record, as when its first gate answered the first version anew."""
+    root, code, summary = flat_gated_again
+    first = trained_runs["push"]["good"][1]["version"]
+    repo = Repository(root, "stoke")
+    with open(repo.answers_uri(first), "rb") as kept, open(Root(root).run("good").answers, "rb") as gated:
+        recorded = kept.read()
+        assert recorded == gated.read()
+    assert answers.decode(recorded, "").labels == TRAIN_LABELS and len(answers.decode(recorded, "").records) == 24
+    assert code == 0 and summary["reference"] == {"version": first, "kept": False}  # flat trained fully
+    table = summary["comparison"]["reference"]
+    assert (table["version"], table["pushed_at"], table["versions_since"]) == (first, repo.lineage(first).pushed_at, 1)
+    _, then = trained_runs["validate"]["flat"]
+    assert then["comparison"]["per_class"]["version"] == first
+    assert table["classes"] == then["comparison"]["per_class"]["classes"]
+    worst = next(row for row in table["classes"] if row["verdict"] == "worse")
+    assert any(reason.startswith(f"class {worst['label']} fell from {worst['baseline_right']}/8 right under the "
+                                 f"reference version {first} (pushed {table['pushed_at'][:10]}, ")
+               for reason in summary["reasons"]), summary["reasons"]
 
 
 def test_serving_contract_checked_in_a_fresh_process(trained_runs):
@@ -188,3 +225,27 @@ def test_bad_arguments_are_one_line_errors(trained_runs, capsys):
     assert "training did not finish" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
     assert validate.run(["--root", trained_runs["root"], "--run-id", "good", "--model-name", "../etc", "--json"]) == 2
     assert "--model-name" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
+
+
+def test_a_candidate_trained_in_another_environment_gets_a_note_naming_what_changed(trained_runs, tmp_path):
+    """The gate notes, never refuses, a candidate whose environment differs from the served version's lineage."""
+    from components.contracts.results import TrainMetrics
+    from components.gate.gate import environment_notes
+
+    code, summary = trained_runs["validate"]["mixed"]  # trained in the same environment as the served version
+    assert code == 0 and summary["blessed"] and not [n for n in summary["notes"] if "environment" in n]
+    root = copy_root(trained_runs, tmp_path)
+    repo, version = Repository(root, "stoke"), trained_runs["push"]["good"][1]["version"]
+    trained = TrainMetrics.model_validate(json.load(open(os.path.join(root, "runs", "mixed", "metrics.json"))))
+    assert environment_notes(trained, repo, version) == []
+    newer = trained.model_copy(update={"environment": trained.environment.model_copy(update={
+        "tensorflow": "2.22.0", "lock": "requirements/runtime.lock", "lock_sha256": "d4e5f6" + "0" * 58})})
+    path = os.path.join(root, "models", "stoke", str(version), "assets.extra", "stoke_lineage.json")
+    served = json.load(open(path))
+    served["environment"].update(tensorflow="2.21.0", lock="requirements/runtime.lock", lock_sha256="a1b2c3" + "0" * 58)
+    json.dump(served, open(path, "w"))
+    assert environment_notes(newer, repo, version) == [
+        f"trained in another environment than served version {version}: TensorFlow 2.21.0 -> 2.22.0; lock a1b2c3 -> d4e5f6"]
+    del served["environment"]  # a version pushed before Stoke recorded environments
+    json.dump(served, open(path, "w"))
+    assert environment_notes(newer, repo, version) == [f"served version {version}: environment not recorded"]

@@ -5,6 +5,7 @@ import base64
 import http.server
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from components.common.repository import KILL_AFTER_FILES_ENV, KILL_AFTER_STEP_E
 from components.push import lineage, predict, rollback
 from tests.components.conftest import tiny_image
 from tests.components.gate_runs import copy_root, gate_scenario, listing, push_run, scenario_serving_checks, validate_run
-from tests.credentials import PASSWORD, USER, holding, shows
+from tests.credentials import PASSWORD, TOKEN, USER, holding, shows
 from tests.waiting import web_server
 
 
@@ -38,6 +39,19 @@ def test_blessed_run_is_pushed_with_warmup_and_lineage(trained_runs):
     assert record["tensorflow_version"].startswith("2.21") and record["serving_image"] == "tensorflow/serving:2.21.0"
     assert record["blessing"]["blessed"] and record["metrics"]["accuracy"] == pushed["metrics"]["accuracy"]
     assert record["code_version"]["package"] == "0.1.0"
+    # The answers its gate recorded, kept beside it, and the reference it names for later candidates: itself,
+    # the first version; the serving image carries neither the answers nor a use for them.
+    with open(os.path.join(version_dir, "assets.extra", "stoke_answers.json.gz"), "rb") as kept:
+        assert kept.read() == open(os.path.join(trained_runs["root"], "runs", "good", "answers.json.gz"), "rb").read()
+    assert record["reference"] == pushed["version"]
+    mirrored = os.path.join(trained_runs["root"], "serving", "models", "stoke", str(pushed["version"]), "assets.extra")
+    assert sorted(os.listdir(mirrored)) == ["model_card.json", "model_card.md", "stoke_lineage.json",
+                                           "tf_serving_warmup_requests"]
+    environment = record["environment"]  # what training recorded in metrics.json, carried as it was
+    assert environment == trained_runs["train"]["good"]["environment"]
+    assert environment["tensorflow"] == record["tensorflow_version"] and environment["python"] == platform.python_version()
+    assert environment["tf_keras"].startswith("2.21") and environment["beam"] and environment["tfma"]
+    assert len(environment["packages_sha256"]) == 64
     assert pushed["commands"]["docker_build"].startswith("docker build -t stoke-serving-stoke:")
     assert not pushed["image"]["built"] and "container engine" in pushed["image"]["reason"]
 
@@ -55,6 +69,9 @@ def test_third_run_is_a_newer_float32_version(trained_runs):
     assert trained_runs["train"]["mixed"]["precision"] == "mixed_bfloat16"
     assert third["pushed"] and third["version"] > first["version"] and third["previous_version"] == first["version"]
     assert Repository(trained_runs["root"], "stoke").versions() == [first["version"], third["version"]]
+    # Gated against the first version, the reference; trained fully, it is the reference once pushed.
+    assert trained_runs["validate"]["mixed"][1]["reference"] == {"version": first["version"], "kept": False}
+    assert Repository(trained_runs["root"], "stoke").lineage(third["version"]).reference == third["version"]
     outputs = tf.saved_model.load(third["model_uri"]).signatures["serving_default"].structured_outputs
     assert outputs["probabilities"].dtype == tf.float32
 
@@ -190,6 +207,28 @@ def test_a_push_reads_the_trained_tensorflow_without_loading_tensorflow(trained_
     assert written.meta_graphs[0].meta_info_def.tensorflow_version.startswith("2.")
 
 
+def test_a_model_newer_than_every_pinned_server_is_refused_in_one_line(trained_runs, tmp_path):
+    """The push reads the TensorFlow that wrote the candidate and refuses it, before writing anything,
+    when no TF Serving release the table pins (components/common/serving.py) is as new."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    root = copy_root(trained_runs, tmp_path)
+    shutil.rmtree(os.path.join(root, "models", "stoke", str(trained_runs["push"]["mixed"][1]["version"])))
+    os.remove(os.path.join(root, "runs", "mixed", "pushed.json"))
+    path = os.path.join(root, "runs", "mixed", "candidate", "saved_model.pb")
+    model = saved_model_pb2.SavedModel()
+    model.ParseFromString(open(path, "rb").read())
+    model.meta_graphs[0].meta_info_def.tensorflow_version = "2.22.0"
+    open(path, "wb").write(model.SerializeToString())
+    before = listing(root)
+    code, summary = push_run(root, "mixed")
+    assert code == 1 and not summary["pushed"]
+    assert summary["error"] == ("the model was written by TensorFlow 2.22.0, newer than the newest TF Serving Stoke pins "
+                                "(tensorflow/serving:2.21.0); add its release to SERVING_RELEASES in "
+                                "components/common/serving.py")
+    assert listing(root) == before and not os.path.exists(os.path.join(root, "runs", "mixed", "push_intent.json"))
+
+
 def test_a_push_stopped_before_recording_it_is_not_repeated(trained_runs, tmp_path, monkeypatch):
     """Killed after the version appeared and before pushed.json: a retry, or a new validation and
     push, finds the version by its lineage instead of refusing or pushing the run a second time."""
@@ -217,6 +256,22 @@ def _before_third_push(trained_runs, tmp_path) -> str:
     shutil.rmtree(os.path.join(root, "models", "stoke", str(trained_runs["push"]["mixed"][1]["version"])))
     os.remove(os.path.join(root, "runs", "mixed", "pushed.json"))
     return root
+
+
+def test_a_run_gated_without_recorded_answers_is_pushed_as_before(trained_runs, tmp_path):
+    """A run an older gate blessed has no answers.json.gz or `reference` in its gate.json: its version holds no
+    answers and names no reference, so the next gate compares with it alone."""
+    root = _before_third_push(trained_runs, tmp_path)
+    run = os.path.join(root, "runs", "mixed")
+    os.remove(os.path.join(run, "answers.json.gz"))
+    gated = json.load(open(os.path.join(run, "gate.json")))
+    del gated["reference"]
+    json.dump(gated, open(os.path.join(run, "gate.json"), "w"))
+    code, pushed = push_run(root, "mixed", "--no-build-image")
+    assert code == 0 and pushed["pushed"], pushed
+    assert Repository(root, "stoke").lineage(pushed["version"]).reference is None
+    assert sorted(os.listdir(os.path.join(pushed["model_uri"], "assets.extra"))) == [
+        "model_card.json", "model_card.md", "stoke_lineage.json", "tf_serving_warmup_requests"]
 
 
 def test_a_served_version_in_text_form_survives_the_next_push(trained_runs, tmp_path):
@@ -297,22 +352,57 @@ def test_rollback_moves_the_newest_aside_and_refuses_the_last(trained_runs, tmp_
 def test_lineage_of_the_served_version(trained_runs, capsys):
     assert lineage.run(["--root", trained_runs["root"]]) == 0
     text = capsys.readouterr().out
-    assert f"version {trained_runs['push']['mixed'][1]['version']} (served)" in text and "run mixed" in text
+    third = trained_runs["push"]["mixed"][1]["version"]
+    assert f"version {third} (served)" in text and "run mixed" in text
+    assert f"reference: version {third} (later candidates are held to it class by class)" in text
     assert "span 1:" in text
+    tensorflow = trained_runs["train"]["mixed"]["environment"]["tensorflow"]
+    assert f"environment: Python {platform.python_version()}, TensorFlow {tensorflow}" in text
     assert lineage.run(["--root", trained_runs["root"], "--model-name", "a/../b"]) == 1
+
+
+def test_a_lineage_from_before_environments_says_so(trained_runs, tmp_path, capsys):
+    root = copy_root(trained_runs, tmp_path)
+    version = trained_runs["push"]["mixed"][1]["version"]
+    path = os.path.join(root, "models", "stoke", str(version), "assets.extra", "stoke_lineage.json")
+    record = json.load(open(path))
+    del record["environment"]
+    with open(path, "w") as f:
+        json.dump(record, f)
+    assert lineage.run(["--root", root]) == 0
+    assert "environment: not recorded" in capsys.readouterr().out
+
+
+def test_the_lineage_names_the_classes_a_version_keeps_without_answering(trained_runs, tmp_path, capsys):
+    """A run whose spans carried no blue record (blue's span held back, a later class let in) keeps blue's id:
+    its version's lineage carries the label set as training made it, and `stoke lineage` says so."""
+    root = copy_root(trained_runs, tmp_path)
+    third = trained_runs["push"]["mixed"][1]["version"]
+    shutil.rmtree(os.path.join(root, "models", "stoke", str(third)))
+    os.remove(os.path.join(root, "runs", "mixed", "pushed.json"))
+    metrics = os.path.join(root, "runs", "mixed", "metrics.json")
+    json.dump({**json.load(open(metrics)), "untrained": ["blue"]}, open(metrics, "w"))
+    code, pushed = push_run(root, "mixed")
+    assert code == 0 and pushed["pushed"], pushed
+    record = Repository(root, "stoke").lineage(pushed["version"])
+    assert record.labels == ["red", "green", "blue"] and record.untrained == ["blue"]
+    assert record.label_set.answered == ["red", "green"]
+    capsys.readouterr()
+    assert lineage.run(["--root", root]) == 0
+    assert "never answers blue: no record of the spans it was trained on carries it" in capsys.readouterr().out
 
 
 def test_a_password_older_spans_and_versions_kept_stays_out_of_the_push_its_image_and_every_answer(
         trained_runs, tmp_path, capsys):
-    """A span and a version published before Stoke kept credentials out hold SOURCE's password: the push
-    writes none of it into the new version or ROOT/serving (the image's build context), whose copy of the
-    old version's lineage is written without it (never through the link to the version's own file, which
+    """A span and a version published before Stoke kept credentials out hold SOURCE's password and signature:
+    the push writes none of it into the new version or ROOT/serving (the image's build context), whose copy of
+    the old version's lineage is written without it (never through the link to the version's own file, which
     keeps what it has), and `stoke lineage` and `stoke spans` show none of it."""
     from components.datacheck import spans
 
     root = copy_root(trained_runs, tmp_path)
     first, third = trained_runs["push"]["good"][1]["version"], trained_runs["push"]["mixed"][1]["version"]
-    old = f"http://{USER}:{PASSWORD}@127.0.0.1:9/photos/manifest.csv"
+    old = f"http://{USER}:{PASSWORD}@127.0.0.1:9/photos/manifest.csv?hmac={TOKEN}#access_token={TOKEN}"
     manifest = os.path.join(root, "data", "spans", "span-00001", "_MANIFEST.json")
     json.dump({**json.load(open(manifest)), "source": old}, open(manifest + ".tmp", "w"))
     os.replace(manifest + ".tmp", manifest)
@@ -329,7 +419,9 @@ def test_a_password_older_spans_and_versions_kept_stays_out_of_the_push_its_imag
     code, pushed = push_run(root, "mixed")
     assert code == 0 and pushed["pushed"], pushed
     assert holding(pushed["model_uri"]) == [] and holding(os.path.join(root, "serving")) == []
-    assert json.load(open(copied))["spans"][0]["source"] == "http://alice:***@127.0.0.1:9/photos/manifest.csv"
+    assert json.load(open(copied))["spans"][0]["source"] == "http://alice:***@127.0.0.1:9/photos/manifest.csv?***"
+    spans_pushed = json.load(open(os.path.join(pushed["model_uri"], "assets.extra", "stoke_lineage.json")))["spans"]
+    assert spans_pushed[0]["span"] == 1 and spans_pushed[0]["source"] == "http://alice:***@127.0.0.1:9/photos/manifest.csv"
     assert shows(open(kept).read())  # the old version itself is left as it was
     capsys.readouterr()
     for argv in ([str(first)], [str(first), "--json"], [str(pushed["version"]), "--json"]):
@@ -424,3 +516,51 @@ def test_object_store_push_copies_saved_model_last(trained_runs, s3_bucket):
     assert order[-1] == "saved_model.pb" and "variables/variables.index" in order
     assert repo.versions() == [5000] and repo.next_version() > 5000
     assert not fs.exists(f"{s3_bucket}/root/models/stoke/.push-5000")  # and gone once it is complete
+
+
+def test_each_pushed_version_has_a_model_card_that_agrees_with_the_gate_and_the_data_check(trained_runs):
+    """assets.extra/model_card.json and .md beside the lineage, mirrored into the serving context and linked
+    from the report: its figures are the gate's (per-class accuracy, the comparison with the version it
+    replaced) and the data check's (each span's status and findings), its intervals Wilson's as the gate
+    computes them, its training counts the spans' own."""
+    from components.common.spans import Spans
+    from components.contracts.layout import Root, RunDir
+    from components.contracts.lineage import ModelCard
+    from components.gate.evidence import _z, wilson
+    from components.report.report import build_report, render_markdown
+
+    code, pushed = trained_runs["push"]["mixed"]
+    folder = os.path.join(pushed["model_uri"], "assets.extra")
+    card = ModelCard.model_validate(json.load(open(os.path.join(folder, "model_card.json"))))
+    gate = json.load(open(os.path.join(trained_runs["root"], "runs", "mixed", "gate.json")))
+    assert (card.version, card.run_id, card.labels) == (pushed["version"], "mixed", gate["labels"])
+    assert card.accuracy == gate["metrics"]["accuracy"] and card.example_count == gate["metrics"]["example_count"]
+    assert card.replaced_version == gate["baseline_version"] == trained_runs["push"]["good"][1]["version"]
+    assert card.evidence.model_dump(mode="json") == gate["comparison"] and card.gate_notes == gate["notes"]
+    per_class = {c["label"]: c for c in gate["comparison"]["per_class"]["classes"]}
+    for c in card.classes:
+        assert c.accuracy == gate["metrics"]["per_class_accuracy"][c.label]
+        assert c.eval_records == gate["metrics"]["per_class_examples"][c.label] == per_class[c.label]["example_count"]
+        assert c.right == per_class[c.label]["right"] and c.verdict == per_class[c.label]["verdict"]
+        assert c.baseline_accuracy == gate["baseline"]["per_class_accuracy"][c.label]
+        assert c.interval == pytest.approx(wilson(c.right, c.eval_records, _z(card.confidence)), abs=1e-4)
+        assert f"{c.label}: only {c.eval_records} eval records" in " ".join(card.limitations)  # 8 each: few
+    manifest = json.load(open(os.path.join(trained_runs["root"], "data", "spans", "span-00001", "_MANIFEST.json")))
+    assert sum(c.train_records for c in card.classes) == manifest["counts"]["train"]
+    record = Spans(Root(trained_runs["root"])).check_record(1).record
+    (span,) = card.spans
+    assert (span.span, span.data_check, span.train, span.eval) == (1, record.status, 64, 24)
+    assert span.warnings == [a.message for a in record.anomalies if a.file is None]
+    assert card.environment.model_dump(mode="json") == trained_runs["train"]["mixed"]["environment"]
+
+    text = open(os.path.join(folder, "model_card.md")).read()
+    headings = [line[3:] for line in text.splitlines() if line.startswith("## ")]
+    assert headings == ["Model details", "Intended use", "Factors", "Metrics", "Evaluation data", "Training data",
+                        "Quantitative analyses", "Caveats and recommendations"]
+    first = card.classes[0]
+    assert f"| {first.label} | {first.train_records} | {first.eval_records} | {first.right} | {first.accuracy:.2f} |" in text
+    served = os.path.join(trained_runs["root"], "serving", "models", "stoke", str(card.version), "assets.extra")
+    assert open(os.path.join(served, "model_card.md")).read() == text
+    assert pushed["model_card"] == os.path.join(folder, "model_card.md")
+    report = render_markdown(build_report(RunDir(os.path.join(trained_runs["root"], "runs", "mixed"))))
+    assert f"Model card: [`{pushed['model_card']}`]({pushed['model_card']})" in report

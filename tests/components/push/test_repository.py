@@ -13,6 +13,7 @@ import textwrap
 import pytest
 
 from components.common.repository import Repository, RepositoryError
+from tests.components.conftest import fake_model
 from tests.waiting import first_line, wait_for
 
 _REMOVALS: list = []  # the audit hook below is installed once per process and records only when a test asks
@@ -24,16 +25,6 @@ def _audit(event, args):
 
 
 sys.addaudithook(_audit)
-
-
-def fake_model(folder, payload_mb: int = 0) -> str:
-    """A folder shaped like a SavedModel; `payload_mb` makes copying it take a while."""
-    (folder / "variables").mkdir(parents=True)
-    (folder / "saved_model.pb").write_bytes(b"graph")
-    (folder / "fingerprint.pb").write_bytes(b"fp")
-    (folder / "variables" / "variables.index").write_bytes(b"index")
-    (folder / "variables" / "variables.data-00000-of-00001").write_bytes(os.urandom(1 << 20) * max(payload_mb, 1))
-    return str(folder)
 
 
 def lineage_bytes(version: int) -> bytes:

@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 
 import pytest
 
 from components.common.repository import Repository
+from components.contracts.label_set import LabelSet
 from components.contracts.layout import Root
 
 SAMPLE_LINEAGE = pathlib.Path(__file__).parents[1] / "contracts" / "samples" / "stoke_lineage.json"
@@ -54,7 +56,7 @@ def test_the_newest_served_version_is_the_same_for_every_reader(root):
     assert repo.versions() == [100, 200] and repo.newest() == 200
     assert sorted(repo.survey().strangers) == ["0400", "300", "500"]
 
-    gate = _served(repo, LABELS)
+    gate = _served(repo, LabelSet(LABELS))
     assert gate.version == 200 and gate.uri == repo.version_uri(200) and sorted(gate.retained) == [100, 200]
     assert [note.split(" is not compared with")[0] for note in gate.notes if "is not compared" in note] == [
         os.path.join(repo.path, name) for name in ("0400", "300", "500")]
@@ -97,3 +99,66 @@ def test_lineage_takes_a_version_as_stoke_writes_them(root, given, capsys):
     with pytest.raises(SystemExit) as exit_:
         run([given, "--root", root])
     assert exit_.value.code == 2 and "is no version number" in capsys.readouterr().err
+
+
+def test_a_render_replaces_a_link_in_the_context_and_never_writes_through_it(root, tmp_path):
+    """The context's files are written whole and renamed into place: a link put at one of their names goes,
+    and what it points to (here the served versions' graphs) stays as it was."""
+    from components.push.serving_image import render
+
+    render(root, "stoke")
+    serving, repository = pathlib.Path(root, "serving"), pathlib.Path(root, "models", "stoke")
+    targets = {"models.config": repository / "200" / "saved_model.pbtxt", "Dockerfile": repository / "100" / "saved_model.pb",
+               "models/stoke/200/assets.extra/stoke_lineage.json": repository / "200" / "assets.extra" / "stoke_lineage.json"}
+    before = {name: target.read_bytes() for name, target in targets.items()}
+    for name, target in targets.items():
+        (serving / name).unlink()
+        (serving / name).symlink_to(target)
+
+    render(root, "stoke")
+
+    assert {name: target.read_bytes() for name, target in targets.items()} == before
+    assert not any((serving / name).is_symlink() for name in targets)
+    assert "versions: 200" in (serving / "models.config").read_text()
+    assert "FROM tensorflow/serving" in (serving / "Dockerfile").read_text()
+
+
+def test_a_lineage_belongs_to_its_folder_and_a_model_put_at_a_number_taken_out_has_none(root, tmp_path):
+    """Rolled back, a version keeps its lineage in rolled-back-<version>; retired, in _retired/<version>.json.
+    Those speak for the number only while no folder holds it: a SavedModel put there later has no lineage of
+    its own, so warm start trains fully, the gate knows nothing of its classes, `stoke lineage` has nothing
+    to show, and the runs of the versions taken out are still theirs."""
+    from components.common.repository import RepositoryError
+    from components.common.run_retention import held_by_repository
+    from components.contracts.run_config import RunConfig
+    from components.gate.gate import _served
+    from components.push import push, rollback
+    from components.push.lineage import lineage
+    from components.train import warm
+
+    base = pathlib.Path(root, "models", "stoke")
+    for folder in ("300", "0400", "500"):  # only Stoke's versions here
+        (base / folder).unlink() if (base / folder).is_symlink() else shutil.rmtree(base / folder)
+    record = json.loads((base / "200" / "assets.extra" / "stoke_lineage.json").read_text())
+    record.update(run_id="night-200", labels=LABELS[::-1])  # a lineage that would refuse LABELS, were it read
+    (base / "200" / "assets.extra" / "stoke_lineage.json").write_text(json.dumps(record))
+    rollback.rollback(root, "stoke", reason="canary errors")
+    repo = Repository(root, "stoke")
+    with repo.lock("retention"):
+        repo.retire(100, "2026-01-01T00:00:00Z")
+    version_folder(base / "200", None)  # a SavedModel without lineage, put at the numbers taken out
+    version_folder(base / "100", None)
+    assert repo.versions() == [100, 200] and repo.rolled_back() == [200] and repo.retired() == [100]
+
+    assert repo.lineage(200) is None and repo.lineage(100) is None
+    assert repo.lineage(200, rolled_back=True).run_id == "night-200"
+    for version in (None, 200, 100):
+        with pytest.raises(RepositoryError, match=f"no lineage for version {version or 200} of stoke"):
+            lineage(root, "stoke", version)
+    config = RunConfig(source=root, root=root, preset="cpu", train={"network": "small_cnn"}).resolved()
+    assert warm.decide(config, LabelSet(LABELS), [1, 2]).reason == "served version 200 has no lineage to compare with"
+    served = _served(repo, LabelSet(LABELS))
+    assert served.version == 200 and served.refusals == [] and served.uri == repo.version_uri(200)
+    assert held_by_repository(Root(root)) == {"night-200": "model stoke version 200, rolled back came from it"}
+    again = push.earlier_push(repo, Root(root).run("night-200"))  # its push is the version rolled back
+    assert again is not None and again.version == 200

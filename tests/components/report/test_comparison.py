@@ -79,3 +79,29 @@ def test_without_a_per_class_comparison_the_table_has_the_candidate_alone(tmp_pa
     markdown = write_report(run)["markdown"]
     assert "| class | eval examples | accuracy |\n| --- | --- | --- |\n| four | 1 | 0.0000 |" in markdown
     assert "Class by class" not in markdown
+
+
+def test_the_reference_has_a_table_of_its_own(tmp_path):
+    """Held to an older version too, on the records it answered: red slid from 17/18 to 8/18 over five versions."""
+    run = Root(str(tmp_path)).run("r1")
+    gate = read_json(str(WRITTEN))
+    gate["labels"] = ["red", "green", "blue", "white"]
+    gate["metrics"] |= {"per_class_accuracy": {"red": 0.5, "green": 0.95, "blue": 0.75, "white": 0.25},
+                        "per_class_examples": {"red": 20, "green": 20, "blue": 20, "white": 4}}
+    reference = PER_CLASS | {"version": 1796000000, "pushed_at": "2026-11-28T02:00:00Z", "days": 6, "versions_since": 5,
+                             "classes": [per_class_row("red", 18, 8, 17, 0, 9, 0.5 ** 9, 0.05 / 3, "worse"),
+                                         per_class_row("green", 18, 17, 17, 1, 1, 0.75, 0.05, "held")]}
+    write_json(run.result("gate"), gate | {"comparison": COMPARISON | {"per_class": PER_CLASS, "reference": reference}})
+    markdown = write_report(run)["markdown"]
+    assert ("Class by class against the reference, version 1796000000 (pushed 2026-11-28, 6 days ago; 5 versions "
+            "pushed since), on the eval records both answered: McNemar's exact one-sided test on each class's records, "
+            "Holm's step-down over the 2 classes at 0.05;") in markdown
+    table = markdown[markdown.index("| class | eval examples | accuracy | reference |"):].split("\n\n")[0].splitlines()
+    assert table[0].startswith("| class | eval examples | accuracy | reference | only candidate right / only reference "
+                               "right |")
+    assert table[2:] == [
+        "| blue | 20 | 0.7500 | - | - | - | - | not answered by the reference |",
+        "| green | 18 | 0.9444 (17/18) | 0.9444 (17/18) | 1 / 1 | 0.75 | 0.05 | held |",
+        "| red | 18 | 0.4444 (8/18) | 0.9444 (17/18) | 0 / 9 | 0.002 | 0.017 | **worse**: a reason to refuse |",
+        "| white | 4 | 0.2500 | - | - | - | - | not answered by the reference |"]
+    assert "| class | eval examples | accuracy | served |" in markdown  # and the served version's table stays

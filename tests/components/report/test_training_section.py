@@ -10,12 +10,13 @@ from components.report.report import _training_lines
 PHASE = {"warmup_steps": 8, "batch_norm": "inference", "resumed_from_step": 0}
 
 
-def _section(phases, weights="imagenet", start=None):
+def _section(phases, weights="imagenet", start=None, environment=None):
     probe = {"input_bound": False}
     return SimpleNamespace(network="efficientnet_b0", spans=[1], epochs=30, total_steps=240, strategy="one_device",
                            replicas=1, precision="float32", images_per_sec=50.0, verdict="not measured",
                            eval=SimpleNamespace(accuracy=0.9, loss=0.3), shards=None, data_service=None, profiler=None,
-                           weights=weights, phases=[TrainPhase(**PHASE, **p) for p in phases], start=start, **probe)
+                           weights=weights, phases=[TrainPhase(**PHASE, **p) for p in phases], start=start,
+                           environment=environment, **probe)
 
 
 def test_a_fine_tuned_run_lists_its_phases():
@@ -52,3 +53,16 @@ def test_a_full_retrain_says_why():
                        new_spans=[1, 2], replay_spans=[], new_records=80, replay_records=0, warm_runs_since_full=0)
     lines = _training_lines(_section(ALL, "none", start), {})
     assert "Full retrain: new class grey since served version 7." in lines
+
+
+def test_the_environment_is_said_in_a_line_or_said_to_be_unrecorded():
+    from components.contracts.results import Environment
+
+    assert "Environment: not recorded." in _training_lines(_section([]), {})
+    environment = Environment(python="3.11.7", tensorflow="2.21.0", tf_keras="2.21.0", beam="2.77.0", tfma="0.52.0",
+                              numpy="2.4.6", pillow="12.3.0", cuda="12.5.1", cudnn="9", gpu_driver=None,
+                              lock="requirements/runtime.lock", lock_sha256="a1b2c3" + "0" * 58, unlocked=[],
+                              packages_sha256="0" * 64)
+    assert ("Environment: Python 3.11.7, TensorFlow 2.21.0, Keras (tf_keras) 2.21.0, Beam 2.77.0, TFMA 0.52.0, numpy "
+            "2.4.6, Pillow 12.3.0, CUDA 12.5.1, cuDNN 9; lock a1b2c3 (requirements/runtime.lock).") in _training_lines(
+        _section([], environment=environment), {})

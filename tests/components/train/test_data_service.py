@@ -53,10 +53,10 @@ def errors(capfd) -> list[str]:
     return [line for line in capfd.readouterr().err.splitlines() if ": error: " in line]
 
 
-def start(*argv: str) -> Server:
+def start(*argv: str, port: int = 0) -> Server:
     # On 127.0.0.1, with the flag: this machine has interfaces besides loopback, where the servers listen too.
-    process = subprocess.Popen([*PROGRAM, *argv, "--port", "0", "--trusted-network", "--json"], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen([*PROGRAM, *argv, "--port", str(port), "--trusted-network", "--json"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(process.stderr), daemon=True).start()
     serving = wait_for(lambda: next((line for line in lines if ": serving at " in line), None),
@@ -184,9 +184,61 @@ def test_no_dispatcher_there_is_one_line(small_spans_root, capfd):
 
     nobody = f"grpc://127.0.0.1:{free_port()}"
     assert trainer.run(["--root", small_spans_root, "--data-service", nobody]) == 1
-    assert cli.main(["data-service", "worker", "--dispatcher", nobody, "--trusted-network"]) == 1
+    assert cli.main(["data-service", "worker", "--dispatcher", nobody, "--trusted-network", "--dispatcher-wait", "1"]) == 1
     lines = errors(capfd)
     assert len(lines) == 2 and all(f"no tf.data service dispatcher answers at {nobody}" in e for e in lines)
+    assert lines[1].endswith("; start it (`stoke data-service dispatcher`), or wait longer with --dispatcher-wait"), lines
+    for wait in ("nan", "inf", "-1"):  # a wait no deadline ends, or none at all
+        assert cli.main(["data-service", "worker", "--dispatcher", nobody, "--trusted-network", "--dispatcher-wait",
+                         wait]) == 1
+        assert errors(capfd) == [f"stoke data-service worker: error: --dispatcher-wait {float(wait):g}: seconds from 0 "
+                                 "to 86400"]
+
+
+def test_a_worker_started_before_its_dispatcher_waits_for_it(tmp_path):
+    """Pods start in any order: a worker whose dispatcher does not answer yet says so once, and waits."""
+    port = free_port()
+    worker = subprocess.Popen([*PROGRAM, "worker", "--dispatcher", f"127.0.0.1:{port}", "--port", "0",
+                               "--trusted-network", "--dispatcher-wait", "600"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(worker.stderr), daemon=True).start()
+    dispatcher = None
+    try:
+        wait_for(lambda: any("; waiting up to " in line for line in lines), "the worker to wait", process=worker)
+        dispatcher = start("dispatcher", port=port)
+        serving = wait_for(lambda: next((line for line in lines if ": serving at " in line), None), "the worker to serve",
+                           process=worker)
+        address = serving.split(": serving at ")[1].split()[0]
+        wait_for(lambda: address in data_service.workers(dispatcher.address), "the worker to register")
+        (waiting,) = [line for line in lines if "; waiting up to " in line]
+        assert waiting.startswith(f"stoke data-service worker: no tf.data service dispatcher answers at "
+                                  f"grpc://127.0.0.1:{port} yet (") and waiting.rstrip().endswith("waiting up to 600 s")
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=60) == 0
+    finally:
+        for process in (worker, dispatcher and dispatcher.process):
+            if process and process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+def test_a_worker_stopped_while_it_waits_for_its_dispatcher_leaves_before_serving():
+    worker = subprocess.Popen([*PROGRAM, "worker", "--dispatcher", f"127.0.0.1:{free_port()}", "--trusted-network",
+                               "--dispatcher-wait", "600", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(worker.stderr), daemon=True).start()
+    try:
+        wait_for(lambda: any("; waiting up to " in line for line in lines), "the worker to wait", process=worker)
+        worker.send_signal(signal.SIGTERM)
+        out = worker.stdout.read()
+        assert worker.wait(timeout=60) == 0
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    assert json.loads(out.strip().splitlines()[-1]) == {"role": "worker", "address": None, "stopped": True}
 
 
 def test_cache_and_the_service_are_refused_together(service, small_spans_root, capfd):

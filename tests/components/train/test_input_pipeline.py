@@ -12,6 +12,7 @@ import tensorflow as tf
 from PIL import Image
 
 from components.common.shard_scan import scan_shards
+from components.common.span_labels import label_set
 from components.common.spans import Spans
 from components.contracts.config import TrainConfig
 from components.contracts.layout import Root
@@ -49,7 +50,7 @@ def test_list_shards_reads_only_published_spans(small_spans_root):
     assert sum(s.records for s in train) == 48
     assert {s.compression for s in train} == {"GZIP"}
     assert Spans(root).shards("train", [2]) == []
-    assert Spans(root).label_names() == ["red", "green", "blue"]
+    assert label_set(root).labels == ["red", "green", "blue"]
 
 
 def test_parse_is_identical_eagerly_and_inside_tf_data(small_spans_root):

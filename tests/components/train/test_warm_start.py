@@ -13,17 +13,24 @@ import tensorflow as tf
 
 from components.common.files import read_result, write_json
 from components.common.repository import Repository
+from components.common.span_labels import label_set
+from components.contracts.label_set import LabelSet
 from components.contracts.layout import Root
 from components.contracts.run_config import RunConfig
 from components.contracts.summaries import DataCheckRecord
+from components.datacheck.spans import release
 from components.train import warm
 from tests.components.conftest import TRAIN_LABELS, tiny_image, tiny_records, write_span
+from tests.components.gate.test_gate_faults import quarantine
 from tests.components.gate_runs import copy_root, gate_scenario, train_run
 
 
 @pytest.fixture(scope="session")
 def trained_runs(tmp_path_factory):
     return gate_scenario(tmp_path_factory)
+
+
+SERVED = LabelSet(TRAIN_LABELS)  # the gate scenario's served versions answer these
 
 
 def config(root: str, **train) -> RunConfig:
@@ -103,13 +110,18 @@ def test_the_replay_sample_is_stratified_with_a_floor_for_every_class():
     assert set(warm.replay_sample(history, 200, 1.0, "0:4").left_out) != set(sample.left_out)
 
 
-def _served_lineage(root: str, **training) -> None:
-    """Rewrites the served version's lineage as if its run had been `training` (a warm run, say)."""
+def _served_lineage(root: str, labels: list[str] | None = None, untrained: list[str] | None = None,
+                    spans: list[int] | None = None, **training) -> None:
+    """Rewrites the served version's lineage as if its run had been `training` (a warm run, say), with the
+    label set `labels` less `untrained`, on `spans`."""
     repository = Repository(root, "stoke")
     uri = repository.lineage_uri(repository.newest())
     with open(uri) as f:
         lineage = json.load(f)
     lineage["training"].update(training)
+    lineage.update({key: value for key, value in (("labels", labels), ("untrained", untrained)) if value is not None})
+    if spans is not None:
+        lineage["spans"] = [dict(lineage["spans"][0], span=number) for number in spans]
     with open(uri, "w") as f:
         json.dump(lineage, f)
 
@@ -122,8 +134,8 @@ def _served_lineage(root: str, **training) -> None:
 def test_a_changed_setting_retrains_fully(trained_runs, tmp_path, change, says):
     root = copy_root(trained_runs, tmp_path)
     write_span(root, 2, {"train": tiny_records(8, offset=7000)}, TRAIN_LABELS, {"train": 1})
-    assert warm.decide(config(root), TRAIN_LABELS, [1, 2]).kind == "warm"
-    start = warm.decide(config(root, **change), TRAIN_LABELS, [1, 2])
+    assert warm.decide(config(root), SERVED, [1, 2]).kind == "warm"
+    start = warm.decide(config(root, **change), SERVED, [1, 2])
     assert start.kind == "full" and start.reason.startswith(says), start.reason
 
 
@@ -133,9 +145,9 @@ def test_every_full_every_warm_runs_in_a_row_a_full_retrain(trained_runs, tmp_pa
     start = {"kind": "warm", "reason": "", "from_version": 1, "new_spans": [1], "replay_spans": [],
              "new_records": 1, "replay_records": 0}
     _served_lineage(root, start=start | {"warm_runs_since_full": 2})
-    assert warm.decide(config(root, full_every=3), TRAIN_LABELS, [1, 2]).warm_runs_since_full == 3
+    assert warm.decide(config(root, full_every=3), SERVED, [1, 2]).warm_runs_since_full == 3
     _served_lineage(root, start=start | {"warm_runs_since_full": 3})
-    decided = warm.decide(config(root, full_every=3), TRAIN_LABELS, [1, 2])
+    decided = warm.decide(config(root, full_every=3), SERVED, [1, 2])
     assert decided.kind == "full" and "train.full_every 3" in decided.reason
 
 
@@ -145,11 +157,81 @@ def test_no_new_span_and_a_released_span_retrain_fully(trained_runs, tmp_path):
     # the push recorded in its lineage.
     lineage = Repository(root, "stoke").lineage(served(root))
     assert lineage.training.start.kind == "full" and "no checked span is new" in lineage.training.start.reason
-    assert "no checked span is new" in warm.decide(config(root), TRAIN_LABELS, [1]).reason
+    assert "no checked span is new" in warm.decide(config(root), SERVED, [1]).reason
     write_span(root, 2, {"train": tiny_records(8, offset=7000)}, TRAIN_LABELS, {"train": 1})
     base = Root(root)
     record = read_result(base.datacheck(2), DataCheckRecord).model_copy(update={
         "status": "released", "released_by": "ops", "released_at": "2025-01-02T00:00:00Z"})
     write_json(base.datacheck(2), record.to_json())
-    decided = warm.decide(config(root), TRAIN_LABELS, [1, 2])
+    decided = warm.decide(config(root), SERVED, [1, 2])
     assert decided.kind == "full" and "released by hand" in decided.reason
+
+
+GREY = [*TRAIN_LABELS, "grey"]
+GREY_WHITE = [*GREY, "white"]
+
+
+def _labelled(colour: int, label: int, count: int, offset: int) -> list[tuple[bytes, str, int]]:
+    return [(tiny_image(colour, offset + i), "jpeg", label) for i in range(count)]
+
+
+def test_a_held_class_changes_nothing_and_a_class_let_in_above_it_is_trained_without_it(trained_runs, tmp_path):
+    """Span 2 brings grey (id 3) and the data check holds it back; ingest has appended grey to labels.json, and
+    span 3, let in, lists it (its manifest has the labels of the time) with records of the served classes only.
+    The run is warm on the served label set, as if span 2 were not there. Span 4, let in, brings white (id 4):
+    a full retrain for white alone, whose model keeps grey's id and never answers grey."""
+    root = copy_root(trained_runs, tmp_path)
+    write_span(root, 2, {"train": _labelled(0, 3, 16, 8000)}, GREY, {"train": 1})
+    quarantine(root, 2)
+    write_span(root, 3, {"train": tiny_records(24, offset=7000)}, GREY, {"train": 1})
+    held = train_run(root, "held", "--epochs", "1")
+    assert held["start"]["kind"] == "warm" and (held["labels"], held["untrained"]) == (TRAIN_LABELS, [])
+    assert held["start"]["new_spans"] == [3]
+
+    write_span(root, 4, {"train": _labelled(1, 4, 16, 8100) + tiny_records(8, offset=7100)}, GREY_WHITE, {"train": 1})
+    white = train_run(root, "white", "--epochs", "1")
+    start = white["start"]
+    assert start["kind"] == "full" and start["reason"] == f"new class white since served version {served(root)}"
+    assert (white["labels"], white["untrained"]) == (GREY_WHITE, ["grey"])
+    assert any("carries grey" in w and "never answers it" in w for w in white["warnings"])
+    answers = tf.saved_model.load(white["model_dir"]).signatures["serving_default"](image_bytes=tf.constant(
+        [tiny_image(colour, 9700 + i) for i, colour in enumerate([0, 1, 2] * 8)]))
+    assert answers["probabilities"].shape == (24, 5) and np.all(answers["probabilities"].numpy()[:, 3] == 0)
+    assert 3 not in answers["class_ids"].numpy() and b"grey" not in answers["labels"].numpy()
+
+
+def test_the_served_label_set_against_a_held_class_and_its_release_for_warm_start_and_the_gate(trained_runs, tmp_path):
+    """The comparisons of warm start and of the gate once a model keeping grey's id without answering it is
+    served (spans as above): a run on the same label set is warm and compared on every class it answers; once
+    span 2 is released grey is a new class, for a full retrain and for the gate (compared on the classes both
+    answer, grey's id left out); a candidate that no longer answers a served class is refused."""
+    from components.gate import gate
+
+    root = copy_root(trained_runs, tmp_path)
+    write_span(root, 2, {"train": _labelled(0, 3, 4, 8000)}, GREY, {"train": 1})
+    quarantine(root, 2)
+    write_span(root, 3, {"train": _labelled(1, 4, 4, 8100)}, GREY_WHITE, {"train": 1})
+    version = served(root)
+    _served_lineage(root, labels=GREY_WHITE, untrained=["grey"], spans=[1, 3])
+    held = label_set(root)
+    assert held == LabelSet(GREY_WHITE, ["grey"])
+    write_span(root, 4, {"train": tiny_records(8, offset=7200)}, GREY_WHITE, {"train": 1})
+    start = warm.decide(config(root), label_set(root), [1, 3, 4])
+    assert start.kind == "warm" and start.new_spans == (4,)
+    compared = gate._served(Repository(root, "stoke"), held)
+    assert compared.shared is None and compared.retained[version][1] == {0, 1, 2, 4}
+
+    release(Root(root), 2, by="ops")
+    released = label_set(root)
+    assert released == LabelSet(GREY_WHITE)
+    start = warm.decide(config(root), released, [1, 2, 3, 4])
+    assert start.kind == "full" and start.reason == f"new class grey since served version {version}"
+    compared = gate._served(Repository(root, "stoke"), released)
+    assert compared.shared == ["red", "green", "blue", "white"] and compared.retained[version][1] == {0, 1, 2, 4}
+    assert f"served version {version} knows 4 classes, the candidate added grey" in compared.notes[-1]
+
+    _served_lineage(root, labels=GREY_WHITE, untrained=[])  # grey served; a candidate without a record of it
+    refused = gate._served(Repository(root, "stoke"), held)
+    assert refused.uri is None and refused.refusals == [
+        f"the candidate does not know grey, which the served version {version} answers: a new version must keep every "
+        "served class (were spans left out of training?)"]
