@@ -46,6 +46,7 @@ from components.common.config_files import ConfigError, read_option_file
 from components.common.content_index import write_index
 from components.common.files import exists, filesystem, join, read_json, write_json, write_text
 from components.common.lease import LeaseError, LeaseHeld, exclusive
+from components.common.repository import RepositoryError, spans_named
 from components.common.source_files import no_images
 from components.common.spans import Spans
 from components.common.store_errors import naming
@@ -90,6 +91,18 @@ def ingest(config: RunConfig, pipeline_args: list[str], progress: Callable[[Prog
             gc.unfreeze()  # what loading Beam froze (_long_lived) is collectable again for a caller that goes on
 
 
+def next_span(root: Root) -> int:
+    """One more than any span number in use: the span folders (a killed job's among them) and every number a
+    lineage in ROOT/models names, rolled-back and retired versions' too. A span folder deleted by hand leaves
+    its number in the lineages of the models trained on it, and new records under that number would pass
+    for those a model learnt."""
+    try:
+        named = spans_named(root)
+    except RepositoryError as error:
+        raise IngestError(f"{error}; nothing was published") from None
+    return max([*Spans(root).span_numbers(), *named], default=0) + 1
+
+
 def _waiting(root: Root, held: LeaseHeld, minutes: float) -> None:
     """Says why the job has not started: two runs that meet (a nightly one and one a notification started)
     take turns, the second finding only what the first did not publish."""
@@ -99,7 +112,7 @@ def _waiting(root: Root, held: LeaseHeld, minutes: float) -> None:
 
 def _ingest(config: RunConfig, arrived: str | None, pipeline_args: list[str], root: Root, started: float, lease,
             progress: Callable[[Progress], None]) -> IngestSummary:
-    number = max(Spans(root).span_numbers(), default=0) + 1  # counted before debris goes: never reuse a name
+    number = next_span(root)  # counted before debris goes: never reuse a name
     try:
         removed = remove_debris(root)
     except MisplacedSpan as error:

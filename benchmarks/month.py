@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import io
 import json
 import os
@@ -298,14 +299,16 @@ def spans_at_the_end(root: Path, served: Served) -> dict:
     half = sorted(p.name for p in spans.glob("span-*") if not (p / "_MANIFEST.json").exists())
     version = served.newest()
     lineage = read_json(served.models / str(version) / "assets.extra" / "stoke_lineage.json") if version else None
-    trained = {s["span"] for s in (lineage or {}).get("spans", [])}
+    learnt = {(s["span"], s["manifest_sha256"]) for s in (lineage or {}).get("spans", [])}  # a number and its manifest
+    trained = [n for n in published
+               if (n, hashlib.sha256((spans / f"span-{n:05d}" / "_MANIFEST.json").read_bytes()).hexdigest()) in learnt]
     held = []
     for number in published:
         record = read_json(spans / f"span-{number:05d}" / "_DATACHECK.json") or {}
         if record.get("status") == "quarantined":
             held.append(number)
     stranded = [n for n in published if n not in trained and n not in held]
-    return {"published": len(published), "in_served_model": sorted(trained), "quarantined": held,
+    return {"published": len(published), "in_served_model": trained, "quarantined": held,
             "stranded": stranded, "unpublished_folders": half}
 
 

@@ -232,8 +232,9 @@ def check_spans(config: RunConfig, run: RunDir) -> list[int]:
 def nothing_to_train(config: RunConfig, held: list[int], skip_unchanged: bool) -> str | None:
     """Why the run trains nothing (its report says "skipped"), or None: no span the data check let in;
     or, for a scheduled or data-triggered run, a served model trained on every span it let in."""
-    root = Root(config.root)
-    checked = [n for n in Spans(root).published() if Spans(root).check_record(n).trusted]
+    spans = Spans(Root(config.root))
+    # A span the check lets in by its record, which names the manifest it judged: (span, manifest SHA-256).
+    checked = [(n, read.record.manifest_sha256) for n in spans.published() if (read := spans.check_record(n)).trusted]
     aside = "".join(f"; span {span} is quarantined by the data check (release it with "
                     f"`{summaries.release_command(span, config.root)}`)" for span in held)
     if not checked:
@@ -241,7 +242,7 @@ def nothing_to_train(config: RunConfig, held: list[int], skip_unchanged: bool) -
     served = served_spans(config)
     if skip_unchanged and served is not None and set(checked) <= served[1]:
         return (f"nothing new to train on: model {config.model_name} is already served (version {served[0]}), trained "
-                f"on every span the data check let in ({', '.join(map(str, checked))}){aside}")
+                f"on every span the data check let in ({', '.join(str(n) for n, _ in checked)}){aside}")
     return None
 
 
@@ -362,12 +363,12 @@ def flow_run_id() -> str:
     return new_run_id(flow_run.scheduled_start_time, flow_run.name or "local")
 
 
-def served_spans(config: RunConfig) -> tuple[int, set[int]] | None:
-    """The newest served version and the spans it was trained on (its lineage); None when no version
-    is served, or the newest has no lineage to say (then a run trains)."""
+def served_spans(config: RunConfig) -> tuple[int, set[tuple[int, str]]] | None:
+    """The newest served version and the spans it was trained on, each with its manifest's SHA-256 (its
+    lineage); None when no version is served, or the newest has no lineage to say (then a run trains)."""
     from components.common.repository import Repository
 
     repository = Repository(config.root, config.model_name)
     version = repository.newest()
     lineage = repository.lineage(version) if version is not None else None
-    return (version, {span.span for span in lineage.spans}) if lineage is not None else None
+    return (version, lineage.trained_on()) if lineage is not None else None

@@ -20,6 +20,7 @@ Whatever changes the repository runs inside `lock()`: the lease ingest also uses
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import itertools
@@ -64,6 +65,7 @@ KILL_AFTER_FILES_ENV = "STOKE_KILL_AFTER_FILES"
 # The kill drill of a push's later steps: SIGKILL right after the named step (tests only).
 KILL_AFTER_STEP_ENV = "STOKE_KILL_AFTER_STEP"
 KILL_STEPS = ("published", "recorded", "retired")
+LINEAGE_READERS = 16  # lineages read at once (spans_named)
 
 
 def kill_drill(step: str) -> None:
@@ -192,7 +194,8 @@ class Repository:
         if not self.fs.exists(filesystem(uri)[1]):
             return None
         record = read_json(uri)
-        return Lineage.check(record, uri) if "run_id" in record else None
+        # A record of a rollback of a version Stoke did not push has no run; anything but an object is no lineage.
+        return Lineage.check(record, uri) if not isinstance(record, dict) or "run_id" in record else None
 
     # ------------------------------------------------------------------ changing
 
@@ -366,6 +369,34 @@ class Repository:
             if number is not None and number not in held:
                 self.fs.rm(posixpath.join(folder, name))
         return old
+
+
+def model_names(root: Root) -> list[str]:
+    """The model repositories under ROOT/models: its folders named as a model may be."""
+    fs, path = filesystem(join(root.uri, "models"))
+    if not fs.isdir(path):
+        return []
+    names = (posixpath.basename(e["name"].rstrip("/")) for e in fs.ls(path, detail=True) if e["type"] == "directory")
+    return sorted(name for name in names if re.fullmatch(MODEL_NAME_PATTERN, name))
+
+
+def spans_named(root: Root) -> set[int]:
+    """Every span number a lineage under ROOT/models names: of each model's served, rolled-back, retired and
+    interrupted versions, read many at a time (retired lineages add up, and a bucket answers each slowly).
+    Raises RepositoryError for a lineage that cannot be read: it could name any span."""
+    def spans(repository: Repository, version: int) -> list[int]:
+        try:
+            lineage = repository.lineage(version)
+        except (OSError, ValueError) as error:
+            raise RepositoryError(f"the lineage of version {version} of model {repository.name} "
+                                  f"({repository.lineage_uri(version)}) cannot be read ({error}), so it could name "
+                                  "any span; restore it from a backup, or move it out of the repository") from None
+        return [span.span for span in lineage.spans] if lineage is not None else []
+
+    versions = [(repository, version) for repository in (Repository(root, name) for name in model_names(root))
+                for version in repository.every_number_used()]
+    with concurrent.futures.ThreadPoolExecutor(LINEAGE_READERS) as pool:
+        return {span for named in pool.map(lambda found: spans(*found), versions) for span in named}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,11 +35,11 @@ import re
 import time
 
 from components.common import clock, local_copies
-from components.common.files import filesystem, is_local, join, read_json, read_result, write_json
+from components.common.files import filesystem, is_local, read_json, read_result, write_json
 from components.common.lease import LeaseError, exclusive
 from components.common.program import os_error_line
-from components.common.repository import Repository
-from components.contracts.config import MODEL_NAME_PATTERN, RUN_ID_PATTERN, RunsConfig
+from components.common.repository import Repository, model_names
+from components.contracts.config import RUN_ID_PATTERN, RunsConfig
 from components.contracts.layout import Root, RunDir
 from components.contracts.results import ResultError
 from components.contracts.retention import Pruned, RetentionSummary, RunFate
@@ -120,15 +120,6 @@ def survey(root: Root) -> list[Folder]:
             except (ResultError, OSError):
                 pass  # unread, the marker only asks for less: the rule decides afresh and writes a new one
     return folders
-
-
-def model_names(root: Root) -> list[str]:
-    """The model repositories under ROOT/models: its folders named as a model may be."""
-    fs, path = filesystem(join(root.uri, "models"))
-    if not fs.isdir(path):
-        return []
-    names = (posixpath.basename(e["name"].rstrip("/")) for e in fs.ls(path, detail=True) if e["type"] == "directory")
-    return sorted(name for name in names if re.fullmatch(MODEL_NAME_PATTERN, name))
 
 
 def held_by_repository(root: Root) -> dict[str, str]:

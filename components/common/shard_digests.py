@@ -44,6 +44,7 @@ DIGESTS = ".digests"  # in the shard cache's folder
 RACY_SECONDS = 2  # coarser than any file system's timestamps: FAT's mtime, whole seconds elsewhere
 KEEP_DAYS = 90
 HASHERS = 4  # files hashed at once: hashlib lets go of the GIL, so each takes a core
+FETCHERS = 16  # a store's files looked at once (Watched): each request waits on the store, not a core
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +86,49 @@ def check(shards: list[Shard], cache_dir: str | None = None, now: float | None =
     return Checked([m for m, _ in outcomes if m is not None], len(shards), len(hashed), sum(hashed),
                    time.monotonic() - started, book.refused,
                    known=sum(1 for m, size in outcomes if m is None and size is None))
+
+
+class Watched:
+    """The files a run reads, each by its identity as the digests are keyed (a stat on a local disk: device,
+    inode, size, mtime, ctime; in a store, its size and version), taken before they are checked. TensorFlow
+    opens them again every epoch, so a run asks `changed()` again as it goes: a file written or replaced since
+    it was taken is no longer the file its check passed."""
+
+    def __init__(self, shards: list[Shard], read: list[Shard] | None = None):
+        """`shards` as published; `read`, the files TensorFlow reads in their place (copies in the shard
+        cache), or None when it reads them where they are."""
+        self.files = [(shard, *filesystem(file.uri)) for shard, file in zip(shards, read or shards)]
+        self.read_in_place = read is None
+        self.identities = self._identities()
+
+    def _identities(self) -> list[tuple | None]:
+        def identity(fs, path):
+            try:
+                found, size = _identity(fs, path)
+            except FileNotFoundError:
+                return None
+            return found or ("size", size)  # a store that versions nothing: its size, at least
+
+        if all(is_local(fs) for _, fs, _ in self.files):
+            return [identity(fs, path) for _, fs, path in self.files]  # a stat each: microseconds
+        with concurrent.futures.ThreadPoolExecutor(FETCHERS) as pool:  # a request each: many in flight
+            return list(pool.map(lambda file: identity(*file[1:]), self.files))
+
+    def changed(self) -> list[tuple[Shard, str]]:
+        """The shards whose file is not the one it was when taken (missing included), with the path read."""
+        return [(shard, path) for (shard, _, path), then, now in zip(self.files, self.identities, self._identities())
+                if now is None or now != then]
+
+    def changed_while_read(self, changed: list[tuple[Shard, str]]) -> str:
+        """One line for files that changed under a run, and what to do."""
+        spans = ", ".join(map(str, sorted({shard.span for shard, _ in changed})))
+        named = ", ".join(shard.uri if self.read_in_place else f"{shard.uri} (its copy {path})"
+                          for shard, path in changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+        fix = ("restore the span's folder from a backup (or ingest its sources again into a new span), then train again"
+               if self.read_in_place else "train again: the shard cache copies a shard again when its copy fails its check")
+        return (f"span {spans} changed while training read it: {named} is not the file checked before training (written "
+                f"or replaced since); the run stops without a candidate, its backup dropped (it may hold what it learnt "
+                f"from the changed file); {fix}")
 
 
 def changed_spans(changed: list[Mismatch]) -> str:

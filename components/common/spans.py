@@ -106,7 +106,8 @@ class Spans:
         for manifest in self.each_manifest(spans, checked=checked, sources=False):
             folder = self.root.span(manifest.span)
             found += [Shard(join(folder, entry.file), TF_COMPRESSION[manifest.compression], entry.records,
-                            manifest.span, entry.bytes, entry.sha256) for entry in manifest.shards if entry.split == split]
+                            manifest.span, entry.bytes, entry.sha256, manifest.sha256)
+                      for entry in manifest.shards if entry.split == split]
         return found
 
     def unchecked(self) -> list[int]:

@@ -140,6 +140,7 @@ class RunDir:
     arrived = property(lambda self: self._file("arrived.txt"))  # files notifications announced: all ingest reads
     # training: backup (resume), tensorboard, the candidate, metrics last
     backup = property(lambda self: self._file("backup"))
+    backup_start = property(lambda self: join(self.backup, "start.json"))  # the start the backup grows from
     tensorboard = property(lambda self: self._file("tensorboard"))
     candidate = property(lambda self: self._file("candidate"))
     saved_model = property(lambda self: join(self.candidate, "saved_model.pb"))  # what makes the candidate load
@@ -194,6 +195,7 @@ class Shard:
     span: int
     bytes: int | None = None  # as the manifest records it
     sha256: str | None = None  # as the manifest records it: a cached copy is used only when it matches
+    manifest_sha256: str | None = None  # of the span's manifest that named the shard: which records the span holds
 
 
 def parse_spans(text: str | None) -> list[int] | None:

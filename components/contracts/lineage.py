@@ -100,6 +100,11 @@ class Lineage(Result):
     def label_set(self) -> LabelSet:
         return LabelSet(self.labels, self.untrained)
 
+    def trained_on(self) -> set[tuple[int, str]]:
+        """(span, SHA-256 of its manifest) of each span the version was trained on: the number alone does not
+        say which records (a span deleted by hand, its number published again, holds others)."""
+        return {(span.span, span.manifest_sha256) for span in self.spans}
+
 
 class CardSpan(Result):
     """A span a model learnt from, as its model card tells it."""

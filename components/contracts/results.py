@@ -225,6 +225,15 @@ class TrainStart(Result):
     warm_runs_since_full: int  # 0 for a full run; counts on with each warm run (train.full_every)
 
 
+class BackupStart(Result):
+    """ROOT/runs/<id>/backup/start.json: the start a run's backup grows from (components/train/warm.py),
+    written before its first backup. A rerun of the run id resumes from the backup only from the same start."""
+
+    kind: Literal["warm", "full"]
+    from_version: int | None  # the served version a warm run restored
+    lineage: str | None  # that version's lineage: the run that made it and when it was pushed
+
+
 class Schedule(Result):
     kind: Literal["cosine", "constant"]
     peak_learning_rate: float
@@ -313,6 +322,8 @@ class TrainMetrics(Result):
     image_size: int
     labels: list[str]
     spans: list[int]
+    # span -> SHA-256 of the manifest training read it by: which records the span held (None: a run from before)
+    span_manifests: dict[int, str] | None = None
     strategy: str
     workers: int
     replicas: int

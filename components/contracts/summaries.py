@@ -315,6 +315,11 @@ def release_command(span: int, root: str | None) -> str:
     return f"stoke spans release {span} --root {shlex.quote(root) if root else 'ROOT'}"
 
 
+def rollback_command(root: str, model_name: str) -> str:
+    """The command that takes the newest version of `model_name` out of serving, runnable as printed."""
+    return shlex.join(["stoke", "rollback", "--root", root, "--model-name", model_name])
+
+
 class DataCheckSummary(Summary):
     """The data check: each span it checked (every span without a valid record, or the one asked for);
     or why nothing was checked."""

@@ -112,7 +112,7 @@ def check_labels(root: Root, manifest: SpanManifest, model_name: str, past: list
     """The label check of the span with the served model, or why it was skipped; the first flagged images
     drawn beside the record. Its history, `past`, is the label checks of the other spans the check let in."""
     started = time.monotonic()
-    model = predictions.served(root, model_name, manifest.span)
+    model = predictions.served(root, model_name, manifest)
     if isinstance(model, str):
         return [], LabelCheck(status="skipped", reason=model)
     try:

@@ -45,8 +45,10 @@ class Served:
         return 1.0 - self.lineage.metrics.accuracy
 
 
-def served(root: Root, name: str, span: int) -> Served | str:
-    """The served version that may judge span `span`, or why none may."""
+def served(root: Root, name: str, manifest: SpanManifest) -> Served | str:
+    """The served version that may judge the span of `manifest`, or why none may: one trained on it (the
+    same number and manifest) has seen its records."""
+    span = manifest.span
     try:
         repository = Repository(root, name)
         version = repository.newest()
@@ -58,7 +60,7 @@ def served(root: Root, name: str, span: int) -> Served | str:
     where = repository.version_uri(version)
     if lineage is None:
         return f"{where} has no lineage, so nothing says it was not trained on span {span}"
-    if span in {s.span for s in lineage.spans}:
+    if (span, manifest.sha256) in lineage.trained_on():
         return f"{where} was trained on span {span}: its predictions there are not out-of-sample"
     return Served(where, lineage)
 

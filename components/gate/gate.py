@@ -28,7 +28,6 @@ import dataclasses
 import json
 import os
 import posixpath
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -58,6 +57,7 @@ from components.contracts.label_set import LabelSet
 from components.contracts.layout import Root, RunDir, Shard
 from components.contracts.results import GateResult, ResultError, TrainMetrics
 from components.contracts.run_config import RunConfig
+from components.contracts.summaries import rollback_command
 from components.gate import answers, records, reference, rule
 from components.gate.decision import Decision, Floor, collapse, decide
 from components.gate.evalset import eval_spans
@@ -257,8 +257,7 @@ def _damaged(which: str, config: RunConfig) -> str:
     rollback takes out the newest version only, so a retained one is restored or moved by hand."""
     if which != "served":
         return "restore it, or move its folder out of the repository, then gate again"
-    rollback = shlex.join(["stoke", "rollback", "--root", config.root, "--model-name", config.model_name])
-    return f"restore it, or take it out of serving (`{rollback}`), then gate again"
+    return f"restore it, or take it out of serving (`{rollback_command(config.root, config.model_name)}`), then gate again"
 
 
 def evaluate(config: RunConfig, inputs: GateInputs) -> tuple[dict, dict]:

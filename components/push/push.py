@@ -188,12 +188,16 @@ def build_lineage(root: Root, run: RunDir, config: RunConfig, validation: GateRe
 
     trained = read_result(run.metrics, TrainMetrics)
     spans = []
-    for manifest_uri in map(root.manifest, trained.spans):
+    for number in trained.spans:
+        manifest_uri = root.manifest(number)
         fs, path = filesystem(manifest_uri)
         raw = fs.cat_file(path)
         manifest = SpanManifest.check(json.loads(raw), manifest_uri)
-        spans.append(LineageSpan(span=manifest.span, manifest_uri=manifest_uri,
-                                 manifest_sha256=hashlib.sha256(raw).hexdigest(),
+        digest = hashlib.sha256(raw).hexdigest()
+        if trained.span_manifests is not None and trained.span_manifests.get(number) != digest:
+            raise PushError(f"span {number} changed since run {run.run_id} trained on it ({manifest_uri} is not the "
+                            "manifest training read): the lineage would name records the model never saw; train again")
+        spans.append(LineageSpan(span=manifest.span, manifest_uri=manifest_uri, manifest_sha256=digest,
                                  source=recorded(manifest.source),  # a span published before names kept it
                                  created=manifest.created, counts=manifest.counts, sources=len(manifest.sources)))
     return Lineage(

@@ -407,8 +407,8 @@ def _plot_rates(rates: dict, uri: str) -> None:
 
 
 def _unserved(run: RunDir, config: dict | None) -> list[str]:
-    """The published spans the newest served version was not trained on, each with its data-check status
-    (none when no version is served: then no span is)."""
+    """The published spans the newest served version was not trained on (by number and manifest), each with
+    its data-check status (none when no version is served: then no span is)."""
     from components.common.repository import Repository
 
     root = Root(run.root)
@@ -418,8 +418,9 @@ def _unserved(run: RunDir, config: dict | None) -> list[str]:
         lineage = repository.lineage(version) if version is not None else None
         if lineage is None:
             return []
-        seen = {span.span for span in lineage.spans}
-        records = {n: Spans(root).check_record(n).record for n in Spans(root).published() if n not in seen}
+        spans, seen = Spans(root), lineage.trained_on()
+        digests = {n: spans.manifest_sha256(n) for n in spans.published()}
+        records = {n: spans.check_record(n, digest).record for n, digest in digests.items() if (n, digest) not in seen}
         return [f"{n} ({record.status if record else 'unchecked'})" for n, record in records.items()]
     except (OSError, ValueError):
         return []

@@ -208,7 +208,8 @@ class PipelineOptions:
     # many with blanks of weight 0; real records weigh eval_weight (see "evaluation's batches" below).
     eval_batches: int | None = None
     eval_weight: float = 1.0
-    exclude: tuple[str, ...] = ()  # source URIs of records to leave out (train.drop_suspected_label_errors)
+    # (span, image/source) of the records to leave out: a file rewritten in place is in two spans under one source
+    exclude: tuple[tuple[int, str], ...] = ()
     repeat: bool = True  # training only: evaluation reads each record once
     ram_budget_fraction: float = 0.5  # share of physical memory tf.data autotuning may use
     private_threads: int | None = None  # size of a private threadpool; None shares TF's pool
@@ -250,17 +251,20 @@ def _records(shards: list[Shard], train: TrainConfig, options: PipelineOptions, 
     """This input pipeline's serialized records, files shuffled when training."""
     # Shard by FILE when every worker gets at least one file (no worker reads what it throws
     # away); by DATA otherwise (every worker reads everything and keeps 1/N of the records).
-    files = tf.data.Dataset.from_tensor_slices(([s.uri for s in shards], [s.compression for s in shards]))
+    files = tf.data.Dataset.from_tensor_slices(([s.uri for s in shards], [s.compression for s in shards],
+                                                [s.span for s in shards]))
     if by_file(len(shards), pipelines):
         files = files.shard(pipelines, pipeline_id)
     if options.training:
         files = files.shuffle(len(shards), seed=options.seed, reshuffle_each_iteration=True)
 
-    def read(uri, compression):
+    def read(uri, compression, span):
         records = tf.data.TFRecordDataset(uri, compression_type=compression, buffer_size=4 << 20)
         # A bad CRC ends that shard's reading (the reader cannot find the next record boundary);
         # the training report counts the records lost (see components/common/shard_scan.py).
-        return records.ignore_errors() if train.skip_corrupt else records
+        records = records.ignore_errors() if train.skip_corrupt else records
+        # Records to leave out are named by span and source: each record goes with its shard's span to the filter.
+        return records.map(lambda record: (record, span)) if options.exclude else records
 
     records = files.interleave(read, cycle_length=min(len(shards), 16), block_length=1,
                                num_parallel_calls=AUTOTUNE, deterministic=_in_order(options))
@@ -269,19 +273,28 @@ def _records(shards: list[Shard], train: TrainConfig, options: PipelineOptions, 
     return without(records, options.exclude) if options.exclude else records
 
 
-def without(records: tf.data.Dataset, sources: tuple[str, ...]) -> tf.data.Dataset:
-    """The serialized records whose image/source is none of `sources`: each source's 64-bit fingerprint
-    searched in the sorted fingerprints of those left out. Plain ops, no lookup table, so the filter runs
-    wherever the pipeline does (tf.data service workers too); two URIs share a fingerprint about once in 2^63."""
-    keys = tf.sort(tf.unique(tf.strings.to_hash_bucket_fast(tf.constant(list(sources)), 2**63 - 1)).y)
+def without(records: tf.data.Dataset, left_out: tuple[tuple[int, str], ...]) -> tf.data.Dataset:
+    """The serialized records of (record, span) pairs whose (span, image/source) is none of `left_out`: each
+    record's 64-bit fingerprint of the two searched in the sorted fingerprints of those left out. By span as
+    well as source: a file rewritten in place comes back in a new span under its old source, and its new
+    record stays when its old one is left out. Plain ops, no lookup table, so the filter runs wherever the
+    pipeline does (tf.data service workers too); two records share a fingerprint about once in 2^63."""
+    keys = tf.sort(tf.unique(_fingerprint(tf.constant([span for span, _ in left_out], tf.int64),
+                                          tf.constant([source for _, source in left_out]))).y)
     spec = {schema.SOURCE: schema.feature_spec()[schema.SOURCE]}
 
-    def kept(serialized):
-        key = tf.strings.to_hash_bucket_fast(tf.io.parse_single_example(serialized, spec)[schema.SOURCE], 2**63 - 1)
+    def kept(serialized, span):
+        key = _fingerprint(span, tf.io.parse_single_example(serialized, spec)[schema.SOURCE])
         at = tf.minimum(tf.searchsorted(keys, tf.reshape(key, [1]))[0], tf.size(keys, out_type=tf.int32) - 1)
         return tf.not_equal(keys[at], key)
 
-    return records.filter(kept)
+    return records.filter(kept).map(lambda serialized, span: serialized)
+
+
+def _fingerprint(span, source):
+    """A record's (span, image/source) as one 64-bit number: the span's digits end at the first space."""
+    joined = tf.strings.join([tf.strings.as_string(tf.cast(span, tf.int64)), source], separator=" ")
+    return tf.strings.to_hash_bucket_fast(joined, 2**63 - 1)
 
 
 def _decoded(records: tf.data.Dataset, train: TrainConfig, options: PipelineOptions) -> tf.data.Dataset:

@@ -6,7 +6,8 @@ candidate (models.py), measures itself (measure.py) and writes its summary, metr
 
 One process per worker, the same program everywhere: the strategy comes from TF_CONFIG and the
 devices (placement.py), the input from data.py. Artifacts go to ROOT/runs/<run-id>/: backup
-(BackupAndRestore: rerunning the same run id resumes at the last backed-up step), tensorboard,
+(BackupAndRestore: rerunning the same run id resumes at the last backed-up step, when it starts as the
+backup did: keep_backup), tensorboard,
 candidate, metrics.json, curves.png. Only the chief writes them; other workers write their copies to
 temporary folders and delete them, which is how tf.distribute expects multi-worker saving to go. On a
 ROOT TensorFlow cannot write (s3://), the run is written into a local folder and uploaded as it goes.
@@ -31,7 +32,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from components.common import advice, environment, plots, program, shard_digests
-from components.common.files import check_writable, exists, remove, write_json
+from components.common.files import check_writable, exists, read_result, remove, write_json
 from components.common.local_copies import UnsafeKey
 from components.common.program import setting_hint
 from components.common.repository import SAVED_MODEL
@@ -45,7 +46,7 @@ from components.common.tf_files import pull, push, tf_reads
 from components.contracts.config import DEFAULT_BATCH, MIN_STEPS_PER_EPOCH, SMALL_BATCH, TrainConfig, trace_range
 from components.contracts.label_set import LabelSet
 from components.contracts.layout import Root, RunDir, Shard, new_run_id, parse_spans
-from components.contracts.results import ResultError, TrainMetrics
+from components.contracts.results import BackupStart, ResultError, TrainMetrics
 from components.contracts.run_config import RunConfig, RunFacts
 from components.contracts.summaries import Progress
 from components.train import TrainError, data, measure, recipe, warm
@@ -93,12 +94,15 @@ def train(config: RunConfig, *, run_id: str | None = None,
     if chief:  # once the plan holds: a refusal stays one line
         print(f"stoke train: {'warm start' if plan.start.warm else 'full retrain'}: {plan.start.reason}",
               file=sys.stderr, flush=True)
+        # Before the model is built: the other workers build it with the chief, and restore the backup after.
+        keep_backup(plan)
     # Other workers write their copies into a scratch folder of the same layout, deleted at the end.
     mine = plan.work if chief else RunDir(tempfile.mkdtemp(prefix="stoke-worker-"))
     try:
         model, train_data, eval_data = build(config.train, plan)
         resume_from(plan.run, plan.work)
         fitted = fit(config.train, plan, model, train_data, eval_data, mine, progress if chief else None)
+        same_inputs(plan)  # the candidate is exported only from the files checked (a resumed run may fit no epoch)
         # fit() ends by copying the average into the model's trainable weights (tf_keras'
         # finalize_variable_values), so with EMA these are the averaged weights.
         export_candidate(network=config.train.network, weights=model.get_weights(), labels=plan.labels,
@@ -148,9 +152,10 @@ class RunPlan:
     replay_records: int = 0  # history records a warm run replays
     data_service: dict | None = None  # the tf.data service training reads from: address, mode, workers
     weights_file: str | None = None  # the file the network starts from (models.initial_weights); None: scratch
-    # source URIs of train records left out: suspected label errors, and the history a warm run does not replay
-    excluded: tuple[str, ...] = ()
+    # (span, image/source) of train records left out: suspected label errors, the history a warm run does not replay
+    excluded: tuple[tuple[int, str], ...] = ()
     label_errors: int = 0  # of them, the suspected label errors
+    watched: shard_digests.Watched | None = None  # the files this worker reads, as they were checked
     untrained: list[str] = dataclasses.field(default_factory=list)  # classes of `labels` no record carries
 
     @property
@@ -164,11 +169,11 @@ def make_plan(config: RunConfig, run_id: str | None) -> RunPlan:
     placement = place(settings, run_id)
     service = connect_service(settings)
     run, train_shards, eval_shards, labels = find_data(config, run_id)
-    start = warm.decide(config, labels, sorted({s.span for s in train_shards}))
+    start = warm.decide(config, labels, {s.span: s.manifest_sha256 for s in train_shards})
     # Before staging a shard or building a dataset: a run that cannot have its weights stops in seconds.
     weights_file = None if start.warm else initial_weights(settings.weights, settings.network)
     try:
-        train_shards, eval_shards, staging = as_published(config, train_shards, eval_shards, placement)
+        train_shards, eval_shards, staging, watched = as_published(config, train_shards, eval_shards, placement)
         work = work_dir(config, run)
     except CacheError as exc:
         raise TrainError(str(exc)) from None
@@ -178,9 +183,9 @@ def make_plan(config: RunConfig, run_id: str | None) -> RunPlan:
     all_records, new_records, replay, excluded = train_records, train_records, None, label_errors
     if start.warm:
         left_out = set(label_errors)
-        history = [(label, source) for label, source in warm.labelled_sources(
+        history = [(label, span, source) for label, span, source in warm.labelled_sources(
             [s for s in train_shards if s.span in start.replay_spans], settings.skip_corrupt)
-            if source not in left_out]
+            if (span, source) not in left_out]
         new_records = train_records - len(history)
         replay = warm.replay_sample(history, new_records, settings.replay,
                                     key=f"{settings.seed or 0}:{max(start.new_spans)}")
@@ -207,7 +212,7 @@ def make_plan(config: RunConfig, run_id: str | None) -> RunPlan:
         eval_records=sum(eval_counts), train_records=train_records, epochs=epochs,
         phases=recipe.plan_phases(settings, epochs, steps_per_epoch, warm=start.warm), staging=staging,
         start=start, new_records=new_records, replay_records=replay.records if replay else 0, data_service=service,
-        weights_file=weights_file, excluded=excluded, label_errors=len(label_errors))
+        weights_file=weights_file, excluded=excluded, label_errors=len(label_errors), watched=watched)
 
 
 def run_epochs(settings: TrainConfig, steps_per_epoch: int) -> int:
@@ -274,21 +279,24 @@ def find_data(config: RunConfig, run_id: str | None) -> tuple[RunDir, list[Shard
     return run, train_shards, eval_shards, labels
 
 
-def as_published(config: RunConfig, train_shards: list[Shard], eval_shards: list[Shard],
-                 placement: Placement) -> tuple[list[Shard], list[Shard], dict | None]:
+def as_published(config: RunConfig, train_shards: list[Shard], eval_shards: list[Shard], placement: Placement
+                 ) -> tuple[list[Shard], list[Shard], dict | None, shard_digests.Watched]:
     """The train and eval shards where TensorFlow reads them, once those this worker reads are the files their
     manifests name: checked in place (components/common/shard_digests.py), or staged into the shard cache, which
-    checks its copies; and the staging's report (None: read in place). A shard changed since it was published
-    stops the run; a damaged one too, unless train.skip_corrupt reads around it."""
+    checks its copies; the staging's report (None: read in place); and those files by identity, which the run
+    looks at again as it goes (same_inputs). A shard changed since it was published stops the run; a damaged
+    one too, unless train.skip_corrupt reads around it."""
     checked = None
+    mine = data.shards_read(train_shards, eval_shards, placement.workers, placement.pipeline)
     if tf_reads(train_shards[0].uri):
-        checked = shard_digests.check(data.shards_read(train_shards, eval_shards, placement.workers,
-                                                       placement.pipeline), config.shard_cache.dir)
+        watched = shard_digests.Watched(mine)  # before the check: a change after it shows at the next look
+        checked = shard_digests.check(mine, config.shard_cache.dir)
         staging, mismatched = None, checked.mismatched
     else:
-        train_shards, eval_shards, staging, mismatched = data.stage(
-            ShardCache(config.shard_cache.dir, config.shard_cache.max_gb), train_shards, eval_shards,
-            placement.workers, placement.pipeline)
+        cache = ShardCache(config.shard_cache.dir, config.shard_cache.max_gb)
+        train_shards, eval_shards, staging, mismatched = data.stage(cache, train_shards, eval_shards,
+                                                                    placement.workers, placement.pipeline)
+        watched = shard_digests.Watched(mine, cache.local(mine))  # the copies, which TensorFlow reads
     changed = [m for m in mismatched if not m.damaged]
     if changed:
         raise TrainError(shard_digests.changed_spans(changed))
@@ -298,16 +306,16 @@ def as_published(config: RunConfig, train_shards: list[Shard], eval_shards: list
                          f"{setting_hint('train', {'train.skip_corrupt': True})} to skip its unreadable records")
     if checked and (checked.hashed or checked.unrecorded):
         print(f"stoke train: {checked.describe()}", file=sys.stderr, flush=True)
-    return train_shards, eval_shards, staging
+    return train_shards, eval_shards, staging, watched
 
 
-def suspected_label_errors(config: RunConfig, train_shards: list[Shard]) -> tuple[str, ...]:
+def suspected_label_errors(config: RunConfig, train_shards: list[Shard]) -> tuple[tuple[int, str], ...]:
     """With train.drop_suspected_label_errors, the train records the data check's label check flagged in
-    the spans read (their source URIs, from each span's record); otherwise none."""
+    the spans read ((span, source URI), from each span's record); otherwise none."""
     if not config.train.drop_suspected_label_errors:
         return ()
     stored_spans = Spans(config.root)
-    found = sorted({a.file for span in sorted({s.span for s in train_shards})
+    found = sorted({(span, a.file) for span in sorted({s.span for s in train_shards})
                     for a in stored_spans.check_record(span).record.suspected_label_errors() if a.label.split == "train"})
     if found:
         print(f"stoke train: leaving out {len(found)} training records the data check flagged as suspected label "
@@ -417,6 +425,10 @@ def fit(settings: TrainConfig, plan: RunPlan, model, train_data, eval_data, mine
         if not bad:
             raise
         raise TrainError(str(data.CorruptShardError(bad))) from None
+    except InputsChanged:
+        if plan.placement.is_chief:  # what it learnt from the changed file is in the backup too
+            drop_backups(plan.work, plan.run)
+        raise
     if plan.placement.is_chief:
         drop_backups(plan.work, plan.run)
     return Fitted(history=history, total_steps=done, resumed_from_step=resumed, step_seconds=timer.step_seconds(),
@@ -438,6 +450,7 @@ def _callbacks(settings: TrainConfig, plan: RunPlan, phase: Phase, mine: RunDir,
     """Backup, one set of batch-norm statistics, TensorBoard, the learning-rate log and what measures
     the phase; `done`: the steps of the phases before it."""
     callbacks = [
+        SameInputs(plan),  # first: a changed input stops the run before the epoch's backup
         backup(settings, plan.work, plan.phases, phase),
         resume,
         ReplicaStatistics(),
@@ -489,6 +502,46 @@ def drop_backups(work: RunDir, run: RunDir) -> None:
     for folder in {work.backup, run.backup}:
         if exists(folder):
             remove(folder)
+
+
+def keep_backup(plan: RunPlan) -> None:
+    """Keeps the run's backup only when it grew from the start this run makes (warm.resumable): one made under
+    another start, or that records none, is dropped, in one line. Then records the start of what the run
+    backs up, before its first backup."""
+    run = plan.run
+    if exists(run.backup):
+        try:
+            made = read_result(run.backup_start, BackupStart) if exists(run.backup_start) else None
+        except ResultError:
+            made = None  # a record that does not read records no start
+        why = warm.resumable(made, plan.start)
+        if why:
+            print(f"stoke train: dropped the backup of run {run.run_id}: {why}", file=sys.stderr, flush=True)
+            drop_backups(plan.work, run)
+    write_json(run.backup_start, warm.backup_start(plan.start).to_json())
+
+
+class InputsChanged(TrainError):
+    """A file the run reads is not the one checked before training; the message names it."""
+
+
+def same_inputs(plan: RunPlan) -> None:
+    """Raises InputsChanged when a file the run reads is not the one checked before training: tf.data opens the
+    shards again every epoch, so a shard written or replaced mid-run would be trained on. A stat each."""
+    changed = plan.watched.changed() if plan.watched is not None else []
+    if changed:
+        raise InputsChanged(plan.watched.changed_while_read(changed))
+
+
+class SameInputs(keras.callbacks.Callback):
+    """same_inputs at each epoch's end: the next epoch opens the shards again."""
+
+    def __init__(self, plan: RunPlan):
+        super().__init__()
+        self.plan = plan
+
+    def on_epoch_end(self, epoch, logs=None):
+        same_inputs(self.plan)
 
 
 class ResumePoint(keras.callbacks.Callback):
@@ -630,6 +683,7 @@ def summarize(settings: TrainConfig, plan: RunPlan, fitted: Fitted, probe: dict,
         "labels": plan.labels,
         "untrained": plan.untrained,
         "spans": sorted({s.span for s in plan.train_shards + plan.eval_shards}),
+        "span_manifests": {s.span: s.manifest_sha256 for s in plan.train_shards + plan.eval_shards},
         "strategy": placement.strategy_name,
         "workers": placement.workers,
         "replicas": placement.replicas,
@@ -692,7 +746,7 @@ def warnings(settings: TrainConfig, plan: RunPlan, history: dict) -> list[str]:
                      f"class of a higher id ({'its' if one else 'their'} span is held back by the data check, or ingest "
                      f"refused {'its' if one else 'their'} files): the model keeps {'its id' if one else 'their ids'} "
                      f"and never answers {'it' if one else 'them'}")
-    flat = learned_nothing(history, plan.eval_records, lambda: [label for label, _ in warm.labelled_sources(
+    flat = learned_nothing(history, plan.eval_records, lambda: [label for label, _, _ in warm.labelled_sources(
         plan.eval_shards, settings.skip_corrupt)])
     if flat:
         per_class = round(plan.train_records / len(plan.labels)) if plan.labels else None

@@ -2,6 +2,7 @@
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -306,3 +307,43 @@ def test_progress_events_count_the_mb_written_and_stop_with_the_runner(tmp_path)
     time.sleep(0.1)  # ten of the watcher's polls: an event after the block would show by now
     assert count and len(seen) == count  # none after the block: none can follow the summary
     assert (seen[0].stage, seen[0].done, seen[0].total, seen[0].unit, seen[0].fraction) == ("ingest", 2, 8, "MB", 0.25)
+
+
+def test_a_span_number_a_lineage_names_is_never_published_again(tmp_path, capsys):
+    """Span folders deleted by hand leave their numbers in the lineages of the models trained on them (served,
+    rolled back or retired, of any model): new records under such a number would pass for those a model
+    learnt. A lineage that cannot be read could name any number: nothing is published until it can be."""
+    from components.common.repository import RETIRED, ROLLED_BACK_PREFIX
+    from tests.components.common.test_run_retention import SAMPLE_LINEAGE, serve
+
+    source, root = tmp_path / "source", tmp_path / "root"
+    (source / "cat").mkdir(parents=True)
+    (source / "cat" / "0.jpg").write_bytes(images.rgb_jpeg(seed=0))
+    assert ingest(source, root, *IN_MEMORY, capsys=capsys)[1]["span"] == 1
+
+    def names(uri, spans):
+        lineage = read_json(uri if os.path.exists(uri) else str(SAMPLE_LINEAGE))
+        lineage["spans"] = [lineage["spans"][0] | {"span": n} for n in spans]
+        os.makedirs(os.path.dirname(uri), exist_ok=True)
+        with open(uri, "w") as f:
+            json.dump(lineage, f)
+
+    served = serve(str(root), tmp_path, 100, "a")
+    names(served.lineage_uri(100), [1, 2])
+    other = serve(str(root), tmp_path, 200, "b", model="other")
+    names(other.lineage_uri(200), [4])
+    os.rename(other.version_uri(200), os.path.join(other.uri, f"{ROLLED_BACK_PREFIX}200"))  # rolled back
+    names(os.path.join(served.uri, RETIRED, "50.json"), [6])  # retired
+    shutil.rmtree(Root(str(root)).span(1))  # the newest span deleted by hand
+
+    (source / "cat" / "1.jpg").write_bytes(images.rgb_jpeg(seed=1))
+    code, summary = ingest(source, root, *IN_MEMORY, capsys=capsys)
+    assert code == 0 and summary["span"] == 7, summary
+
+    (source / "cat" / "2.jpg").write_bytes(images.rgb_jpeg(seed=2))
+    for broken in ("{not json", "5"):
+        with open(served.lineage_uri(100), "w") as f:
+            f.write(broken)
+        code, summary = ingest(source, root, *IN_MEMORY, capsys=capsys)
+        assert code == 1 and "the lineage of version 100 of model stoke" in summary["error"], summary
+        assert "could name any span" in summary["error"] and Spans(str(root)).published() == [7]

@@ -190,3 +190,60 @@ def _flipped(data: bytes) -> bytes:
     data = bytearray(data)
     data[len(data) // 2] ^= 0xFF
     return bytes(data)
+
+
+@pytest.mark.parametrize("change", ["rewritten with label 0", "a byte flipped", "truncated", "removed",
+                                    "replaced by a copy of itself", "its mtime set back after a write"])
+def test_a_watched_shard_changed_in_any_way_is_named_and_the_others_are_not(spans, change):
+    """What a run reads is looked at again by identity alone (a stat): a file written, replaced, even by
+    identical bytes, or removed since is no longer the file checked."""
+    root, _ = spans
+    shards = Spans(root).shards("train")
+    watched = shard_digests.Watched(shards)
+    assert watched.changed() == []
+    path = shards[3].uri
+
+    def copy_over(p):
+        shutil.copy(p, p + ".new")
+        os.replace(p + ".new", p)
+
+    def set_back(p):
+        mtime = os.stat(p).st_mtime_ns
+        _flip_byte(p)
+        _flip_byte(p)  # the same bytes again
+        os.utime(p, ns=(mtime, mtime))
+
+    {"rewritten with label 0": lambda p: relabel(p, 0), "a byte flipped": _flip_byte, "truncated": _truncate,
+     "removed": os.remove, "replaced by a copy of itself": copy_over, "its mtime set back after a write": set_back,
+     }[change](path)
+    assert watched.changed() == [(shards[3], path)]
+    line = watched.changed_while_read(watched.changed())
+    assert "\n" not in line and line.startswith(f"span 2 changed while training read it: {path} is not the file ")
+    assert "restore the span's folder" in line
+
+
+def test_a_watched_copy_is_the_file_read_and_named_beside_its_shard(spans, tmp_path):
+    """From a bucket, TensorFlow reads the shard cache's copies: those are watched, and named with their shard."""
+    root, _ = spans
+    shards = Spans(root).shards("train", [1])
+    copies = [dataclasses.replace(s, uri=str(tmp_path / f"copy-{i}")) for i, s in enumerate(shards)]
+    for shard, copy in zip(shards, copies):
+        shutil.copy(shard.uri, copy.uri)
+    watched = shard_digests.Watched(shards, copies)
+    relabel(shards[0].uri, 0)  # the published file is not what is read
+    assert watched.changed() == []
+    relabel(copies[0].uri, 0)
+    line = watched.changed_while_read(watched.changed())
+    assert f"span 1 changed while training read it: {shards[0].uri} (its copy {copies[0].uri}) is not" in line
+    assert line.endswith("train again: the shard cache copies a shard again when its copy fails its check")
+
+
+def test_in_a_store_a_watched_objects_version_is_its_identity(s3_bucket, spans):
+    root, _ = spans
+    fs = fsspec.filesystem("s3")
+    fs.put(root.span(1), f"{s3_bucket}/root/data/spans/span-00001", recursive=True)
+    shards = Spans(f"s3://{s3_bucket}/root").shards("train", [1])
+    watched = shard_digests.Watched(shards)
+    assert watched.changed() == []
+    fs.pipe_file(shards[1].uri, _flipped(fs.cat_file(shards[1].uri)))  # same size, new ETag
+    assert [shard for shard, _ in watched.changed()] == [shards[1]]

@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from beam_jobs.statistics import write_statistics
-from components.common.files import read_result, write_json
+from components.common.files import read_json, read_result, write_json
 from components.common.repository import Repository
 from components.common.spans import Spans
 from components.contracts.config import TrainConfig
@@ -113,7 +113,7 @@ def test_files_in_the_wrong_folder_are_flagged_and_named_and_nothing_else_is(tra
 
     config = RunConfig(source=root, root=root, train=TrainConfig(drop_suspected_label_errors=True))
     shards = Spans(root).shards("train")
-    assert suspected_label_errors(config, shards) == tuple(sorted(uris[i] for i in (3, 10, 20)))
+    assert suspected_label_errors(config, shards) == tuple(sorted((3, uris[i]) for i in (3, 10, 20)))
     assert suspected_label_errors(RunConfig(source=root, root=root), shards) == ()  # the default trains on them
 
     run = Root(root).run("r1")
@@ -181,6 +181,18 @@ def test_without_a_model_that_may_judge_the_span_the_label_check_says_it_was_ski
     assert record.label_check.status == "skipped" and why in record.label_check.reason
     assert f"label check skipped: {span['label_check']['reason']}" in datacheck.describe(summary)
     shutil.rmtree(root)
+
+
+def test_a_model_trained_on_a_span_number_may_judge_other_records_published_under_it(trained_runs, tmp_path):
+    """Out-of-sample is by the span's manifest, not its number: span 1 published again (its folder deleted by
+    hand) holds records the served model never saw."""
+    from components.datacheck import predictions
+
+    root = copy_root(trained_runs, tmp_path)
+    assert "was trained on span 1" in predictions.served(Root(root), "stoke", Spans(root).read_manifest(1))
+    manifest = Root(root).manifest(1)
+    write_json(manifest, read_json(manifest) | {"created": "2031-01-01T00:00:00Z"})
+    assert isinstance(predictions.served(Root(root), "stoke", Spans(root).read_manifest(1)), predictions.Served)
 
 
 def test_a_night_of_one_class_is_judged_and_one_of_no_known_class_skips_the_label_check(trained_runs, tmp_path):

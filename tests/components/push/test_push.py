@@ -12,7 +12,10 @@ import sys
 
 import pytest
 
+from components.common.files import read_json, write_json
 from components.common.repository import KILL_AFTER_FILES_ENV, KILL_AFTER_STEP_ENV, KILL_STEPS, Repository
+from components.common.spans import Spans
+from components.contracts.layout import Root
 from components.push import lineage, predict, rollback
 from tests.components.conftest import tiny_image
 from tests.components.gate_runs import copy_root, gate_scenario, listing, push_run, scenario_serving_checks, validate_run
@@ -406,6 +409,8 @@ def test_a_password_older_spans_and_versions_kept_stays_out_of_the_push_its_imag
     manifest = os.path.join(root, "data", "spans", "span-00001", "_MANIFEST.json")
     json.dump({**json.load(open(manifest)), "source": old}, open(manifest + ".tmp", "w"))
     os.replace(manifest + ".tmp", manifest)
+    metrics = os.path.join(root, "runs", "mixed", "metrics.json")  # trained on the span as it is now
+    json.dump(read_json(metrics) | {"span_manifests": {"1": Spans(root).manifest_sha256(1)}}, open(metrics, "w"))
     kept = os.path.join(root, "models", "stoke", str(first), "assets.extra", "stoke_lineage.json")
     record = json.load(open(kept))
     record["spans"][0]["source"] = old
@@ -516,6 +521,18 @@ def test_object_store_push_copies_saved_model_last(trained_runs, s3_bucket):
     assert order[-1] == "saved_model.pb" and "variables/variables.index" in order
     assert repo.versions() == [5000] and repo.next_version() > 5000
     assert not fs.exists(f"{s3_bucket}/root/models/stoke/.push-5000")  # and gone once it is complete
+
+
+def test_a_span_changed_since_training_stops_the_push(trained_runs, tmp_path):
+    """The lineage names each span by the manifest training read: a span whose manifest is another since (its
+    folder deleted by hand and the number published again) would make it name records the model never saw."""
+    root = _before_third_push(trained_runs, tmp_path)
+    manifest = Root(root).manifest(1)
+    write_json(manifest, read_json(manifest) | {"created": "2031-01-01T00:00:00Z"})
+    before = listing(root)
+    code, refused = push_run(root, "mixed", "--no-build-image")
+    assert code == 1 and refused["error"].startswith("span 1 changed since run mixed trained on it ("), refused
+    assert refused["error"].endswith("train again") and listing(root) == before
 
 
 def test_each_pushed_version_has_a_model_card_that_agrees_with_the_gate_and_the_data_check(trained_runs):

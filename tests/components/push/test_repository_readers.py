@@ -14,8 +14,10 @@ import pytest
 from components.common.repository import Repository
 from components.contracts.label_set import LabelSet
 from components.contracts.layout import Root
+from components.contracts.results import SpanManifest
 
-SAMPLE_LINEAGE = pathlib.Path(__file__).parents[1] / "contracts" / "samples" / "stoke_lineage.json"
+SAMPLES = pathlib.Path(__file__).parents[1] / "contracts" / "samples"
+SAMPLE_LINEAGE = SAMPLES / "stoke_lineage.json"
 LABELS = ["red", "green", "blue"]
 
 
@@ -61,7 +63,8 @@ def test_the_newest_served_version_is_the_same_for_every_reader(root):
     assert [note.split(" is not compared with")[0] for note in gate.notes if "is not compared" in note] == [
         os.path.join(repo.path, name) for name in ("0400", "300", "500")]
 
-    label_check = served(Root(root), "stoke", 99)
+    span = SpanManifest.model_validate(json.loads((SAMPLES / "_MANIFEST.json").read_text()) | {"span": 99})
+    label_check = served(Root(root), "stoke", span)
     assert isinstance(label_check, Served) and label_check.uri == repo.version_uri(200)
     assert lineage(root)["version"] == 200 and lineage(root)["served_versions"] == [100, 200]
     assert resolve_model_dir(repo.uri) == repo.version_uri(200)

@@ -130,7 +130,8 @@ def test_the_key_changes_with_everything_that_changes_what_is_cached(small_spans
         "a shard fewer": _key(shards[:2]),
         "another image size": _key(shards, {"image_size": 24}),
         "evaluation's preprocessing": _key(shards, training=False),
-        "records left out": _key(shards, exclude=("mem://train/0/0",)),
+        "records left out": _key(shards, exclude=((1, "mem://train/0/0"),)),
+        "records left out of another span": _key(shards, exclude=((2, "mem://train/0/0"),)),
         "corrupt records skipped": _key(shards, {"skip_corrupt": True}),
         "another input pipeline": _key(shards, context=tf.distribute.InputContext(2, 1, 1)),
     }

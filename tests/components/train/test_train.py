@@ -445,3 +445,32 @@ def test_tensorflows_python_notices_are_for_stoke_debug(tmp_path, monkeypatch, d
         monkeypatch.delenv("STOKE_DEBUG", raising=False)
     assert train.run(["--root", str(tmp_path / "no-spans")]) == 1
     assert logging.getLogger("tensorflow").level == (logging.WARNING if debug else logging.ERROR)
+
+
+@pytest.mark.parametrize("at_epoch", [1, 3], ids=["mid-run", "after-the-last-epoch"])
+def test_a_shard_replaced_while_training_stops_the_run_without_a_candidate(small_spans_root, tmp_path, at_epoch):
+    """tf.data opens the shards again every epoch: one rewritten after the check (here as an epoch ends) fails
+    the run at the next epoch's end, or before the candidate is exported, in one line naming it; the backup,
+    which may hold what the run learnt from it, goes too."""
+    from components.contracts.run_config import RunConfig
+    from components.train import TrainError
+    from tests.components.conftest import relabel
+
+    root = str(tmp_path / "root")
+    shutil.copytree(small_spans_root, root, ignore=shutil.ignore_patterns("runs"))
+    shard = Spans(root).shards("train")[1]
+    config = RunConfig(source=root, root=root, preset="cpu", train={
+        "network": "small_cnn", "weights": "none", "image_size": 32, "batch_size": 8, "epochs": 3,
+        "input_probe_steps": 0, "trace_steps": "none"}).resolved()
+
+    def swap(event):
+        if event.done == at_epoch:
+            relabel(shard.uri, 0)
+
+    with pytest.raises(TrainError) as stopped:
+        train.train(config, run_id="swapped", progress=swap)
+    message = str(stopped.value)
+    assert "\n" not in message and message.startswith(f"span 1 changed while training read it: {shard.uri} is not "
+                                                      "the file checked before training"), message
+    run = Root(root).run("swapped")
+    assert not any(os.path.exists(p) for p in (run.candidate, run.metrics, run.backup))

@@ -79,6 +79,9 @@ def test_a_backup_key_that_would_leave_the_local_folder_stops_the_run_in_one_lin
     fs = fsspec.filesystem("s3")
     escaping = "train-root/root/runs/s3-escape/backup/../../../outside/escaped"
     fs.pipe_file("train-root/root/runs/s3-escape/backup/checkpoint", b"pointer")
+    # made under the start this run makes, so the run resumes from it
+    fs.pipe_file("train-root/root/runs/s3-escape/backup/start.json",
+                 json.dumps({"kind": "full", "from_version": None, "lineage": None}).encode())
     fs.pipe_file(escaping, b"attacker")
     code, summary = _run(capsys, bucket_root, tmp_path / "cache", "--run-id", "s3-escape")
     assert code == 1 and escaping in summary["error"] and "\n" not in summary["error"]

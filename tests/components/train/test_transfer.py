@@ -108,7 +108,7 @@ def test_batch_norm_keeps_the_loaded_statistics_while_the_backbone_is_fine_tuned
 
 
 def test_a_run_killed_while_fine_tuning_resumes_fine_tuning(resumed):
-    assert resumed["killed"] == -signal.SIGKILL and resumed["left"] == ["fine_tune", "head"]
+    assert resumed["killed"] == -signal.SIGKILL and resumed["left"] == ["fine_tune", "head", "start.json"]
     summary = resumed["summary"]
     head, fine = summary["phases"]
     assert head["resumed_from_step"] == 3  # finished: its fit restored it and ran no epoch
