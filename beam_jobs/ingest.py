@@ -3,7 +3,7 @@
     python -m beam_jobs.ingest SOURCE --root ROOT [--shard-mb 128] [--runner DataflowRunner ...]
 
     driver: list SOURCE, drop what published spans already hold (beam_jobs/compare.py), stage the list
-    Beam:   ReadSources -> Spread -> Normalize -> WriteShards -> Gather   (beam_jobs/pipeline.py; job.py starts it)
+    Beam:   ReadSources -> Normalize -> WriteShards -> Gather   (beam_jobs/pipeline.py; job.py starts it)
             (+ each record's content signature)                         (components/common/signatures.py)
     driver: stage the published dHashes, so near-copies join their split  (beam_jobs/near_copies.py)
     driver: keep out copies of published or listed-twice images; near-copies of the arrival follow their
@@ -26,7 +26,6 @@ import logging
 import os
 import posixpath
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -66,7 +65,8 @@ class IngestError(Exception):
 def ingest(config: RunConfig, pipeline_args: list[str], progress: Callable[[Progress], None] | None = None, *,
            arrived: str | None = None) -> IngestSummary:
     """Runs the whole job and returns its summary; raises IngestError when it cannot publish.
-    `progress` gets the MB written every few seconds while the runner works (default: a line on stderr);
+    `progress` gets the MB of new sources converted every few seconds while the runner works on this process's
+    threads (beam_jobs/progress.py; default: a line on stderr);
     `arrived` names a file of the URIs bucket notifications announced, the only ones then read."""
     started = time.monotonic()
     root = Root(config.root)
@@ -174,11 +174,10 @@ def _convert(root, staging, chunks, fresh, labels, config, pipeline_args, progre
     if not fresh:
         return [], [], Findings(kept=[], dropped=[])
     published = stage_published(root, staging)  # so near-copies of published images join their split in the job
-    with _Progress(staging, sum(s.size for s in fresh), progress):
-        try:
-            run_pipeline(chunks, staging, config.ingest, pipeline_args, published, fresh, labels)
-        except JobFailed as error:
-            raise IngestError(str(error)) from error
+    try:
+        run_pipeline(chunks, staging, config.ingest, pipeline_args, published, fresh, labels, progress)
+    except JobFailed as error:
+        raise IngestError(str(error)) from error
     dead = read_json(join(staging, STAGED_DEAD_LETTERS))
     shards, copies, findings = settle(staging, read_json(join(staging, STAGED_SHARDS)), fresh, root, config.ingest,
                                       published)
@@ -310,38 +309,6 @@ def publish(root, number, shards, dead, labels, fresh, refused, config, findings
 
 
 # ---------------------------------------------------------------- plumbing
-
-
-class _Progress:
-    """A progress event (MB written of MB read) every few seconds while the runner works; none once
-    the block is left, so none can follow the summary."""
-
-    def __init__(self, staging: str, total_bytes: int, show: Callable[[Progress], None], every: float = 10.0):
-        self.staging, self.total, self.show, self.every = staging, total_bytes, show, every
-        self.started, self.done, self.lock = time.monotonic(), threading.Event(), threading.Lock()
-
-    def __enter__(self):
-        threading.Thread(target=self._report, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc):
-        with self.lock:
-            self.done.set()
-        if hasattr(self.show, "close"):  # a terminal's bar (program.ProgressBar): done before the summary prints
-            self.show.close(finished=exc[0] is None)
-
-    def _report(self):
-        fs, path = filesystem(self.staging)
-        while not self.done.wait(self.every):
-            try:
-                written = sum(fs.du(path, total=False, withdirs=False).values())
-            except OSError:
-                continue
-            event = Progress(stage="ingest", done=round(written / 1e6, 1), total=round(self.total / 1e6, 1),
-                             unit="MB", seconds=round(time.monotonic() - self.started, 1))
-            with self.lock:
-                if not self.done.is_set():
-                    self.show(event)
 
 
 def run(argv: list[str] | None = None) -> int:

@@ -7,14 +7,20 @@ import itertools
 import json
 import os
 import sys
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import contextmanager, nullcontext
 
 from beam_jobs import bounded
+from beam_jobs.progress import Shown
 from beam_jobs.sources import Source
 from components.common.files import join, write_text
 from components.contracts.config import IngestConfig
+from components.contracts.summaries import Progress
 
-CHUNK = 10_000  # sources per staged list file: keeps the job graph small on any runner
+# Sources per staged list file. The lists are what the job spreads over its workers (beam_jobs/pipeline.py):
+# an arrival of a few thousand makes a few, enough for every worker; and their names keep the job graph small
+# on any runner (10,000 for ten million sources).
+CHUNK = 1_000
 
 
 class JobFailed(Exception):
@@ -45,31 +51,37 @@ def first_sources(fresh: list[Source], budget: int) -> list[Source]:
 
 
 def run_pipeline(chunks: list[str], staging: str, config: IngestConfig, pipeline_args: list[str],
-                 published: str | None, fresh: list[Source], labels: list[str]) -> None:
-    """The Beam job over the staged source lists of the new sources `fresh` (named with `labels`)."""
+                 published: str | None, fresh: list[Source], labels: list[str],
+                 progress: Callable[[Progress], None] | None = None) -> None:
+    """The Beam job over the staged source lists of the new sources `fresh` (named with `labels`); `progress`
+    gets its progress events while it runs on this process's threads (beam_jobs/progress.py)."""
     from beam_jobs import image_pool
     from beam_jobs.records import Conversion
 
     processes = image_pool.processes_for(len(fresh), pipeline_args)
+    on_threads = image_pool.on_threads(pipeline_args)
+    shown = Shown(staging, sum(s.size for s in fresh), progress) if progress and on_threads else nullcontext()
     conversion = Conversion.of(config, published, tuple((s.uri, s.query) for s in fresh if s.query))
     stuck = False
     try:
-        if processes:  # started first, its processes convert the first sources while Beam loads and starts the job
-            pool = image_pool.pool(processes, conversion)
-            pool.prefetch(job_rows(first_sources(fresh, image_pool.AHEAD_BYTES), labels))
-        # Beam is imported here, not at the top: `stoke ingest --help` answers before it loads.
-        with _long_lived(), _without_cloud_clients(image_pool.on_threads(pipeline_args)):
-            import apache_beam as beam
+        with shown:
+            if processes:  # started first, its processes convert the first sources while Beam loads and starts the job
+                pool = image_pool.pool(processes, conversion)
+                pool.prefetch(job_rows(first_sources(fresh, image_pool.AHEAD_BYTES), labels))
+            # Beam is imported here, not at the top: `stoke ingest --help` answers before it loads.
+            with _long_lived(), _without_cloud_clients(on_threads):
+                import apache_beam as beam
 
-            from beam_jobs.pipeline import build
+                from beam_jobs.pipeline import build
 
-        options = pipeline_options(pipeline_args)
+            _flushed_by_size()
+            options = pipeline_options(pipeline_args)
 
-        def job():
-            with beam.Pipeline(options=options) as pipeline:
-                build(pipeline, chunks, staging, config, conversion, processes)
+            def job():
+                with beam.Pipeline(options=options) as pipeline:
+                    build(pipeline, chunks, staging, config, conversion, processes)
 
-        bounded.run(job)
+            bounded.run(job)
     except Exception as error:  # the runner wraps worker errors in its own types
         stuck = isinstance(error, bounded.StuckRunner)
         raise JobFailed(f"the Beam job failed, nothing was published: {_last_line(error)} "
@@ -110,6 +122,21 @@ def _without_cloud_clients(local: bool):
     finally:
         if block and sys.modules.get(blocked, 0) is None:
             del sys.modules[blocked]
+
+
+def _flushed_by_size() -> None:
+    """DirectRunner hands elements from one stage to the next across Beam's data plane, in buffers that its
+    workers and its data server also flush on a timer, every DATA_BUFFER_TIME_LIMIT_MS (1 s). That flush
+    takes the buffer's bytes, sends them and then empties the buffer, with no lock against the thread writing
+    into it (apache_beam/runners/worker/data_plane.py, TimeBasedBufferingClosableOutputStream, Beam 2.77):
+    what a bundle writes meanwhile is dropped without an error, or cut, and then fails the decode. A bundle of
+    minutes flushes hundreds of times: runs of hundreds of staged sources went missing from an arrival of
+    150,000 files (tests/beam_jobs/test_ingest.py). At 0 the buffers are flushed by size and at each bundle's
+    end, by the thread that writes them, as Beam's own SDK workers flush by default; a batch job waits on no
+    timer. Read when the runner starts its workers, so set before each job; other runners never read it."""
+    from apache_beam.runners.portability.fn_api_runner import worker_handlers
+
+    worker_handlers.DATA_BUFFER_TIME_LIMIT_MS = 0
 
 
 def pipeline_options(pipeline_args: list[str]):

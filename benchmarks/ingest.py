@@ -36,21 +36,23 @@ from components.common.images import normalize
 from components.contracts import schema
 
 
-def peak_rss(process: subprocess.Popen, limit_mb: float | None = None) -> float:
-    """Polls the summed RSS of a process and its children until it exits; returns the peak in MB. Past
-    `limit_mb` it ends them (by their ids), so a run that would exhaust a shared machine stops there."""
-    peak, parent = 0, psutil.Process(process.pid)
+def peak_rss(process: subprocess.Popen, limit_mb: float | None = None) -> tuple[float, float]:
+    """Polls the summed RSS of a process and its children until it exits; returns the peaks in MB of the
+    whole tree and of the process alone. Past `limit_mb` it ends them (by their ids), so a run that would
+    exhaust a shared machine stops there."""
+    peak, alone, parent = 0, 0, psutil.Process(process.pid)
     while process.poll() is None:
         try:
             tree = [parent, *parent.children(recursive=True)]
-            peak = max(peak, sum(p.memory_info().rss for p in tree if p.is_running()))
+            sizes = [p.memory_info().rss if p.is_running() else 0 for p in tree]
+            peak, alone = max(peak, sum(sizes)), max(alone, sizes[0])
             if limit_mb and peak > limit_mb * 1e6:
                 for member in reversed(tree):
                     member.kill()
         except psutil.Error:
             pass
         time.sleep(0.05)
-    return peak / 1e6
+    return peak / 1e6, alone / 1e6
 
 
 def stoke_ingest(source: Path, root: Path, *beam_args: str, tree: str | None = None,
@@ -62,7 +64,7 @@ def stoke_ingest(source: Path, root: Path, *beam_args: str, tree: str | None = N
     job = subprocess.Popen([sys.executable, "-m", "beam_jobs.ingest", str(source), "--root", str(root), "--json",
                             *beam_args], stdout=subprocess.PIPE, text=True, env=env, cwd=tree)
     peak = {}
-    watcher = threading.Thread(target=lambda: peak.setdefault("mb", peak_rss(job, limit_mb)))
+    watcher = threading.Thread(target=lambda: peak.setdefault("mb", peak_rss(job, limit_mb)[0]))
     watcher.start()
     out, _ = job.communicate()
     watcher.join()

@@ -73,17 +73,22 @@ def exclusive(uri: str, purpose: str, ttl: float = TTL, wait: float = 0.0,
         lease = _ObjectLease(uri, _GCS(path), purpose, ttl)
     else:
         raise LeaseError(f"no lease on {scheme}:// ({uri}): use a local path, s3:// or gs://")
-    deadline, pause = time.monotonic() + wait, POLL
+    deadline, pause = None, POLL
     while True:
         try:
             lease.acquire()
             break
         except LeaseHeld as held:
+            # The wait counts from the first refusal: a slow store may take longer to answer than the whole wait.
+            if deadline is None:
+                if wait <= 0:
+                    raise
+                deadline = time.monotonic() + wait
+                if waiting is not None:
+                    waiting(held)
             left = deadline - time.monotonic()
             if left <= 0:
                 raise
-            if waiting is not None and pause == POLL:
-                waiting(held)
             time.sleep(min(pause, left))
             pause = min(pause * 2, MAX_POLL)
     try:

@@ -472,7 +472,7 @@ class Progress(Result):
     stage: str
     done: float
     total: float
-    unit: str  # "MB" (ingest: written of read), "epochs" (train: finished)
+    unit: str  # "MB" (ingest: of the new sources, converted), "epochs" (train: finished)
     seconds: float  # since the stage began
 
     @property

@@ -20,9 +20,11 @@ from tests.beam_jobs import images
 from tests.beam_jobs.test_ingest import IN_MEMORY, ingest
 
 # The ingest program, except that one record write blocks for good (a hung network mount) and the
-# next fails as on a full disk: the runner may then wait for the blocked worker forever.
+# next fails as on a full disk: the runner may then wait for the blocked worker forever. The sources are
+# staged as two lists, which the job spreads over its two workers.
 FULL_AND_HUNG = """import errno, os, sys, threading
-from beam_jobs import bounded, ingest, shards
+from beam_jobs import bounded, ingest, job, shards
+job.CHUNK = 6
 calls, lock, blocked = [], threading.Lock(), threading.Event()
 def add(self, unit):
     with lock:

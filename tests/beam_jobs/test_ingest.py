@@ -9,13 +9,18 @@ import sys
 import time
 
 import numpy as np
+import pytest
 import tensorflow as tf
+from PIL import Image
 
+from beam_jobs import job, progress
+from beam_jobs.ingest import ingest as ingest_with_progress
 from beam_jobs.ingest import run
 from components.common.files import filesystem, join, read_json
 from components.common.spans import Spans
 from components.contracts import schema
 from components.contracts.layout import DEAD_LETTER, MANIFEST, TF_COMPRESSION, Root
+from components.contracts.run_config import RunConfig
 from tests.beam_jobs import images
 from tests.waiting import wait_for
 
@@ -296,17 +301,89 @@ def test_a_broken_span_manifest_is_one_line_naming_it(tmp_path, capsys):
     assert captured.err.strip() == f"stoke ingest: error: {error}"
 
 
-def test_progress_events_count_the_mb_written_and_stop_with_the_runner(tmp_path):
-    from beam_jobs.ingest import _Progress
-
-    (tmp_path / "shard").write_bytes(b"x" * 2_000_000)
+def test_progress_events_count_the_mb_converted_and_stop_with_the_runner(monkeypatch):
+    monkeypatch.setattr(progress, "EVERY", 0.01)
     seen = []
-    with _Progress(str(tmp_path), 8_000_000, seen.append, every=0.01):
+    with progress.Shown("job", 8_000_000, seen.append):
+        progress.converted("job", 2_000_000)
+        progress.converted("another job", 1_000_000)
         wait_for(lambda: seen, "a progress event", seconds=30, every=0.01)
-    count = len(seen)
+        count = len(seen)
+    assert len(seen) == count + 1  # and the last, as the job ended
     time.sleep(0.1)  # ten of the watcher's polls: an event after the block would show by now
-    assert count and len(seen) == count  # none after the block: none can follow the summary
+    assert len(seen) == count + 1  # none after the block: none can follow the summary
     assert (seen[0].stage, seen[0].done, seen[0].total, seen[0].unit, seen[0].fraction) == ("ingest", 2, 8, "MB", 0.25)
+
+    seen.clear()
+    with pytest.raises(OSError), progress.Shown("job", 8_000_000, seen.append):
+        raise OSError("a job that fails ends without a last event")
+    assert seen == []
+
+
+def test_progress_never_passes_its_total_and_ends_at_it(tmp_path, monkeypatch):
+    """Records larger than their sources (small PNGs of noise: framed, in a GZIP member each) and staged
+    lists and signatures beside them: the MB written would pass the MB read, the MB converted cannot."""
+    monkeypatch.setattr(progress, "EVERY", 0.02)
+    source = noise_folder(tmp_path / "source", 400, side=48)
+    events = []
+    config = RunConfig(source=str(source), root=str(tmp_path / "root"))
+    summary = ingest_with_progress(config, ["--direct_num_workers=2"], events.append)
+    assert summary.published and summary.bytes_out > summary.bytes_in
+    total = round(summary.bytes_in / 1e6, 1)
+    assert len(events) > 1 and all(e.total == total and e.done <= total for e in events)
+    assert events[-1].done == total
+
+
+def noise_folder(path, count, side=16):
+    """`count` distinct small PNGs of noise in four class folders: cheap to make by the thousand."""
+    rng = np.random.default_rng(0)
+    for index in range(count):
+        folder = path / f"class{index % 4}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{index:06d}.png").write_bytes(images.encode(
+            Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8)), "PNG"))
+    return path
+
+
+def test_every_source_of_a_long_job_crosses_beams_data_plane(tmp_path, capsys, monkeypatch):
+    """DirectRunner hands the staged sources from the threads that read them to the shuffle in buffers that a
+    timer also flushes, every second: a job of minutes flushes them hundreds of times while they are written.
+    Here it flushes every millisecond and each send waits a millisecond, as on a busy machine, while two staged
+    lists are read at once: every source ends in a record or a dead letter."""
+    from apache_beam.runners.portability.fn_api_runner import worker_handlers
+    from apache_beam.runners.worker import data_plane
+
+    monkeypatch.setattr(worker_handlers, "DATA_BUFFER_TIME_LIMIT_MS", 1)
+    send = data_plane._GrpcDataChannel._enqueue_to_send
+    monkeypatch.setattr(data_plane._GrpcDataChannel, "_enqueue_to_send",
+                        lambda channel, element: time.sleep(0.001) or send(channel, element))
+    monkeypatch.setattr(job, "CHUNK", 500)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)  # converted on the image workers, as an arrival this size is
+    source = noise_folder(tmp_path / "source", 2000)
+    for index in range(20):
+        (source / "class0" / f"broken{index}.jpg").write_bytes(images.truncated_jpeg())
+    code, summary = ingest(source, tmp_path / "root", "--direct_num_workers=2", capsys=capsys)
+    assert code == 0 and summary["published"], summary
+    assert summary["counts"] == {"train": summary["counts"]["train"], "eval": 2000 - summary["counts"]["train"],
+                                 "dead_letter": 20, "duplicates": 0}
+
+
+def test_beams_timed_flush_drops_what_is_written_while_it_sends():
+    """Why the job flushes Beam's data plane by size alone (beam_jobs/job.py): a timed flush sends the buffer and
+    then empties it, so a write landing in between is lost. When a Beam upgrade keeps it, this fails and says so."""
+    from apache_beam.runners.worker.data_plane import TimeBasedBufferingClosableOutputStream
+
+    sent = []
+
+    def send(data):
+        sent.append(data)
+        stream.write(b" and meanwhile")  # the bundle's thread writes while the timer's thread sends
+
+    stream = TimeBasedBufferingClosableOutputStream(sent.append, send, time_flush_threshold_ms=3_600_000)
+    stream.write(b"first")
+    stream.flush()
+    stream.close()
+    assert b"".join(sent) == b"first", "Beam keeps what is written during a timed flush now: the job may use its timer"
 
 
 def test_a_span_number_a_lineage_names_is_never_published_again(tmp_path, capsys):

@@ -67,13 +67,13 @@ def test_portable_runner_with_worker_processes_publishes_what_the_direct_runner_
               "--near-copies", "report"]  # the synthetic pictures are near-copies: keep their splits by hash
     port, pool_log = worker_pool
 
-    spans = {}
+    spans, events = {}, {}
     for name, runner in [("direct", []), ("portable", ["--runner=PortableRunner", "--job_endpoint=embed",
                                                        "--environment_type=EXTERNAL",
                                                        f"--environment_config=localhost:{port}"])]:
         assert run([*common, "--root", f"s3://{s3_bucket}/{name}", *runner]) == 0
-        summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-        spans[name] = span_contents(summary["span_uri"])
+        lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+        spans[name], events[name] = span_contents(lines[-1]["span_uri"]), [line for line in lines if "event" in line]
 
     direct, portable = spans["direct"], spans["portable"]
     harnesses = [line for line in open(pool_log) if "Starting worker with command" in line]
@@ -81,4 +81,8 @@ def test_portable_runner_with_worker_processes_publishes_what_the_direct_runner_
     assert len(portable["records"]) == 8 and portable["dead"] == [f"{source}/dog/broken.jpg"]
     assert {split for split, *_ in portable["records"].values()} == {"train", "eval"}
     assert portable == direct
+    # Progress is counted where the sources are converted: in this process for DirectRunner, whose last event
+    # counts them all; in the harness processes for the portable runner, which shows its own (none here).
+    assert events["direct"] and events["direct"][-1]["done"] == events["direct"][-1]["total"]
+    assert events["portable"] == []
     assert not fs.glob(f"s3://{s3_bucket}/portable/data/spans/_staging-*")

@@ -1,6 +1,7 @@
 """Each transform of the ingest job under Beam's TestPipeline."""
 import gzip
 import io
+import json
 
 import apache_beam as beam
 import pytest
@@ -8,7 +9,8 @@ import tensorflow as tf
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_jobs.pipeline import DEAD, Gather, Normalize, WriteShards
+from beam_jobs import pipeline
+from beam_jobs.pipeline import DEAD, SIGNATURES, Gather, Normalize, WriteShards
 from beam_jobs.records import Conversion, read_source
 from beam_jobs.shards import unit
 from components.common.files import read_json
@@ -72,6 +74,24 @@ def test_write_shards_and_gather(tmp_path):
     assert max(s["records"] for s in shards) <= 4  # rolled at 8 bytes of 2-3 byte records
     written = sorted(r.numpy() for s in shards for r in tf.data.TFRecordDataset(s["file"], "GZIP"))
     assert written == sorted(r for _, r in records)
+
+
+def test_signatures_roll_over_into_files_of_a_bounded_size(tmp_path, monkeypatch):
+    """A bundle holds at most SIGNATURES_PER_FILE signatures in memory: on DirectRunner a bundle is a share of
+    the whole arrival."""
+    monkeypatch.setattr(pipeline, "SIGNATURES_PER_FILE", 3)
+    records = [("train", unit(b"t%d" % i, "gzip"), {"uri": f"t{i}"}) for i in range(10)]
+    with TestPipeline() as p:
+        written = p | beam.Create(records) | beam.ParDo(WriteShards(str(tmp_path), 1 << 20, "gzip")).with_outputs(
+            SIGNATURES, main="shards")
+        _ = written[SIGNATURES] | Gather(str(tmp_path / "signatures.json"))
+    files = read_json(str(tmp_path / "signatures.json"))
+    lines = [[json.loads(line) for line in open(f)] for f in files]
+    assert sorted(len(each) for each in lines) == [1, 3, 3, 3]
+    signatures = sorted((s for each in lines for s in each), key=lambda s: s["index"])
+    assert [s["index"] for s in signatures] == list(range(10)) and len({s["file"] for s in signatures}) == 1
+    written = [r.numpy() for r in tf.data.TFRecordDataset(signatures[0]["file"], "GZIP")]
+    assert [written[s["index"]] for s in signatures] == [s["uri"].encode() for s in signatures]
 
 
 def test_gather_of_nothing_is_an_empty_list(tmp_path):

@@ -139,3 +139,14 @@ def test_a_holder_whose_lease_was_taken_over_learns_it_and_leaves_the_new_one(s3
         with pytest.raises(LeaseLost, match="another writer took it over"):
             held.check()
     assert fs.call_s3("head_object", Bucket=s3_bucket, Key="lease")["Metadata"] == {"holder": "next pid 2"}
+
+
+def test_the_wait_counts_from_the_first_refusal_however_long_asking_took(tmp_path):
+    """A store that answers slowly (a bucket on a busy machine) can take longer to refuse than the whole wait: the
+    writer still says it waits, and waits its time, before it is refused."""
+    path, told = str(tmp_path / ".lock"), []
+    with exclusive(path, "first"):
+        with pytest.raises(LeaseHeld, match="first"):
+            with exclusive(path, "second", wait=1e-9, waiting=told.append):
+                pass
+    assert len(told) == 1
