@@ -41,12 +41,15 @@ import numpy as np
 import psutil
 
 from benchmarks.year_world import MODEL, SETTINGS, Attempt, World, read_json
+from components.common.repository import ANSWERS_FILE, ASSETS_EXTRA, LINEAGE_FILE
 
 INVARIANTS = ("1 runs-next", "2 nothing-lost", "3 no-regression", "4 lineage-true", "5 no-secret", "6 bounded",
               "7 nothing-running", "8 data-not-command")
 USABLE = ("ok", "warning", "released")
 HEAVY = ("candidate", "backup", "tensorboard", "tfma", "warmup")
 SLACK_SECONDS = 2.0  # a span's `created` is whole seconds
+MIRROR_LINEAGE = f"{ASSETS_EXTRA}/{LINEAGE_FILE}"  # in the serving context: a copy without credentials
+MIRROR_LEFT_OUT = f"{ASSETS_EXTRA}/{ANSWERS_FILE}"  # the gate's answers: nothing the server reads
 
 
 def setting(name: str) -> str:
@@ -409,20 +412,24 @@ class Checks:
         return []
 
     def _mirror(self) -> list[str]:
-        """The serving context's copy of each version: the repository's files, and a lineage that reads (the copy
-        is the lineage without credentials, so it may differ in those)."""
+        """The serving context's copy of each version holds what components/push/serving_image.py promises: the
+        version's files but the answers its gate recorded (they stay in the repository), each the same, and a
+        lineage that reads (the copy is the lineage without credentials, so it may differ in those)."""
         mirror, problems = self.world.root / "serving" / "models" / MODEL, []
-        lineage_file = "assets.extra/stoke_lineage.json"
         for folder in sorted(mirror.glob("*")) if mirror.is_dir() else []:
             original = self.world.models / folder.name
             if not folder.name.isdigit() or not original.is_dir():
                 continue
-            copied, held = _tree(folder), _tree(original)
-            if {k: v for k, v in copied.items() if k != lineage_file} != \
-                    {k: v for k, v in held.items() if k != lineage_file}:
-                problems.append(f"serving/models/{MODEL}/{folder.name} is not the repository's version {folder.name}")
-            if lineage_file in copied and read_json(folder / lineage_file) is None:
-                problems.append(f"serving/models/{MODEL}/{folder.name}/{lineage_file} is not JSON")
+            copied = {k: v for k, v in _tree(folder).items() if k != MIRROR_LINEAGE}
+            held = {k: v for k, v in _tree(original).items() if k not in (MIRROR_LINEAGE, MIRROR_LEFT_OUT)}
+            differ = sorted(k for k in copied.keys() | held.keys() if copied.get(k) != held.get(k))
+            if differ:
+                name = differ[0]
+                how = "missing" if name not in copied else "not the version's" if name not in held else "different"
+                problems.append(f"serving/models/{MODEL}/{folder.name} is not the repository's version {folder.name}: "
+                                f"{name} is {how}{f' (and {len(differ) - 1} more)' if len(differ) > 1 else ''}")
+            if (folder / MIRROR_LINEAGE).exists() and read_json(folder / MIRROR_LINEAGE) is None:
+                problems.append(f"serving/models/{MODEL}/{folder.name}/{MIRROR_LINEAGE} is not JSON")
         return problems
 
     # ------------------------------------------------------------ 5

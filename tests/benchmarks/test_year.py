@@ -105,6 +105,39 @@ def test_a_readable_file_in_no_span_and_a_broken_one_published_are_both_named(wo
                                          f"{bad.path} (broken:empty, night 1), unreadable, was published as a record"]
 
 
+def test_the_mirror_check_holds_the_serving_context_to_what_the_push_writes(world):
+    """The copy of a version in ROOT/serving as components/push/serving_image.py makes it passes (the gate's answers
+    left in the repository, the lineage a copy of its own); a file added, missing or changed in the copy fails."""
+    from components.common.files import filesystem
+    from components.common.repository import Repository
+    from components.push.serving_image import _mirror_versions
+
+    version = world.models / "7"
+    for name, data in (("saved_model.pb", b"graph"), ("variables/variables.index", b"index"),
+                       ("assets.extra/stoke_lineage.json", b'{"run_id": "r"}'), ("assets.extra/model_card.md", b"# card"),
+                       ("assets.extra/stoke_answers.json.gz", gzip.compress(b"[]"))):
+        (version / name).parent.mkdir(parents=True, exist_ok=True)
+        (version / name).write_bytes(data)
+    mirror = world.root / "serving" / "models" / "stoke"
+    fs, _ = filesystem(str(mirror))
+    _mirror_versions(Repository(str(world.root), "stoke"), [7], fs, str(mirror))
+    checks = Checks(world, bucket=None, secret=secret_for("none", 0), held_out=[])
+    assert not (mirror / "7" / "assets.extra" / "stoke_answers.json.gz").exists()
+    assert checks._mirror() == []
+    copy = mirror / "7" / "assets.extra"
+    (copy / "stoke_answers.json.gz").write_bytes(gzip.compress(b"[]"))
+    (copy / "model_card.md").unlink()
+    assert checks._mirror() == ["serving/models/stoke/7 is not the repository's version 7: assets.extra/model_card.md "
+                                "is missing (and 1 more)"]
+    (copy / "stoke_answers.json.gz").unlink()
+    (copy / "model_card.md").write_bytes(b"# another card")
+    assert checks._mirror() == ["serving/models/stoke/7 is not the repository's version 7: assets.extra/model_card.md "
+                                "is different"]
+    (copy / "model_card.md").write_bytes(b"# card")
+    (copy / "stoke_lineage.json").write_text("{")
+    assert checks._mirror() == ["serving/models/stoke/7/assets.extra/stoke_lineage.json is not JSON"]
+
+
 # ---------------------------------------------------------------- a short year on real parts
 
 
