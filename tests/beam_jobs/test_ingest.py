@@ -173,10 +173,13 @@ def test_a_killed_job_publishes_nothing_and_the_rerun_cleans_up(tmp_path):
 
     (spans / "span-00001").mkdir()  # as if killed while publishing, before the manifest
     (spans / "span-00001" / "train-00000-of-00001.tfrecord.gz").write_bytes(b"partial")
+    temporary = tmp_path / "tmp"  # the rerun's own: what the Beam job puts there goes with it
+    temporary.mkdir()
     result = subprocess.run([sys.executable, "-m", "beam_jobs.ingest", str(source), "--root", str(root), "--json"],
-                            capture_output=True, text=True, check=True)
+                            capture_output=True, text=True, check=True, env={**os.environ, "TMPDIR": str(temporary)})
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["span"] == 2  # a name that was ever used is not used again
+    assert list(temporary.iterdir()) == []
     assert len(summary["removed_debris"]) == 2
     assert sorted(os.listdir(spans)) == ["span-00002"]
     manifest = read_json(os.path.join(summary["span_uri"], MANIFEST))
