@@ -15,14 +15,15 @@
 4. lineage-true: the served version's lineage names the spans of its run's metrics.json with the manifest
    digests they had that night, only labels those spans hold, and the start its weights came from (the
    decision training printed, or for a resumed run the decision of the attempt whose backup it resumed);
-   a version without a lineage of its own is no run's; the serving context holds the repository's files and
-   a copy of each lineage that reads.
+   a version without a lineage of its own is no run's; the serving context holds the repository's files but
+   the answers each version's gate recorded, and a copy of each lineage that reads.
 5. no-secret: SOURCE's secret in no file under ROOT (gzip members opened), in neither Prefect's database
    nor its logs, and in no line any command of the year printed.
 6. bounded: run folders within the retention rule (docs/layout.md), at most push.keep versions, the shard
    cache within shard_cache.max_gb, and no more Prefect flow runs than runs started.
-7. nothing-running: no process of the year's runs alive, none listening, WORK/tmp empty, and no Prefect flow
-   run still said to be running once its `stoke run` is gone.
+7. nothing-running: no process of the year's runs alive, none listening, WORK/tmp empty (but for the temporary
+   folder of the stage program a `stoke run` killed outright was running), and no Prefect flow run still said to be
+   running once its `stoke run` is gone.
 8. data-not-command: a string read from ROOT is never run (ROOT/serving/commands.json edited by hand).
 """
 from __future__ import annotations
@@ -482,8 +483,15 @@ class Checks:
     def nothing_running(self, night: NightLog) -> list[str]:
         problems = [f"still running: pid {pid}: {line}" for pid, line in leftovers(self.world)]
         left = sorted(p.name for p in self.world.tmp.iterdir())
+        # Each stage program runs in a temporary folder of its own (stoke-<stage>-*), which it removes as it exits
+        # and the flow removes once it ended (flows/programs.py). A `stoke run` killed outright leaves that of the
+        # program it was running: the program died with it (SIGTERM) and the flow that would remove it is gone.
+        killed = any(a.killed for a in night.attempts)
+        unexpected = [name for name in left if not (killed and name.startswith("stoke-"))]
+        if unexpected:
+            problems.append(f"left in the runs' temporary folder: {unexpected[:8]} (kept in "
+                            f"leftovers/night-{night.number})")
         if left:  # moved aside, to look at, so that the next night's are its own
-            problems.append(f"left in the runs' temporary folder: {left[:8]} (kept in leftovers/night-{night.number})")
             aside = self.world.work / "leftovers" / f"night-{night.number}"
             aside.mkdir(parents=True, exist_ok=True)
             for path in self.world.tmp.iterdir():

@@ -138,6 +138,24 @@ def test_the_mirror_check_holds_the_serving_context_to_what_the_push_writes(worl
     assert checks._mirror() == ["serving/models/stoke/7/assets.extra/stoke_lineage.json is not JSON"]
 
 
+def test_the_temporary_folder_is_empty_after_a_night_but_for_a_killed_runs_stage(world, tmp_path):
+    """Anything left in the runs' temporary folder is named and moved aside; a stage program's own folder is
+    expected only after a night whose `stoke run` was killed outright."""
+    from benchmarks.year_world import Attempt
+
+    checks = Checks(world, bucket=None, secret=secret_for("none", 0), held_out=[])
+    ended = Attempt("night-0001", 1, tmp_path / "o", tmp_path / "e", "night", exit=0)
+    killed = Attempt("night-0002", 2, tmp_path / "o", tmp_path / "e", "night", exit=-9, killed=True)
+    (world.tmp / "stoke-ingest-x1").mkdir()
+    (world.tmp / "beam-temp1").mkdir()
+    assert checks.nothing_running(NightLog(1, [ended], set(), None, rolled_back=False)) == [
+        "left in the runs' temporary folder: ['beam-temp1', 'stoke-ingest-x1'] (kept in leftovers/night-1)"]
+    assert sorted(p.name for p in (world.work / "leftovers" / "night-1").iterdir()) == ["beam-temp1", "stoke-ingest-x1"]
+    (world.tmp / "stoke-gate-x2").mkdir()
+    assert checks.nothing_running(NightLog(2, [killed], {"kill_run"}, None, rolled_back=False)) == []
+    assert list(world.tmp.iterdir()) == []
+
+
 # ---------------------------------------------------------------- a short year on real parts
 
 
