@@ -64,13 +64,16 @@ def digits(size: int = 32) -> list[Digit]:
     from sklearn.datasets import load_digits
 
     data = load_digits()
-    found = []
-    for index, (pixels, label) in enumerate(zip(data.images, data.target)):
-        grey = np.clip(pixels * (255 / 16), 0, 255).astype(np.uint8)
-        buffer = io.BytesIO()
-        Image.fromarray(grey, "L").resize((size, size), Image.BILINEAR).convert("RGB").save(buffer, format="PNG")
-        found.append(Digit(index, NAMES[label], buffer.getvalue()))
-    return found
+    scans = zip(data.images, data.target)
+    return [Digit(index, NAMES[label], png(pixels, size)) for index, (pixels, label) in enumerate(scans)]
+
+
+def png(pixels: np.ndarray, size: int = 32) -> bytes:
+    """One 8x8 scan (values 0-16) as `stoke demo` writes it: 8-bit grey, enlarged to `size`, RGB PNG."""
+    grey = np.clip(pixels * (255 / 16), 0, 255).astype(np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(grey, "L").resize((size, size), Image.BILINEAR).convert("RGB").save(buffer, format="PNG")
+    return buffer.getvalue()
 
 
 def split(all_digits: list[Digit], held_out_per_class: int, seed: int) -> tuple[list[Digit], list[Digit]]:

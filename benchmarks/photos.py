@@ -91,7 +91,8 @@ def pretrain(base: Path) -> str:
     saves its *_notop.h5: the backbone alone."""
     import tensorflow as tf
 
-    from components.train.models import backbone, build_model
+    from components.common.networks import backbone
+    from components.train.models import build_model
 
     make_photo_set(base / "other", 30, seed=300, size=(800, 600), pictures=OTHER_PICTURES)
     root = base / "pretrain-root"

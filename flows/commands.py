@@ -32,7 +32,15 @@ from components.contracts.layout import Root, new_run_id
 from components.contracts.run_config import RunConfig
 from components.contracts.secrets import SOURCE_ENV, recorded, without_secrets
 from flows.parameters import read_beam_args
-from flows.run_options import FIELDS, POLL_SECONDS_MAX, add_config_arguments, bounded, config_from
+from flows.run_options import (
+    FIELDS,
+    POLL_SECONDS_MAX,
+    add_config_arguments,
+    add_networks_argument,
+    bounded,
+    config_from,
+    listed_networks,
+)
 from flows.work_pools import add_notifications_argument
 
 SERVER_START_SECONDS = 120
@@ -99,7 +107,11 @@ def run(args: argparse.Namespace) -> int:
     summary.setdefault("model_name", config.model_name)
     print(json.dumps(scrubbed(summary), sort_keys=True, default=str) if args.json else _describe(printable(summary)),
           flush=True)
-    return 0 if state.is_completed() else 1
+    if state.is_completed():
+        return 0
+    from flows.pipeline import refused_settings
+
+    return BAD_SETTINGS if refused_settings(state) else 1
 
 
 def start_api() -> None:
@@ -238,6 +250,7 @@ def _describe(summary: dict) -> str:
 
 def add_up_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser, source="option")
+    add_networks_argument(parser)
     parser.add_argument("--port", type=bounded(int, 1, 65535), default=PREFECT_PORT,
                         help=f"port of the Prefect server and UI (default: {PREFECT_PORT})")
     parser.add_argument("--poll-seconds", type=bounded(float, 1, POLL_SECONDS_MAX), default=60,
@@ -257,7 +270,7 @@ def add_up_arguments(parser: argparse.ArgumentParser) -> None:
 def up(args: argparse.Namespace) -> int:
     """Starts the server, serves the deployments until Ctrl-C (or SIGTERM), then stops both."""
     try:
-        config = config_from(args)
+        config, networks = config_from(args), listed_networks(args)
         if _port_in_use(args.port):
             print(f"stoke up: error: port {args.port} on 127.0.0.1 is in use (another `stoke up` or Prefect "
                   "server?); choose another with --port", file=sys.stderr)
@@ -278,7 +291,7 @@ def up(args: argparse.Namespace) -> int:
         from flows.deployments import NIGHTLY_CRON, serve_deployments
 
         serve_deployments(config, poll_seconds=args.poll_seconds, cron=args.cron or NIGHTLY_CRON,
-                          timezone=args.timezone, notifications=args.notifications)
+                          timezone=args.timezone, notifications=args.notifications, networks=networks)
     except KeyboardInterrupt:
         pass
     except ServerError as error:

@@ -16,9 +16,11 @@ Their parameters are the run configuration `stoke up` or `stoke deploy` was give
 --preset), as far as it differs from the defaults, never alerts.webhook (a secret, which pydantic leaves
 out of every dump), and SOURCE without its credentials: a flow run takes SOURCE itself from STOKE_SOURCE
 in its environment (`stoke up` sets it for the runs it serves; a worker's flow runs get it as they get
-bucket credentials, flows/work_pools.py).
+bucket credentials, flows/work_pools.py); and `networks`, the networks of code (--network) a run may
+choose beside train.network.
 `prefect deployment run train/nightly` starts a run by hand; `-p train='{"epochs": 20}'` and the like
-lay settings over the deployment's, group by group.
+lay settings over the deployment's, group by group; `-p train='{"network": ...}'` names a built-in
+network or one the deployment lists (flows/parameters.py check_network_choice).
 """
 from __future__ import annotations
 
@@ -46,9 +48,11 @@ ARRIVED = "{{ event.payload.files | default([]) | join('\\n') }}"
 
 
 def build_deployments(config: RunConfig, *, poll_seconds: float = 60, cron: str = NIGHTLY_CRON,
-                      timezone: str = "UTC", notifications: str | None = None) -> list[RunnerDeployment]:
+                      timezone: str = "UTC", notifications: str | None = None,
+                      networks: list[str] = ()) -> list[RunnerDeployment]:
     """train/nightly, with `config` as its parameters, and watch-bucket/poll of its SOURCE; with
-    `notifications` (sqs://QUEUE, pubsub://projects/P/subscriptions/S) the watcher reads that queue."""
+    `notifications` (sqs://QUEUE, pubsub://projects/P/subscriptions/S) the watcher reads that queue. A run of
+    train/nightly may choose its network among `networks` too (network references, located)."""
     config = config.model_copy(update={"source": recorded(config.source)})
     nightly = pipeline.to_deployment(
         name=NIGHTLY.split("/")[1],
@@ -59,7 +63,7 @@ def build_deployments(config: RunConfig, *, poll_seconds: float = 60, cron: str 
             match={"prefect.resource.id": "stoke.source.*"},
             parameters={"source": "{{ event.payload.source }}", "arrived": ARRIVED},
         )],
-        parameters=nightly_parameters(config),
+        parameters=nightly_parameters(config, networks),
         concurrency_limit=ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.ENQUEUE),
         tags=["stoke"],
         # Importable by module name from anywhere the project is installed, not by a file path
@@ -79,10 +83,10 @@ def build_deployments(config: RunConfig, *, poll_seconds: float = 60, cron: str 
     return [nightly, poll]
 
 
-def nightly_parameters(config: RunConfig) -> dict:
+def nightly_parameters(config: RunConfig, networks: list[str] = ()) -> dict:
     """What the configuration sets; the scheduled and data-triggered runs skip training when nothing is
-    new and a model is served."""
-    return {**given_fields(config), "skip_unchanged": True}
+    new and a model is served; the networks a run may choose, when any are listed."""
+    return {**given_fields(config), "skip_unchanged": True, **({"networks": list(networks)} if networks else {})}
 
 
 def settle_seconds(poll_seconds: float) -> float:

@@ -1,5 +1,6 @@
-"""What a flow run may and may not be given: Beam options and job variables belong to the deployment,
-and a run's parameters are laid over the deployment's (flows/pipeline.py configure)."""
+"""What a flow run may and may not be given: Beam options, job variables and the networks of code a run may
+train belong to the deployment, and a run's parameters are laid over the deployment's (flows/pipeline.py
+configure)."""
 from __future__ import annotations
 
 import os
@@ -7,6 +8,7 @@ import shlex
 
 from components.common.config_files import read_option_file
 from components.contracts.beam_options import BEAM_ARGS_ENV
+from components.contracts.config import network_parts
 
 # The demo's data and artifact ROOT, relative to where `make run` runs.
 DEMO_SOURCE = ".stoke/demo/digits"
@@ -36,6 +38,30 @@ def check_job_variables(variables: dict) -> None:
         raise ValueError(f"this run sets the job variables {', '.join(locked)}, which belong to the deployment "
                          "(command, env, image, mounts and accounts are fixed by `stoke deploy`); a run may set "
                          f"only {', '.join(sorted(OPEN_VARIABLES))}")
+
+
+# A network reference is code that runs with the worker's rights. It may come from the run configuration file,
+# the command line and a deployment's definition, whose authors run code there anyway; a deployment run's
+# parameters (`prefect deployment run -p`, the UI), which whoever may start a run sets, choose only among the
+# networks of code the deployment lists (its own train.network and `stoke deploy --network`), or a built-in one
+# or keras.applications' (Stoke's code and Keras', as any other setting is).
+def check_network_choice(network: str | None, networks: list[str]) -> None:
+    """Refuses a deployment run whose parameters choose a network of code its deployment does not list, or
+    change that list; a run outside a deployment (`stoke run`) may name any."""
+    registered = registered_parameters()
+    if not registered:
+        return
+    listed = list(registered.get("networks") or [])
+    if list(networks) != listed:
+        raise ValueError("networks: the networks a run may choose belong to the deployment (`stoke deploy --network`); "
+                         "a run cannot change them")
+    own = (registered.get("train") or {}).get("network")
+    if network is None or network_parts(network)[0] in ("builtin", "application") or network in (own, *listed):
+        return
+    choices = ", ".join(n for n in dict.fromkeys((own, *listed)) if n and network_parts(n)[0] in ("module", "file"))
+    raise ValueError(f"train.network {network}: a run of this deployment may choose a built-in network, a "
+                     "keras.applications one" + (f" or one of the networks it lists ({choices})" if choices else "")
+                     + "; list more with `stoke deploy --network` (or `stoke up --network`)")
 
 
 def run_job_variables() -> dict:

@@ -35,14 +35,15 @@ who runs the program, and fsspec reads a URL's user info as given (aiohttp's bas
 """
 from __future__ import annotations
 
+import os
 from contextlib import nullcontext
 
 from prefect import flow, get_run_logger, task
 from prefect.logging.loggers import flow_run_logger
 from prefect.runtime import flow_run
 
-from components.common import config_files
-from components.common.files import exists, read_result, write_json, write_text
+from components.common import config_files, network_code
+from components.common.files import exists, read_result, write_json, write_text, write_whole
 from components.common.program import option, scrubbed
 from components.common.spans import Spans
 from components.contracts import results, secrets, stages, summaries
@@ -57,16 +58,24 @@ from components.contracts.config import (
     RunsConfig,
     ShardCacheConfig,
     TrainConfig,
+    network_parts,
 )
 from components.contracts.layout import Root, RunDir, new_run_id
 from components.contracts.presets import PresetName
 from components.contracts.run_config import RunConfig, Timeouts, preset_problem
 from components.contracts.stages import Stage, stage
+from components.preflight.network import NAME as NETWORK_CHECK
 from components.preflight.source import NAME as SOURCE_CHECK
 from flows.alerts import alert_failed, alert_if_due
 from flows.console import quiet_failures
 from flows.gpus import gpu_slot
-from flows.parameters import check_job_variables, deployment_beam_args, registered_parameters, run_job_variables
+from flows.parameters import (
+    check_job_variables,
+    check_network_choice,
+    deployment_beam_args,
+    registered_parameters,
+    run_job_variables,
+)
 from flows.programs import StageError, run_stage
 from flows.reporting import ProgressArtifact, prune_runs, publish_report
 
@@ -111,25 +120,31 @@ def pipeline(
     skip_unchanged: bool = False,
     run_id: str | None = None,
     arrived: str = "",
+    networks: list[str] = [],
 ) -> dict:
     """Turns what is new in SOURCE into a span, trains on every span, and pushes a blessed model.
     The parameters before `skip_unchanged` are the run configuration's (`stoke config show` lists them
     all). The others say why the run started: `skip_unchanged` ends it early, training nothing, when the
     served model was trained on every span the data check lets in (the nightly and data-triggered runs);
     `run_id` resumes a stopped run; `arrived` (URIs, one a line, from bucket notifications) makes ingest
-    read only those."""
+    read only those. `networks` is the deployment's: the networks of code a run's parameters may choose
+    (`stoke deploy --network`), which a run cannot change."""
     check_job_variables(run_job_variables())  # before anything runs: no run chooses its command or env
     config = configure(  # every setting checked before anything is ingested or trained
         source=source, root=root, model_name=model_name, preset=preset, shard_cache=shard_cache, runs=runs,
         alerts=alerts, beam_args=beam_args, timeouts=timeouts, preflight=preflight, ingest=ingest, datacheck=datacheck,
         train=train, gate=gate, push=push)
     try:
+        check_network_choice(config.train.network, networks)  # no run chooses code its deployment does not list
         run = Root(config.root).run(run_id or flow_run_id())
-    except ValueError as error:  # a run id that would leave ROOT/runs
+        config, code = network_code.for_run(config, run)  # a file network: its copy, read before anything is written
+    except ValueError as error:  # a run id that would leave ROOT/runs; a network refused, or its file unreadable
         raise ConfigurationError(str(error)) from None
     get_run_logger().info("run %s: %s -> %s (preset %s)", run.run_id, secrets.recorded(config.source), run.uri,
                           config.preset)
     write_json(run.config, recorded(config))
+    for uri, data in code.items():  # the code config.json names, beside it: every stage reads this copy
+        write_whole(uri, data)
     try:
         if config.preflight is not None:
             check_machine(config, run)                                                      # 1
@@ -165,6 +180,9 @@ def configure(**given) -> RunConfig:
         hybrid = preset_problem(registered, config.preset, "the deployment's parameters") if registered else None
         if hybrid:
             raise config_files.ConfigError(hybrid)
+        # A file network in the parameters was found where they were made (`stoke run`, `up`, `deploy`): its path
+        # is absolute; one given relative is found in the working folder.
+        config = network_code.located(config, os.getcwd(), trusted=True)
         config = config.model_copy(update={"source": secrets.given(config.source)})
     except (config_files.ConfigError, ValueError) as error:
         raise ConfigurationError(str(error)) from None
@@ -199,13 +217,16 @@ def stage_task(name: str):
 def check_machine(config: RunConfig, run: RunDir) -> summaries.PreflightSummary:
     """Checks SOURCE, disks, read speed, GPUs, /dev/shm and limits; stops the run on a failed check."""
     try:
-        # The weights the network starts from, when they are ImageNet's: found before ingest, not after it.
-        facts = {"imagenet_network": config.train.network} if config.train.weights == "imagenet" else {}
+        # The weights a built-in network starts from, when they are ImageNet's: found before ingest, not after it (a
+        # network of the user's code fetches its own: the network check builds it).
+        facts = {"imagenet_network": config.train.network} if config.train.weights == "imagenet" and \
+            network_parts(config.train.network)[0] in ("builtin", "application") else {}
         return run_program(stage("preflight"), config, run, **facts)
     except StageError as error:
         if error.summary is None:
             raise
-        raise PreflightFailed(keep_result(stage("preflight"), error.summary, run), error.transient) from None
+        raise PreflightFailed(keep_result(stage("preflight"), error.summary, run), error.transient,
+                              error.settings) from None
 
 
 @stage_task("ingest")
@@ -293,13 +314,13 @@ def write_report(run: RunDir, skipped: str | None = None, failed: str | None = N
 class PreflightFailed(StageError):
     """A failed check, named with its finding and fix; retried when the store behind SOURCE did not answer."""
 
-    def __init__(self, summary: summaries.PreflightSummary, transient: bool = False):
+    def __init__(self, summary: summaries.PreflightSummary, transient: bool = False, settings: bool = False):
         first = next(check for check in summary.checks if check.status == "fail")
         reason = f"{first.name} failed: {first.summary}" + (f" (fix: {first.fix})" if first.fix else "")
-        if first.name != SOURCE_CHECK:  # skipping the checks does not make SOURCE readable
+        if first.name not in (SOURCE_CHECK, NETWORK_CHECK):  # skipping the checks makes neither work
             reason += "; fix it or skip the checks (`--no-preflight`, or `--set preflight=null`)"
         super().__init__(f"preflight failed: {reason}", summary.to_json(), stage="preflight", reason=reason,
-                         transient=transient)
+                         transient=transient, settings=settings)
 
 
 class ConfigurationError(ValueError):
@@ -356,6 +377,16 @@ def failure_line(state) -> str | None:
     except Exception:  # a result that cannot be read back says nothing
         return None
     return (getattr(error, "line", None) or str(error)) if isinstance(error, Exception) else None
+
+
+def refused_settings(state) -> bool:
+    """Whether a failed flow run failed on its settings: a configuration refused, or a stage program that refused
+    them (exit code 2: preflight's network check, say), before anything ran that a retry would need."""
+    try:
+        error = state.result(raise_on_failure=False)
+    except Exception:  # a result that cannot be read back says nothing
+        return False
+    return isinstance(error, ConfigurationError) or bool(getattr(error, "settings", False))
 
 
 def flow_run_id() -> str:

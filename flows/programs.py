@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 
 from components.common import processes
-from components.common.program import TRANSIENT, escape_logs, printable
+from components.common.program import BAD_SETTINGS, TRANSIENT, escape_logs, printable
 from components.common.runtime_logs import program_environment, tensorflow_lines_asked
 from components.contracts.results import ResultError
 from components.contracts.summaries import Progress, event
@@ -37,14 +37,15 @@ escape_logs("prefect.flow_runs", "prefect.task_runs")
 
 class StageError(RuntimeError):
     """A stage program that failed, timed out or printed no summary; the message says which. `reason`
-    is the program's own one-line error, and `transient` whether another try may succeed: the program
-    said so (exit code 75, components/common/program.py) or a signal ended it."""
+    is the program's own one-line error, `transient` whether another try may succeed: the program
+    said so (exit code 75, components/common/program.py) or a signal ended it; and `settings` whether
+    the program refused its settings (exit code 2), which `stoke run` exits with in turn."""
 
     def __init__(self, message: str, summary: dict | None = None, timed_out: bool = False, *, stage: str = "",
-                 reason: str = "", transient: bool = False):
+                 reason: str = "", transient: bool = False, settings: bool = False):
         super().__init__(printable(message))  # shown by Prefect's state messages and tracebacks
         self.summary, self.timed_out = summary, timed_out
-        self.stage, self.reason, self.transient = stage, printable(reason), transient
+        self.stage, self.reason, self.transient, self.settings = stage, printable(reason), transient, settings
 
     def __reduce__(self):  # a pickled copy (Prefect may persist a failed state's exception) keeps what retries read
         return _restored, (type(self), self.args[0], self.__dict__)
@@ -168,7 +169,7 @@ def _failed(name: str, code: int, summary: dict | None, last: str | None) -> Sta
     else:
         reason = (summary or {}).get("error") or last or f"exit code {code}"
     return StageError(f"{name} failed (exit code {code}): {reason}", summary, stage=name, reason=reason,
-                      transient=code == TRANSIENT or code < 0)
+                      transient=code == TRANSIENT or code < 0, settings=code == BAD_SETTINGS)
 
 
 def _signal_name(number: int) -> str:

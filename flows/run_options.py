@@ -8,8 +8,9 @@ import json
 
 from pydantic import BaseModel
 
-from components.common import config_files
+from components.common import config_files, network_code
 from components.common.config_files import model_of
+from components.contracts.config import check_network
 from components.contracts.presets import PRESETS
 from components.contracts.run_config import RunConfig, preset_problem
 
@@ -61,7 +62,29 @@ def config_from(args: argparse.Namespace, **options) -> RunConfig:
     hybrid = args.config and preset_problem(data, config.preset, args.config)
     if hybrid:
         raise config_files.ConfigError(hybrid)
-    return config
+    try:  # a file network beside the configuration, made the path the flow and a deployment carry
+        return network_code.located(config, network_code.folder_of(args.config))
+    except ValueError as error:
+        raise config_files.ConfigError(str(error)) from None
+
+
+def add_networks_argument(parser: argparse.ArgumentParser) -> None:
+    """`--network`, shared by `stoke up` and `stoke deploy`: the networks of code a run of the deployment may
+    choose in its parameters, beside its own train.network (flows/parameters.py check_network_choice)."""
+    parser.add_argument("--network", dest="networks", action="append", default=[], metavar="REFERENCE",
+                        help="a network a run of the deployment may choose (`prefect deployment run -p "
+                             "train='{\"network\": REFERENCE}'`) beside train.network: module:function, or "
+                             "path/to/file.py:function beside the configuration (repeatable; built-in networks "
+                             "need no listing)")
+
+
+def listed_networks(args: argparse.Namespace) -> list[str]:
+    """The --network references, each checked and found as train.network is (a file beside the configuration)."""
+    folder = network_code.folder_of(args.config)
+    try:
+        return [network_code.locate(check_network(reference), folder) for reference in args.networks]
+    except ValueError as error:
+        raise config_files.ConfigError(f"--network: {error}") from None
 
 
 def given_fields(config: BaseModel) -> dict:

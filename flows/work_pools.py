@@ -7,7 +7,7 @@
     kubernetes   a Kubernetes worker starts each flow run as a Job in the training image, with a
                  GPU request; create the pool from infra/prefect/kubernetes-job-template.json
 
-    stoke deploy --source S --root R [--config FILE] [--set GROUP.FIELD=VALUE ...] [--json]
+    stoke deploy --source S --root R [--config FILE] [--set GROUP.FIELD=VALUE ...] [--network REF ...] [--json]
 
 registers train/nightly and watch-bucket/poll (flows/deployments.py, the same schedules and
 trigger) to that pool, creating the pool when the server has none of that name, and the alerts of
@@ -211,10 +211,18 @@ def add_notifications_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from flows.run_options import POLL_SECONDS_MAX, add_config_arguments, bounded, config_from
+    from flows.run_options import (
+        POLL_SECONDS_MAX,
+        add_config_arguments,
+        add_networks_argument,
+        bounded,
+        config_from,
+        listed_networks,
+    )
 
     parser = argparse.ArgumentParser(prog="stoke deploy", description=__doc__.split("\n")[0])
     add_config_arguments(parser, source="option")  # ROOT as the flow-run containers see it
+    add_networks_argument(parser)
     parser.add_argument("--poll-seconds", type=bounded(float, 1, POLL_SECONDS_MAX), default=60,
                         help="how often watch-bucket lists SOURCE")
     parser.add_argument("--base-job-template", default=None,
@@ -234,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         beam_args = read_beam_args(args.beam_args_file) if args.beam_args_file else None
         config = config_from(args)
         names = deploy(config, pool, template, beam_args, poll_seconds=args.poll_seconds,
-                       notifications=args.notifications)
+                       notifications=args.notifications, networks=listed_networks(args))
     except ConfigError as error:  # the run configuration or a file an option names
         print(f"stoke deploy: error: {printable(str(error))}", file=sys.stderr)
         return BAD_SETTINGS

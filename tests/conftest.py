@@ -20,6 +20,7 @@ LONG_FILES = (
     "tests/flows/test_train_flow_s3.py",
     "tests/components/gate/test_gate.py",
     "tests/flows/test_train_flow.py",
+    "tests/flows/test_own_network.py",
     "tests/infra/test_prefect_postgres.py",
     "tests/flows/test_datacheck_flow.py",
     "tests/flows/test_cli.py",

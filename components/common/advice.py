@@ -3,6 +3,7 @@ fixes to try first. Training's warnings (components/train/trainer.py) and the re
 (components/report/alerts.py) say the same, from the same settings."""
 from __future__ import annotations
 
+from components.contracts.config import network_parts
 from components.contracts.presets import PRESETS
 
 # Fewer training images a class than this, and a network trained from scratch has little to learn from.
@@ -20,7 +21,10 @@ def causes_and_fixes(network: str | None, weights: str | None, per_class: int | 
     """The likely causes and the fixes, for a run of `network` from `weights` with about `per_class`
     training images a class (None: not known)."""
     causes, fixes = [], []
-    scratch, large = weights in (None, "none"), network not in (None, "small_cnn")
+    # Large: a network made for ImageNet (a built-in one but small_cnn, keras.applications'); of the user's
+    # own code, nothing is known.
+    scratch = weights in (None, "none")
+    large = network not in (None, "small_cnn") and network_parts(network)[0] in ("builtin", "application")
     if scratch and large:
         causes.append(f"{network} trained from scratch, a network made for millions of images")
         fixes.append("fine-tune pretrained weights (train.weights: imagenet, or the path of a local Keras .h5 such as "

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
-from components.common import config_files
+from components.common import config_files, network_code
 from components.common.config_files import argument_type, leaves
 from components.common.store_errors import transient
 from components.contracts import stages
@@ -79,6 +79,10 @@ def stage_config(name: str, args: argparse.Namespace) -> tuple[RunConfig, RunFac
     hybrid = args.config and preset_problem(data, config.preset, args.config)
     if hybrid:
         raise config_files.ConfigError(hybrid)
+    try:  # a file network beside the configuration (a run's config.json: the copy in its run folder)
+        config = network_code.located(config, network_code.folder_of(args.config))
+    except ValueError as error:
+        raise config_files.ConfigError(str(error)) from None
     from components.common.tf_files import folders_problem  # here: the cache's module names its fix with ours
 
     unreadable = folders_problem(config.shard_cache.dir)

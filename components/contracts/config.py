@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import typing
 import urllib.parse
 from typing import Annotated, Literal
 
@@ -19,9 +18,48 @@ from components.contracts.buckets import bucket_problem
 from components.contracts.results import QUALITY_ISSUES
 from components.contracts.secrets import without_secrets
 
-# The networks training can fit (components/train/models.py builds each).
-Network = Literal["small_cnn", "mobilenet_v3_small", "efficientnet_b0", "resnet50"]
-NETWORKS: tuple[str, ...] = typing.get_args(Network)
+# The networks Stoke names itself (components/common/builtin_networks.py builds each). train.network also takes
+# any of keras.applications' networks by name, and the user's own code: `module:function` (an importable module) or
+# `path/to/file.py:function` (a file beside the run configuration). Every kind enters training the same way: a
+# function of (number of classes, image size, weights) that returns a Keras model from uint8 images to logits
+# (components/common/networks.py, docs/train.md).
+NETWORKS: tuple[str, ...] = ("small_cnn", "mobilenet_v3_small", "efficientnet_b0", "resnet50")
+APPLICATIONS = "keras.applications."  # keras.applications.<Name>: one of tf_keras' applications, by its name
+IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+NETWORK_FORMS = (f"a built-in network ({', '.join(NETWORKS)}), keras.applications.<Name>, module:function or "
+                 "path/to/file.py:function beside the run configuration")
+
+
+def network_parts(reference: str) -> tuple[str, str, str | None]:
+    """(kind, where, function) of a train.network: ("builtin", name, None), ("application", Name, None),
+    ("module", "package.module", "function") or ("file", "path/to/file.py", "function"); a ValueError saying
+    what it may be otherwise. A file's path may be absolute, or a URI, only where a configuration's file
+    reference was found already (components/common/network_code.py locate); `..` never leaves a folder."""
+    if not isinstance(reference, str) or reference != reference.strip() or not reference:
+        raise ValueError(f"not a network: name {NETWORK_FORMS}")
+    if reference in NETWORKS:
+        return "builtin", reference, None
+    if reference.startswith(APPLICATIONS) and re.fullmatch(IDENTIFIER, reference[len(APPLICATIONS):]):
+        return "application", reference[len(APPLICATIONS):], None
+    where, colon, function = reference.rpartition(":")
+    if not colon or not re.fullmatch(IDENTIFIER, function):
+        raise ValueError(f"not a network: name {NETWORK_FORMS}")
+    if where.endswith(".py"):
+        if ".." in where.replace("\\", "/").split("/"):
+            raise ValueError(f"{where} leaves the configuration's folder ('..'): name a file in that folder or "
+                             "below it")
+        return "file", where, function
+    if re.fullmatch(rf"{IDENTIFIER}(\.{IDENTIFIER})*", where):
+        return "module", where, function
+    raise ValueError(f"not a network: name {NETWORK_FORMS}")
+
+
+def check_network(reference: str) -> str:
+    network_parts(reference)
+    return reference
+
+
+NetworkReference = Annotated[str, AfterValidator(check_network)]
 
 # A run id names a folder under ROOT/runs, and a model name a folder under ROOT/models and a URL path
 # segment of TF Serving: letters, digits and a few marks only, so no '..', '/' or scheme reaches
@@ -421,7 +459,11 @@ class TrainConfig(BaseModel):
 
     model_config = SETTINGS_CONFIG
 
-    network: Network | None = Field(None, description="network to train (default: the preset's)")
+    network: NetworkReference | None = Field(
+        None, description="network to train: a built-in one (small_cnn, mobilenet_v3_small, efficientnet_b0, "
+        "resnet50), keras.applications.<Name> (e.g. keras.applications.ConvNeXtTiny), or your own code, "
+        "module:function or path/to/file.py:function beside the run configuration (docs/train.md, Your own network); "
+        "default: the preset's")
     weights: Weights | None = Field(
         None, description="initial weights: none (from scratch), imagenet (keras.applications' ImageNet weights, from "
         "the Keras cache ~/.keras/models or downloaded) or the path of a local Keras .h5 weights file, e.g. the "

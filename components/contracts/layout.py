@@ -46,6 +46,9 @@ LABEL_ERRORS = "label_errors.png"  # beside the record: the first suspected labe
 SPAN_PATTERN = re.compile(r"^span-(\d{5,})$")
 METRICS = "metrics.json"  # in a run folder: written last by training, so its presence means finished
 WARMUP_FILE = "tf_serving_warmup_requests"  # TF Serving's name, in a run and in assets.extra/ of a version
+# In a run folder: a copy of the network code of the user's that the run trained with (its file, or its module's
+# package). A run's config.json names a file network by its copy here, `code/<file>.py:<function>`, beside it.
+CODE = "code"
 
 # Shard file suffix for each codec the ingest job can write; readers take the codec from the manifest.
 SHARD_SUFFIX = {"gzip": ".tfrecord.gz", "zlib": ".tfrecord.zz", "none": ".tfrecord"}
@@ -137,6 +140,7 @@ class RunDir:
         return join(self.uri, name)
 
     config = property(lambda self: self._file("config.json"))  # the run configuration, resolved, written first
+    code = property(lambda self: self._file(CODE))  # the network code of the user's the run trained with
     arrived = property(lambda self: self._file("arrived.txt"))  # files notifications announced: all ingest reads
     # training: backup (resume), tensorboard, the candidate, metrics last
     backup = property(lambda self: self._file("backup"))

@@ -42,7 +42,7 @@ class LineageSpan(Result):
 
 
 class Training(Result):
-    network: str
+    network: str  # its identity: its name, module:function or <file>.py:function
     image_size: int
     precision: str
     strategy: str
@@ -52,6 +52,7 @@ class Training(Result):
     train: LossAccuracy
     eval: LossAccuracy
     start: TrainStart | None = None  # warm or full, from which version (None: pushed before warm starts)
+    network_digest: str | None = None  # the SHA-256 of the network's code (None: pushed before it was recorded)
 
 
 class Blessing(Result):

@@ -318,7 +318,7 @@ class TrainMetrics(Result):
     run_id: str
     run_dir: str
     model_dir: str
-    network: str
+    network: str  # the network's identity: its name, module:function or <file>.py:function
     image_size: int
     labels: list[str]
     spans: list[int]
@@ -355,6 +355,7 @@ class TrainMetrics(Result):
     staging: dict | None = None  # the shard cache's record (common/shard_cache.py); None: TensorFlow read ROOT
     dropped_label_errors: int | None = None  # train records left out as suspected label errors; None: not asked to
     start: TrainStart | None = None  # None: a run from before warm starts
+    network_digest: str | None = None  # the SHA-256 of the network's code (None: a run from before it was recorded)
     environment: Environment | None = None  # None: a run from before environments were recorded
     untrained: list[str] = []  # classes of `labels` no record it trained on carries: it never answers them
 

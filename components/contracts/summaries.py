@@ -406,6 +406,7 @@ class TrainSection(Result):
     weights: str | None = None  # train.weights
     phases: list[TrainPhase] = []
     start: TrainStart | None = None  # warm or full (None: a run from before warm starts)
+    network_digest: str | None = None  # the SHA-256 of the network's code (None: a run from before it was recorded)
     environment: Environment | None = None  # None: a run from before Stoke recorded it
 
 

@@ -13,12 +13,14 @@ import sys
 from components.common import program
 from components.common.spans import Spans
 from components.common.store_errors import problem
-from components.contracts.config import PreflightConfig, ShardCacheConfig
+from components.contracts.config import PreflightConfig, ShardCacheConfig, TrainConfig
 from components.contracts.results import ResultError, SpanManifest
 from components.contracts.run_config import RunConfig
 from components.preflight.checks import Check, Report
 from components.preflight.gpus import gpu_check, tensorflow_check
 from components.preflight.limits import cpu_check, memlock_check, open_files_check, shm_check
+from components.preflight.network import NAME as NETWORK_CHECK
+from components.preflight.network import network_check
 from components.preflight.source import source_check
 from components.preflight.storage import disk_health, free_space, local_path, read_throughput, shard_cache, writable
 from components.preflight.weights import NAME as WEIGHTS_CHECK
@@ -30,20 +32,23 @@ def preflight(config: RunConfig, *, imagenet_network: str | None = None) -> Repo
     settings = config.preflight or PreflightConfig()  # a configuration that skips them, run by hand anyway
     return run_checks(config.root, source=config.source, require_gpu=settings.require_gpu,
                       min_read_mbps=settings.min_read_mbps, sample_mb=settings.sample_mb, cache=config.shard_cache,
-                      imagenet_network=imagenet_network)
+                      imagenet_network=imagenet_network, network=config.train)
 
 
 def run_checks(root: str, source: str | None = None, require_gpu: bool = False,
                min_read_mbps: float | None = None, *, sample_mb: int = 256,
                mounts_text: str | None = None, sys_root: str = "/sys",
                smartctl: str = "smartctl", cache: ShardCacheConfig | None = None,
-               imagenet_network: str | None = None) -> Report:
-    """Every preflight check for training from ROOT and ingesting from SOURCE, and for the ImageNet weights of
-    `imagenet_network` when training starts from them. SOURCE comes first, and alone when it fails: a run that
-    cannot read its input need not wait for TensorFlow's import to say so."""
+               imagenet_network: str | None = None, network: TrainConfig | None = None) -> Report:
+    """Every preflight check for training from ROOT and ingesting from SOURCE, for the ImageNet weights of
+    `imagenet_network` when training starts from them, and for the network `network` (train's settings) names.
+    SOURCE comes first, and alone when it fails: a run that cannot read its input need not wait for TensorFlow's
+    import to say so. The network next: a settings problem, said before the machine's."""
     found = [source_check(source)] if source else []
     if found and found[0].status == "fail":
         return Report(found)
+    if network is not None:
+        found.append(_guarded(NETWORK_CHECK, network_check, network, root))
     local_root = local_path(root)
     paths = {"ROOT": local_root} if local_root else {}
     if source and local_path(source):
@@ -124,7 +129,10 @@ def run(argv: list[str] | None = None) -> int:
     code = program.main("stoke preflight", args.json, work, describe)
     if code == 0 and done[0].failed:
         print(f"stoke preflight: {program.printable(done[0].failure_line())}", file=sys.stderr, flush=True)
-        # A store that did not answer may next time; a missing path or refused credentials will not.
-        transient = all(check.facts.get("transient") for check in done[0].failed)
-        return program.TRANSIENT if transient else program.FAILED
+        # A store that did not answer may next time; a missing path or refused credentials will not; a network that
+        # does not keep the contract is a setting to change.
+        failed = done[0].failed
+        if all(check.facts.get("transient") for check in failed):
+            return program.TRANSIENT
+        return program.BAD_SETTINGS if all(check.facts.get("settings") for check in failed) else program.FAILED
     return code

@@ -7,6 +7,7 @@ from __future__ import annotations
 import urllib.request
 
 from components.common import pretrained
+from components.contracts.config import APPLICATIONS
 from components.preflight.checks import Check
 
 NAME = "ImageNet weights"
@@ -14,6 +15,8 @@ TIMEOUT_SECONDS = 5.0  # as training's download: a firewall that drops packets c
 
 
 def imagenet_check(network: str, timeout: float = TIMEOUT_SECONDS) -> Check:
+    if network.startswith(APPLICATIONS):
+        return Check(NAME, "skip", f"{network} fetches its ImageNet weights into the Keras cache as training builds it")
     if network not in pretrained.IMAGENET:
         return Check(NAME, "fail", f"train.network {network} has no ImageNet weights",
                      "set train.weights to none or to a local Keras .h5 file")

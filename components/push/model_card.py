@@ -125,7 +125,8 @@ def render_markdown(card: ModelCard) -> str:
              "the version it replaced, the paired difference on the same records with its interval and McNemar's "
              "exact p-value, as the gate decided by them.", "",
              "## Evaluation data", "",
-             f"{card.example_count:,} eval records of spans {', '.join(str(s.span) for s in card.spans)} (the eval "
+             f"{card.example_count:,} eval records of span{'s' if len(card.spans) > 1 else ''} "
+             f"{', '.join(str(s.span) for s in card.spans)} (the eval "
              "split ingest set aside by content: no picture is in both splits).", "",
              "## Training data", "",
              "| span | created | train | eval | data check | source |", "| --- | --- | --- | --- | --- | --- |"]

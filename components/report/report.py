@@ -16,7 +16,8 @@ from components.common.files import exists, read_json, read_result, write_json, 
 from components.common.program import printable, scrubbed
 from components.common.spans import Spans
 from components.contracts import stages
-from components.contracts.layout import Root, RunDir
+from components.contracts.config import network_parts
+from components.contracts.layout import CODE, Root, RunDir
 from components.contracts.results import (
     Comparison,
     GateMetrics,
@@ -71,7 +72,7 @@ def build_report(run: RunDir, skipped: str | None = None, failed: str | None = N
             **train.model_dump(include={
                 "network", "spans", "epochs", "total_steps", "strategy", "precision", "xla", "replicas",
                 "global_batch_size", "images_per_sec", "train", "eval", "model_dir", "resumed_from_step", "weights",
-                "phases", "start", "environment"}),
+                "phases", "start", "network_digest", "environment"}),
             "input_bound": probe.input_bound,
             "input_images_per_sec": probe.input_images_per_sec,
             "model_images_per_sec": probe.model_images_per_sec_synthetic,
@@ -219,6 +220,7 @@ def _training_lines(t, plots: dict) -> list[str]:
              f"x{t.replicas} | {t.precision} | {figure(t.images_per_sec)} | "
              f"{figure(t.eval.accuracy, 4)} | {figure(t.eval.loss, 4)} |",
              ""]
+    lines += [_network_in_words(t), ""] if t.network_digest else []
     lines += [_start_in_words(t.start), ""] if t.start else []
     lines += [_phases_in_words(t), ""] if t.phases and t.phases[0].name != "all" else []
     lines += [f"Environment: {t.environment.in_words() if t.environment else 'not recorded'}.", ""]
@@ -240,6 +242,13 @@ def _training_lines(t, plots: dict) -> list[str]:
                       ""]
     return lines + [f"![{name}]({os.path.basename(uri)})" for name, uri in plots.items()
                     if name in ("curves", "throughput", "gpus")] + [""]
+
+
+def _network_in_words(t) -> str:
+    """The network and the SHA-256 of its code, its identity (components/common/networks.py)."""
+    kept = network_parts(t.network)[0] in ("module", "file")
+    return (f"Network `{t.network}`, its code's SHA-256 `{t.network_digest}`"
+            + (f"; the code it trained with is in `{CODE}/` beside this report." if kept else "."))
 
 
 def _start_in_words(start) -> str:

@@ -1,96 +1,31 @@
-"""The networks `stoke train` can fit, the weights they start from, and the candidate SavedModel.
+"""The network a run trains, the weights it starts from, and the candidate SavedModel.
 
-Every network takes uint8 [N, S, S, 3] images and returns logits. Each starts with the rescaling its
-architecture expects, so the input pipeline and the serving signature hand over raw pixels and never
-need to know which network is behind them. Augmentation (random crop, flip) happens in the input
-pipeline on the CPU, where it is nearly free. The logits layer computes in float32 under mixed
-precision: a float16 softmax over many classes underflows, and the loss must see float32 values.
+Every network enters through one contract (components/common/networks.py): a function of the number of
+classes, the image size and the weights that returns a Keras model from uint8 [N, S, S, 3] to logits. This
+module builds it for the run, compiles it with the recipe's optimizer, settles the weights it starts from and
+exports what it learnt under the serving signature.
 """
 from __future__ import annotations
 
 import os
-import socket
 
 import tensorflow as tf
 import tf_keras as keras
 
-from components.common import pretrained
+from components.common import networks, pretrained
+from components.common.builtin_networks import FETCH_TIMEOUT_SECONDS, fetch_timeout
 from components.common.files import is_uri
 from components.contracts import schema
-from components.contracts.config import NETWORKS
+from components.contracts.config import network_parts
 from components.train import TrainError
 from components.train.data import decode_eval
 
-# Caffe-style ImageNet means (BGR) that keras.applications' ResNet50 weights were trained with.
-RESNET_MEANS_BGR = (103.939, 116.779, 123.68)
 
-
-def build_model(name: str, num_classes: int, image_size: int, weights: str | None = None,
-                fine_tuning: bool = False) -> keras.Model:
-    """A Keras model under the current global mixed-precision policy, from `weights` (a local .h5
-    file, initial_weights) or from scratch. `fine_tuning` runs the backbone's batch normalization in
-    inference mode for good (recipe.py says why)."""
-    if name not in NETWORKS:
-        raise ValueError(f"unknown network {name!r}; choose one of {', '.join(NETWORKS)}")
-    inputs = keras.Input((image_size, image_size, 3), dtype="uint8", name="image")
-    if name == "small_cnn":
-        features = _small_cnn(keras.layers.Rescaling(1.0 / 255, name="rescale")(inputs))
-    else:
-        # The applications rescale 0..255 themselves (ResNet50 after the Caffe means below); only the dtype changes here.
-        pixels = keras.layers.Rescaling(1.0, name="to_float")(inputs)
-        if name == "resnet50":
-            pixels = keras.layers.Lambda(_caffe_preprocess, name="caffe_preprocess")(pixels)
-        base = _load(lambda: APPLICATIONS[name](shape=(image_size, image_size, 3), weights=weights), weights)
-        features = base(pixels, training=False) if fine_tuning else base(pixels)
-    features = keras.layers.Dropout(0.2, name="dropout")(features)
-    logits = keras.layers.Dense(num_classes, dtype="float32", name="logits")(features)
-    model = keras.Model(inputs, logits, name=name)
-    if name == "small_cnn" and weights:
-        # A file of a whole small_cnn (an earlier run's, say): layers match by name, the logits
-        # of another number of classes are left as initialised.
-        _load(lambda: model.load_weights(weights, by_name=True, skip_mismatch=True), weights)
-    return model
-
-
-# The keras.applications backbones, without their classifier, pooled to one feature vector.
-APPLICATIONS = {
-    "mobilenet_v3_small": lambda shape, weights: keras.applications.MobileNetV3Small(
-        input_shape=shape, include_top=False, weights=weights, pooling="avg", include_preprocessing=True),
-    "efficientnet_b0": lambda shape, weights: keras.applications.EfficientNetB0(
-        input_shape=shape, include_top=False, weights=weights, pooling="avg"),
-    "resnet50": lambda shape, weights: keras.applications.ResNet50(
-        input_shape=shape, include_top=False, weights=weights, pooling="avg"),
-}
-
-
-def backbone(model: keras.Model) -> keras.Model | None:
-    """The pretrained part of a model build_model made: its keras.applications network (None for small_cnn)."""
-    return next((layer for layer in model.layers if isinstance(layer, keras.Model)), None)
-
-
-def _load(load, path: str | None):
-    """Runs `load`; a weights file that does not fit the network is a one-line error."""
-    if path is None:
-        return load()
-    try:
-        return load()
-    except (ValueError, OSError) as exc:
-        raise ValueError(f"train.weights {path} does not fit this model: {str(exc).splitlines()[0]}") from None
-
-
-def _small_cnn(x):
-    """Three strided conv blocks: fast enough for tests and small data such as the demo digits."""
-    for index, filters in enumerate((32, 64, 128)):
-        x = keras.layers.Conv2D(filters, 3, strides=2, padding="same", use_bias=False, name=f"conv{index}")(x)
-        # Momentum 0.9, not Keras' 0.99: small data means few steps, and with 0.99 the moving
-        # variance is still mostly its initial 1.0 after a few hundred steps, which wrecks inference.
-        x = keras.layers.BatchNormalization(momentum=0.9, name=f"bn{index}")(x)
-        x = keras.layers.ReLU(name=f"relu{index}")(x)
-    return keras.layers.GlobalAveragePooling2D(name="pool")(x)
-
-
-def _caffe_preprocess(x):
-    return x[..., ::-1] - tf.constant(RESNET_MEANS_BGR, dtype=x.dtype)
+def build_model(network: str, num_classes: int, image_size: int, weights: str | None = None) -> keras.Model:
+    """The network `network` names under the current global mixed-precision policy, from `weights` (None, a
+    local .h5 file, or "imagenet" for a network that fetches its own: initial_weights), held to the contract;
+    a NetworkError (a ValueError) of one line when it cannot be."""
+    return networks.build(networks.load(network), num_classes, image_size, weights)
 
 
 def compile_model(model: keras.Model, optimizer, loss, jit_compile: bool, steps_per_execution: int):
@@ -111,27 +46,30 @@ def compile_model(model: keras.Model, optimizer, loss, jit_compile: bool, steps_
 # None, a local Keras .h5 file, or keras.applications' ImageNet weights. Settled with the plan, once the
 # spans are found and before any shard is staged or dataset built: a run that cannot have its weights
 # stops in seconds with one line naming the ways out, instead of after staging shards or, worse,
-# training from scratch a network that needs millions of images. ImageNet weights come from the Keras
-# cache when a copy there matches keras.applications' hash (components/common/pretrained.py, which
-# preflight reads too), else from keras.applications' own address, with a socket timeout: a machine
-# behind a firewall that drops packets waits seconds, not the minutes of the system's default.
-
-# Seconds any one connect or read of the download may block.
-FETCH_TIMEOUT_SECONDS = 5.0
-
+# training from scratch a network that needs millions of images. A built-in network's ImageNet weights come
+# from the Keras cache when a copy there matches keras.applications' hash (components/common/pretrained.py,
+# which preflight reads too), else from keras.applications' own address, with a socket timeout: a machine
+# behind a firewall that drops packets waits seconds, not the minutes of the system's default. A network
+# of keras.applications by name, or of the user's code, is handed "imagenet" and fetches its own as it is
+# built, into the same cache.
 
 def initial_weights(weights: str | None, network: str, timeout: float = FETCH_TIMEOUT_SECONDS) -> str | None:
-    """None (from scratch) or the local .h5 file `network` starts from; a TrainError saying why not.
-    The shape of train.weights (none, imagenet or the path of an .h5 file) is checked by its setting."""
+    """None (from scratch), the local .h5 file a built-in network starts from, or "imagenet" for a network that
+    fetches its own ImageNet weights as it is built (keras.applications by name, the user's code); a TrainError
+    saying why not. The shape of train.weights (none, imagenet or the path of an .h5 file) is checked by its
+    setting."""
     if weights is None:
         raise TrainError("train.weights is unset: none, imagenet or the path of a Keras .h5 file (a preset fills it)")
     if weights == "none":
         return None
     if weights == "imagenet":
-        if network not in pretrained.IMAGENET:
+        kind, name, _ = network_parts(network)
+        if kind != "builtin":
+            return weights
+        if name not in pretrained.IMAGENET:
             raise TrainError(f"train.network {network} has no ImageNet weights; set train.weights to none or a "
                              "weights file")
-        return imagenet_file(network, timeout)
+        return imagenet_file(name, timeout)
     if is_uri(weights) or not os.path.isfile(weights):
         raise TrainError(f"train.weights {weights}: no such local file (use none, imagenet or the path of a Keras "
                          ".h5 weights file)")
@@ -145,18 +83,15 @@ def imagenet_file(network: str, timeout: float = FETCH_TIMEOUT_SECONDS, origin: 
         return cached
     name, base, md5 = pretrained.IMAGENET[network]
     origin = origin or base + name
-    previous = socket.getdefaulttimeout()
-    socket.setdefaulttimeout(timeout)
     try:
-        return keras.utils.get_file(name, origin, cache_dir=pretrained.keras_homes()[0], cache_subdir="models",
-                                    file_hash=md5)
+        with fetch_timeout(timeout):
+            return keras.utils.get_file(name, origin, cache_dir=pretrained.keras_homes()[0], cache_subdir="models",
+                                        file_hash=md5)
     except Exception as exc:  # urllib's and get_file's errors, all of them: one line for the user either way
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise TrainError(f"train.weights imagenet: {network}'s ImageNet weights are not in the Keras cache "
                          f"({pretrained.cache_path(network)}) and could not be fetched from {origin} "
                          f"({reason}); " + pretrained.WAYS_OUT.format(file=name)) from None
-    finally:
-        socket.setdefaulttimeout(previous)
 
 
 # ---------------------------------------------------------------- the candidate SavedModel

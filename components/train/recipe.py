@@ -1,7 +1,8 @@
 """How a run learns: its phases, the learning-rate schedule, AdamW, label smoothing and the weight average.
 
-From scratch (or a whole small_cnn from a file), one phase trains everything. From
-a pretrained backbone, the transfer recipe of Keras' guide "Transfer learning & fine-tuning"
+From scratch, or from weights of a network that names no backbone (a whole small_cnn from a file, say), one
+phase trains everything. From a pretrained backbone (the part a network's function returns beside its model:
+components/common/networks.py), the transfer recipe of Keras' guide "Transfer learning & fine-tuning"
 (keras.io/guides/transfer_learning), which is what a few hundred photos need:
 
 1. `head`: the backbone frozen (trainable = False), only the new head (dropout, logits) learns, at
@@ -12,9 +13,10 @@ a pretrained backbone, the transfer recipe of Keras' guide "Transfer learning & 
    the guide's reason is that the model is now much larger than the data, so large updates overfit
    at once; the pretrained features should only be nudged.
 
-In both phases the backbone's batch normalization stays in inference mode (build_model(fine_tuning=True)
-calls it with training=False), as the guide insists: unfrozen batch-norm layers would replace
-ImageNet's moving statistics with those of a few small batches and undo what the model learned.
+In both phases the backbone's batch normalization stays in inference mode (the built-in networks call a
+backbone started from weights with training=False, as a network of the user's should), as the guide insists:
+unfrozen batch-norm layers would replace ImageNet's moving statistics with those of a few small batches and
+undo what the model learned.
 
 Each phase is its own compile() and fit(): the guide recompiles after changing `trainable`, since
 compile() fixes which weights a model trains, and a new optimizer keeps Adam's moments, weight decay
@@ -37,8 +39,9 @@ import math
 import tensorflow as tf
 import tf_keras as keras
 
+from components.common.networks import backbone
 from components.contracts.config import TrainConfig
-from components.train.models import backbone, compile_model
+from components.train.models import compile_model
 
 # Cosine decay ends at this share of the peak rate: near zero, so the last steps only settle.
 FINAL_FRACTION = 0.01
@@ -64,9 +67,9 @@ class Phase:
         return self.first_epoch + self.epochs
 
 
-def pretrained(train: TrainConfig) -> bool:
-    """Whether the run starts a keras.applications backbone from weights (the transfer recipe)."""
-    return train.weights not in (None, "none") and train.network != "small_cnn"
+def pretrained(train: TrainConfig, has_backbone: bool) -> bool:
+    """Whether the run starts a network's backbone from weights (the transfer recipe)."""
+    return train.weights not in (None, "none") and has_backbone
 
 
 # A warm run (warm.py) fine-tunes the served network on the new data and a replay sample: one phase, every
@@ -81,24 +84,25 @@ WARM_RATE_SHARE = 1 / 3
 WARM_WARMUP_SHARE = 0.05
 
 
-def warm_rate(train: TrainConfig) -> float:
+def warm_rate(train: TrainConfig, has_backbone: bool) -> float:
     """A warm run's peak learning rate: train.warm_learning_rate, else a third of train.learning_rate (a
     pretrained backbone: train.fine_tune_learning_rate)."""
     if train.warm_learning_rate is not None:
         return train.warm_learning_rate
-    return train.fine_tune_learning_rate if pretrained(train) else train.learning_rate * WARM_RATE_SHARE
+    return train.fine_tune_learning_rate if pretrained(train, has_backbone) else train.learning_rate * WARM_RATE_SHARE
 
 
-def plan_phases(train: TrainConfig, epochs: int, steps_per_epoch: int, warm: bool = False) -> list[Phase]:
-    """The phases of a run of `epochs` epochs: one, or the head then fine-tuning (either may be empty);
-    a warm run is one phase that trains everything at the warm rate."""
+def plan_phases(train: TrainConfig, epochs: int, steps_per_epoch: int, *, warm: bool = False,
+                has_backbone: bool) -> list[Phase]:
+    """The phases of a run of `epochs` epochs of a network with or without a backbone: one, or the head then
+    fine-tuning (either may be empty); a warm run is one phase that trains everything at the warm rate."""
     if warm:
         steps = epochs * steps_per_epoch
         warmup = min(warmup_steps(train.lr_warmup_epochs, steps_per_epoch, steps),
                      int(steps * WARM_WARMUP_SHARE)) if train.schedule == "cosine" else 0
-        return [Phase(name="all", first_epoch=0, epochs=epochs, steps=steps, learning_rate=warm_rate(train),
-                      warmup=warmup)]
-    if not pretrained(train):
+        return [Phase(name="all", first_epoch=0, epochs=epochs, steps=steps,
+                      learning_rate=warm_rate(train, has_backbone), warmup=warmup)]
+    if not pretrained(train, has_backbone):
         return [_phase(train, "all", 0, epochs, steps_per_epoch, train.learning_rate)]
     head = min(epochs, -(-epochs // 3) if train.head_epochs is None else train.head_epochs)
     phases = [_phase(train, "head", 0, head, steps_per_epoch, train.learning_rate)] if head else []

@@ -31,7 +31,7 @@ from collections.abc import Callable
 import tensorflow as tf
 import tf_keras as keras
 
-from components.common import advice, environment, plots, program, shard_digests
+from components.common import advice, environment, networks, plots, program, shard_digests
 from components.common.files import check_writable, exists, read_result, remove, write_json
 from components.common.local_copies import UnsafeKey
 from components.common.program import setting_hint
@@ -50,7 +50,7 @@ from components.contracts.results import BackupStart, ResultError, TrainMetrics
 from components.contracts.run_config import RunConfig, RunFacts
 from components.contracts.summaries import Progress
 from components.train import TrainError, data, measure, recipe, warm
-from components.train.models import backbone, build_model, export_candidate, initial_weights
+from components.train.models import export_candidate, initial_weights
 from components.train.placement import Placement, place
 from components.train.recipe import Phase
 
@@ -100,6 +100,10 @@ def train(config: RunConfig, *, run_id: str | None = None,
     mine = plan.work if chief else RunDir(tempfile.mkdtemp(prefix="stoke-worker-"))
     try:
         model, train_data, eval_data = build(config.train, plan)
+        # The phases follow the network's backbone, which its function returns with the model.
+        plan = dataclasses.replace(plan, phases=recipe.plan_phases(
+            config.train, plan.epochs, plan.steps_per_epoch, warm=plan.start.warm,
+            has_backbone=networks.backbone(model) is not None))
         resume_from(plan.run, plan.work)
         fitted = fit(config.train, plan, model, train_data, eval_data, mine, progress if chief else None)
         same_inputs(plan)  # the candidate is exported only from the files checked (a resumed run may fit no epoch)
@@ -115,6 +119,7 @@ def train(config: RunConfig, *, run_id: str | None = None,
                                         steps=fitted.total_steps - fitted.resumed_from_step)
         metrics = summarize(config.train, plan, fitted, probe, data.service_at_end(plan.data_service))
         if chief:
+            networks.keep(plan.network, plan.run)  # the user's code it trained with, beside its record
             upload_candidate(plan.work, plan.run)
             _plot_curves(fitted.history, plan.run.curves)
             write_json(plan.run.metrics, metrics.to_json())  # last: its presence marks the run finished
@@ -145,17 +150,21 @@ class RunPlan:
     eval_records: int
     train_records: int
     epochs: int  # train.epochs, or the fewest that make train.min_steps
-    phases: list[Phase]  # one from scratch, head then fine_tune from pretrained weights
+    network: networks.Code  # what train.network names: its code, loaded, and the SHA-256 of that code
     staging: dict | None  # the shard cache's report, when ROOT is read through local copies
     start: warm.Start  # from the served model's weights (warm) or afresh (full), and why
     new_records: int  # train records of the spans new to the served model (a full run: all of them)
     replay_records: int = 0  # history records a warm run replays
     data_service: dict | None = None  # the tf.data service training reads from: address, mode, workers
-    weights_file: str | None = None  # the file the network starts from (models.initial_weights); None: scratch
+    # the weights the network is built from (models.initial_weights; None: scratch); a warm run restores the
+    # served version's over them
+    weights_file: str | None = None
     # (span, image/source) of train records left out: suspected label errors, the history a warm run does not replay
     excluded: tuple[tuple[int, str], ...] = ()
     label_errors: int = 0  # of them, the suspected label errors
     watched: shard_digests.Watched | None = None  # the files this worker reads, as they were checked
+    # one from scratch, head then fine_tune from a pretrained backbone: set once the network is built
+    phases: list[Phase] = dataclasses.field(default_factory=list)
     untrained: list[str] = dataclasses.field(default_factory=list)  # classes of `labels` no record carries
 
     @property
@@ -169,9 +178,12 @@ def make_plan(config: RunConfig, run_id: str | None) -> RunPlan:
     placement = place(settings, run_id)
     service = connect_service(settings)
     run, train_shards, eval_shards, labels = find_data(config, run_id)
+    network = load_network(settings.network)
     start = warm.decide(config, labels, {s.span: s.manifest_sha256 for s in train_shards})
-    # Before staging a shard or building a dataset: a run that cannot have its weights stops in seconds.
-    weights_file = None if start.warm else initial_weights(settings.weights, settings.network)
+    # Before staging a shard or building a dataset: a run that cannot have its weights stops in seconds. A warm run
+    # builds the network as a full one would (a backbone from weights runs its batch norm as it did), then
+    # restores the served version's weights over them.
+    weights_file = initial_weights(settings.weights, settings.network)
     try:
         train_shards, eval_shards, staging, watched = as_published(config, train_shards, eval_shards, placement)
         work = work_dir(config, run)
@@ -209,10 +221,18 @@ def make_plan(config: RunConfig, run_id: str | None) -> RunPlan:
         train_shards=train_shards, eval_shards=eval_shards,
         corrupt=corrupt, batch_size=batch_size, global_batch=global_batch, steps_per_epoch=steps_per_epoch,
         validation_steps=data.eval_steps(eval_counts, placement.workers, global_batch),
-        eval_records=sum(eval_counts), train_records=train_records, epochs=epochs,
-        phases=recipe.plan_phases(settings, epochs, steps_per_epoch, warm=start.warm), staging=staging,
+        eval_records=sum(eval_counts), train_records=train_records, epochs=epochs, network=network, staging=staging,
         start=start, new_records=new_records, replay_records=replay.records if replay else 0, data_service=service,
         weights_file=weights_file, excluded=excluded, label_errors=len(label_errors), watched=watched)
+
+
+def load_network(reference: str):
+    """The code of the network the run trains, loaded: a module that does not import, or a file that does not
+    run, stops the run in one line before any shard is read."""
+    try:
+        return networks.load(reference)
+    except networks.NetworkError as exc:
+        raise TrainError(str(exc)) from None
 
 
 def run_epochs(settings: TrainConfig, steps_per_epoch: int) -> int:
@@ -345,9 +365,8 @@ def build(settings: TrainConfig, plan: RunPlan):
                  if plan.validation_steps else None)
     with strategy.scope():
         try:
-            model = build_model(settings.network, len(plan.labels), settings.image_size, plan.weights_file,
-                                fine_tuning=recipe.pretrained(settings))
-        except ValueError as exc:
+            model = networks.build(plan.network, len(plan.labels), settings.image_size, plan.weights_file)
+        except ValueError as exc:  # a NetworkError, or weights that do not fit
             raise TrainError(str(exc)) from None
         if plan.start.warm:  # a backup, when there is one, restores over these as fit() begins
             warm.restore(model, plan.start)
@@ -438,7 +457,7 @@ def fit(settings: TrainConfig, plan: RunPlan, model, train_data, eval_data, mine
 
 def _phase_record(model, phase: Phase, resumed: int) -> dict:
     """The phase as metrics.json records it (results.TrainPhase)."""
-    frozen_statistics = phase.name != "all" and backbone(model) is not None
+    frozen_statistics = phase.name != "all" and networks.backbone(model) is not None
     return {"name": phase.name, "epochs": phase.epochs, "first_epoch": phase.first_epoch + 1, "steps": phase.steps,
             "peak_learning_rate": phase.learning_rate, "warmup_steps": phase.warmup,
             "trainable_parameters": recipe.trainable_parameters(model),
@@ -678,7 +697,8 @@ def summarize(settings: TrainConfig, plan: RunPlan, fitted: Fitted, probe: dict,
         "run_id": plan.run.run_id,
         "run_dir": plan.run.uri,
         "model_dir": plan.run.candidate,
-        "network": settings.network,
+        "network": plan.network.identity,
+        "network_digest": plan.network.digest,
         "image_size": settings.image_size,
         "labels": plan.labels,
         "untrained": plan.untrained,
@@ -708,7 +728,7 @@ def summarize(settings: TrainConfig, plan: RunPlan, fitted: Fitted, probe: dict,
         "best_epoch": _best_epoch(epochs, first=fitted.resumed_from_step // plan.steps_per_epoch + 1),
         "warnings": warnings(settings, plan, epochs),
         "weights": settings.weights,
-        "weights_file": plan.weights_file,
+        "weights_file": None if plan.start.warm else plan.weights_file,
         "start": start_record(plan),
         "environment": environment.record(),
         "phases": fitted.phases,

@@ -11,7 +11,8 @@ examples replayed beside the new ones holds most of the old accuracy).
 A full retrain instead when:
 - train.warm_start is off, or nothing is served, or the served version has no lineage to compare with;
 - the network, the image size or the label set changed (the served weights do not fit, or a new class
-  needs its logits learnt from all the data);
+  needs its logits learnt from all the data); a network is its identity and the SHA-256 of its code
+  (components/common/networks.py), so an edit of the network's code is a full retrain too;
 - no checked span is new to the served model (a rerun on the same data is asked for a reason); a span is
   new unless the served version's lineage names its number with its manifest's SHA-256;
 - the inputs changed, on evidence: a new span a person released after its data check quarantined it
@@ -39,6 +40,7 @@ import tempfile
 
 import tensorflow as tf
 
+from components.common import networks
 from components.common.repository import Repository, RepositoryError
 from components.common.spans import Spans
 from components.common.tf_files import pull, tf_reads
@@ -95,7 +97,7 @@ def decide(config: RunConfig, labels: LabelSet, spans: dict[int, str]) -> Start:
         return full(f"no version of {config.model_name} is served")
     if lineage is None:
         return full(f"served version {version} has no lineage to compare with")
-    changed = _changed(lineage, settings.network, settings.image_size, labels)
+    changed = _changed(lineage, networks.load(settings.network), settings.image_size, labels)
     if changed:
         return full(f"{changed} since served version {version}")
     learnt = lineage.trained_on()
@@ -116,11 +118,15 @@ def decide(config: RunConfig, labels: LabelSet, spans: dict[int, str]) -> Start:
                  new_spans=new, replay_spans=tuple(n for n in sorted(spans) if n not in new), warm_runs_since_full=since + 1)
 
 
-def _changed(lineage: Lineage, network: str, image_size: int, labels: LabelSet) -> str | None:
+def _changed(lineage: Lineage, network: networks.Code, image_size: int, labels: LabelSet) -> str | None:
     """What differs between the served model and this run, in words; None when nothing does. A class the run
     keeps an id for without a record (a held span's) is no new class: neither model answers it."""
-    if lineage.training.network != network:
-        return f"train.network changed from {lineage.training.network} to {network}"
+    served = lineage.training
+    if served.network != network.identity:
+        return f"train.network changed from {served.network} to {network.identity}"
+    if served.network_digest != network.digest:
+        return (f"network code changed (SHA-256 {served.network_digest[:12]} to {network.digest[:12]})"
+                if served.network_digest else "network code unrecorded (no SHA-256 of it in the lineage)")
     if lineage.training.image_size != image_size:
         return f"train.image_size changed from {lineage.training.image_size} to {image_size}"
     served = lineage.label_set

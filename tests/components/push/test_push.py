@@ -574,6 +574,7 @@ def test_each_pushed_version_has_a_model_card_that_agrees_with_the_gate_and_the_
     headings = [line[3:] for line in text.splitlines() if line.startswith("## ")]
     assert headings == ["Model details", "Intended use", "Factors", "Metrics", "Evaluation data", "Training data",
                         "Quantitative analyses", "Caveats and recommendations"]
+    assert f"{card.example_count} eval records of span 1 (the eval split" in text
     first = card.classes[0]
     assert f"| {first.label} | {first.train_records} | {first.eval_records} | {first.right} | {first.accuracy:.2f} |" in text
     served = os.path.join(trained_runs["root"], "serving", "models", "stoke", str(card.version), "assets.extra")

@@ -10,10 +10,11 @@ from components.report.report import _training_lines
 PHASE = {"warmup_steps": 8, "batch_norm": "inference", "resumed_from_step": 0}
 
 
-def _section(phases, weights="imagenet", start=None, environment=None):
+def _section(phases, weights="imagenet", start=None, network="efficientnet_b0", network_digest=None,
+             environment=None):
     probe = {"input_bound": False}
-    return SimpleNamespace(network="efficientnet_b0", spans=[1], epochs=30, total_steps=240, strategy="one_device",
-                           replicas=1, precision="float32", images_per_sec=50.0, verdict="not measured",
+    return SimpleNamespace(network=network, network_digest=network_digest, spans=[1], epochs=30, total_steps=240,
+                           strategy="one_device", replicas=1, precision="float32", images_per_sec=50.0, verdict="not measured",
                            eval=SimpleNamespace(accuracy=0.9, loss=0.3), shards=None, data_service=None, profiler=None,
                            weights=weights, phases=[TrainPhase(**PHASE, **p) for p in phases], start=start,
                            environment=environment, **probe)
@@ -53,6 +54,16 @@ def test_a_full_retrain_says_why():
                        new_spans=[1, 2], replay_spans=[], new_records=80, replay_records=0, warm_runs_since_full=0)
     lines = _training_lines(_section(ALL, "none", start), {})
     assert "Full retrain: new class grey since served version 7." in lines
+
+
+def test_the_network_is_named_with_the_sha256_of_its_code():
+    digest = "3d0b9045e98be68688ba5ca6fdd7578a6d95e4f6984c91b06b4ef5dc686d3d81"
+    own = _training_lines(_section([], "none", network="residual.py:network", network_digest=digest), {})
+    assert (f"Network `residual.py:network`, its code's SHA-256 `{digest}`; the code it trained with is in `code/` "
+            "beside this report.") in own
+    assert f"Network `small_cnn`, its code's SHA-256 `{digest}`." in _training_lines(
+        _section([], "none", network="small_cnn", network_digest=digest), {})
+    assert not any(line.startswith("Network") for line in _training_lines(_section([], "none"), {}))  # none recorded
 
 
 def test_the_environment_is_said_in_a_line_or_said_to_be_unrecorded():

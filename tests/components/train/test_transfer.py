@@ -125,13 +125,14 @@ def test_a_run_killed_while_fine_tuning_resumes_fine_tuning(resumed):
     ("/w.h5", "mobilenet_v3_small", 30, [("head", 0, 30, 3e-3)]),  # as many as the epochs: the head alone
     ("/w.h5", "mobilenet_v3_small", 40, [("head", 0, 30, 3e-3)]),
     ("none", "efficientnet_b0", None, [("all", 0, 30, 3e-3)]),
-    ("/small_cnn.h5", "small_cnn", None, [("all", 0, 30, 3e-3)]),  # a whole small_cnn: no backbone to freeze
+    ("/small_cnn.h5", "small_cnn", None, [("all", 0, 30, 3e-3)]),  # a whole small_cnn: it names no backbone
 ])
 def test_the_phases_follow_the_weights_and_head_epochs(weights, network, head_epochs, phases):
     from components.contracts.config import TrainConfig
     from components.train.recipe import plan_phases
 
-    planned = plan_phases(TrainConfig(network=network, weights=weights, head_epochs=head_epochs), 30, 8)
+    planned = plan_phases(TrainConfig(network=network, weights=weights, head_epochs=head_epochs), 30, 8,
+                          has_backbone=network != "small_cnn")
     assert [(p.name, p.first_epoch, p.epochs, p.learning_rate) for p in planned] == phases
     assert all(p.steps == 8 * p.epochs and p.warmup == min(8, p.steps // 5) for p in planned)
 
