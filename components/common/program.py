@@ -131,12 +131,11 @@ def own_temporary_folder(prog: str) -> Iterator[str]:
     """A new folder under the temporary folder this process was given, made the temporary folder of this process
     (tempfile) and of the processes it starts (TMPDIR) while the block runs, and removed with all in it as the
     process exits, however it exits but killed: what a program and its libraries leave there goes with it.
-    Beam's DirectRunner leaves four empty folders on each job (Beam 2.77, apache_beam/runners/direct/
-    direct_runner.py: the PrismRunner it tries first, on a machine that cannot download Prism's binary, makes
-    them and never removes them); `beam-requirements-cache` among them is a cache of pip downloads Beam keeps
-    for a `--requirements_file` (apache_beam/runners/portability/stager.py), which a deployment that stages one
-    keeps across runs with Beam's own `--requirements_cache=FOLDER`. Removed at exit, not as the block ends:
-    the exit handlers of what used it, registered later, run first (a Prism job server removes its own folder
+    A Beam job handed to a job service (`--runner PortableRunner`, PrismRunner; Beam 2.77) leaves three or four
+    folders on each job and never removes them; `beam-requirements-cache` among them is a cache of pip downloads
+    Beam keeps for a `--requirements_file` (apache_beam/runners/portability/stager.py), which a deployment that
+    stages one keeps across runs with Beam's own `--requirements_cache=FOLDER`. Removed at exit, not as the block
+    ends: the exit handlers of what used it, registered later, run first (a Prism job server removes its own folder
     and stops its process in one, and does neither once its folder is gone). A program killed outright cannot
     remove its folder: the flow that started it does (flows/programs.py)."""
     try:

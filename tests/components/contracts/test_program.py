@@ -59,8 +59,8 @@ for then in sys.argv[1:]:
 @pytest.mark.parametrize("ends", [["beam_job", "refused"], ["crashed"]])
 def test_a_program_leaves_nothing_in_the_temporary_folder(tmp_path, ends):
     """What a program and the processes it starts put in the temporary folder goes as it ends, whether it did its
-    work, refused it in one line or crashed. A Beam job on DirectRunner (the ingest job, the gate's TFMA) leaves
-    four empty folders there as Beam tries its PrismRunner first."""
+    work, refused it in one line or crashed. A Beam job on Beam's own DirectRunner leaves four folders there as it
+    tries its PrismRunner first, as a job handed to any job service does."""
     import os
     import subprocess
     import sys
