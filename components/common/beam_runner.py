@@ -5,9 +5,9 @@ Beam 2.77's DirectRunner (apache_beam/runners/direct/direct_runner.py, Switching
 hands a batch job to its PrismRunner, whose binary it downloads from github.com as the job starts
 (apache_beam/runners/portability/prism_runner.py, with no timeout), and runs it on the FnApiRunner only when that
 fails. Offline the download fails at once; on a network that drops github.com's packets it waits without end;
-with internet the job runs on Prism, where nothing of the FnApiRunner's that the ingest job sets (its data
-plane flushed by size, its worker threads, progress counted on this process's threads: beam_jobs/job.py)
-applies. So a local job runs on the FnApiRunner, made as DirectRunner makes it (Stoke's jobs are batch jobs,
+with internet the job runs on Prism, which none of the ingest job's tuning of the FnApiRunner reaches (its data
+plane flushed by size, its worker threads, progress counted on this process's threads: beam_jobs/job.py).
+So a local job runs on the FnApiRunner, made as DirectRunner makes it (Stoke's jobs are batch jobs,
 which DirectRunner hands the FnApiRunner: it keeps its older runner for streaming ones). Not `--runner FnApiRunner`:
 that one reads `direct_num_workers` and `direct_running_mode` the same way, but Beam makes it without the job's
 options, which DirectRunner puts in the provision info its workers are started with (the options a
@@ -19,7 +19,7 @@ from __future__ import annotations
 def runner_for(options):
     """The runner for Beam `options`: for DirectRunner, however it is named (`direct`, its module path, none
     at all), the FnApiRunner that DirectRunner falls back to, given `options` as it gives them; any other (the
-    PrismRunner too, when asked for by name) as Beam's Pipeline makes it from its name."""
+    PrismRunner too, when asked for by name) as Beam's Pipeline makes it from its name (create_runner)."""
     from apache_beam.options.pipeline_options import StandardOptions
     from apache_beam.portability.api import beam_provision_api_pb2
     from apache_beam.runners.direct.direct_runner import SwitchingDirectRunner

@@ -50,8 +50,9 @@ def test_a_runner_asked_for_by_name_is_the_one_beam_makes(name):
 
 
 def test_beams_own_direct_runner_tries_prism_first_and_a_local_job_never_does(monkeypatch):
-    """Why a local job names its runner (components/common/beam_runner.py), and that `prism_tried` sees a job
-    that tries Prism: when a Beam upgrade stops DirectRunner trying it first, this fails and says so."""
+    """Why a local job is handed to the FnApiRunner itself (components/common/beam_runner.py), and that
+    `prism_tried` sees a job that tries Prism: when a Beam upgrade stops DirectRunner trying it first, this
+    fails and says so."""
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
     from apache_beam.testing.util import assert_that, equal_to
