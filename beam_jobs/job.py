@@ -13,6 +13,7 @@ from contextlib import contextmanager, nullcontext
 from beam_jobs import bounded
 from beam_jobs.progress import Shown
 from beam_jobs.sources import Source
+from components.common.beam_runner import runner_for
 from components.common.files import join, write_text
 from components.contracts.config import IngestConfig
 from components.contracts.summaries import Progress
@@ -76,9 +77,10 @@ def run_pipeline(chunks: list[str], staging: str, config: IngestConfig, pipeline
 
             _flushed_by_size()
             options = pipeline_options(pipeline_args)
+            runner = runner_for(options)
 
             def job():
-                with beam.Pipeline(options=options) as pipeline:
+                with beam.Pipeline(runner=runner, options=options) as pipeline:
                     build(pipeline, chunks, staging, config, conversion, processes)
 
             bounded.run(job)
@@ -140,7 +142,8 @@ def _flushed_by_size() -> None:
 
 
 def pipeline_options(pipeline_args: list[str]):
-    """Beam options as given; without a runner, DirectRunner with one worker thread per core.
+    """Beam options as given; without a runner, DirectRunner with one worker thread per core (run on Beam's
+    FnApiRunner: components/common/beam_runner.py).
 
     Threads, not DirectRunner's worker processes, which import all of Beam each and hand every element
     across gRPC: the conversion that holds the GIL goes to beam_jobs/image_pool.py's processes, and the

@@ -40,6 +40,7 @@ def programs() -> dict[str, tuple[str, str]]:
 BENCHES = {
     "input": "benchmarks.input_pipeline",
     "month": "benchmarks.month",
+    "year": "benchmarks.year",
 }
 
 

@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -72,11 +73,15 @@ def run_stage(name: str, module: str, argv: list[str], *, timeout: float, logger
     (stdout at INFO, stderr at INFO too: Beam and TensorFlow write their own progress there), but for
     the program's own error line (`stoke NAME: ...` on stderr, last before a failed exit), which goes at
     DEBUG: the StageError raised carries it, and whoever reports the failure says it once. Raises
-    StageError on a non-zero exit, on timeout (after killing the whole process group) or without a summary."""
+    StageError on a non-zero exit, on timeout (after killing the whole process group) or without a summary.
+    The program's temporary folder (TMPDIR) is its own, removed once it ended, however it ended."""
     command = [sys.executable, "-m", module, *argv]
     logger.info("%s: %s", name, " ".join(command[1:]))
     lines: queue.Queue = queue.Queue()
-    process = _started(command, lines, env, pass_fds)
+    # The program's temporary folder (TMPDIR), removed once it ended: a program removes its own as it exits
+    # (components/common/program.py), but one killed outright (a timeout's SIGKILL, the OOM killer) cannot.
+    scratch = tempfile.TemporaryDirectory(prefix=f"stoke-{name}-", ignore_cleanup_errors=True)
+    process = _started(command, lines, {**(env or {}), "TMPDIR": scratch.name}, pass_fds)
     deadline = time.monotonic() + timeout
     last_json, tail, said, open_streams = None, [], None, 2  # said: the last line on stderr
     own = f"stoke {name}: "
@@ -127,6 +132,8 @@ def run_stage(name: str, module: str, argv: list[str], *, timeout: float, logger
         # Cancelled, timed out or interrupted: never leave a trainer holding the GPU behind us.
         processes.stop(process, KILL_GRACE_SECONDS)
         raise
+    finally:
+        scratch.cleanup()
     log_held(logging.DEBUG if code != 0 else logging.INFO)
 
     summary = _parse(last_json)

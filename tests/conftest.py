@@ -14,6 +14,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 # read it come up. --durations says how long each takes; a stale order costs minutes, never a result.
 # The rest keep their collection order (--no-loadscope-reorder).
 LONG_FILES = (
+    "tests/benchmarks/test_year.py",
     "tests/components/train/test_transfer.py",
     "tests/components/train/test_train.py",
     "tests/flows/test_photos.py",

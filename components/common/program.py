@@ -1,16 +1,21 @@
 """The edges every stage program shares: settings from a file and the command line (one option per
-setting, generated from its model), one-line errors, progress events, and the summary as one JSON
-object on the last line of stdout, which is what `stoke` and the flows read."""
+setting, generated from its model), one-line errors, progress events, a temporary folder of its own, and
+the summary as one JSON object on the last line of stdout, which is what `stoke` and the flows read."""
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import errno
 import json
 import logging
+import os
+import shutil
 import sys
+import tempfile
 import threading
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
@@ -99,9 +104,11 @@ def stage_config(name: str, args: argparse.Namespace) -> tuple[RunConfig, RunFac
 def main(prog: str, as_json: bool, work: Callable[[], Result | dict], describe: Callable[[dict], str],
          errors: tuple[type[Exception], ...] = (), failed: Result | None = None) -> int:
     """Runs `work` and prints its summary, or one error line on stderr (and `failed` with the error
-    as the JSON line) for bad settings and for the `errors` that mean the work could not be done."""
+    as the JSON line) for bad settings and for the `errors` that mean the work could not be done. The work
+    runs in a temporary folder of its own (`own_temporary_folder`)."""
     try:
-        summary = work()
+        with own_temporary_folder(prog):
+            summary = work()
     except ValidationError as error:
         return _fail(prog, as_json, settings_message(error), failed, BAD_SETTINGS)
     except config_files.ConfigError as error:
@@ -117,6 +124,37 @@ def main(prog: str, as_json: bool, work: Callable[[], Result | dict], describe: 
         summary = summary.to_json()
     print(json.dumps(scrubbed(summary), sort_keys=True) if as_json else describe(printable(summary)), flush=True)
     return 0
+
+
+@contextlib.contextmanager
+def own_temporary_folder(prog: str) -> Iterator[str]:
+    """A new folder under the temporary folder this process was given, made the temporary folder of this process
+    (tempfile) and of the processes it starts (TMPDIR) while the block runs, and removed with all in it as the
+    process exits, however it exits but killed: what a program and its libraries leave there goes with it.
+    A Beam job handed to a job service (`--runner PortableRunner`, PrismRunner; Beam 2.77) leaves three or four
+    folders on each job and never removes them; `beam-requirements-cache` among them is a cache of pip downloads
+    Beam keeps for a `--requirements_file` (apache_beam/runners/portability/stager.py), which a deployment that
+    stages one keeps across runs with Beam's own `--requirements_cache=FOLDER`. Removed at exit, not as the block
+    ends: the exit handlers of what used it, registered later, run first (a Prism job server removes its own folder
+    and stops its process in one, and does neither once its folder is gone). A program killed outright cannot
+    remove its folder: the flow that started it does (flows/programs.py)."""
+    try:
+        folder = tempfile.mkdtemp(prefix=f"{prog.replace(' ', '-')}-")
+    except OSError as error:
+        raise config_files.ConfigError(f"the temporary folder {tempfile.gettempdir()} cannot be used: "
+                                       f"{(error.strerror or type(error).__name__).lower()}; set $TMPDIR to a folder "
+                                       "this user can write to") from None
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    given = tempfile.tempdir, os.environ.get("TMPDIR")
+    tempfile.tempdir = os.environ["TMPDIR"] = folder
+    try:
+        yield folder
+    finally:
+        tempfile.tempdir = given[0]
+        if given[1] is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = given[1]
 
 
 def lines_of(model: type[Result]) -> Callable[[dict], str]:

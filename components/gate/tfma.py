@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import json
 
+from components.common.beam_runner import runner_for
 from components.common.quiet_beam import quiet_unless_debugging
 from components.contracts import schema
 
@@ -44,10 +45,12 @@ def eval_config_for(min_accuracy: float, max_regression: float, top_k: int, with
 
 
 def run_tfma(eval_config, models: dict[str, str], shards, output_uri: str) -> None:
-    """One Beam pipeline (DirectRunner): read every eval shard, evaluate all models, write results."""
+    """One local Beam pipeline (components/common/beam_runner.py): read every eval shard, evaluate all models,
+    write results."""
     import apache_beam as beam
     import tensorflow_model_analysis as tfma
     from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.options.pipeline_options import PipelineOptions
     from tfx_bsl.tfxio import tf_example_record
 
     codecs = {"GZIP": CompressionTypes.GZIP, "ZLIB": CompressionTypes.DEFLATE, "": CompressionTypes.UNCOMPRESSED}
@@ -56,8 +59,9 @@ def run_tfma(eval_config, models: dict[str, str], shards, output_uri: str) -> No
     to_arrow = tf_example_record.TFExampleBeamRecord(
         physical_format="tfrecord", raw_record_column_name=tfma.ARROW_INPUT_COLUMN,
         telemetry_descriptors=["stoke"])
+    options = PipelineOptions([])  # Beam's defaults: not read from the gate's own command line
     # A model that fails to load fails in every worker: each logs its traceback, the gate says it in one line.
-    with quiet_unless_debugging(), beam.Pipeline(runner="DirectRunner") as pipeline:
+    with quiet_unless_debugging(), beam.Pipeline(runner=runner_for(options), options=options) as pipeline:
         reads = [pipeline | f"Read{i}" >> beam.io.ReadFromTFRecord(
                     shard.uri, compression_type=codecs[shard.compression], validate=False)
                  for i, shard in enumerate(shards)]

@@ -13,6 +13,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from beam_jobs import bounded
 from beam_jobs import ingest as ingest_module
 from beam_jobs import statistics as statistics_module
+from components.common.beam_runner import runner_for
 from components.common.lease import exclusive
 from components.contracts.layout import Root
 from components.contracts.results import SpanManifest
@@ -90,7 +91,7 @@ def test_a_runner_that_outlives_a_real_worker_failure_is_left_behind(monkeypatch
     def job():
         try:
             options = PipelineOptions(["--direct_running_mode=multi_threading", "--direct_num_workers=2"])
-            with beam.Pipeline(options=options) as pipeline:
+            with beam.Pipeline(runner=runner_for(options), options=options) as pipeline:  # the ingest job's runner
                 _ = pipeline | beam.Create([1]) | beam.Map(fail)
         finally:
             release.wait(60)  # the runner does not return

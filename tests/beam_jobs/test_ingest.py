@@ -22,6 +22,7 @@ from components.contracts import schema
 from components.contracts.layout import DEAD_LETTER, MANIFEST, TF_COMPRESSION, Root
 from components.contracts.run_config import RunConfig
 from tests.beam_jobs import images
+from tests.prism import prism_tried
 from tests.waiting import wait_for
 
 IN_MEMORY = ["--direct_running_mode=in_memory"]
@@ -136,6 +137,22 @@ def test_a_rerun_publishes_nothing_and_new_files_make_a_new_span(tmp_path, capsy
     assert ingest(source, root, *IN_MEMORY, capsys=capsys)[1]["new_sources"] == 1
 
 
+@pytest.mark.parametrize("runner", [[], ["--runner", "DirectRunner", "--direct_running_mode=multi_processing",
+                                             "--direct_num_workers=1"]], ids=["threads", "worker-processes"])
+def test_a_local_job_runs_on_beams_fnapi_runner_and_never_tries_prism(runner, tmp_path, capsys, monkeypatch):
+    """On this process's threads (no runner given) or DirectRunner's worker processes, the job runs on the
+    FnApiRunner the suite tests, never on the PrismRunner that DirectRunner tries first: its binary is a
+    download from github.com as the job starts, which waits without end on a network that drops it."""
+    tried = prism_tried(monkeypatch)
+    source = tmp_path / "source"
+    (source / "cat").mkdir(parents=True)
+    for i in range(2):
+        (source / "cat" / f"{i}.jpg").write_bytes(images.rgb_jpeg(seed=i))
+    code, summary = ingest(source, tmp_path / "root", *runner, capsys=capsys)
+    assert code == 0 and summary["published"] and summary["new_sources"] == 2, summary
+    assert tried == []
+
+
 def test_too_many_bad_files_publish_nothing(tmp_path, capsys):
     source, root = tmp_path / "source", tmp_path / "root"
     (source / "cat").mkdir(parents=True)
@@ -173,10 +190,13 @@ def test_a_killed_job_publishes_nothing_and_the_rerun_cleans_up(tmp_path):
 
     (spans / "span-00001").mkdir()  # as if killed while publishing, before the manifest
     (spans / "span-00001" / "train-00000-of-00001.tfrecord.gz").write_bytes(b"partial")
+    temporary = tmp_path / "tmp"  # the rerun's own: what the Beam job puts there goes with it
+    temporary.mkdir()
     result = subprocess.run([sys.executable, "-m", "beam_jobs.ingest", str(source), "--root", str(root), "--json"],
-                            capture_output=True, text=True, check=True)
+                            capture_output=True, text=True, check=True, env={**os.environ, "TMPDIR": str(temporary)})
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["span"] == 2  # a name that was ever used is not used again
+    assert list(temporary.iterdir()) == []
     assert len(summary["removed_debris"]) == 2
     assert sorted(os.listdir(spans)) == ["span-00002"]
     manifest = read_json(os.path.join(summary["span_uri"], MANIFEST))

@@ -9,9 +9,11 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 mode, pidfile = sys.argv[1], sys.argv[2]
+tempfile.mkdtemp(prefix="stage-")  # as a library's temporary files: left for whoever cleans up after the program
 with open(f"{pidfile}.runs", "a") as runs:
     runs.write(f"{mode}\n")
 print("starting", flush=True)

@@ -1,6 +1,7 @@
 """flows/programs.py: stage programs as subprocesses, their output streamed, their summary read."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -98,12 +99,33 @@ def test_a_stage_that_ran_out_of_time_is_not_retried():
     assert only_transient(None, None, Failed(data=StageError("fake failed", stage="fake", transient=True)))
 
 
-def test_a_timeout_kills_the_stage_and_the_processes_it_started(logger, tmp_path):
+@pytest.fixture
+def temporary(tmp_path, monkeypatch):
+    """The temporary folder of this process, fresh."""
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setenv("TMPDIR", str(folder))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    return folder
+
+
+def test_a_timeout_kills_the_stage_and_the_processes_it_started(logger, tmp_path, temporary):
     pidfile = tmp_path / "pid"
     with pytest.raises(StageError, match="timed out"):
         run_stage("fake", PROGRAM, ["hang", str(pidfile)], timeout=5, logger=logger[0])
     grandchild = int(pidfile.read_text())
     wait_for(lambda: not _alive(grandchild), "the grandchild to be reaped by init", 10, every=0.1)
+    assert list(temporary.iterdir()) == []  # what it left in its temporary folder went with it
+
+
+@pytest.mark.parametrize("mode", ["ok", "fail", "killed", "crash"])
+def test_what_a_stage_leaves_in_its_temporary_folder_goes_when_it_ends_however_it_ends(logger, tmp_path, temporary,
+                                                                                       mode):
+    """Each program runs with a temporary folder of its own, removed once it ended: one killed outright (SIGKILL,
+    the OOM killer) could not remove what it put there."""
+    with pytest.raises(StageError) if mode != "ok" else contextlib.nullcontext():
+        run_stage("fake", PROGRAM, [mode, str(tmp_path / "pid")], timeout=60, logger=logger[0])
+    assert list(temporary.iterdir()) == []
 
 
 def _alive(pid: int) -> bool:

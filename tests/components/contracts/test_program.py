@@ -26,6 +26,75 @@ def test_a_program_prints_names_escaped_and_its_json_intact(capsys):
     assert json.loads(capsys.readouterr().out) == summary
 
 
+# A program whose work leaves a folder of its own and a child's file in the temporary folder, then ends as asked.
+LEAVES = """
+import errno, subprocess, sys, tempfile
+from components.common import program
+
+def work(then):
+    def leaves():
+        tempfile.mkdtemp()  # a library's folder, never removed
+        subprocess.run([sys.executable, "-c", "import tempfile; tempfile.mkstemp()"], check=True)  # a child's file
+        return then()
+    return leaves
+
+def beam_job():
+    import apache_beam as beam
+
+    with beam.Pipeline(runner="DirectRunner") as pipeline:
+        _ = pipeline | beam.Create([1, 2]) | beam.Map(abs)
+    return {}
+
+def refused():
+    raise OSError(errno.ENOSPC, "No space left on device", "/r/x")
+
+def crashed():
+    raise RuntimeError("a bug")
+
+for then in sys.argv[1:]:
+    print("exit", program.main("stoke x", True, work(globals()[then]), str, errors=(OSError,)))
+"""
+
+
+@pytest.mark.parametrize("ends", [["beam_job", "refused"], ["crashed"]])
+def test_a_program_leaves_nothing_in_the_temporary_folder(tmp_path, ends):
+    """What a program and the processes it starts put in the temporary folder goes as it ends, whether it did its
+    work, refused it in one line or crashed. A Beam job on Beam's own DirectRunner leaves four folders there as it
+    tries its PrismRunner first, as a job handed to any job service does."""
+    import os
+    import subprocess
+    import sys
+
+    given = tmp_path / "tmp"
+    given.mkdir()
+    done = subprocess.run([sys.executable, "-c", LEAVES, *ends], capture_output=True, text=True,
+                          env={**os.environ, "TMPDIR": str(given)})
+    assert [line for line in done.stdout.splitlines() if line.startswith("exit")] == \
+        (["exit 0", "exit 1"] if ends[0] == "beam_job" else [])
+    assert ("RuntimeError: a bug" in done.stderr) == (ends == ["crashed"]), done.stderr
+    assert list(given.iterdir()) == []
+
+
+def test_a_program_gives_the_temporary_folder_back_and_says_in_one_line_when_it_has_none(tmp_path, monkeypatch,
+                                                                                        capsys):
+    import os
+    import tempfile
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    seen = []
+    assert program.main("stoke x", True, lambda: seen.append((os.environ["TMPDIR"], tempfile.gettempdir())) or {},
+                        str) == 0
+    assert seen[0][0] == seen[0][1] and os.path.dirname(seen[0][0]) == str(tmp_path)
+    assert (os.environ["TMPDIR"], tempfile.gettempdir()) == (str(tmp_path), str(tmp_path))
+    (tmp_path / "file").write_text("")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "file"))  # no folder can be made there
+    assert program.main("stoke x", True, dict, str) == program.BAD_SETTINGS
+    assert capsys.readouterr().err.splitlines()[-1] == (f"stoke x: error: the temporary folder {tmp_path / 'file'} "
+                                                        "cannot be used: not a directory; set $TMPDIR to a folder "
+                                                        "this user can write to")
+
+
 def test_the_report_shows_dead_letter_names_escaped(tmp_path):
     run = Root(str(tmp_path)).run("r1")
     counts = {"train": 1, "eval": 0, "dead_letter": 1, "duplicates": 0}

@@ -16,6 +16,7 @@ from components.gate import answers
 from components.gate.warmup import read_prediction_logs, request_images
 from tests.components.conftest import TRAIN_LABELS, tiny_records, write_span
 from tests.components.gate_runs import copy_root, gate_scenario, scenario_serving_checks, train_run, validate_run
+from tests.prism import prism_tried
 
 
 @pytest.fixture(scope="session")
@@ -108,18 +109,19 @@ def test_a_class_the_candidate_lost_is_named_with_its_figures(trained_runs):
 def flat_gated_again(trained_runs, tmp_path_factory):
     """Run `flat` gated again under --decision point on a copy of the scenario's ROOT, whose served version
     (mixed's) names the first version (good's) as its reference, as a warm run held to it would: one gate
-    run for the point rule's test and the reference's."""
+    run for the point rule's test and the reference's, and for the runner TFMA's job runs on."""
     root = copy_root(trained_runs, tmp_path_factory.mktemp("flat-again"))
     repo = Repository(root, "stoke")
     served = repo.lineage(repo.newest())
     write_json(repo.lineage_uri(served.version), served.model_copy(update={"reference": repo.versions()[0]}).to_json())
     with pytest.MonkeyPatch.context() as monkeypatch:
         scenario_serving_checks(trained_runs, monkeypatch)
-        return (root, *validate_run(root, "flat", "--decision", "point"))
+        tried = prism_tried(monkeypatch)
+        return (root, *validate_run(root, "flat", "--decision", "point"), tried)
 
 
 def test_point_decision_keeps_the_point_rule_and_its_wording(flat_gated_again):
-    _, code, summary = flat_gated_again
+    _, code, summary, _ = flat_gated_again
     accuracy, served = summary["metrics"]["accuracy"], summary["baseline"]["accuracy"]
     assert code == 0 and not summary["blessed"] and summary["comparison"]["decision"] == "point"
     assert f"accuracy {accuracy:.4f} is {served - accuracy:.4f} below the served version {summary['baseline_version']} " \
@@ -131,7 +133,7 @@ def test_point_decision_keeps_the_point_rule_and_its_wording(flat_gated_again):
 def test_the_answers_a_push_kept_are_what_the_next_gate_holds_candidates_to(trained_runs, flat_gated_again):
     """good's gate recorded its answers and its push kept them in the first version. Gated again, flat is
     held to them, record by record, as when its first gate answered the first version anew."""
-    root, code, summary = flat_gated_again
+    root, code, summary, _ = flat_gated_again
     first = trained_runs["push"]["good"][1]["version"]
     repo = Repository(root, "stoke")
     with open(repo.answers_uri(first), "rb") as kept, open(Root(root).run("good").answers, "rb") as gated:
@@ -148,6 +150,14 @@ def test_the_answers_a_push_kept_are_what_the_next_gate_holds_candidates_to(trai
     assert any(reason.startswith(f"class {worst['label']} fell from {worst['baseline_right']}/8 right under the "
                                  f"reference version {first} (pushed {table['pushed_at'][:10]}, ")
                for reason in summary["reasons"]), summary["reasons"]
+
+
+def test_tfma_runs_on_beams_fnapi_runner_and_never_tries_prism(flat_gated_again):
+    """TFMA's job runs on the FnApiRunner the suite tests, never on the PrismRunner that DirectRunner tries first:
+    its binary is a download from github.com as the job starts, which waits without end on a network that
+    drops it."""
+    _, code, _, tried = flat_gated_again
+    assert code == 0 and tried == []
 
 
 def test_serving_contract_checked_in_a_fresh_process(trained_runs):
