@@ -126,12 +126,19 @@ def _write_whole(uri: str, data: bytes) -> None:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666),
-                       "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666),
+                           "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError:  # a full disk: no half of the new file stays beside the old one
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
         descriptor = os.open(folder, os.O_RDONLY)  # the rename is an entry in the folder: sync it too
         try:
             os.fsync(descriptor)
