@@ -110,7 +110,7 @@ def write_whole(uri: str, data: bytes) -> None:
     """Writes the file in one step: in one request on object stores; locally through a temp file and a
     rename, each synced to the disk first, so that a power cut leaves the old file or the new one, never an
     empty one, and a link at the name is replaced, never written through."""
-    with _naming(uri):
+    with writing(uri):
         _write_whole(uri, data)
 
 
@@ -154,13 +154,13 @@ def write_text(uri: str, text: str) -> None:
 
 def write_bytes(uri: str, data: bytes) -> None:
     fs, path = filesystem(uri)
-    with _naming(uri):
+    with writing(uri):
         fs.makedirs(posixpath.dirname(path), exist_ok=True)
         fs.pipe_file(path, data)
 
 
 @contextmanager
-def _naming(uri: str):
+def writing(uri: str):
     """fsspec's file objects raise the OSError of a failed write (a full disk) without the file's
     name, so the one error line a program prints would not say where: add it."""
     try:
