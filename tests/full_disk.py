@@ -11,7 +11,7 @@ from contextlib import contextmanager
 
 import pytest
 
-FILLER = "filler"
+FILLER = ".filler"
 
 
 class Disk:
@@ -21,7 +21,8 @@ class Disk:
         self.path = path
         self.filler = os.path.join(path, FILLER)
 
-    def fill(self) -> None:
+    def fill(self, room: int = 0) -> None:
+        """Takes every page but `room` bytes (whole pages)."""
         with open(self.filler, "ab", buffering=0) as f:
             for size in (1 << 20, 1 << 12, 1):  # then what a page has left
                 try:
@@ -29,7 +30,8 @@ class Disk:
                         f.write(b"\0" * size)
                 except OSError:
                     pass
-        assert os.statvfs(self.path).f_bavail == 0
+            f.truncate(f.tell() - room)
+        assert os.statvfs(self.path).f_bavail * os.statvfs(self.path).f_frsize == room
 
     def free(self) -> None:
         os.remove(self.filler)
