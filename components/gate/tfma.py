@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import json
 
+from components.common.program import unwritable
 from components.common.quiet_beam import quiet_unless_debugging
 from components.contracts import schema
 
@@ -57,15 +58,21 @@ def run_tfma(eval_config, models: dict[str, str], shards, output_uri: str) -> No
         physical_format="tfrecord", raw_record_column_name=tfma.ARROW_INPUT_COLUMN,
         telemetry_descriptors=["stoke"])
     # A model that fails to load fails in every worker: each logs its traceback, the gate says it in one line.
-    with quiet_unless_debugging(), beam.Pipeline(runner="DirectRunner") as pipeline:
-        reads = [pipeline | f"Read{i}" >> beam.io.ReadFromTFRecord(
-                    shard.uri, compression_type=codecs[shard.compression], validate=False)
-                 for i, shard in enumerate(shards)]
-        _ = (reads | "Flatten" >> beam.Flatten()
-             | "ToArrow" >> to_arrow.BeamSource()
-             | "Evaluate" >> tfma.ExtractEvaluateAndWriteResults(
-                 eval_config=eval_config, eval_shared_model=shared if len(shared) > 1 else shared[0],
-                 output_path=output_uri))
+    try:
+        with quiet_unless_debugging(), beam.Pipeline(runner="DirectRunner") as pipeline:
+            reads = [pipeline | f"Read{i}" >> beam.io.ReadFromTFRecord(
+                        shard.uri, compression_type=codecs[shard.compression], validate=False)
+                     for i, shard in enumerate(shards)]
+            _ = (reads | "Flatten" >> beam.Flatten()
+                 | "ToArrow" >> to_arrow.BeamSource()
+                 | "Evaluate" >> tfma.ExtractEvaluateAndWriteResults(
+                     eval_config=eval_config, eval_shared_model=shared if len(shared) > 1 else shared[0],
+                     output_path=output_uri))
+    except Exception as error:
+        full = unwritable(error)
+        if full is None or full.filename is not None:
+            raise
+        raise OSError(full.errno, full.strerror, output_uri) from error  # Beam's file sink names no file: its folder
 
 
 def read_tfma(output_uri: str, labels: list[str], top_k: int) -> dict:
