@@ -15,6 +15,7 @@ from beam_jobs.progress import Shown
 from beam_jobs.sources import Source
 from components.common.beam_runner import runner_for
 from components.common.files import join, write_text
+from components.common.program import os_error_line, unwritable
 from components.contracts.config import IngestConfig
 from components.contracts.summaries import Progress
 
@@ -86,7 +87,8 @@ def run_pipeline(chunks: list[str], staging: str, config: IngestConfig, pipeline
             bounded.run(job)
     except Exception as error:  # the runner wraps worker errors in its own types
         stuck = isinstance(error, bounded.StuckRunner)
-        raise JobFailed(f"the Beam job failed, nothing was published: {_last_line(error)} "
+        full = unwritable(error)  # a full disk: the file and the system's words, not the runner's wrapping
+        raise JobFailed(f"the Beam job failed, nothing was published: {os_error_line(full) if full else _last_line(error)} "
                         "(STOKE_DEBUG=1 shows Beam's log)") from error
     finally:
         image_pool.shut_down(wait=not stuck)  # a stuck job's conversion may never end: leave it behind

@@ -40,7 +40,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import fsspec
 from isal import isal_zlib
 
-from components.common.files import filesystem, join
+from components.common.files import filesystem, join, writing
 from components.common.tfrecord import frame
 
 WINDOW_BITS = {"gzip": 16 + 15, "zlib": 15}  # 16+ asks for the gzip header and trailer
@@ -79,13 +79,15 @@ class RecordFile:
         self._put(self._stream.compress(unit) if self._stream else unit)
 
     def _put(self, data: bytes) -> None:
-        self._raw.write(data)
+        with writing(self.uri):  # a full disk's error, which fsspec's file raises without it, names the shard
+            self._raw.write(data)
         self._digest.update(data)
 
     def close(self) -> dict:
         if self._stream is not None:
             self._put(self._stream.flush())
-        self._raw.close()
+        with writing(self.uri):
+            self._raw.close()
         fs, path = filesystem(self.uri)
         return {"file": self.uri, "records": self.records, "bytes": fs.size(path), "sha256": self._digest.hexdigest(),
                 "starts": self.starts}

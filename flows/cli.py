@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "handler", None):
         parser.print_help()
         return 2
+    args.command = ["stoke", *argv]  # as given: `stoke run` says how to run it again
     return args.handler(args)
 
 

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import errno
 import hashlib
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -103,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
         summary = state.result()
     else:
         summary = _failed_summary(config.root, run_id, state)
-        print(f"stoke run: error: {printable(_failure_line(state, summary))}", file=sys.stderr, flush=True)
+        line = what_to_do(_failure_line(state, summary), config.root, run_again(args.command, run_id))
+        print(f"stoke run: error: {printable(line)}", file=sys.stderr, flush=True)
     summary.setdefault("model_name", config.model_name)
     print(json.dumps(scrubbed(summary), sort_keys=True, default=str) if args.json else _describe(printable(summary)),
           flush=True)
@@ -233,6 +236,25 @@ def _failure_line(state, summary: dict) -> str:
     from flows.pipeline import failure_line
 
     return failure_line(state) or str(summary["message"])
+
+
+def what_to_do(line: str, root: str, again: str) -> str:
+    """A failure `line` that says a disk is full (or over its quota), with what to do: free space where it names, under
+    ROOT unless it names another place, then the command `again`."""
+    said = line.lower()
+    if not any(os.strerror(number).lower() in said for number in (errno.ENOSPC, errno.EDQUOT)):
+        return line
+    under = any(f" {root.rstrip('/')}{after}" in f" {line}" for after in ("/", " "))  # a path of ROOT's, or ROOT
+    where = "there" if " cannot be written: " in line and not under else "under ROOT"
+    return f"{line}; free space {where}, then run it again: `{again}`"
+
+
+def run_again(command: list[str], run_id: str) -> str:
+    """`stoke run` as it was given (`command`, its words from `stoke` on), with the run id that takes the same run up
+    again: runnable as printed."""
+    if not any(word == "--run-id" or word.startswith("--run-id=") for word in command):
+        command = [*command, "--run-id", run_id]
+    return shlex.join(command)
 
 
 def _describe(summary: dict) -> str:

@@ -44,7 +44,7 @@ from prefect.runtime import flow_run
 
 from components.common import config_files, network_code
 from components.common.files import exists, read_result, write_json, write_text, write_whole
-from components.common.program import option, scrubbed
+from components.common.program import option, os_error_line, scrubbed
 from components.common.spans import Spans
 from components.contracts import results, secrets, stages, summaries
 from components.contracts.beam_options import BEAM_ARGS_ENV
@@ -162,7 +162,9 @@ def pipeline(
             run_added("blessed", config, run)
         return alert_if_due(config, write_report(run))                                      # 6
     except Exception as error:
-        write_report(run, failed=str(error), return_state=True)  # never hides the cause
+        report = write_report(run, failed=in_words(error), return_state=True)  # never hides the cause
+        if report.is_failed():  # on a full disk, say: said, and the cause stays the run's last line
+            get_run_logger().warning("the report could not be written: %s", failure_line(report))
         raise
 
 
@@ -327,8 +329,9 @@ class ConfigurationError(ValueError):
     """Parameters that make no run configuration; the message names the setting."""
 
 
-# On the terminal these failures are their one line; the engine's traceback of them stays in the run's log.
-QUIET_FAILURES = (StageError, ConfigurationError)
+# On the terminal these failures are their one line; the engine's traceback of them stays in the run's log. An
+# OSError is the flow's own write into ROOT refused (a full or read-only disk), said as a stage program says it.
+QUIET_FAILURES = (StageError, ConfigurationError, OSError)
 quiet_failures("train", errors=QUIET_FAILURES)
 
 
@@ -370,13 +373,19 @@ def finished_training(run: RunDir) -> results.TrainMetrics | None:
 
 
 def failure_line(state) -> str | None:
-    """A failed flow run's cause in one line: the stage and its own error (flows/programs.py StageError.line), a
-    configuration's refusal as it is; None when its state holds no exception to say it."""
+    """A failed flow run's (or task run's) cause in one line: the stage and its own error (flows/programs.py
+    StageError.line), else `in_words`; None when its state holds no exception to say it."""
     try:
         error = state.result(raise_on_failure=False)
     except Exception:  # a result that cannot be read back says nothing
         return None
-    return (getattr(error, "line", None) or str(error)) if isinstance(error, Exception) else None
+    return (getattr(error, "line", None) or in_words(error)) if isinstance(error, Exception) else None
+
+
+def in_words(error: Exception) -> str:
+    """A failure as the report says it: a refused write into ROOT as os_error_line says it (the path, and why:
+    a full disk), anything else by its message."""
+    return os_error_line(error) if isinstance(error, OSError) else str(error)
 
 
 def refused_settings(state) -> bool:

@@ -110,7 +110,7 @@ def write_whole(uri: str, data: bytes) -> None:
     """Writes the file in one step: in one request on object stores; locally through a temp file and a
     rename, each synced to the disk first, so that a power cut leaves the old file or the new one, never an
     empty one, and a link at the name is replaced, never written through."""
-    with _naming(uri):
+    with writing(uri):
         _write_whole(uri, data)
 
 
@@ -126,12 +126,19 @@ def _write_whole(uri: str, data: bytes) -> None:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666),
-                       "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666),
+                           "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError:  # a full disk: no half of the new file stays beside the old one
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
         descriptor = os.open(folder, os.O_RDONLY)  # the rename is an entry in the folder: sync it too
         try:
             os.fsync(descriptor)
@@ -147,13 +154,13 @@ def write_text(uri: str, text: str) -> None:
 
 def write_bytes(uri: str, data: bytes) -> None:
     fs, path = filesystem(uri)
-    with _naming(uri):
+    with writing(uri):
         fs.makedirs(posixpath.dirname(path), exist_ok=True)
         fs.pipe_file(path, data)
 
 
 @contextmanager
-def _naming(uri: str):
+def writing(uri: str):
     """fsspec's file objects raise the OSError of a failed write (a full disk) without the file's
     name, so the one error line a program prints would not say where: add it."""
     try:

@@ -2,9 +2,8 @@
 from __future__ import annotations
 
 import io
-import posixpath
 
-from components.common.files import filesystem
+from components.common.files import write_whole
 
 
 def pyplot():
@@ -18,14 +17,12 @@ def pyplot():
 
 
 def save(figure, uri: str) -> None:
-    """Writes `figure` as a PNG at `uri` and frees it."""
+    """Writes `figure` as a PNG at `uri`, whole (a full disk leaves the one before, or none), and frees it."""
     buffer = io.BytesIO()
     figure.tight_layout()
     figure.savefig(buffer, format="png", dpi=100)
     pyplot().close(figure)
-    fs, path = filesystem(uri)
-    fs.makedirs(posixpath.dirname(path), exist_ok=True)
-    fs.pipe_file(path, buffer.getvalue())
+    write_whole(uri, buffer.getvalue())
 
 
 def confusion_matrix(matrix: list[list[float]], labels: list[str], uri: str, title: str = "") -> None:

@@ -10,6 +10,7 @@ import errno
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -22,7 +23,7 @@ from pydantic.fields import FieldInfo
 
 from components.common import config_files, network_code
 from components.common.config_files import argument_type, leaves
-from components.common.store_errors import transient
+from components.common.store_errors import causes, transient
 from components.contracts import stages
 from components.contracts.results import Result
 from components.contracts.run_config import RunConfig, RunFacts, preset_problem
@@ -117,6 +118,9 @@ def main(prog: str, as_json: bool, work: Callable[[], Result | dict], describe: 
         message = os_error_line(error) if isinstance(error, OSError) else str(error)
         return _fail(prog, as_json, message, failed, TRANSIENT if transient(error) else FAILED)
     except Exception as error:
+        full = unwritable(error)
+        if full is not None:  # a full or read-only disk, in the words of whichever library met it
+            return _fail(prog, as_json, os_error_line(full), failed, FAILED)
         if not transient(error):
             raise  # not the user's input nor the weather: a bug, whose traceback is what a report needs
         return _fail(prog, as_json, _last_line(error), failed, TRANSIENT)
@@ -274,11 +278,37 @@ def os_error_line(error: OSError) -> str:
     why = (error.strerror or type(error).__name__).lower()
     if path is None:
         return str(error)
-    if error.errno in (errno.EROFS, errno.ENOSPC, errno.EDQUOT):
+    if error.errno in UNWRITABLE:
         return f"{path} cannot be written: {why}"
     if error.errno in (errno.EACCES, errno.EPERM):
         return f"{path} cannot be written or read: {why} (check the owner and mode of ROOT)"
     return f"{path}: {why}"
+
+
+# A disk that takes no more: read-only, full, or over its quota.
+UNWRITABLE = (errno.EROFS, errno.ENOSPC, errno.EDQUOT)
+_WHY = "|".join(re.escape(os.strerror(number)) for number in UNWRITABLE)
+# How errors that carry a system's error in words say it: TensorFlow's (`{{function_node ...}} PATH; No space left
+# on device [Op:SaveV2]`), and Beam's of an OSError its worker raised on another thread (`OSError: [Errno 28] No
+# space left on device: 'PATH' [while running 'WriteShards/ParDo(WriteShards)']`).
+_IN_WORDS = (re.compile(rf"^(?:\{{\{{.*?\}}\}}\s*)?(?P<path>.+?); (?P<why>{_WHY})"),
+             re.compile(rf"\[Errno \d+\] (?P<why>{_WHY})(?:: '(?P<path>[^']+)')?"))
+
+
+def unwritable(error: BaseException) -> OSError | None:
+    """The OSError of a disk that takes no more behind `error`, for os_error_line, one that names its file
+    first; None when there is none. It is `error` or one in its chain (Beam raises its worker's as a
+    RuntimeError while handling it), or the one an error of TensorFlow's or Beam's says in words."""
+    found = []
+    for link in causes(error):
+        if isinstance(link, OSError):
+            found += [link] if link.errno in UNWRITABLE else []
+            continue
+        text = str(getattr(link, "message", link))
+        for said in (said for words in _IN_WORDS for said in words.finditer(text)):
+            number = next(n for n in UNWRITABLE if os.strerror(n) == said["why"])
+            found.append(OSError(number, said["why"], said["path"]))
+    return next((e for e in found if e.filename is not None), found[0] if found else None)
 
 
 def _last_line(error: BaseException) -> str:

@@ -10,6 +10,7 @@ import collections
 import json
 
 from components.common.beam_runner import runner_for
+from components.common.program import unwritable
 from components.common.quiet_beam import quiet_unless_debugging
 from components.contracts import schema
 
@@ -61,15 +62,21 @@ def run_tfma(eval_config, models: dict[str, str], shards, output_uri: str) -> No
         telemetry_descriptors=["stoke"])
     options = PipelineOptions([])  # Beam's defaults: not read from the gate's own command line
     # A model that fails to load fails in every worker: each logs its traceback, the gate says it in one line.
-    with quiet_unless_debugging(), beam.Pipeline(runner=runner_for(options), options=options) as pipeline:
-        reads = [pipeline | f"Read{i}" >> beam.io.ReadFromTFRecord(
-                    shard.uri, compression_type=codecs[shard.compression], validate=False)
-                 for i, shard in enumerate(shards)]
-        _ = (reads | "Flatten" >> beam.Flatten()
-             | "ToArrow" >> to_arrow.BeamSource()
-             | "Evaluate" >> tfma.ExtractEvaluateAndWriteResults(
-                 eval_config=eval_config, eval_shared_model=shared if len(shared) > 1 else shared[0],
-                 output_path=output_uri))
+    try:
+        with quiet_unless_debugging(), beam.Pipeline(runner=runner_for(options), options=options) as pipeline:
+            reads = [pipeline | f"Read{i}" >> beam.io.ReadFromTFRecord(
+                        shard.uri, compression_type=codecs[shard.compression], validate=False)
+                     for i, shard in enumerate(shards)]
+            _ = (reads | "Flatten" >> beam.Flatten()
+                 | "ToArrow" >> to_arrow.BeamSource()
+                 | "Evaluate" >> tfma.ExtractEvaluateAndWriteResults(
+                     eval_config=eval_config, eval_shared_model=shared if len(shared) > 1 else shared[0],
+                     output_path=output_uri))
+    except Exception as error:
+        full = unwritable(error)
+        if full is None or full.filename is not None:
+            raise
+        raise OSError(full.errno, full.strerror, output_uri) from error  # Beam's file sink names no file: its folder
 
 
 def read_tfma(output_uri: str, labels: list[str], top_k: int) -> dict:

@@ -3,10 +3,9 @@ file by file), what ingest kept out, and what was held back with the command tha
 from __future__ import annotations
 
 import os
-import posixpath
 
 from components.common import plots as draw
-from components.common.files import exists, filesystem
+from components.common.files import exists, read_bytes, write_whole
 from components.contracts.layout import RunDir
 from components.contracts.summaries import DataCheckSummary, IngestSummary, SpanCheck, release_command
 
@@ -22,9 +21,7 @@ def plot(run: RunDir, data: DataCheckSummary | None) -> dict:
     found = {}
     sheet = check.label_check.sheet if check.label_check else None
     if sheet and exists(sheet):  # beside report.md, where its link and Prefect's inlining find it
-        (source, path), (target, copy) = filesystem(sheet), filesystem(run.label_errors_plot)
-        target.makedirs(posixpath.dirname(copy), exist_ok=True)
-        target.pipe_file(copy, source.cat_file(path))
+        write_whole(run.label_errors_plot, read_bytes(sheet))
         found["label_errors"] = run.label_errors_plot
     if not check.label_counts:
         return found

@@ -12,7 +12,7 @@ import logging
 import os
 
 from components.common import plots as draw
-from components.common.files import exists, read_json, read_result, write_json, write_text
+from components.common.files import exists, read_json, read_result, write_json, write_whole
 from components.common.program import printable, scrubbed
 from components.common.spans import Spans
 from components.contracts import stages
@@ -106,7 +106,7 @@ def write_report(run: RunDir, skipped: str | None = None, failed: str | None = N
     report = RunReport.model_validate(scrubbed(build_report(run, skipped, failed).to_json()))
     # Names in the markdown cannot carry escapes.
     markdown = render_markdown(RunReport.model_validate(printable(report.to_json())))
-    write_text(run.report_md, markdown)
+    write_whole(run.report_md, markdown.encode())
     write_json(run.report_json, report.to_json())
     return {"summary": report.to_json(), "markdown": markdown, "report_md": report.report_md}
 

@@ -19,6 +19,7 @@ from components.contracts.layout import Root
 from components.contracts.results import SpanManifest
 from tests.beam_jobs import images
 from tests.beam_jobs.test_ingest import IN_MEMORY, ingest
+from tests.full_disk import small_disk
 
 # The ingest program, except that one record write blocks for good (a hung network mount) and the
 # next fails as on a full disk: the runner may then wait for the blocked worker forever. The sources are
@@ -70,7 +71,7 @@ def test_a_full_disk_beside_a_hung_worker_ends_with_one_line_and_frees_root(tmp_
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == 1 and len(lines) == 1, result.stderr[-3000:]
     assert lines[0].startswith("stoke ingest: error: the Beam job failed, nothing was published")
-    assert "No space left on device" in lines[0]
+    assert "cannot be written: no space left on device" in lines[0]
     with exclusive(Root(str(root)).ingest_lock, "test"):  # free: the next ingest can take it
         pass
     assert list((root / "data" / "spans").iterdir()) == []
@@ -156,6 +157,34 @@ def test_a_full_disk_while_staging_the_source_list_names_the_file(tmp_path, caps
     monkeypatch.setattr("fsspec.implementations.local.LocalFileOpener.write", full)
     code, summary = ingest(source, root, *IN_MEMORY, capsys=capsys)
     assert code == 1 and "sources-00000.jsonl cannot be written: no space left on device" in summary["error"]
+
+
+@pytest.mark.parametrize("mode", ["in_memory", "multi_threading"])
+def test_a_disk_that_fills_as_the_job_writes_shards_names_the_shard_and_publishes_nothing(tmp_path, capsys, monkeypatch,
+                                                                                          mode):
+    """The disk under ROOT fills once the sources are staged, as the job starts: its workers' shard writes fail
+    (fsspec's file names none), the job says which file in its one line, and once there is space the next
+    ingest publishes every source."""
+    from beam_jobs import job
+
+    source = folder_of_images(tmp_path / "source", count=4)
+    with small_disk(tmp_path / "disk") as disk:
+        root, start = os.path.join(disk.path, "root"), job.bounded.run
+
+        def full_first(work):
+            disk.fill()
+            return start(work)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(job.bounded, "run", full_first)
+            code, summary = ingest(source, root, f"--direct_running_mode={mode}", capsys=capsys)
+        assert code == 1 and summary["error"].startswith("the Beam job failed, nothing was published: "), summary
+        assert " cannot be written: no space left on device" in summary["error"], summary["error"]
+        assert os.path.join(root, "data", "spans") in summary["error"].split(": ")[1], summary["error"]
+        assert os.listdir(os.path.join(root, "data", "spans")) == []
+        disk.free()
+        code, summary = ingest(source, root, f"--direct_running_mode={mode}", capsys=capsys)
+        assert code == 0 and summary["span"] == 1 and summary["new_sources"] == 4
 
 
 @pytest.mark.parametrize("source", ["missing", "empty"])

@@ -1,6 +1,7 @@
 """What stage programs read and print: settings from a file with options over it; names escaped before
 they reach a terminal or a report."""
 import json
+import os
 
 import pytest
 
@@ -8,6 +9,7 @@ from components.common import program
 from components.common.files import write_json
 from components.contracts.layout import Root
 from components.report.report import write_report
+from tests.full_disk import small_disk
 
 EVIL = "cat\x1b[2J\x1b[31m\nrm -rf ~\u202egpj.exe"
 
@@ -251,6 +253,33 @@ def test_a_program_exits_75_for_a_transient_failure_and_1_for_a_deterministic_on
     assert err == 'stoke x: error: EndpointConnectionError: Could not connect to the endpoint URL: "http://s3"\n'
     with pytest.raises(NoCredentialsError):  # not among them and not transient: a bug's traceback is wanted
         program.main("stoke x", True, failing(NoCredentialsError()), str)
+
+
+def test_a_full_disk_behind_tensorflows_or_beams_error_is_the_programs_one_line(tmp_path, capsys):
+    """No program lists TensorFlow's errors or Beam's among its own: TensorFlow says a full disk in its message
+    (`{{function_node ...}} PATH; No space left on device [Op:...]`), Beam raises its worker's OSError as a
+    RuntimeError while handling it. Either is one line, exit 1 (another try meets the same disk), not a traceback."""
+    import apache_beam as beam
+    import tensorflow as tf
+
+    with small_disk(tmp_path / "disk") as disk:
+        disk.fill()
+        weights = os.path.join(disk.path, "root", "runs", "r1", "weights.bin")
+
+        def tensorflow_job():
+            tf.io.write_file(weights, b"x" * 100_000)
+
+        assert program.main("stoke train", True, tensorflow_job, str) == program.FAILED
+        captured = capsys.readouterr()
+        line = f"{weights} cannot be written: no space left on device"
+        assert captured.err == f"stoke train: error: {line}\n" and json.loads(captured.out) == {"error": line}
+
+        def beam_job():
+            with beam.Pipeline(runner="DirectRunner") as pipeline:
+                _ = pipeline | beam.Create(["x" * 100_000]) | beam.io.WriteToText(os.path.join(disk.path, "out"))
+
+        assert program.main("stoke gate", False, beam_job, str) == program.FAILED
+        assert capsys.readouterr().err == "stoke gate: error: [Errno 28] No space left on device\n"
 
 
 def test_progress_is_a_bar_on_a_terminal_and_a_line_each_in_a_log(capsys):

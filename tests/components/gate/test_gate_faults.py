@@ -11,6 +11,7 @@ from components.common.spans import Spans
 from components.contracts.layout import Root
 from tests.components.faults import read_only
 from tests.components.gate_runs import copy_root, gate_scenario
+from tests.full_disk import small_disk
 
 
 @pytest.fixture(scope="session")
@@ -94,6 +95,29 @@ def test_a_read_only_root_is_one_line_naming_the_path(trained_runs, tmp_path, ca
     run = os.path.join(root, "runs", "good")
     assert err == f"stoke gate: error: {run} cannot be written: read-only file system\n", err
     assert summary["error"] == f"{run} cannot be written: read-only file system"
+
+
+def test_a_disk_that_fills_as_tfma_writes_is_one_line_naming_its_output_and_the_next_gate_blesses(
+        trained_runs, tmp_path, capsys, monkeypatch):
+    """The disk under ROOT fills as TFMA starts (tests/full_disk.py): Beam's file sink says it without a file,
+    inside Beam's RuntimeError. One line naming TFMA's output folder; once there is space the gate runs again."""
+    from components.gate import gate as validate
+
+    with small_disk(tmp_path / "disk", size_mb=64) as disk:
+        root, evaluate = copy_root(trained_runs, tmp_path / "disk"), validate.run_tfma
+
+        def full_first(*args):
+            disk.fill()
+            return evaluate(*args)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(validate, "run_tfma", full_first)
+            code, err, summary = _gate(root, capsys)
+        tfma = os.path.join(root, "runs", "good", "tfma")
+        assert code == 1 and err == f"stoke gate: error: {tfma} cannot be written: no space left on device\n", err
+        disk.free()
+        code, err, summary = _gate(root, capsys)
+        assert code == 0 and summary["blessed"], err
 
 
 def quarantine(root: str, span: int) -> None:
