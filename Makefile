@@ -64,8 +64,7 @@ run: install
 # was seen to wait for the rest of the crashed worker's file until CI's limit.
 # Lint first (ruff, configured in pyproject.toml), then every import of what `stoke` runs against the declared
 # dependencies (deptry, configured there too: a package only the test extras bring fails it), then the docs
-# (a broken link fails); pytest exits 5
-# when it collects no tests, which is not a failure of the code. Tests run on TEST_WORKERS pytest-xdist
+# (a broken link fails); pytest exits 5 when it collects no tests, which is not a failure of the code. Tests run on TEST_WORKERS pytest-xdist
 # workers, a test file's tests on one worker (--dist loadfile: a model a file's fixture trains is trained
 # once), the longest files first (tests/conftest.py; --no-loadscope-reorder keeps that order instead of
 # sorting files by how many tests they hold); TEST_WORKERS=0 runs them in this process. One worker more
