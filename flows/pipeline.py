@@ -147,7 +147,7 @@ def pipeline(
             run_added("blessed", config, run)
         return alert_if_due(config, write_report(run))                                      # 6
     except Exception as error:
-        report = write_report(run, failed=in_words(error), return_state=True)  # never hides the cause
+        report = write_report(run, failed=failure_words(error), return_state=True)  # never hides the cause
         if report.is_failed():  # on a full disk, say: said, and the cause stays the run's last line
             get_run_logger().warning("the report could not be written: %s", failure_line(report))
         raise
@@ -353,15 +353,15 @@ def finished_training(run: RunDir) -> results.TrainMetrics | None:
 
 def failure_line(state) -> str | None:
     """A failed flow run's (or task run's) cause in one line: the stage and its own error (flows/programs.py
-    StageError.line), else `in_words`; None when its state holds no exception to say it."""
+    StageError.line), else `failure_words`; None when its state holds no exception to say it."""
     try:
         error = state.result(raise_on_failure=False)
     except Exception:  # a result that cannot be read back says nothing
         return None
-    return (getattr(error, "line", None) or in_words(error)) if isinstance(error, Exception) else None
+    return (getattr(error, "line", None) or failure_words(error)) if isinstance(error, Exception) else None
 
 
-def in_words(error: Exception) -> str:
+def failure_words(error: Exception) -> str:
     """A failure as the report says it: a refused write into ROOT as os_error_line says it (the path, and why:
     a full disk), anything else by its message."""
     return os_error_line(error) if isinstance(error, OSError) else str(error)
