@@ -43,7 +43,7 @@ from prefect.runtime import flow_run
 
 from components.common import config_files
 from components.common.files import exists, read_result, write_json, write_text
-from components.common.program import option, os_error_line, scrubbed
+from components.common.program import option, os_error_line, scrubbed, unwritable
 from components.common.spans import Spans
 from components.contracts import results, secrets, stages, summaries
 from components.contracts.beam_options import BEAM_ARGS_ENV
@@ -281,7 +281,12 @@ def run_added(place: str, config: RunConfig, run: RunDir) -> None:
             stage_task(of.name)(run_program)(of, config, run)
 
 
-@task(name="report", retries=1)
+def not_a_full_disk(task, task_run, state) -> bool:
+    """Retry the report, unless its disk took no more: the next try would meet the same disk."""
+    return unwritable(state.result(raise_on_failure=False)) is None
+
+
+@task(name="report", retries=1, retry_condition_fn=not_a_full_disk)
 def write_report(run: RunDir, skipped: str | None = None, failed: str | None = None) -> dict:
     """Prunes older run folders by the retention rule, then writes report.md, report.json and plots
     into the run folder and shows them as artifacts."""
