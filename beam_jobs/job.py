@@ -88,8 +88,8 @@ def run_pipeline(chunks: list[str], staging: str, config: IngestConfig, pipeline
     except Exception as error:  # the runner wraps worker errors in its own types
         stuck = isinstance(error, bounded.StuckRunner)
         full = unwritable(error)  # a full disk: the file and the system's words, not the runner's wrapping
-        raise JobFailed(f"the Beam job failed, nothing was published: {os_error_line(full) if full else _last_line(error)} "
-                        "(STOKE_DEBUG=1 shows Beam's log)") from error
+        said = os_error_line(full) if full else _last_line(error)
+        raise JobFailed(f"the Beam job failed, nothing was published: {said} (STOKE_DEBUG=1 shows Beam's log)") from error
     finally:
         image_pool.shut_down(wait=not stuck)  # a stuck job's conversion may never end: leave it behind
 

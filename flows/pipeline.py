@@ -44,7 +44,7 @@ from prefect.runtime import flow_run
 
 from components.common import config_files, network_code
 from components.common.files import exists, read_result, write_json, write_text, write_whole
-from components.common.program import option, os_error_line, scrubbed
+from components.common.program import option, os_error_line, scrubbed, unwritable
 from components.common.spans import Spans
 from components.contracts import results, secrets, stages, summaries
 from components.contracts.beam_options import BEAM_ARGS_ENV
@@ -162,7 +162,7 @@ def pipeline(
             run_added("blessed", config, run)
         return alert_if_due(config, write_report(run))                                      # 6
     except Exception as error:
-        report = write_report(run, failed=in_words(error), return_state=True)  # never hides the cause
+        report = write_report(run, failed=failure_words(error), return_state=True)  # never hides the cause
         if report.is_failed():  # on a full disk, say: said, and the cause stays the run's last line
             get_run_logger().warning("the report could not be written: %s", failure_line(report))
         raise
@@ -302,7 +302,12 @@ def run_added(place: str, config: RunConfig, run: RunDir) -> None:
             stage_task(of.name)(run_program)(of, config, run)
 
 
-@task(name="report", retries=1)
+def not_a_full_disk(task, task_run, state) -> bool:
+    """Retry the report, unless its disk took no more: the next try would meet the same disk."""
+    return unwritable(state.result(raise_on_failure=False)) is None
+
+
+@task(name="report", retries=1, retry_condition_fn=not_a_full_disk)
 def write_report(run: RunDir, skipped: str | None = None, failed: str | None = None) -> dict:
     """Prunes older run folders by the retention rule, then writes report.md, report.json and plots
     into the run folder and shows them as artifacts."""
@@ -374,15 +379,15 @@ def finished_training(run: RunDir) -> results.TrainMetrics | None:
 
 def failure_line(state) -> str | None:
     """A failed flow run's (or task run's) cause in one line: the stage and its own error (flows/programs.py
-    StageError.line), else `in_words`; None when its state holds no exception to say it."""
+    StageError.line), else `failure_words`; None when its state holds no exception to say it."""
     try:
         error = state.result(raise_on_failure=False)
     except Exception:  # a result that cannot be read back says nothing
         return None
-    return (getattr(error, "line", None) or in_words(error)) if isinstance(error, Exception) else None
+    return (getattr(error, "line", None) or failure_words(error)) if isinstance(error, Exception) else None
 
 
-def in_words(error: Exception) -> str:
+def failure_words(error: Exception) -> str:
     """A failure as the report says it: a refused write into ROOT as os_error_line says it (the path, and why:
     a full disk), anything else by its message."""
     return os_error_line(error) if isinstance(error, OSError) else str(error)

@@ -65,8 +65,8 @@ def test_a_root_on_a_full_disk_is_one_line_and_the_command_it_prints_runs_once_t
 
 def test_a_run_folder_full_after_its_configuration_fails_in_one_line_and_the_report_says_it_is_unwritten(
         pushed_run, tmp_path):
-    """Room for the configuration alone: the ingest's result, kept by the flow, fails, then the report. The report's
-    failure is a line of its own; the run's last line stays the ingest's."""
+    """Room for the configuration alone: the ingest's result, kept by the flow, fails, then the report, tried once.
+    The report's failure is a line of its own; the run's last line stays the ingest's."""
     source, root = copy_of(pushed_run, tmp_path)
     night = os.path.join(root, "runs", "night")
     with small_disk(night) as disk:
@@ -75,6 +75,7 @@ def test_a_run_folder_full_after_its_configuration_fails_in_one_line_and_the_rep
         command = failed_for_space(done, f"{night}/ingest.json cannot be written: no space left on device")
         unwritten = [line for line in done.stderr.splitlines() if "the report could not be written: " in line]
         assert len(unwritten) == 1 and f"{night}/" in unwritten[0] and "no space left on device" in unwritten[0]
+        assert "Retry" not in done.stderr  # a full disk refuses the next try as well
         assert command == given and sorted(os.listdir(night)) == [".filler", "config.json"]
         disk.free()
         runs_the_night(command)
