@@ -56,9 +56,9 @@ def test_every_stage_is_a_group_of_the_run_configuration_with_a_timeout():
         assert Timeouts.model_fields[s.name].default > 0, s.name
 
 
-def test_the_flow_takes_the_run_configuration_and_only_what_says_why_the_run_started():
+def test_the_flow_takes_the_run_configuration_why_the_run_started_and_the_networks_its_deployment_allows():
     parameters = inspect.signature(pipeline.fn).parameters
-    assert list(parameters) == [*RunConfig.model_fields, "skip_unchanged", "run_id", "arrived"]
+    assert list(parameters) == [*RunConfig.model_fields, "skip_unchanged", "run_id", "arrived", "networks"]
     for name, field in RunConfig.model_fields.items():
         default = parameters[name].default
         required = field.is_required() or name == "source"  # optional for a stage by hand; the flow ingests it
