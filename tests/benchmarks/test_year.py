@@ -171,5 +171,7 @@ def test_a_few_seeds_of_a_short_year_keep_every_invariant(tmp_path_factory, tmp_
     assert [len(r.nights) for r in results] == [SHORT_YEAR["nights"]] * len(SHORT_YEAR["seeds"]), lines
     assert all(r.nights[0]["served_version"] for r in results), lines  # the first night trains and pushes
     done = set().union(*(r.kinds for r in results))
-    assert {"one", "none", "broken", "odd", "disk_full", "kill_stage"} <= done, done
+    # A kill timed into a stage strikes only when the stage lasts that long, which a fast machine may not: it
+    # is drawn (above), and carried out or said not applicable.
+    assert {"one", "none", "broken", "odd", "disk_full"} <= done, done
     assert not [f for r in results for f in r.failures], table(results) + "\n" + "\n".join(lines)
