@@ -1,4 +1,4 @@
-"""The ROOT layout of DESIGN.md: the one place that knows where each artifact lives.
+"""The ROOT layout of docs/layout.md (The artifact ROOT): the one place that knows where each artifact lives.
 
 ROOT is a local path, file://, s3:// or gs:// (config.py says why no other). Every stage reads and
 writes under it, so stages hand each other URIs, never objects in memory. `Root` names the data

@@ -1,4 +1,4 @@
-"""The record and serving contracts of DESIGN.md: tf.Example features (ImageNet-style keys, as in
+"""The record and serving contracts of docs/layout.md (Records): tf.Example features (ImageNet-style keys, as in
 TensorFlow's ImageNet TFRecords; a span is no TFDS dataset) and the signatures of every exported model.
 
 `encode_example` writes the wire format directly, so the ingest workers build records without

@@ -95,7 +95,7 @@ def imagenet_file(network: str, timeout: float = FETCH_TIMEOUT_SECONDS, origin: 
 
 
 # ---------------------------------------------------------------- the candidate SavedModel
-# float32, no XLA, the serving signature of DESIGN.md plus one for TFMA.
+# float32, no XLA, the serving signature of docs/layout.md (Records) plus one for TFMA.
 #
 # `serving_default`: `image_bytes` (string [N], encoded JPEG/PNG) -> `probabilities` (float32 [N, C]),
 # `class_ids` (int64 [N]), `labels` (string [N]).
