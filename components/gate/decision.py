@@ -44,7 +44,7 @@ def decide(candidate: dict, baseline: dict | None, served_version: int | None, s
            validation_failures: list[str], evidence: rule.Evidence | None = None,
            label_reasons: list[str] = ()) -> Decision:
     """Blessed or not, and why, from the metrics and per-record correctness alone: no file, no model,
-    no TFMA. Without `evidence`, or under --decision point, the accuracies are compared as they are.
+    no TFMA. Without `evidence`, or under `gate.decision: point`, the accuracies are compared as they are.
     `label_reasons` (labelset.label_set_reasons) refuse whatever the accuracy."""
     reasons, notes, noise = [*label_reasons, *_floor_reasons(candidate, floor)], [], []
     shared_classes = shared_comparison(candidate, baseline, shared) if baseline is not None and shared else None
@@ -133,7 +133,7 @@ def correct_count(metrics: dict) -> int | None:
 
 def _point_reasons(accuracy: float, baseline: dict | None, shared_classes: dict | None, served_version: int | None,
                    max_regression: float) -> list[str]:
-    """--decision point: the accuracies as they are, at most --max-regression apart."""
+    """`gate.decision: point`: the accuracies as they are, at most `gate.max_regression` apart."""
     if shared_classes is not None:
         drop = shared_classes["baseline_accuracy"] - shared_classes["accuracy"]
         if drop > max_regression + 1e-9:

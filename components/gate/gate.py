@@ -6,9 +6,9 @@ and the confusion matrix. The newest version in ROOT/models/<name>/ is evaluated
 records as the baseline. A floor on accuracy (default: beat the share of the most common class, so a
 model that learned nothing is never blessed) is given to TFMA. The comparison with the served
 version is paired: both models answer the same records, one by one (records.py), and under
---decision evidence (rule.py, evidence.py) a candidate is refused only when the whole interval of
+`gate.decision: evidence` (rule.py, evidence.py) a candidate is refused only when the whole interval of
 the difference lies below -max_regression, against the newest served version or the retained version
-most accurate on these records; --decision point compares the two accuracies as they are (TFMA then
+most accurate on these records; `gate.decision: point` compares the two accuracies as they are (TFMA then
 holds the same change threshold). When the candidate knows classes the served version does not
 (labels are append-only, so they come last), the two are compared on the classes both know. Class by
 class, a fall below the served version with evidence refuses (forgetting.py), under either decision,
@@ -265,7 +265,7 @@ def evaluate(config: RunConfig, inputs: GateInputs) -> tuple[dict, dict]:
     """TFMA's results (candidate, and baseline when compared) and the serving check's report."""
     floor, served, run = inputs.floor, inputs.served, inputs.run
     with tempfile.TemporaryDirectory(prefix="stoke-gate-") as scratch:
-        # Under --decision evidence the paired interval judges the drop, so TFMA keeps only the floor:
+        # Under `gate.decision: evidence` the paired interval judges the drop, so TFMA keeps only the floor:
         # its change threshold compares point estimates.
         eval_config = eval_config_for(floor.value + (0.0 if floor.inclusive else 1e-9), config.gate.max_regression,
                                       inputs.top_k, with_baseline=served.uri is not None,

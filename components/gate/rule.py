@@ -1,4 +1,4 @@
-"""The evidence rule of the gate (`--decision evidence`): a regression refuses only when it is real.
+"""The evidence rule of the gate (`gate.decision: evidence`, the default): a regression refuses only when it is real.
 
 A drop of a few records on a small eval set is noise: the candidate is refused only when the whole
 paired interval of (candidate minus served) lies below -max_regression, against the newest served
