@@ -29,8 +29,10 @@ from beam_jobs.ingest import run as ingest
 from components.common.spans import Spans
 from components.contracts.run_config import RunConfig
 from components.datacheck.datacheck import check_spans
+from components.gate.gate import gate
+from components.push.push import push
+from components.train import trainer
 from flows.demo import NAMES, write_digits
-from tests.components.gate_runs import push_run, train_run, validate_run
 
 BEAM = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
 
@@ -60,10 +62,15 @@ def served_root(tmp: str, pool: list, train: int, epochs: int) -> str:
     if not ingested(source, root):
         sys.exit("ingest of the training digits failed")
     check_spans(RunConfig(root=root))
-    train_run(root, "served", "--epochs", str(epochs), "--seed", "1", "--precision", "float32", "--batch-size", "32")
-    code, gate = validate_run(root, "served")
-    if code or not gate["blessed"] or push_run(root, "served")[0]:
-        sys.exit(f"the model was not blessed and pushed: {gate.get('reasons')}")
+    config = RunConfig.model_validate({"root": root, "train": {
+        "network": "small_cnn", "weights": "none", "image_size": 32, "batch_size": 32, "epochs": epochs, "seed": 1,
+        "precision": "float32", "xla": False, "input_probe_steps": 0}}).resolved()
+    with contextlib.redirect_stdout(sys.stderr):  # Keras' progress, for people
+        trainer.train(config, run_id="served")
+        verdict = gate(config, run_id="served")
+        if not verdict["blessed"]:
+            sys.exit(f"the model was not blessed: {verdict['reasons']}")
+        push(config, run_id="served")
     return root
 
 

@@ -86,6 +86,13 @@ def test_only_flows_know_prefect(folder):
     assert offenders == []
 
 
+@pytest.mark.parametrize("folder", ["components", "beam_jobs", "flows", "benchmarks", "examples"])
+def test_nothing_but_tests_imports_tests(folder):
+    # A benchmark, like the product, stands on product code: what it shares with a test lives in the product.
+    offenders = [m for m, names in imports(folder).items() if any(n.split(".")[0] == "tests" for n in names)]
+    assert offenders == []
+
+
 def tool_packages() -> set[str]:
     """Packages under components/ that are whole commands of their own but no stage (the report)."""
     return {module.split(".")[1] for module, _ in TOOLS.values() if module.startswith("components.")
