@@ -36,3 +36,32 @@ def test_every_stoke_environment_variable_is_in_the_reference():
     rows = {found for line in table.splitlines() if line.startswith("| `") for found in name.findall(line.split(" | ")[0])}
     assert used - rows == set(), f"add these to the Environment table of docs/configuration.md: {sorted(used - rows)}"
     assert rows - used == set(), f"nothing reads these any more: {sorted(rows - used)}"
+
+
+# The code map is the section "## The code" of docs/layout.md. It names each module by its path from the
+# repository's root in backticks (`components/train/trainer.py`), whatever the text around it, so a module
+# is found by that alone (a bare `trainer.py` names no file of the repository, so the map refuses it). It covers
+# every module of these folders; a package's `__init__.py` and `__main__.py` go without saying (the package is
+# named by its folder, its program is `python -m` the package). benchmarks/ and tests/ are outside it: the
+# benchmarks are docs/benchmarks.md's, and the tests mirror the folders above.
+MAPPED = ("components", "beam_jobs", "flows", "examples")
+UNMAPPED = ("__init__.py", "__main__.py")
+
+
+def code_map() -> set[str]:
+    import re
+
+    layout = (REPO / "docs" / "layout.md").read_text()
+    section = layout.split("\n## The code\n", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"`([\w./-]+\.py)`", section))
+
+
+def test_the_code_map_names_every_module():
+    modules = {path.relative_to(REPO).as_posix() for folder in MAPPED for path in (REPO / folder).rglob("*.py")
+               if path.name not in UNMAPPED}
+    assert sorted(modules - code_map()) == [], "add these to the code map in docs/layout.md, each with its job"
+
+
+def test_the_code_map_names_only_modules_that_exist():
+    assert sorted(name for name in code_map() if not (REPO / name).is_file()) == [], \
+        "these are not modules of the repository: correct or remove them in docs/layout.md's code map"
