@@ -1,0 +1,1 @@
+"""The Prefect flows, their deployments and work pools, and the `stoke` command."""

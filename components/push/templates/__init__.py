@@ -1,0 +1,1 @@
+"""The serving image's templates, read as package data by components/push/serving_image.py."""
