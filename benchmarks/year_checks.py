@@ -23,7 +23,7 @@
    cache within shard_cache.max_gb, and no more Prefect flow runs than runs started.
 7. nothing-running: no process of the year's runs alive, none listening, WORK/tmp empty (but for the temporary
    folder of the stage program a `stoke run` killed outright was running), and no Prefect flow run still said to be
-   running once its `stoke run` is gone.
+   running once its `stoke run` is gone and a later run of ROOT could have said it crashed.
 8. data-not-command: a string read from ROOT is never run (ROOT/serving/commands.json edited by hand).
 """
 from __future__ import annotations
@@ -43,6 +43,7 @@ import psutil
 
 from benchmarks.year_world import MODEL, SETTINGS, Attempt, World, read_json
 from components.common.repository import ANSWERS_FILE, ASSETS_EXTRA, LINEAGE_FILE
+from flows.lost_runs import LOOK_AGAIN, START_GRACE
 
 INVARIANTS = ("1 runs-next", "2 nothing-lost", "3 no-regression", "4 lineage-true", "5 no-secret", "6 bounded",
               "7 nothing-running", "8 data-not-command")
@@ -496,11 +497,17 @@ class Checks:
             aside.mkdir(parents=True, exist_ok=True)
             for path in self.world.tmp.iterdir():
                 path.rename(aside / path.name)
+        # A run killed outright cannot say so: the next run of ROOT says it crashed (flows/lost_runs.py), once
+        # the dead run is START_GRACE old. So a flow run still said running is a failure when a run started
+        # after it by more than that: it should have been found.
+        newest = max((a.started for a in self.world.attempts), default=0.0)
         running = [f"{r['name']} ({(r.get('parameters') or {}).get('run_id')})"
                    for r in prefect_runs(self.world.env, self.world.root) or []
-                   if (r.get("state_type") or "") in ("RUNNING", "PENDING")]
+                   if (r.get("state_type") or "") in ("RUNNING", "PENDING")
+                   and newest - iso_seconds(r.get("start_time") or "") > START_GRACE + LOOK_AGAIN]
         if running:
-            problems.append(f"Prefect says flow runs {running[:4]} are still running, though no `stoke run` is")
+            problems.append(f"Prefect says flow runs {running[:4]} are still running, though no `stoke run` is, and "
+                            "a run of ROOT started since has not said they crashed")
         return problems
 
     # ------------------------------------------------------------ 8

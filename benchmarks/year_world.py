@@ -59,6 +59,7 @@ class Attempt:
     killed: bool = False
     served_before: int | None = None
     seconds: float = 0.0
+    started: float = 0.0  # the wall clock as it started, to set beside Prefect's times
     bucket: dict | None = None  # the bucket's files as the run started: path -> year_bucket.File
 
     @property
@@ -142,7 +143,7 @@ class World:
         with open(attempt.out, "w") as out, open(attempt.err, "w") as err:
             process = processes.start(self.run_command(run_id), stdout=out, stderr=err, env=self.env,
                                       cwd=str(self.work))
-        attempt.seconds = time.monotonic()
+        attempt.seconds, attempt.started = time.monotonic(), time.time()
         self.attempts.append(attempt)
         self.running.append(process)
         return process, attempt

@@ -69,6 +69,7 @@ from components.preflight.source import NAME as SOURCE_CHECK
 from flows.alerts import alert_failed, alert_if_due
 from flows.console import quiet_failures
 from flows.gpus import gpu_slot
+from flows.lost_runs import running
 from flows.parameters import (
     check_job_variables,
     check_network_choice,
@@ -142,30 +143,31 @@ def pipeline(
         raise ConfigurationError(str(error)) from None
     get_run_logger().info("run %s: %s -> %s (preset %s)", run.run_id, secrets.recorded(config.source), run.uri,
                           config.preset)
-    write_json(run.config, recorded(config))
-    for uri, data in code.items():  # the code config.json names, beside it: every stage reads this copy
-        write_whole(uri, data)
-    try:
-        if config.preflight is not None:
-            check_machine(config, run)                                                      # 1
-        ingest_span(config, run, arrived)                                                   # 2
-        held = check_spans(config, run) if Spans(config.root).unchecked() else []             # 2b
-        run_added("checks", config, run)
-        skipped = nothing_to_train(config, held, skip_unchanged)
-        if skipped:
-            return alert_if_due(config, write_report(run, skipped=skipped))
-        train_model(config, run)                                                            # 3
-        blessed = gate_model(config, run).blessed                                           # 4
-        run_added("training", config, run)
-        if blessed:
-            push_model(config, run)                                                         # 5
-            run_added("blessed", config, run)
-        return alert_if_due(config, write_report(run))                                      # 6
-    except Exception as error:
-        report = write_report(run, failed=failure_words(error), return_state=True)  # never hides the cause
-        if report.is_failed():  # on a full disk, say: said, and the cause stays the run's last line
-            get_run_logger().warning("the report could not be written: %s", failure_line(report))
-        raise
+    with running(config.root):  # and runs of ROOT that died without a word are said to have crashed
+        write_json(run.config, recorded(config))
+        for uri, data in code.items():  # the code config.json names, beside it: every stage reads this copy
+            write_whole(uri, data)
+        try:
+            if config.preflight is not None:
+                check_machine(config, run)                                                  # 1
+            ingest_span(config, run, arrived)                                               # 2
+            held = check_spans(config, run) if Spans(config.root).unchecked() else []         # 2b
+            run_added("checks", config, run)
+            skipped = nothing_to_train(config, held, skip_unchanged)
+            if skipped:
+                return alert_if_due(config, write_report(run, skipped=skipped))
+            train_model(config, run)                                                        # 3
+            blessed = gate_model(config, run).blessed                                       # 4
+            run_added("training", config, run)
+            if blessed:
+                push_model(config, run)                                                     # 5
+                run_added("blessed", config, run)
+            return alert_if_due(config, write_report(run))                                  # 6
+        except Exception as error:
+            report = write_report(run, failed=failure_words(error), return_state=True)  # never hides the cause
+            if report.is_failed():  # on a full disk, say: said, and the cause stays the run's last line
+                get_run_logger().warning("the report could not be written: %s", failure_line(report))
+            raise
 
 
 def configure(**given) -> RunConfig:

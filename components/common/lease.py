@@ -59,14 +59,15 @@ class LeaseLost(LeaseError):
 
 @contextlib.contextmanager
 def exclusive(uri: str, purpose: str, ttl: float = TTL, wait: float = 0.0,
-              waiting: Callable[[LeaseHeld], None] | None = None) -> Iterator[_Flock | _ObjectLease]:
+              waiting: Callable[[LeaseHeld], None] | None = None, own: bool = False) -> Iterator[_Flock | _ObjectLease]:
     """Holds the lease at `uri` (a file or an object, created when absent) for the `with` block,
     waiting up to `wait` seconds for a live holder to finish; `waiting` gets the first refusal, once,
-    when there is a wait ahead."""
+    when there is a wait ahead. A lease object goes when let go; a lock file stays for the next writer,
+    unless the lease is the holder's `own`, which no other writer takes (others only look: `held`)."""
     fs, path = filesystem(uri)
     scheme = protocol(fs)
     if is_local(fs):
-        lease = _Flock(path, purpose)
+        lease = _Flock(path, purpose, remove=own)
     elif scheme in ("s3", "s3a"):
         lease = _ObjectLease(uri, _S3(fs, path), purpose, ttl)
     elif scheme in ("gs", "gcs"):
@@ -97,6 +98,35 @@ def exclusive(uri: str, purpose: str, ttl: float = TTL, wait: float = 0.0,
         lease.release()
 
 
+def held(uri: str) -> bool | None:
+    """Whether a live holder holds the lease at `uri` now, as one look sees it: True; False when it is free
+    (let go, or its holder died: an flock the kernel dropped, an object not renewed for its ttl); None when
+    there is no lease there. Looks only: it creates nothing, and holds the lock it tries for an instant, shared,
+    so a holder that takes the lease at that instant waits the moment out (`exclusive`'s `wait`)."""
+    fs, path = filesystem(uri)
+    if is_local(fs):
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)  # drops the shared lock with the descriptor
+        return False
+    scheme = protocol(fs)
+    store = _S3(fs, path) if scheme in ("s3", "s3a") else _GCS(path) if scheme in ("gs", "gcs") else None
+    if store is None:
+        raise LeaseError(f"no lease on {scheme}:// ({uri}): use a local path, s3:// or gs://")
+    found = store.read()
+    if found is None:
+        return None
+    meta, _, age = found
+    return age < float(meta.get("ttl", TTL))
+
+
 def _identity(purpose: str) -> dict:
     return {"holder": f"pid {os.getpid()} on {socket.gethostname()}", "purpose": purpose}
 
@@ -108,8 +138,8 @@ def _who(meta: dict) -> str:
 
 
 class _Flock:
-    def __init__(self, path: str, purpose: str):
-        self.path, self.record = path, json.dumps(_identity(purpose)).encode()
+    def __init__(self, path: str, purpose: str, remove: bool = False):
+        self.path, self.record, self.remove = path, json.dumps(_identity(purpose)).encode(), remove
 
     def acquire(self) -> None:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
@@ -135,6 +165,9 @@ class _Flock:
         """An flock cannot lapse while its process lives."""
 
     def release(self) -> None:
+        if self.remove:  # a lease only its holder ever takes: no other writer can be waiting on this file
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
         os.close(self.fd)  # drops the lock
 
 

@@ -118,6 +118,11 @@ class Root:
         """The lease one prune of the run folders at a time holds (components/common/run_retention.py)."""
         return join(self.runs, ".prune.lock")
 
+    def running(self, flow_run: str) -> str:
+        """The lease a flow run of this ROOT holds while it runs, by its Prefect id: free while Prefect still
+        calls the run Running, the run died without a word (flows/lost_runs.py)."""
+        return join(self.runs, ".running", f"{flow_run}.lock")
+
     def models(self, name: str) -> str:
         return join(self.uri, "models", name)
 

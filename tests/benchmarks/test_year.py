@@ -14,11 +14,13 @@ from benchmarks.year_bucket import Bucket, secret_for
 from benchmarks.year_checks import Checks, NightLog, _runs_rule
 from benchmarks.year_world import World
 
-# Seeds of the short year: night 1 trains on every class; nights 2 and 3 bring, between them, a skewed night
-# and a class alone, a night with nothing new, broken, odd, rewritten and re-uploaded files, a disk that fills,
-# a data check killed, a rollback asked for and a held span left held; SOURCE is read as a folder under a ROOT
-# spelled in unicode on one seed, and served behind a password to a ROOT with a space in it on the other.
-SHORT_YEAR = {"seeds": (6, 133), "nights": 3}
+# The short year: one seed, three nights, found by searching the schedules for the densest (each night of real
+# parts costs most of a minute here, six programs each loading TensorFlow, so the suite buys nights dearly).
+# Night 1 trains on every class; night 2 a skewed mix of two; night 3 brings nothing new but broken and odd
+# files, fills the disk a few seconds into ingest, and the next morning the held span is released and the disk
+# cleared. SOURCE is served behind a password to a ROOT with a space in it. The other secrets, spellings and
+# faults are the long year's (`stoke bench year`, docs/benchmarks.md).
+SHORT_YEAR = {"seeds": (5713,), "nights": 3}
 
 
 def test_a_schedule_is_drawn_from_its_seed_alone():
@@ -38,8 +40,8 @@ def test_every_kind_of_event_is_drawn_within_a_few_seeds():
 
 def test_the_short_year_draws_what_its_test_says():
     kinds = set().union(*(schedule.kinds(schedule.draw(seed, SHORT_YEAR["nights"])) for seed in SHORT_YEAR["seeds"]))
-    assert {"all", "skewed", "one", "none", "broken", "odd", "rewritten", "reuploads", "disk_full", "kill_stage",
-            "release", "rollback", "secret:none", "secret:password", "root:röot ü", "root:the root"} <= kinds, kinds
+    assert {"all", "skewed", "none", "broken", "odd", "disk_full", "release", "free_disk", "secret:password",
+            "root:the root"} <= kinds, kinds
 
 
 # ---------------------------------------------------------------- the checks see what they are for
@@ -171,7 +173,7 @@ def test_a_few_seeds_of_a_short_year_keep_every_invariant(tmp_path_factory, tmp_
     assert [len(r.nights) for r in results] == [SHORT_YEAR["nights"]] * len(SHORT_YEAR["seeds"]), lines
     assert all(r.nights[0]["served_version"] for r in results), lines  # the first night trains and pushes
     done = set().union(*(r.kinds for r in results))
-    # A kill timed into a stage strikes only when the stage lasts that long, which a fast machine may not: it
+    # A fault timed into a stage strikes only when the stage lasts that long, which a fast machine may not: it
     # is drawn (above), and carried out or said not applicable.
-    assert {"one", "none", "broken", "odd", "disk_full"} <= done, done
+    assert {"all", "skewed", "none", "broken", "odd"} <= done, done
     assert not [f for r in results for f in r.failures], table(results) + "\n" + "\n".join(lines)

@@ -7,7 +7,7 @@ import time
 import fsspec
 import pytest
 
-from components.common.lease import LeaseHeld, LeaseLost, exclusive
+from components.common.lease import LeaseHeld, LeaseLost, exclusive, held
 
 
 def test_a_local_lock_admits_one_holder_at_a_time_and_names_it(tmp_path):
@@ -150,3 +150,28 @@ def test_the_wait_counts_from_the_first_refusal_however_long_asking_took(tmp_pat
             with exclusive(path, "second", wait=1e-9, waiting=told.append):
                 pass
     assert len(told) == 1
+
+
+def test_a_look_at_a_local_lease_says_held_free_or_none_and_leaves_it_as_it_was(tmp_path):
+    path = str(tmp_path / "runs" / ".running" / "a.lock")
+    assert held(path) is None and not os.path.exists(path)  # a look creates nothing
+    with exclusive(path, "a run"):
+        assert held(path) is True
+    assert held(path) is False  # the kernel dropped it: let go, or its holder died
+    with exclusive(path, "its own", own=True):  # a lease no other writer takes goes with its holder
+        assert held(path) is True
+    assert held(path) is None
+
+
+def test_a_look_at_a_bucket_lease_says_held_until_it_lapses(s3_bucket):
+    uri = f"s3://{s3_bucket}/runs/.running/a.lock"
+    assert held(uri) is None
+    with exclusive(uri, "a run", ttl=3):
+        time.sleep(4)  # renewed: held beyond its TTL
+        assert held(uri) is True
+    assert held(uri) is None  # let go: the object goes
+    fsspec.filesystem("s3").call_s3("put_object", Bucket=s3_bucket, Key="runs/.running/a.lock", Body=b"{}",
+                                    Metadata={"holder": "gone pid 1", "ttl": "1"})  # as a run that died left it
+    assert held(uri) is True
+    time.sleep(2.1)
+    assert held(uri) is False
