@@ -4,6 +4,7 @@ are split where a reader would split them, not at a line count."""
 import ast
 import importlib.util
 import pathlib
+import sys
 
 import pytest
 
@@ -91,6 +92,12 @@ def test_nothing_but_tests_imports_tests(folder):
     # A benchmark, like the product, stands on product code: what it shares with a test lives in the product.
     offenders = [m for m, names in imports(folder).items() if any(n.split(".")[0] == "tests" for n in names)]
     assert offenders == []
+
+
+def test_no_benchmark_is_named_as_a_module_of_pythons_own():
+    # `python benchmarks/X.py` puts benchmarks/ first on the path: a benchmarks/statistics.py stood in for the
+    # standard library's statistics in every benchmark run that way, and photos.py failed at its summary.
+    assert sorted(p.stem for p in (REPO / "benchmarks").glob("*.py") if p.stem in sys.stdlib_module_names) == []
 
 
 def tool_packages() -> set[str]:
