@@ -58,7 +58,6 @@ from components.contracts.config import (
     RunsConfig,
     ShardCacheConfig,
     TrainConfig,
-    network_parts,
 )
 from components.contracts.layout import Root, RunDir, new_run_id
 from components.contracts.presets import PresetName
@@ -221,11 +220,7 @@ def stage_task(name: str):
 def check_machine(config: RunConfig, run: RunDir) -> summaries.PreflightSummary:
     """Checks SOURCE, disks, read speed, GPUs, /dev/shm and limits; stops the run on a failed check."""
     try:
-        # The weights a built-in network starts from, when they are ImageNet's: found before ingest, not after it (a
-        # network of the user's code fetches its own: the network check builds it).
-        facts = {"imagenet_network": config.train.network} if config.train.weights == "imagenet" and \
-            network_parts(config.train.network)[0] in ("builtin", "application") else {}
-        return run_program(stage("preflight"), config, run, **facts)
+        return run_program(stage("preflight"), config, run)
     except StageError as error:
         if error.summary is None:
             raise

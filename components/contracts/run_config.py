@@ -24,7 +24,6 @@ from components.contracts.config import (
     DataCheckConfig,
     GateConfig,
     IngestConfig,
-    NetworkReference,
     PreflightConfig,
     PushConfig,
     RootLocation,
@@ -121,6 +120,3 @@ class RunFacts(BaseModel):
     arrived: str | None = Field(None, description="a file of URIs in SOURCE, one a line, that bucket notifications "
                                 "announced: only these are read, instead of listing all of SOURCE")
     span: int | None = Field(None, gt=0, le=MAX_SPAN, description="span to check (default: the newest published)")
-    imagenet_network: NetworkReference | None = Field(None, description="a network whose ImageNet weights training will load "
-                                             "(the flow names train.network when train.weights is imagenet): "
-                                             "preflight checks they can be had")

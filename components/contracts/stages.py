@@ -41,7 +41,7 @@ class Stage:
 STAGES: tuple[Stage, ...] = (
     Stage("preflight", "components.preflight", "the machine before any GPU hour: SOURCE, disks, read speed, GPUs, "
           "/dev/shm, limits", config.PreflightConfig, summaries.PreflightSummary,
-          inputs=("root", "source", "shard_cache", "imagenet_network"), timeout=10),
+          inputs=("root", "source", "preset", "shard_cache"), timeout=10),
     Stage("ingest", "beam_jobs.ingest", "new images to a new span of GZIP TFRecords (Beam)",
           config.IngestConfig, summaries.IngestSummary,
           inputs=("source", "root", "arrived"), required=("source", "root"), retries=2, timeout=240),

@@ -16,8 +16,9 @@ import os
 from components.common import network_code
 from components.common.files import is_uri
 from components.common.spans import Spans
-from components.contracts.config import TrainConfig, network_parts
+from components.contracts.config import TrainConfig
 from components.preflight.checks import Check
+from components.preflight.weights import imagenet_network
 
 NAME = "network"
 FIRST_CLASSES = 2
@@ -50,8 +51,6 @@ def network_check(train: TrainConfig, root: str) -> Check:
 def _weights(train: TrainConfig) -> str | None:
     """The weights the network is built from here: a weights file as training has it; ImageNet's only for a network
     of the user's, which fetches its own (a built-in network's are the ImageNet weights check's to find)."""
-    if train.weights in (None, "none"):
-        return None
-    if train.weights == "imagenet" and network_parts(train.network)[0] in ("builtin", "application"):
+    if train.weights in (None, "none") or imagenet_network(train):
         return None
     return train.weights

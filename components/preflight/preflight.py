@@ -24,24 +24,26 @@ from components.preflight.network import network_check
 from components.preflight.source import source_check
 from components.preflight.storage import disk_health, free_space, local_path, read_throughput, shard_cache, writable
 from components.preflight.weights import NAME as WEIGHTS_CHECK
-from components.preflight.weights import imagenet_check
+from components.preflight.weights import imagenet_check, imagenet_network
 
 
-def preflight(config: RunConfig, *, imagenet_network: str | None = None) -> Report:
-    """The checks `config.preflight` asks for, of ROOT, SOURCE and the shard cache of `config`."""
+def preflight(config: RunConfig) -> Report:
+    """The checks `config.preflight` asks for, of ROOT, SOURCE and the shard cache of `config`, and of the network
+    and weights its training starts from."""
     settings = config.preflight or PreflightConfig()  # a configuration that skips them, run by hand anyway
+    # train's settings as training has them: the preset filled (a resolved configuration, config.json, is unchanged)
     return run_checks(config.root, source=config.source, require_gpu=settings.require_gpu,
                       min_read_mbps=settings.min_read_mbps, sample_mb=settings.sample_mb, cache=config.shard_cache,
-                      imagenet_network=imagenet_network, network=config.train)
+                      network=config.resolved().train)
 
 
 def run_checks(root: str, source: str | None = None, require_gpu: bool = False,
                min_read_mbps: float | None = None, *, sample_mb: int = 256,
                mounts_text: str | None = None, sys_root: str = "/sys",
                smartctl: str = "smartctl", cache: ShardCacheConfig | None = None,
-               imagenet_network: str | None = None, network: TrainConfig | None = None) -> Report:
-    """Every preflight check for training from ROOT and ingesting from SOURCE, for the ImageNet weights of
-    `imagenet_network` when training starts from them, and for the network `network` (train's settings) names.
+               network: TrainConfig | None = None) -> Report:
+    """Every preflight check for training from ROOT and ingesting from SOURCE, and for the network `network` (train's
+    settings, the preset filled) names and the ImageNet weights it starts from, when it does.
     SOURCE comes first, and alone when it fails: a run that cannot read its input need not wait for TensorFlow's
     import to say so. The network next: a settings problem, said before the machine's."""
     found = [source_check(source)] if source else []
@@ -61,8 +63,9 @@ def run_checks(root: str, source: str | None = None, require_gpu: bool = False,
     cache = cache or ShardCacheConfig()
     checks.append(_guarded("shard cache", shard_cache, root, manifests, cache.dir, cache.max_gb))
     checks.append(_guarded("ROOT writable", writable, root))
-    if imagenet_network:
-        checks.append(_guarded(WEIGHTS_CHECK, imagenet_check, imagenet_network))
+    imagenet = imagenet_network(network) if network is not None else None
+    if imagenet:
+        checks.append(_guarded(WEIGHTS_CHECK, imagenet_check, imagenet))
     gpu = _guarded("GPU", gpu_check, require_gpu)
     gpus = gpu.facts.get("count", 0)
     checks += [gpu, _guarded("TensorFlow GPUs", tensorflow_check, require_gpu, gpus),
@@ -116,8 +119,8 @@ def run(argv: list[str] | None = None) -> int:
     done: list[Report] = []
 
     def work() -> dict:
-        config, facts = program.stage_config("preflight", args)
-        done.append(preflight(config, imagenet_network=facts.imagenet_network))
+        config, _ = program.stage_config("preflight", args)
+        done.append(preflight(config))
         return done[0].to_dict()
 
     def describe(summary: dict) -> str:

@@ -7,11 +7,20 @@ from __future__ import annotations
 import urllib.request
 
 from components.common import pretrained
-from components.contracts.config import APPLICATIONS
+from components.contracts.config import APPLICATIONS, TrainConfig, network_parts
 from components.preflight.checks import Check
 
 NAME = "ImageNet weights"
 TIMEOUT_SECONDS = 5.0  # as training's download: a firewall that drops packets costs seconds, not minutes
+
+
+def imagenet_network(train: TrainConfig) -> str | None:
+    """The network whose ImageNet weights training loads itself (train.weights imagenet, a built-in network or one of
+    keras.applications'), or None: weights none or a local .h5 file, or a network of the user's code, which fetches
+    its own as it is built (the network check builds it). `train` is train's settings with the preset filled."""
+    if train.weights == "imagenet" and network_parts(train.network)[0] in ("builtin", "application"):
+        return train.network
+    return None
 
 
 def imagenet_check(network: str, timeout: float = TIMEOUT_SECONDS) -> Check:

@@ -3,14 +3,15 @@ from __future__ import annotations
 
 import hashlib
 import http.server
+import json
 import socket
 
 import pytest
 
 from components.common import pretrained
-from components.common.program import stage_arguments, stage_config
-from components.preflight.preflight import run_checks
-from components.preflight.weights import imagenet_check
+from components.contracts.run_config import RunConfig
+from components.preflight import preflight
+from components.preflight.weights import imagenet_check, imagenet_network
 from tests.waiting import web_server
 
 NETWORK = "efficientnet_b0"
@@ -74,20 +75,44 @@ def test_weights_that_cannot_be_had_fail_the_check_with_the_ways_out(keras_home,
     assert "set train.weights to a local Keras .h5 such as weights.h5" in check.fix and "--set train.weights=none" in check.fix
 
 
-def test_the_check_runs_only_for_a_run_that_starts_from_imagenet(keras_home, monkeypatch, tmp_path):
+# (the run configuration's settings, the network whose ImageNet weights preflight looks for: None when training loads
+# none of ImageNet's itself)
+RUNS = [
+    ({}, NETWORK),  # the production preset: efficientnet_b0 from ImageNet
+    ({"train": {"weights": "none"}}, None),
+    ({"train": {"weights": "backbone.h5"}}, None),
+    ({"preset": "cpu"}, None),
+    ({"preset": "cpu", "train": {"network": "mobilenet_v3_small", "weights": "imagenet"}}, "mobilenet_v3_small"),
+    ({"train": {"network": "keras.applications.ResNet50"}}, "keras.applications.ResNet50"),
+    # the user's code fetches its own as it is built: the network check builds it
+    ({"train": {"network": "nets.wide:network"}}, None),
+    ({"train": {"network": "nets/wide.py:network"}}, None),
+]
+
+
+@pytest.mark.parametrize("settings, checked", RUNS, ids=[json.dumps(run[0]) for run in RUNS])
+def test_the_check_is_for_the_network_whose_imagenet_weights_training_loads(settings, checked):
+    assert imagenet_network(RunConfig(root="r", **settings).resolved().train) == checked
+
+
+@pytest.mark.parametrize("train, flags, checked", [
+    ({}, [], True),  # the production preset's weights
+    ({"weights": "none"}, [], False),
+    ({}, ["--preset", "cpu"], False),
+], ids=["production", "weights none", "cpu preset"])
+def test_preflight_by_hand_looks_for_the_weights_its_configuration_starts_from(train, flags, checked, keras_home,
+                                                                               monkeypatch, tmp_path, capsys):
+    """As the flow runs it, on the run's config.json, and as a person runs it, on a file of their own or a preset."""
     at(monkeypatch, "http://127.0.0.1:9/")
-    root = str(tmp_path / "root")
-    names = [c.name for c in run_checks(root, sample_mb=1).checks]
-    assert "ImageNet weights" not in names
-    report = run_checks(root, sample_mb=1, imagenet_network=NETWORK)
-    (check,) = [c for c in report.checks if c.name == "ImageNet weights"]
-    assert check.status == "fail" and report.failure_line().startswith("ImageNet weights failed")
-
-
-def test_the_flow_and_a_person_name_the_network_alike():
-    from components.contracts.run_config import RunConfig
-
-    _, by_hand = stage_config("preflight", stage_arguments("preflight", ["--root", "r", "--imagenet-network", NETWORK]))
-    config = RunConfig(source="s", root="r", preset="production").resolved()
-    assert config.train.weights == "imagenet"
-    assert by_hand.imagenet_network == config.train.network == NETWORK
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps({"preflight": {"sample_mb": 1}, "train": {"image_size": 32, **train}}))
+    code = preflight.run(["--config", str(config), "--root", str(tmp_path / "root"), "--json", *flags])
+    out, err = capsys.readouterr()
+    checks = {c["name"]: c for c in json.loads(out.strip().splitlines()[-1])["checks"]}
+    assert checks["network"]["status"] == "ok", checks["network"]
+    if checked:
+        assert code == 1 and checks["ImageNet weights"]["status"] == "fail"
+        line = err.strip().splitlines()[-1]
+        assert line.startswith("stoke preflight: ImageNet weights failed: efficientnet_b0's are not in the Keras cache")
+    else:
+        assert code == 0 and "ImageNet weights" not in checks, err
