@@ -36,6 +36,7 @@ import json
 import os
 import re
 import urllib.parse
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -534,13 +535,23 @@ def _free(lock: Path) -> bool:
 
 
 def _contents(path: Path) -> bytes:
-    data = path.read_bytes()
-    if data[:2] == b"\x1f\x8b":
+    """A file's bytes and, for a gzip file, what its members hold as far as they can be read: a shard whose bytes
+    were flipped is read up to the damage, which zlib meets with its own error, no OSError."""
+    data = rest = path.read_bytes()
+    found = []
+    while rest[:2] == b"\x1f\x8b":
+        member = zlib.decompressobj(31)
         try:
-            data += gzip.decompress(data)
-        except (OSError, EOFError):
-            pass
-    return data
+            for start in range(0, len(rest), 1 << 16):
+                found.append(member.decompress(rest[start:start + (1 << 16)]))
+                if member.eof:
+                    break
+        except zlib.error:
+            break
+        if not member.eof:
+            break
+        rest = member.unused_data + rest[start + (1 << 16):]
+    return data + b"".join(found)
 
 
 def _record_uris(index: Path) -> list[str]:

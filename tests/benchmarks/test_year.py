@@ -5,7 +5,9 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import random
 import time
+import zlib
 
 import pytest
 
@@ -68,6 +70,35 @@ def test_a_secret_is_found_in_a_gzip_member_under_root_and_in_prefects_database(
     (found,) = checks.no_secret(night)
     assert "work/disk/root/data/spans/span-00001/train-00000-of-00001.tfrecord.gz" in found
     assert "prefect.db" in found
+
+
+def test_a_secret_is_found_in_a_gzip_file_damaged_after_it_and_the_damage_is_no_error(world):
+    """Bytes flipped in a shard (a hand edit the year makes) stop zlib with its own error, or the CRC check with
+    an OSError: the members before the damage are still read, and the damage stops no check."""
+    secret = secret_for("digits_password", 5)
+    checks = Checks(world, bucket=None, secret=secret, held_out=[])
+    span = world.root / "data" / "spans" / "span-00001"
+    span.mkdir(parents=True)
+    words = random.Random(1)
+    text = "".join(words.choice(["alpha ", "beta ", "gamma ", "delta "]) for _ in range(60000)).encode()
+    whole = gzip.compress(b"x" * 10) + gzip.compress(secret.password.encode()) + gzip.compress(text)
+    flips, damaged = random.Random(0), {}
+    for _ in range(1000):  # 8 bytes flipped at random, past the secret's member, until zlib and the CRC refuse
+        data = bytearray(whole)
+        at = flips.randrange(100, len(whole) - 20)
+        data[at:at + 8] = bytes(flips.randrange(256) for _ in range(8))
+        try:
+            gzip.decompress(bytes(data))
+        except zlib.error:
+            damaged.setdefault("zlib", bytes(data))
+        except (OSError, EOFError):  # a CRC that fails, or a member cut short
+            damaged.setdefault("crc", bytes(data))
+        if len(damaged) == 2:
+            break
+    for name, data in damaged.items():
+        (span / f"{name}.tfrecord.gz").write_bytes(data)
+    (found,) = checks.no_secret(NightLog(1, [], set(), None, rolled_back=False))
+    assert "span-00001/zlib.tfrecord.gz" in found and "span-00001/crc.tfrecord.gz" in found
 
 
 def test_the_retention_check_finds_a_run_kept_whole_beyond_the_rule(world):
