@@ -3,7 +3,7 @@
     python -m beam_jobs.ingest SOURCE --root ROOT [--shard-mb 128] [--runner DataflowRunner ...]
 
     driver: list SOURCE, drop what published spans already hold (beam_jobs/compare.py), stage the list
-    Beam:   ReadSources -> Normalize -> WriteShards -> Gather   (beam_jobs/pipeline.py; job.py starts it)
+    Beam:   ReadSources -> Normalize -> WriteShards -> Gather   (beam_jobs/ingest_pipeline.py; job.py starts it)
             (+ each record's content signature)                         (components/common/signatures.py)
     driver: stage the published dHashes, so near-copies join their split  (beam_jobs/near_copies.py)
     driver: keep out copies of published or listed-twice images; near-copies of the arrival follow their

@@ -1,5 +1,5 @@
 """The Beam job as ingest's driver starts it: the new sources staged as lists, the image workers started
-first, Beam loaded and its runner bounded (beam_jobs/bounded.py). The job itself: beam_jobs/pipeline.py."""
+first, Beam loaded and its runner bounded (beam_jobs/bounded.py). The job itself: beam_jobs/ingest_pipeline.py."""
 from __future__ import annotations
 
 import gc
@@ -19,7 +19,7 @@ from components.common.program import os_error_line, unwritable
 from components.contracts.config import IngestConfig
 from components.contracts.summaries import Progress
 
-# Sources per staged list file. The lists are what the job spreads over its workers (beam_jobs/pipeline.py):
+# Sources per staged list file. The lists are what the job spreads over its workers (beam_jobs/ingest_pipeline.py):
 # an arrival of a few thousand makes a few, enough for every worker; and their names keep the job graph small
 # on any runner (10,000 for ten million sources).
 CHUNK = 1_000
@@ -74,7 +74,7 @@ def run_pipeline(chunks: list[str], staging: str, config: IngestConfig, pipeline
             with _long_lived(), _without_cloud_clients(on_threads):
                 import apache_beam as beam
 
-                from beam_jobs.pipeline import build
+                from beam_jobs.ingest_pipeline import build
 
             _flushed_by_size()
             options = pipeline_options(pipeline_args)

@@ -2,7 +2,7 @@
 record or a dead letter) of the MB of all of them, every EVERY seconds while the runner works, and once more
 when it has finished.
 
-Counted where the job converts them (beam_jobs/pipeline.py, Normalize), so only for a runner that runs the
+Counted where the job converts them (beam_jobs/ingest_pipeline.py, Normalize), so only for a runner that runs the
 job on this process's threads (DirectRunner, Stoke's default); a runner of its own processes (Dataflow,
 Flink, Spark, DirectRunner's multi_processing) shows its progress in its own UI, and here there is none.
 What the job has written is no measure of it: a record is its image framed and compressed beside its

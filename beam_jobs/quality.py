@@ -1,5 +1,5 @@
 """Image-quality issues at cleanvision's level, judged from the scores ingest takes in its one decode
-(components/common/quality.py) against the ingest settings; each issue is either set aside (a dead
+(components/common/quality_scores.py) against the ingest settings; each issue is either set aside (a dead
 letter with its reason, as blank frames are) or reported (kept, and named by the data check).
 
 Per image, in the Beam job: blurry, dark, light, low-information, odd aspect ratio, grayscale.

@@ -1,7 +1,7 @@
 """One source file to one training record, or the reason it cannot be one: ingest's work per image.
 
 Free of Beam, so the worker processes of beam_jobs/image_pool.py start in a fraction of a second;
-beam_jobs/pipeline.py runs it in Beam's workers or hands it to those processes.
+beam_jobs/ingest_pipeline.py runs it in Beam's workers or hands it to those processes.
 """
 from __future__ import annotations
 

@@ -72,7 +72,7 @@ def one_image(clock: Clock, path: Path, out, source: dict) -> dict:
     from beam_jobs import quality
     from components.common import images, signatures
     from components.common.image_header import open_image
-    from components.common.quality import moments, scores_of, thumbnail
+    from components.common.quality_scores import moments, scores_of, thumbnail
     from components.contracts import schema
 
     data = clock("read", path.read_bytes)

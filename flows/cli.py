@@ -19,11 +19,11 @@ from components.contracts import stages
 TOOLS = {
     "report": ("components.report", "(re)build a run's report from its folder"),
     "rollback": ("components.push.rollback", "take the newest served version out of the repository"),
-    "lineage": ("components.push.lineage", "where a served version came from"),
+    "lineage": ("components.push.show_lineage", "where a served version came from"),
     "predict": ("components.push.predict", "labels and probabilities from a model folder or TF Serving"),
     "runs": ("components.report.runs", "run folders and what the retention rule makes of them; `runs prune` "
              "applies it"),
-    "spans": ("components.datacheck.spans", "published spans and their status; `spans release N` lets a "
+    "spans": ("components.datacheck.span_status", "published spans and their status; `spans release N` lets a "
               "quarantined one in"),
     "deploy": ("flows.work_pools", "register the deployments to a process, Docker or Kubernetes work pool"),
     "data-service": ("components.train.data_service", "a tf.data service dispatcher or worker, for "

@@ -67,7 +67,7 @@ from components.preflight.network import NAME as NETWORK_CHECK
 from components.preflight.source import NAME as SOURCE_CHECK
 from flows.alerts import alert_failed, alert_if_due
 from flows.console import quiet_failures
-from flows.gpus import gpu_slot
+from flows.gpu_slot import gpu_slot
 from flows.lost_runs import running
 from flows.parameters import (
     check_job_variables,
@@ -79,7 +79,7 @@ from flows.parameters import (
 from flows.programs import StageError, run_stage
 from flows.reporting import ProgressArtifact, prune_runs, publish_report
 
-GPU_TAG = "gpu"  # the tasks that hold this machine's GPU slot (flows/gpus.py), tagged for the UI
+GPU_TAG = "gpu"  # the tasks that hold this machine's GPU slot (flows/gpu_slot.py), tagged for the UI
 
 
 def only_transient(task, task_run, state) -> bool:

@@ -66,7 +66,7 @@ def cache_of_this_session(tmp_path_factory):
 
 @pytest.fixture(scope="session", autouse=True)
 def gpu_slot_of_this_session(tmp_path_factory):
-    """Each pytest process its own GPU slot (flows/gpus.py), in its own temporary folder: the tests
+    """Each pytest process its own GPU slot (flows/gpu_slot.py), in its own temporary folder: the tests
     train on the CPU, and a worker queueing behind another worker's slot, or behind another test
     session's on the same machine, would only make the suite slower (or wait out a test's bound)."""
     os.environ.setdefault("STOKE_GPU_LOCK", str(tmp_path_factory.getbasetemp() / "gpus.lock"))

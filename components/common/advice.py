@@ -1,6 +1,6 @@
 """What to change when a run learned nothing: the likely causes this run's settings point to and the
 fixes to try first. Training's warnings (components/train/trainer.py) and the report's alerts
-(components/report/alerts.py) say the same, from the same settings."""
+(components/report/headline.py) say the same, from the same settings."""
 from __future__ import annotations
 
 from components.contracts.config import network_parts

@@ -22,7 +22,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from components.common.image_header import ImageRefused, open_image
-from components.common.quality import SIDE
+from components.common.quality_scores import SIDE
 from components.common.signatures import Pixels, pixels_of
 
 LOSSY = frozenset({"JPEG", "MPO", "WEBP"})
@@ -99,7 +99,7 @@ def _decodes_to_rgb8(data: bytes, image: Image.Image) -> bool:
 def _verify(image: Image.Image) -> None:
     """Decodes the whole file; JPEG at a DCT scale (1/8 at most), which still reads every coefficient
     but skips most of the inverse DCT, so a truncated file is caught at a fraction of the cost. The
-    scale leaves the longer side at least the 64 px the quality scores read (components/common/quality.py)."""
+    scale leaves the longer side at least the 64 px the quality scores read (components/common/quality_scores.py)."""
     if image.format in ("JPEG", "MPO"):
         ratio = max(1 / 8, min(1.0, SIDE / max(image.size)))
         image.draft("RGB", (max(1, math.ceil(image.width * ratio)), max(1, math.ceil(image.height * ratio))))

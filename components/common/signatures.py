@@ -3,7 +3,7 @@
 Computed in ingest's Beam job from what it already holds: the source file's bytes (SHA-256: a
 re-upload under another name shares it) and the image ingest decoded to verify it (a 64-bit
 difference hash of the picture and of its mirror image, the grey level's mean and spread, and the
-quality scores of components/common/quality.py). The driver decides duplicates, writes the span's
+quality scores of components/common/quality_scores.py). The driver decides duplicates, writes the span's
 content index and statistics from these alone (beam_jobs/duplicates.py, statistics.py); a damaged
 content index is computed again from the span's records the same way
 (components/common/trusted_index.py), which is why this lives below both.
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from components.common.quality import Scores, moments, scores_of, thumbnail
+from components.common.quality_scores import Scores, moments, scores_of, thumbnail
 
 HASH_SIDE = 8  # dHash: an 8x9 grey thumbnail, one bit per pair of horizontal neighbours
 BLOCKS = 8  # the finer signature: mean colours of an 8x8 grid of blocks

@@ -33,7 +33,7 @@ class Stage:
     # Where the flow runs it: "checks" before the skip decision, "training" after it, "blessed" only when the
     # gate blessed; a stage the flow has no task of its own for runs after those of its place.
     runs: Literal["checks", "training", "blessed"] = "checks"
-    gpu: bool = False  # holds the machine's GPU slot while it runs (flows/gpus.py); its task is tagged `gpu`
+    gpu: bool = False  # holds the machine's GPU slot while it runs (flows/gpu_slot.py); its task is tagged `gpu`
     retries: int = 1  # more tries, 30 s apart, after a failure another try may not meet (exit code 75, a signal)
     timeout: float = 30  # minutes its program may run: the default of its setting timeouts.<name> (run_config.py)
 

@@ -5,7 +5,7 @@ TensorFlow Model Analysis evaluates the candidate on the eval split of every spa
 and the confusion matrix. The newest version in ROOT/models/<name>/ is evaluated on the same
 records as the baseline. A floor on accuracy (default: beat the share of the most common class, so a
 model that learned nothing is never blessed) is given to TFMA. The comparison with the served
-version is paired: both models answer the same records, one by one (records.py), and under
+version is paired: both models answer the same records, one by one (correctness.py), and under
 `gate.decision: evidence` (rule.py, evidence.py) a candidate is refused only when the whole interval of
 the difference lies below -max_regression, against the newest served version or the retained version
 most accurate on these records; `gate.decision: point` compares the two accuracies as they are (TFMA then
@@ -59,13 +59,13 @@ from components.contracts.layout import Root, RunDir, Shard
 from components.contracts.results import GateResult, ResultError, TrainMetrics
 from components.contracts.run_config import RunConfig
 from components.contracts.summaries import rollback_command
-from components.gate import answers, records, reference, rule
+from components.gate import answers, correctness, reference, rule
 from components.gate.decision import Decision, Floor, collapse, decide
 from components.gate.evalset import eval_spans
 from components.gate.labelset import known_classes, label_set_reasons
 from components.gate.loading import named_unloadable
-from components.gate.shards import named_corruption
 from components.gate.tfma import eval_config_for, label_name, read_tfma, run_tfma
+from components.gate.unreadable_shards import named_corruption
 
 # Loading the model, replaying the warm-up and, when there is one, starting the real server.
 SERVING_CHECK_SECONDS = 15 * 60
@@ -131,7 +131,7 @@ def gate(config: RunConfig, *, run_id: str) -> dict:
 
 
 def _reference_pair(chosen: reference.Chosen | None,
-                    candidate: records.Answered) -> tuple[rule.Reference | None, list[str]]:
+                    candidate: correctness.Answered) -> tuple[rule.Reference | None, list[str]]:
     """The reference's comparison with the candidate, on the records both answered, when it is not the newest
     served version; and what the gate says of the reference."""
     if chosen is None or chosen.recorded is None:
@@ -287,8 +287,8 @@ def evaluate(config: RunConfig, inputs: GateInputs) -> tuple[dict, dict]:
             results = read_tfma(output, inputs.labels, inputs.top_k)
             if output != run.tfma:
                 push(output, run.tfma)
-            results["answers"] = records.answered(models["candidate"], inputs.shards)
-            results["pairs"] = records.pairs(results["answers"], versions, inputs.shards)
+            results["answers"] = correctness.answered(models["candidate"], inputs.shards)
+            results["pairs"] = correctness.pairs(results["answers"], versions, inputs.shards)
 
         _write_warmup(run.warmup, inputs.warm_images, config.model_name)
         serving = serving_check(models["candidate"], local_copy(run.warmup, scratch, "warmup"), config.model_name)

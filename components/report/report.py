@@ -28,8 +28,8 @@ from components.contracts.results import (
 )
 from components.contracts.retention import RetentionSummary
 from components.contracts.summaries import PushSummary, RunReport, StageSection
-from components.report import datacheck as datacheck_section
-from components.report.alerts import alerts
+from components.report import data_section
+from components.report.headline import alerts
 from components.report.input_verdict import figure, verdict
 
 # The keys of a stage's summary that its section of the report shows.
@@ -94,7 +94,7 @@ def build_report(run: RunDir, skipped: str | None = None, failed: str | None = N
         for name, result in present.items() if name not in OWN_SECTIONS}
     report.unserved_spans = _unserved(run, config)
     report.run_folders = _run_folders(run, report.alerts)
-    report.plots = {**_plots(run, report, train, gate), **datacheck_section.plot(run, datacheck)}
+    report.plots = {**_plots(run, report, train, gate), **data_section.plot(run, datacheck)}
     return report
 
 
@@ -160,7 +160,7 @@ def _ingest_section(report: RunReport) -> list[str]:
 
 
 def _datacheck_section(report: RunReport) -> list[str]:
-    return datacheck_section.section(report.datacheck, report.ingest, RunDir(report.run_dir).root, report.plots,
+    return data_section.section(report.datacheck, report.ingest, RunDir(report.run_dir).root, report.plots,
                                      report.unserved_spans)
 
 

@@ -9,8 +9,8 @@ import tensorflow as tf
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_jobs import pipeline
-from beam_jobs.pipeline import DEAD, SIGNATURES, Gather, Normalize, WriteShards
+from beam_jobs import ingest_pipeline
+from beam_jobs.ingest_pipeline import DEAD, SIGNATURES, Gather, Normalize, WriteShards
 from beam_jobs.records import Conversion, read_source
 from beam_jobs.shards import unit
 from components.common.files import read_json
@@ -79,7 +79,7 @@ def test_write_shards_and_gather(tmp_path):
 def test_signatures_roll_over_into_files_of_a_bounded_size(tmp_path, monkeypatch):
     """A bundle holds at most SIGNATURES_PER_FILE signatures in memory: on DirectRunner a bundle is a share of
     the whole arrival."""
-    monkeypatch.setattr(pipeline, "SIGNATURES_PER_FILE", 3)
+    monkeypatch.setattr(ingest_pipeline, "SIGNATURES_PER_FILE", 3)
     records = [("train", unit(b"t%d" % i, "gzip"), {"uri": f"t{i}"}) for i in range(10)]
     with TestPipeline() as p:
         written = p | beam.Create(records) | beam.ParDo(WriteShards(str(tmp_path), 1 << 20, "gzip")).with_outputs(

@@ -11,13 +11,13 @@ import subprocess
 import sys
 import threading
 
-from flows.gpus import gpu_slot
+from flows.gpu_slot import gpu_slot
 from tests.flows.conftest import TINY_BEAM
 from tests.prefect_homes import migrated_home
 from tests.waiting import first_line, wait_for
 
 BIN = os.path.dirname(sys.executable)
-HOLD = ("import logging, sys, time\nfrom flows.gpus import gpu_slot\n"
+HOLD = ("import logging, sys, time\nfrom flows.gpu_slot import gpu_slot\n"
         "with gpu_slot(logging.getLogger('x'), 'holder'):\n    print('held', flush=True)\n    time.sleep(600)\n")
 
 

@@ -97,13 +97,13 @@ def join_candidate(run) -> str:
 def test_lineage_predict_and_rollback_work_on_the_bucket(bucket_runs, capsys):
     import json
 
-    from components.push import lineage, predict, rollback
+    from components.push import predict, rollback, show_lineage
 
     root = bucket_runs["root"]
     versions = Repository(root, "stoke").versions()
     image = fsspec.filesystem("s3").find(f"{bucket_runs['bucket']}/incoming")[0]
 
-    assert lineage.run([str(versions[0]), "--root", root, "--json"]) == 0
+    assert show_lineage.run([str(versions[0]), "--root", root, "--json"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["run_id"] == "first"
     assert predict.run([f"{root}/models/stoke", f"s3://{image}", "--json"]) == 0
     answer = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -14,7 +14,7 @@ from components.common.span_labels import label_set
 from components.contracts.label_set import LabelSet
 from components.contracts.layout import Root
 from components.contracts.results import ResultError
-from components.datacheck.spans import release
+from components.datacheck.span_status import release
 from tests.components.conftest import TRAIN_LABELS, tiny_image, tiny_records, write_span
 from tests.components.gate.test_gate_faults import quarantine
 

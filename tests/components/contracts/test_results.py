@@ -217,7 +217,7 @@ def test_the_hints_to_let_a_held_span_in_name_the_root_it_is_under(tmp_path):
 def test_every_hint_to_let_a_held_span_in_runs_as_printed_under_a_root_with_a_space(tmp_path):
     """The log, the report, training's refusal and a skipped run's reason each name the same command."""
     from components.common.spans import CheckRecord
-    from components.report.datacheck import section
+    from components.report.data_section import section
 
     root = str(tmp_path / "my root")
     command = f"stoke spans release 2 --root '{root}'"

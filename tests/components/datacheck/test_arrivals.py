@@ -12,7 +12,7 @@ from components.common.spans import Spans
 from components.contracts.layout import Root
 from components.contracts.run_config import RunConfig
 from components.contracts.summaries import DataCheckRecord
-from components.datacheck import datacheck, spans
+from components.datacheck import datacheck, span_status
 from tests.components.conftest import tiny_image, write_span
 
 LABELS = ["brick", "grass", "gravel", "sand"]
@@ -54,7 +54,7 @@ def test_skewed_nights_train_and_the_third_in_a_row_quarantines_until_released(t
     assert trained_on(root) == {1, 2, 3}
     assert arrive(root, 5, SKEWED) == [(5, "quarantined")]  # still gone: spans 2, 3 and 5 lack it
     # The class is retired: a release of span 4 accepts it gone, and later nights without it train.
-    spans.release(Root(root), 4, by="ana")
+    span_status.release(Root(root), 4, by="ana")
     assert arrive(root, 6, SKEWED) == [(6, "ok")]
     assert not [a for a in read_result(Root(root).datacheck(6), DataCheckRecord).anomalies if a.class_name == "gravel"
                 and a.kind != "label_drift"]
@@ -77,5 +77,5 @@ def test_a_label_no_span_let_in_had_quarantines_its_span_with_examples(tmp_path,
     assert trained_on(root) == {1}
     # Another night with it is held back too, until a person lets the label in; then it is known.
     assert arrive(root, 3, {**EVERY, "sand": 5}) == [(3, "quarantined")]
-    spans.release(Root(root), 2, by="ana")
+    span_status.release(Root(root), 2, by="ana")
     assert arrive(root, 4, {**EVERY, "sand": 5}) == [(4, "ok")]

@@ -14,7 +14,7 @@ from components.common.spans import SpanNotChecked, Spans
 from components.contracts.layout import Root
 from components.contracts.run_config import RunConfig
 from components.contracts.summaries import DataCheckRecord
-from components.datacheck import datacheck, spans
+from components.datacheck import datacheck, span_status
 from components.train import trainer
 from flows.demo import NAMES, write_digits
 
@@ -110,17 +110,17 @@ def test_a_new_label_quarantines_the_span_and_training_leaves_it_out(spans_root,
 
 def test_release_lets_the_span_in_and_keeps_the_evidence(spans_root, capsys):
     root, _ = spans_root
-    listed = last_json(spans.run(["--root", root, "--json"]), capsys)["spans"]
+    listed = last_json(span_status.run(["--root", root, "--json"]), capsys)["spans"]
     assert [(s["span"], s["status"]) for s in listed] == [(1, "ok"), (2, "warning"), (3, "quarantined")]
     assert "label 'ten' is new" in listed[2]["reason"]
 
-    released = last_json(spans.run(["release", "3", "--root", root, "--by", "ana", "--json"]), capsys)["released"]
+    released = last_json(span_status.run(["release", "3", "--root", root, "--by", "ana", "--json"]), capsys)["released"]
     assert (released["status"], released["released_by"]) == ("released", "ana")
     record = read_result(Root(root).datacheck(3), DataCheckRecord)
     assert (record.status, record.released_by) == ("released", "ana")
     assert record.anomalies and "label 'ten' is new" in record.reasons[0]  # the evidence stays beside the release
     assert {s.span for s in Spans(root).shards("train")} == {1, 2, 3}
-    again = last_json(spans.run(["release", "3", "--root", root, "--json"]), capsys, 1)
+    again = last_json(span_status.run(["release", "3", "--root", root, "--json"]), capsys, 1)
     assert "released already, by ana" in again["error"]
     # Checking a released span again reports its anomalies and holds nothing back.
     (rechecked,) = datacheck.check_spans(RunConfig(root=root), span=3).spans

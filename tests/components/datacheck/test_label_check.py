@@ -23,7 +23,7 @@ from components.contracts.config import TrainConfig
 from components.contracts.layout import Root
 from components.contracts.run_config import RunConfig
 from components.contracts.summaries import DataCheckRecord
-from components.datacheck import datacheck, spans
+from components.datacheck import datacheck, span_status
 from components.report.report import write_report
 from components.train.trainer import suspected_label_errors
 from tests.components.conftest import TRAIN_LABELS, tiny_image, write_span
@@ -107,7 +107,7 @@ def test_files_in_the_wrong_folder_are_flagged_and_named_and_nothing_else_is(tra
     record = read_result(Root(root).datacheck(3), DataCheckRecord)  # the record holds the same findings
     assert record.label_check.flagged == 4 and {a.file for a in record.suspected_label_errors()} == set(flagged)
     assert record.reasons == [] and open(labels["sheet"], "rb").read(4) == b"\x89PNG"
-    assert spans.run(["--root", root, "--json"]) == 0
+    assert span_status.run(["--root", root, "--json"]) == 0
     rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["spans"]
     assert [(r["span"], r["label_errors"]) for r in rows] == [(1, None), (2, None), (3, 4)]
 

@@ -13,7 +13,7 @@ from components.common.spans import SpanNotChecked, Spans
 from components.contracts.layout import Root
 from components.contracts.run_config import RunConfig
 from components.contracts.summaries import DATACHECK_VERSION, DataAnomaly, DataCheckRecord
-from components.datacheck import datacheck, spans
+from components.datacheck import datacheck, span_status
 from tests.components.conftest import TRAIN_LABELS, let_in, tiny_records, write_span
 
 ERRORS = [DataAnomaly(kind="label_drift", severity="error", message="the label mix moved")]
@@ -56,7 +56,7 @@ def root(tmp_path):
 
 
 def listed(root: Root, capsys) -> dict:
-    assert spans.run(["--root", root.uri, "--json"]) == 0, capsys.readouterr().err
+    assert span_status.run(["--root", root.uri, "--json"]) == 0, capsys.readouterr().err
     return {row["span"]: row for row in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["spans"]}
 
 
@@ -88,21 +88,21 @@ def test_a_bad_record_lets_nothing_in_is_named_and_the_listing_goes_on(root, kin
 @pytest.mark.parametrize("kind", sorted(BAD))
 def test_a_span_with_a_bad_record_cannot_be_released_only_checked(root, kind, capsys):
     plant(root.datacheck(2), kind)
-    assert spans.run(["release", "2", "--root", root.uri, "--json"]) == 1
+    assert span_status.run(["release", "2", "--root", root.uri, "--json"]) == 1
     error = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
     assert "check it again with `stoke datacheck" in error and "\n" not in error
-    assert spans.run(["release", "3", "--root", root.uri, "--by", "ana", "--json"]) == 0  # the others as ever
+    assert span_status.run(["release", "3", "--root", root.uri, "--by", "ana", "--json"]) == 0  # the others as ever
     capsys.readouterr()
     assert {s.span for s in Spans(root).shards("train")} == {1, 3}
 
 
 def test_releasing_keeps_the_evidence_in_one_record(root, capsys):
-    assert spans.run(["release", "3", "--root", root.uri, "--by", "ana", "--json"]) == 0
+    assert span_status.run(["release", "3", "--root", root.uri, "--by", "ana", "--json"]) == 0
     capsys.readouterr()
     record = read_result(root.datacheck(3), DataCheckRecord)
     assert (record.status, record.released_by, record.reasons, record.anomalies) == (
         "released", "ana", ["the label mix moved"], ERRORS)
-    assert spans.run(["release", "1", "--root", root.uri, "--json"]) == 1  # a span it found fine is no release
+    assert span_status.run(["release", "1", "--root", root.uri, "--json"]) == 1  # a span it found fine is no release
     assert "not quarantined (the data check found it ok)" in capsys.readouterr().out
 
 
@@ -199,4 +199,4 @@ def test_the_listing_says_which_spans_changed_after_publishing(root, capsys):
     rows = listed(root, capsys)
     assert [(n, r["status"]) for n, r in rows.items()] == [(1, "ok"), (2, "changed"), (3, "quarantined")]
     assert rows[2]["reason"].startswith(f"span 2 changed after it was published: {shard} ")
-    assert "  changed  " in spans.describe({"spans": list(rows.values())}).splitlines()[2]
+    assert "  changed  " in span_status.describe({"spans": list(rows.values())}).splitlines()[2]

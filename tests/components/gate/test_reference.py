@@ -16,7 +16,7 @@ from components.common.files import exists
 from components.common.repository import ANSWERS_FILE, ASSETS_EXTRA, LINEAGE_FILE, Repository
 from components.contracts.label_set import LabelSet
 from components.contracts.results import GateReference, ResultError
-from components.gate import answers, gate, records, reference
+from components.gate import answers, correctness, gate, reference
 from components.gate.decision import Floor, decide
 from components.gate.rule import Evidence, Reference
 from components.push import rollback
@@ -281,7 +281,7 @@ def test_a_served_version_without_recorded_answers_is_compared_alone(repo):
         "once pushed, it is the reference later candidates are held to"]
     # What the gate says of it: that note, once, and no comparison beside the newest served version's.
     served = gate._served(repo, LabelSet(COLOURS))
-    compared, notes = gate._reference_pair(served.held_to, records.Answered(["r1"], [0], [0]))
+    compared, notes = gate._reference_pair(served.held_to, correctness.Answered(["r1"], [0], [0]))
     assert compared is None and [n for n in served.notes + notes if "recorded answers" in n] == chosen.notes
     push(repo, source, 103, "warm")
     push(repo, source, 104, "warm")

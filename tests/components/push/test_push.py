@@ -16,7 +16,7 @@ from components.common.files import read_json, write_json
 from components.common.repository import KILL_AFTER_FILES_ENV, KILL_AFTER_STEP_ENV, KILL_STEPS, Repository
 from components.common.spans import Spans
 from components.contracts.layout import Root
-from components.push import lineage, predict, rollback
+from components.push import predict, rollback, show_lineage
 from tests.components.conftest import tiny_image
 from tests.components.gate_runs import copy_root, gate_scenario, listing, push_run, scenario_serving_checks, validate_run
 from tests.credentials import PASSWORD, TOKEN, USER, holding, shows
@@ -333,7 +333,7 @@ def test_retention_keeps_the_newest_and_lineage_of_retired(trained_runs, tmp_pat
     code, pushed = push_run(root, "mixed", "--keep", "1")
     first = trained_runs["push"]["good"][1]["version"]
     assert code == 0 and pushed["retired"] == [first] and pushed["versions"] == [pushed["version"]]
-    record = lineage.lineage(root, "stoke", first)
+    record = show_lineage.lineage(root, "stoke", first)
     assert record["status"] == "retired" and record["run_id"] == "good" and record["retired_at"]
 
 
@@ -344,7 +344,7 @@ def test_rollback_moves_the_newest_aside_and_refuses_the_last(trained_runs, tmp_
     assert done["rolled_back"] == third and done["serving_version"] == first
     assert Repository(root, "stoke").versions() == [first]
     assert os.path.exists(os.path.join(root, "models", "stoke", f"rolled-back-{third}", "saved_model.pb"))
-    record = lineage.lineage(root, "stoke", third)
+    record = show_lineage.lineage(root, "stoke", third)
     assert record["status"] == "rolled back" and record["rolled_back"]["reason"] == "canary errors"
     assert f"versions: {first}" in open(os.path.join(root, "serving", "models.config")).read()
     assert f"versions: {third}" not in open(os.path.join(root, "serving", "models.config")).read()
@@ -353,7 +353,7 @@ def test_rollback_moves_the_newest_aside_and_refuses_the_last(trained_runs, tmp_
 
 
 def test_lineage_of_the_served_version(trained_runs, capsys):
-    assert lineage.run(["--root", trained_runs["root"]]) == 0
+    assert show_lineage.run(["--root", trained_runs["root"]]) == 0
     text = capsys.readouterr().out
     third = trained_runs["push"]["mixed"][1]["version"]
     assert f"version {third} (served)" in text and "run mixed" in text
@@ -361,7 +361,7 @@ def test_lineage_of_the_served_version(trained_runs, capsys):
     assert "span 1:" in text
     tensorflow = trained_runs["train"]["mixed"]["environment"]["tensorflow"]
     assert f"environment: Python {platform.python_version()}, TensorFlow {tensorflow}" in text
-    assert lineage.run(["--root", trained_runs["root"], "--model-name", "a/../b"]) == 1
+    assert show_lineage.run(["--root", trained_runs["root"], "--model-name", "a/../b"]) == 1
 
 
 def test_a_lineage_from_before_environments_says_so(trained_runs, tmp_path, capsys):
@@ -372,7 +372,7 @@ def test_a_lineage_from_before_environments_says_so(trained_runs, tmp_path, caps
     del record["environment"]
     with open(path, "w") as f:
         json.dump(record, f)
-    assert lineage.run(["--root", root]) == 0
+    assert show_lineage.run(["--root", root]) == 0
     assert "environment: not recorded" in capsys.readouterr().out
 
 
@@ -391,7 +391,7 @@ def test_the_lineage_names_the_classes_a_version_keeps_without_answering(trained
     assert record.labels == ["red", "green", "blue"] and record.untrained == ["blue"]
     assert record.label_set.answered == ["red", "green"]
     capsys.readouterr()
-    assert lineage.run(["--root", root]) == 0
+    assert show_lineage.run(["--root", root]) == 0
     assert "never answers blue: no record of the spans it was trained on carries it" in capsys.readouterr().out
 
 
@@ -401,7 +401,7 @@ def test_a_password_older_spans_and_versions_kept_stays_out_of_the_push_its_imag
     the push writes none of it into the new version or ROOT/serving (the image's build context), whose copy of
     the old version's lineage is written without it (never through the link to the version's own file, which
     keeps what it has), and `stoke lineage` and `stoke spans` show none of it."""
-    from components.datacheck import spans
+    from components.datacheck import span_status
 
     root = copy_root(trained_runs, tmp_path)
     first, third = trained_runs["push"]["good"][1]["version"], trained_runs["push"]["mixed"][1]["version"]
@@ -430,8 +430,8 @@ def test_a_password_older_spans_and_versions_kept_stays_out_of_the_push_its_imag
     assert shows(open(kept).read())  # the old version itself is left as it was
     capsys.readouterr()
     for argv in ([str(first)], [str(first), "--json"], [str(pushed["version"]), "--json"]):
-        assert lineage.run(["--root", root, *argv]) == 0
-    assert spans.run(["--root", root]) == 0 and spans.run(["--root", root, "--json"]) == 0
+        assert show_lineage.run(["--root", root, *argv]) == 0
+    assert span_status.run(["--root", root]) == 0 and span_status.run(["--root", root, "--json"]) == 0
     printed = capsys.readouterr()
     assert "alice:***@127.0.0.1:9" in printed.out and not shows(printed.out + printed.err)
 

@@ -51,8 +51,8 @@ def root(tmp_path) -> str:
 def test_the_newest_served_version_is_the_same_for_every_reader(root):
     from components.datacheck.predictions import Served, served
     from components.gate.gate import _served
-    from components.push.lineage import lineage
     from components.push.predict import resolve_model_dir
+    from components.push.show_lineage import lineage
 
     repo = Repository(root, "stoke")
     assert repo.versions() == [100, 200] and repo.newest() == 200
@@ -97,7 +97,7 @@ def test_rollback_takes_the_newest_served_version_and_sets_strangers_aside(root,
 
 @pytest.mark.parametrize("given", ["٣", "０１", "007", "-1", "9223372036854775808"])
 def test_lineage_takes_a_version_as_stoke_writes_them(root, given, capsys):
-    from components.push.lineage import run
+    from components.push.show_lineage import run
 
     with pytest.raises(SystemExit) as exit_:
         run([given, "--root", root])
@@ -136,7 +136,7 @@ def test_a_lineage_belongs_to_its_folder_and_a_model_put_at_a_number_taken_out_h
     from components.contracts.run_config import RunConfig
     from components.gate.gate import _served
     from components.push import push, rollback
-    from components.push.lineage import lineage
+    from components.push.show_lineage import lineage
     from components.train import warm
 
     base = pathlib.Path(root, "models", "stoke")

@@ -7,7 +7,7 @@ from pathlib import Path
 from components.common.files import read_result
 from components.contracts.results import Collapse, GateResult, TrainMetrics
 from components.contracts.summaries import IngestSummary, NearDuplicates
-from components.report.alerts import alerts
+from components.report.headline import alerts
 
 SAMPLES = Path(__file__).parents[1] / "contracts" / "samples"
 

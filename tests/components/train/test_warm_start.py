@@ -26,7 +26,7 @@ from components.contracts.layout import Root, RunDir
 from components.contracts.results import BackupStart
 from components.contracts.run_config import RunConfig
 from components.contracts.summaries import DataCheckRecord, rollback_command
-from components.datacheck.spans import release
+from components.datacheck.span_status import release
 from components.train import warm
 from tests.components.conftest import TRAIN_LABELS, tiny_image, tiny_records, write_span
 from tests.components.gate.test_gate_faults import quarantine

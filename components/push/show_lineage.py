@@ -1,4 +1,4 @@
-"""`python -m components.push.lineage --root ROOT [VERSION]`: where a served model came from.
+"""`python -m components.push.show_lineage --root ROOT [VERSION]`: where a served model came from.
 
 Version -> run -> spans (manifest hashes, source counts) -> metrics and blessing, read from the
 lineage files alone (in the version, in rolled-back-<version>, or in _retired/), so the answer
