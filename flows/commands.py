@@ -240,21 +240,24 @@ def _failure_line(state, summary: dict) -> str:
 
 def what_to_do(line: str, root: str, again: str) -> str:
     """A failure `line` that says a disk is full (or over its quota), with what to do: free space where it names, under
-    ROOT unless it names another place, then the command `again`."""
+    ROOT unless it names another place, then `again` (`run_again`)."""
     said = line.lower()
     if not any(os.strerror(number).lower() in said for number in (errno.ENOSPC, errno.EDQUOT)):
         return line
     under = any(f" {root.rstrip('/')}{after}" in f" {line}" for after in ("/", " "))  # a path of ROOT's, or ROOT
     where = "there" if " cannot be written: " in line and not under else "under ROOT"
-    return f"{line}; free space {where}, then run it again: `{again}`"
+    return f"{line}; free space {where}, then {again}"
 
 
 def run_again(command: list[str], run_id: str) -> str:
-    """`stoke run` as it was given (`command`, its words from `stoke` on), with the run id that takes the same run up
-    again: runnable as printed."""
-    if not any(word == "--run-id" or word.startswith("--run-id=") for word in command):
-        command = [*command, "--run-id", run_id]
-    return shlex.join(command)
+    """How to take the same run up again: `stoke run` as it was given (`command`, its words from `stoke` on) with
+    its run id, runnable as printed. A command that holds a credential is not printed (it would show the
+    credential hidden, and fail as printed): what to add to it is."""
+    given = any(word == "--run-id" or word.startswith("--run-id=") for word in command)
+    if without_secrets(shlex.join(command)) != shlex.join(command):
+        add = "" if given else f" with `--run-id {shlex.quote(run_id)}` added"
+        return f"run the same command again{add} (it holds a credential, not printed here)"
+    return f"run it again: `{shlex.join(command if given else [*command, '--run-id', run_id])}`"
 
 
 def _describe(summary: dict) -> str:

@@ -86,14 +86,21 @@ def test_what_to_do_names_the_place_and_the_command_runs_the_same_run_again():
     from flows.commands import run_again, what_to_do
 
     again = run_again(["stoke", "run", "/my photos", "--root", "/r", "--skip-unchanged"], "night")
-    assert again == "stoke run '/my photos' --root /r --skip-unchanged --run-id night"
-    assert run_again(["stoke", "run", "/in", "--run-id=night"], "night") == "stoke run /in --run-id=night"
+    assert again == "run it again: `stoke run '/my photos' --root /r --skip-unchanged --run-id night`"
+    assert run_again(["stoke", "run", "/in", "--run-id=night"], "night") == "run it again: `stoke run /in --run-id=night`"
+    # A command with a credential in it would print hidden, and fail as printed: what to add is said instead.
+    for source in ("https://ana:2024;Winter@photos.example/in.csv", "s3://in/m.csv?X-Amz-Signature=abc123",
+                   "https://photos.example/in.csv?sig=abc123&x=1"):
+        said = run_again(["stoke", "run", source, "--root", "/r"], "night")
+        assert said == "run the same command again with `--run-id night` added (it holds a credential, not printed here)"
+        assert run_again(["stoke", "run", source, "--run-id", "n"], "n") == \
+            "run the same command again (it holds a credential, not printed here)"
     said = {
         "push: /r/models/m/.push-1/saved_model.pb cannot be written: no space left on device": "under ROOT",
         "train: /cache/runs/n/candidate cannot be written: disk quota exceeded": "there",  # the shard cache's disk
         "gate: [Errno 28] No space left on device": "under ROOT",  # a runner's words, naming no file
     }
     for line, where in said.items():
-        assert what_to_do(line, "/r", again) == f"{line}; free space {where}, then run it again: `{again}`"
+        assert what_to_do(line, "/r", again) == f"{line}; free space {where}, then {again}"
     for line in ("/r/runs/n/config.json cannot be written: read-only file system", "ingest: no images in /in"):
         assert what_to_do(line, "/r", again) == line
