@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import posixpath
 import time
+import uuid
 from collections.abc import Iterator
 
 from prefect import get_client, get_run_logger
@@ -30,6 +32,7 @@ from prefect.client.schemas.filters import (
     FlowRunFilterStateType,
 )
 from prefect.client.schemas.objects import StateType
+from prefect.exceptions import ObjectNotFound
 from prefect.runtime import flow_run
 from prefect.states import Crashed
 
@@ -72,9 +75,9 @@ def said_crashed(root: str, this: str, name: str, logger) -> list[str]:
                 client.set_flow_run_state(run.id, Crashed(message=(
                     f"its process ended without a word (killed outright: SIGKILL, the OOM killer or a machine "
                     f"lost); found by flow run {name} of the same ROOT")), force=True)
-                _remove(Root(root).running(str(run.id)))
                 logger.warning("flow run %s (run %s) of this ROOT died without a word: said Crashed", run.name,
                                run.parameters.get("run_id") or "named by its start")
+            _sweep(client, root)
     except Exception as error:  # Prefect's API, the store, a lease written by hand: none may stop this run
         logger.warning("runs of this ROOT that died without a word are not looked for this time: %s", error)
         return []
@@ -101,8 +104,19 @@ def _dead(client, root: str, run) -> bool:
     return client.read_flow_run(run.id).state_type == StateType.RUNNING
 
 
-def _remove(uri: str) -> None:
-    """A dead run's lease: nothing will take it again."""
-    fs, path = filesystem(uri)
-    with contextlib.suppress(FileNotFoundError):
-        fs.rm(path)
+def _sweep(client, root: str) -> None:
+    """Removes the leases of dead runs that Prefect no longer calls Running (said Crashed above, or by the worker
+    that saw its process die): free, they are nobody's, and nothing else would remove them."""
+    fs, folder = filesystem(Root(root).running_leases)
+    for path in fs.ls(folder, detail=False) if fs.isdir(folder) else []:
+        try:  # a name read from ROOT is data: a Prefect id, or no lease of a run
+            flow_run_id = str(uuid.UUID(posixpath.basename(path).removesuffix(".lock")))
+        except ValueError:
+            continue
+        try:
+            running = client.read_flow_run(flow_run_id).state_type == StateType.RUNNING
+        except ObjectNotFound:  # a run of another Prefect server, or one whose record was deleted
+            running = False
+        if not running and held(Root(root).running(flow_run_id)) is False:
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm(path)

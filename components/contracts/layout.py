@@ -118,10 +118,15 @@ class Root:
         """The lease one prune of the run folders at a time holds (components/common/run_retention.py)."""
         return join(self.runs, ".prune.lock")
 
+    @property
+    def running_leases(self) -> str:
+        """The leases of the flow runs of this ROOT, each held while its run runs (flows/lost_runs.py)."""
+        return join(self.runs, ".running")
+
     def running(self, flow_run: str) -> str:
-        """The lease a flow run of this ROOT holds while it runs, by its Prefect id: free while Prefect still
-        calls the run Running, the run died without a word (flows/lost_runs.py)."""
-        return join(self.runs, ".running", f"{flow_run}.lock")
+        """The lease of a flow run of this ROOT, by its Prefect id: one found free while Prefect still calls its
+        run Running is a run that died without a word."""
+        return join(self.running_leases, f"{flow_run}.lock")
 
     def models(self, name: str) -> str:
         return join(self.uri, "models", name)

@@ -12,7 +12,7 @@ import pytest
 from prefect import get_client
 from prefect.client.schemas.objects import StateType
 from prefect.settings import PREFECT_API_URL
-from prefect.states import Running
+from prefect.states import Crashed, Running
 
 from components.common.lease import exclusive, held
 from components.contracts.layout import Root
@@ -77,6 +77,24 @@ def test_only_a_run_of_this_root_whose_lease_is_free_is_said_crashed(client, at_
         holder.__exit__(None, None, None)
     # Its holder gone while Prefect still calls it Running (read twice): the live run of a moment ago died.
     assert lost_runs.said_crashed(root, str(this.id), this.name, LOG) == [alive.name]
+
+
+def test_the_lease_of_a_dead_run_goes_once_prefect_no_longer_calls_it_running(client, at_once, tmp_path):
+    """A run a worker saw killed is Crashed already, its lease left behind: swept, as a run said Crashed here is.
+    A lease held, one whose run Prefect still calls Running, and a name that is no Prefect id stay."""
+    root = str(tmp_path / "root")
+    seen_killed, _ = running_run(client, root)
+    client.set_flow_run_state(seen_killed.id, Crashed(message="Flow run infrastructure exited with code -9."),
+                              force=True)
+    alive, holder = running_run(client, root, "held")
+    stranger = os.path.join(Root(root).running_leases, "not-a-run.lock")
+    open(stranger, "w").close()
+    try:
+        assert lost_runs.said_crashed(root, "another", "calm-owl", LOG) == []
+        assert held(Root(root).running(str(seen_killed.id))) is None
+        assert held(Root(root).running(str(alive.id))) is True and os.path.exists(stranger)
+    finally:
+        holder.__exit__(None, None, None)
 
 
 def test_a_run_that_ends_between_two_looks_is_not_said_crashed(client, at_once, tmp_path, monkeypatch):
