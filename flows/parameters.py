@@ -64,6 +64,26 @@ def check_network_choice(network: str | None, networks: list[str]) -> None:
                      + "; list more with `stoke deploy --network` (or `stoke up --network`)")
 
 
+def refuse_webhook(webhook) -> None:
+    """Refuses a deployment run whose parameters name an alerts webhook, after taking it out of the run's record: a
+    webhook is the deployment's, kept as a secret in the notification block `stoke deploy` and `stoke up` register
+    (flows/alerts.py), while Prefect keeps a run's parameters as they were given, in the clear; and alerts are sent
+    by the deployment's automations, so one run's webhook would send nothing. (`stoke run` hands the flow its
+    configuration's webhook, which Prefect records without it: the field is excluded from its JSON.)"""
+    from prefect import get_client
+    from prefect.runtime import deployment, flow_run
+
+    if webhook is None or not deployment.id:
+        return
+    with get_client(sync_client=True) as client:
+        given = client.read_flow_run(flow_run.id).parameters
+        alerts = {key: value for key, value in (given.get("alerts") or {}).items() if key != "webhook"}
+        client.update_flow_run(flow_run.id, parameters={**given, "alerts": alerts})
+    raise ValueError("alerts.webhook: the webhook is the deployment's, given to `stoke deploy` or `stoke up` "
+                     "(`--set alerts.webhook=URL`, or the configuration file), never to a run, whose parameters "
+                     "Prefect keeps in the clear; it was taken out of this run's")
+
+
 def run_job_variables() -> dict:
     """The job variables the running flow run was created with; {} outside a flow run."""
     from prefect import get_client

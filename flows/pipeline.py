@@ -73,6 +73,7 @@ from flows.parameters import (
     check_job_variables,
     check_network_choice,
     deployment_beam_args,
+    refuse_webhook,
     registered_parameters,
     run_job_variables,
 )
@@ -136,6 +137,7 @@ def pipeline(
         train=train, gate=gate, push=push)
     try:
         check_network_choice(config.train.network, networks)  # no run chooses code its deployment does not list
+        refuse_webhook(alerts.webhook)  # nor a webhook, a secret Prefect would keep in the clear with its parameters
         run = Root(config.root).run(run_id or flow_run_id())
         config, code = network_code.for_run(config, run)  # a file network: its copy, read before anything is written
     except ValueError as error:  # a run id that would leave ROOT/runs; a network refused, or its file unreadable

@@ -196,10 +196,13 @@ def test_a_network_that_breaks_the_contract_stops_stoke_run_before_ingest_with_e
     ({"train": {"network": "/tmp/theirs.py:network"}}, "train.network /tmp/theirs.py:network: a run of this "
      "deployment may choose a built-in network, a keras.applications one or one of the networks it lists"),
     ({"networks": ["/tmp/theirs.py:network"]}, "networks: the networks a run may choose belong to the deployment"),
+    # A webhook too is the deployment's, and a secret: Prefect would keep it in the clear with the run's parameters.
+    ({"alerts": {"webhook": "https://hooks.example/services/T0/B0/s3cr3t-t0ken", "after": 2}},
+     "alerts.webhook: the webhook is the deployment's"),
 ])
-def test_a_deployment_run_may_choose_only_the_networks_its_deployment_lists(tmp_path, parameters, says):
+def test_a_deployment_run_may_choose_only_what_its_deployment_lets_it(tmp_path, parameters, says):
     """A real deployment and a flow run of it, run as a worker runs one (`python -m prefect.engine`): its
-    parameters are refused before anything runs."""
+    parameters are refused before anything runs, and what a run may not hold is taken out of its record."""
     from prefect import get_client
     from prefect.settings import PREFECT_API_URL
 
@@ -216,7 +219,7 @@ def test_a_deployment_run_may_choose_only_the_networks_its_deployment_lists(tmp_
             run = client.create_flow_run_from_deployment(deployment.id, parameters=parameters)
             done = subprocess.run([sys.executable, "-m", "prefect.engine", str(run.id)], capture_output=True, text=True,
                                   timeout=300, env={**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()})
-            state = client.read_flow_run(run.id).state
+            state, kept = client.read_flow_run(run.id).state, client.read_flow_run(run.id).parameters
         finally:  # left behind, its trigger would answer other tests' events with runs nobody serves
             client.delete_deployment(deployment.id)
             for automation in client.read_automations_by_name(TRIGGER):
@@ -224,3 +227,4 @@ def test_a_deployment_run_may_choose_only_the_networks_its_deployment_lists(tmp_
     assert state.type.value == "FAILED", (state, done.stderr[-3000:])
     assert says in state.message, state.message
     assert not root.exists()  # nothing written, nothing run
+    assert "s3cr3t-t0ken" not in json.dumps(kept) + state.message
