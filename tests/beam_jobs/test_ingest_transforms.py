@@ -6,6 +6,7 @@ import json
 import apache_beam as beam
 import pytest
 import tensorflow as tf
+from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
@@ -13,11 +14,18 @@ from beam_jobs import ingest_pipeline
 from beam_jobs.ingest_pipeline import DEAD, SIGNATURES, Gather, Normalize, WriteShards
 from beam_jobs.records import Conversion, read_source
 from beam_jobs.shards import unit
+from components.common.beam_runner import runner_for
 from components.common.files import read_json
 from components.common.images import Rejected
 from components.common.tfrecord import read_records
 from components.contracts import schema
 from tests.beam_jobs import images
+
+
+def local_pipeline() -> TestPipeline:
+    """Beam's TestPipeline on the runner Stoke's local jobs run on (components/common/beam_runner.py): its
+    DirectRunner would first download a Prism binary from github.com, without a timeout."""
+    return TestPipeline(runner=runner_for(PipelineOptions([])))
 
 
 def source(path, label="cat", split="train"):
@@ -29,7 +37,7 @@ def test_normalize_splits_good_records_from_dead_letters(tmp_path):
     (tmp_path / "bad.jpg").write_bytes(images.truncated_jpeg())
     sources = [source(tmp_path / "good.png", split="eval"), source(tmp_path / "bad.jpg"),
                source(tmp_path / "gone.jpg")]
-    with TestPipeline() as p:
+    with local_pipeline() as p:
         normalized = p | beam.Create(sources) | beam.ParDo(Normalize(Conversion())).with_outputs(DEAD, main="good")
         good, bad = normalized.good, normalized[DEAD]
         parsed = good | beam.MapTuple(
@@ -66,7 +74,7 @@ def _record(unit: bytes) -> bytes:
 def test_write_shards_and_gather(tmp_path):
     records = [("train", b"t%d" % i) for i in range(10)] + [("eval", b"e")]
     units = [(split, unit(record, "gzip")) for split, record in records]
-    with TestPipeline() as p:
+    with local_pipeline() as p:
         _ = (p | beam.Create(units) | beam.ParDo(WriteShards(str(tmp_path), 8, "gzip"))
              | Gather(str(tmp_path / "shards.json")))
     shards = read_json(str(tmp_path / "shards.json"))
@@ -81,7 +89,7 @@ def test_signatures_roll_over_into_files_of_a_bounded_size(tmp_path, monkeypatch
     the whole arrival."""
     monkeypatch.setattr(ingest_pipeline, "SIGNATURES_PER_FILE", 3)
     records = [("train", unit(b"t%d" % i, "gzip"), {"uri": f"t{i}"}) for i in range(10)]
-    with TestPipeline() as p:
+    with local_pipeline() as p:
         written = p | beam.Create(records) | beam.ParDo(WriteShards(str(tmp_path), 1 << 20, "gzip")).with_outputs(
             SIGNATURES, main="shards")
         _ = written[SIGNATURES] | Gather(str(tmp_path / "signatures.json"))
@@ -95,6 +103,6 @@ def test_signatures_roll_over_into_files_of_a_bounded_size(tmp_path, monkeypatch
 
 
 def test_gather_of_nothing_is_an_empty_list(tmp_path):
-    with TestPipeline() as p:
+    with local_pipeline() as p:
         _ = p | beam.Create([]) | Gather(str(tmp_path / "dead.json"))
     assert read_json(str(tmp_path / "dead.json")) == []
