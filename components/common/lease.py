@@ -150,8 +150,12 @@ class _Flock:
             os.close(self.fd)
             holder = _who(self._read())
             raise LeaseHeld(f"{holder or 'another process'} holds {self.path}", holder) from None
-        os.ftruncate(self.fd, 0)  # the file outlives its holders: it names the current one only
-        os.pwrite(self.fd, self.record, 0)
+        try:
+            os.ftruncate(self.fd, 0)  # the file outlives its holders: it names the current one only
+            os.pwrite(self.fd, self.record, 0)
+        except OSError as error:  # a full disk: let go, and named as a file that cannot be written is
+            self.release()
+            raise OSError(error.errno, error.strerror, self.path) from None
 
     def _read(self) -> dict:
         try:

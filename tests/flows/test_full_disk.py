@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
 
+from components.contracts.layout import Root
 from tests.flows.conftest import copy_of
 from tests.flows.test_one_line_errors import BIN
 from tests.full_disk import small_disk
@@ -32,10 +34,11 @@ def _stoke(command: list[str]) -> subprocess.CompletedProcess:
 
 
 def failed_for_space(done: subprocess.CompletedProcess, line: str) -> list[str]:
-    """The run failed in one line: `line`, then what to do, ending with the command to run it again (returned)."""
+    """The run failed in one line: `line` (a pattern), then what to do, ending with the command to run it again
+    (returned)."""
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 1 and "Traceback" not in done.stderr and len(lines) < 20, done.stderr
-    assert lines[-1].startswith(f"stoke run: error: {line}; free space under ROOT, then run it again: `stoke run ")
+    assert re.match(f"stoke run: error: {line}; free space under ROOT, then run it again: `stoke run ", lines[-1]), lines
     assert json.loads(done.stdout.strip().splitlines()[-1])["status"] == "failed"
     return shlex.split(lines[-1].split("run it again: ")[1].strip("`"))
 
@@ -48,7 +51,7 @@ def runs_the_night(command: list[str]) -> None:
 
 
 def test_a_root_on_a_full_disk_is_one_line_and_the_command_it_prints_runs_once_there_is_space(pushed_run, tmp_path):
-    """Full before the run: the flow's first write, the run's configuration, fails; nothing of it is left."""
+    """Full before the run: the flow's first write, the run's lease, fails; nothing of it is left."""
     source = str(tmp_path / "digits")
     shutil.copytree(pushed_run["source"], source)
     with small_disk(tmp_path / "disk") as disk:
@@ -57,8 +60,9 @@ def test_a_root_on_a_full_disk_is_one_line_and_the_command_it_prints_runs_once_t
         disk.fill()
         given, done = stoke_run(source, root)
         night = os.path.join(root, "runs", "night")
-        command = failed_for_space(done, f"{night}/config.json cannot be written: no space left on device")
-        assert command == given and os.listdir(night) == []
+        lease = re.escape(f"{root}/runs/.running/") + r"[0-9a-f-]{36}\.lock"
+        command = failed_for_space(done, f"{lease} cannot be written: no space left on device")
+        assert command == given and not os.path.exists(night) and os.listdir(Root(root).running_leases) == []
         disk.free()
         runs_the_night(command)
 
@@ -72,7 +76,7 @@ def test_a_run_folder_full_after_its_configuration_fails_in_one_line_and_the_rep
     with small_disk(night) as disk:
         disk.fill(room=PAGE)
         given, done = stoke_run(source, root)
-        command = failed_for_space(done, f"{night}/ingest.json cannot be written: no space left on device")
+        command = failed_for_space(done, re.escape(f"{night}/ingest.json cannot be written: no space left on device"))
         unwritten = [line for line in done.stderr.splitlines() if "the report could not be written: " in line]
         assert len(unwritten) == 1 and f"{night}/" in unwritten[0] and "no space left on device" in unwritten[0]
         assert "Retry" not in done.stderr  # a full disk refuses the next try as well
