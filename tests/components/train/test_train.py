@@ -75,8 +75,9 @@ def float32_json(small_spans_root):
     One run for the tests of its artifacts and of its progress events."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert train.run(["--root", small_spans_root, *TINY, "--run-id", "f32", "--epochs", "2", "--precision",
-                          "float32", "--no-xla", "--trace-steps", "2,3", "--ema", "--json"]) == 0
+        # Seeded: two epochs of six steps, read through EMA's average, sit near chance for an unlucky start.
+        assert train.run(["--root", small_spans_root, *TINY, "--run-id", "f32", "--seed", "1", "--epochs", "2",
+                          "--precision", "float32", "--no-xla", "--trace-steps", "2,3", "--ema", "--json"]) == 0
     metrics = json.loads(open(os.path.join(small_spans_root, "runs", "f32", "metrics.json")).read())
     return metrics, out.getvalue().strip().splitlines()
 
@@ -91,7 +92,7 @@ def test_float32_run_writes_every_artifact(float32_run, small_spans_root):
     assert float32_run["run_dir"] == run_dir
     assert (float32_run["precision"], float32_run["xla"], float32_run["strategy"]) == ("float32", False, "one_device")
     assert float32_run["total_steps"] == 2 * float32_run["steps_per_epoch"] == 2 * (48 // 8)
-    assert float32_run["eval"]["accuracy"] > 0.5  # 3 colour classes: chance is 1/3
+    assert float32_run["eval"]["accuracy"] > 0.5, float32_run["eval"]  # 3 colour classes: chance is 1/3
     assert float32_run["train"]["loss"] < float32_run["history"]["loss"][0]
     assert float32_run["images_per_sec"] > 0
     probe = float32_run["input"]
